@@ -1,0 +1,280 @@
+"""The model provider: any OpenAI-compatible Chat Completions endpoint, through the official client.
+
+One call is :meth:`ChatModel.complete`: the transcript so far (``list[Message]``, the shape of
+:mod:`agentfast.runner.snapshot`) and the tool schemas in, one assistant message and its token
+usage out (:class:`ModelReply`). Tool-call ``arguments`` are kept as the raw strings the model
+produced, malformed or not: parsing them is the runtime's job, so a bad call can be counted and
+answered instead of crashing the run.
+
+Retries are the ``openai`` client's own: on connection errors, timeouts, 408, 409, 429 and 5xx,
+with exponential backoff (0.5 s doubling, at most 8 s, with jitter; a server's ``Retry-After``
+is honoured). A call that still fails, or fails with another 4xx, raises :class:`ModelError`,
+whose ``retriable`` says whether asking again later could succeed.
+
+:func:`model_from_spec` builds the provider an AgentRun's ``spec.model`` asks for; with
+``spec.model.script`` it also starts the scripted model (:mod:`agentfast.runner.scripted`) on
+localhost and talks to it over HTTP like to any remote endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import openai
+from pydantic import BaseModel, Field
+
+from .snapshot import Message, ToolCall
+from .spec import ModelSpec
+
+__all__ = ["ChatModel", "ModelError", "ModelReply", "OpenAIChatModel", "model_from_spec"]
+
+#: HTTP statuses the openai client retries; a call that still fails with one is retriable later.
+_RETRIED_STATUSES = frozenset({408, 409, 429})
+
+
+class ModelReply(BaseModel):
+    """One model turn.
+
+    ``message`` is the assistant message (``role="assistant"``, ``content`` and/or
+    ``tool_calls``, each call's ``arguments`` the raw JSON text exactly as received).
+    Token counts are as the provider reported them in ``usage`` (0 when it sent none).
+    ``finish_reason`` is the provider's (``"stop"``, ``"tool_calls"``, ``"length"``, ...).
+    """
+
+    message: Message
+    prompt_tokens: int = Field(0, ge=0)
+    completion_tokens: int = Field(0, ge=0)
+    total_tokens: int = Field(0, ge=0)
+    finish_reason: str | None = None
+
+
+class ModelError(Exception):
+    """A model call that failed for good.
+
+    ``retriable`` is True when the failure was transient (429, 5xx, connection error, timeout)
+    and the client's retries ran out: the same call may succeed later. It is False when asking
+    again cannot help (400, 401, 403, 404, 422, a missing API key, an unusable response).
+    ``status_code`` is the HTTP status when there was one. ``str(err)`` ends with
+    ``[retriable]`` or ``[not retriable]``.
+    """
+
+    def __init__(self, message: str, *, retriable: bool, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retriable = retriable
+        self.status_code = status_code
+
+    def __str__(self) -> str:
+        return f"{self.message} [{'retriable' if self.retriable else 'not retriable'}]"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_model_error, (self.message, self.retriable, self.status_code))
+
+
+def _rebuild_model_error(message: str, retriable: bool, status_code: int | None) -> ModelError:
+    return ModelError(message, retriable=retriable, status_code=status_code)
+
+
+@runtime_checkable
+class ChatModel(Protocol):
+    """What the runtime needs from a model provider."""
+
+    def complete(self, messages: list[Message], tools: list[dict[str, Any]]) -> ModelReply:
+        """Ask for the next assistant message.
+
+        ``messages``: the transcript, oldest first. ``tools``: OpenAI tool schemas
+        (``{"type": "function", "function": {"name", "description", "parameters"}}``); may be
+        empty. Raises :class:`ModelError`.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release connections (and anything the provider started). Idempotent."""
+        ...
+
+
+class OpenAIChatModel(ChatModel):
+    """A Chat Completions endpoint reached with the official sync ``openai.OpenAI`` client.
+
+    ``base_url``: the endpoint's API root, e.g. ``https://api.openai.com/v1`` or
+    ``http://vllm:8000/v1``. ``model``: the model name sent in each request.
+    ``timeout_s``: seconds allowed for one HTTP attempt (each retry gets its own).
+    ``max_retries``: retries after the first attempt on connection errors, timeouts, 408, 409,
+    429 and 5xx, with exponential backoff. ``temperature``: sent only when not None.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        api_key: str,
+        model: str,
+        timeout_s: float = 60,
+        max_retries: int = 4,
+        temperature: float | None = None,
+    ) -> None:
+        if not api_key:
+            raise ModelError("model API key is empty", retriable=False)
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        self.base_url = base_url
+        self.model = model
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.temperature = temperature
+        self._client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=max_retries)
+        self._on_close: list[Callable[[], None]] = []
+        self._closed = False
+        #: The ScriptedModelServer behind this model when built by ``model_from_spec`` from a
+        #: script (its ``requests`` are useful in tests and demos); None otherwise.
+        self.server: Any = None
+
+    def __repr__(self) -> str:
+        return f"OpenAIChatModel(base_url={self.base_url!r}, model={self.model!r})"
+
+    def complete(self, messages: list[Message], tools: list[dict[str, Any]]) -> ModelReply:
+        """One Chat Completions call (with the client's retries). Raises :class:`ModelError`."""
+        if self._closed:
+            raise ModelError(f"{self!r} is closed", retriable=False)
+        kwargs: dict[str, Any] = {"model": self.model, "messages": [m.to_openai() for m in messages]}
+        if tools:
+            kwargs["tools"] = tools
+        if self.temperature is not None:
+            kwargs["temperature"] = self.temperature
+        try:
+            response = self._client.chat.completions.create(**kwargs)
+        except openai.APIStatusError as err:
+            raise self._status_error(err) from err
+        except openai.APITimeoutError as err:
+            raise ModelError(
+                f"model call to {self.base_url} (model {self.model!r}) timed out after {self.timeout_s} s per attempt;"
+                f" gave up after {self.max_retries} retries",
+                retriable=True,
+            ) from err
+        except openai.APIConnectionError as err:
+            cause = err.__cause__ or err
+            raise ModelError(
+                f"model call to {self.base_url} (model {self.model!r}) could not connect: {cause};"
+                f" gave up after {self.max_retries} retries",
+                retriable=True,
+            ) from err
+        except openai.OpenAIError as err:
+            raise ModelError(f"model call to {self.base_url} (model {self.model!r}) failed: {err}", retriable=False) from err
+        return self._reply(response)
+
+    def _status_error(self, err: openai.APIStatusError) -> ModelError:
+        status = err.status_code
+        detail = _error_detail(err)
+        where = f"model call to {self.base_url} (model {self.model!r}) failed: HTTP {status}: {detail}"
+        if status in _RETRIED_STATUSES or status >= 500:
+            return ModelError(f"{where}; gave up after {self.max_retries} retries", retriable=True, status_code=status)
+        return ModelError(where, retriable=False, status_code=status)
+
+    def _reply(self, response: Any) -> ModelReply:
+        try:
+            choice = response.choices[0]
+            msg = choice.message
+        except (AttributeError, IndexError, TypeError):
+            raise ModelError(
+                f"model call to {self.base_url} (model {self.model!r}) returned no choices", retriable=False
+            ) from None
+        calls: list[ToolCall] = []
+        for position, tc in enumerate(getattr(msg, "tool_calls", None) or []):
+            fn = getattr(tc, "function", None)
+            if fn is None:
+                raise ModelError(
+                    f"model {self.model!r} returned a tool call of type {getattr(tc, 'type', None)!r};"
+                    " only function tool calls are supported",
+                    retriable=False,
+                )
+            args = fn.arguments
+            if not isinstance(args, str):  # non-conforming servers send an object; keep it as text
+                args = "" if args is None else json.dumps(args)
+            calls.append(ToolCall(id=getattr(tc, "id", None) or f"call_{position}", name=fn.name or "", arguments=args))
+        content = getattr(msg, "content", None)
+        if content is None and not calls:
+            content = getattr(msg, "refusal", None)  # a refusal is the model's answer
+        usage = getattr(response, "usage", None)
+        prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
+        completion = int(getattr(usage, "completion_tokens", 0) or 0)
+        total = int(getattr(usage, "total_tokens", 0) or 0) or prompt + completion
+        return ModelReply(
+            message=Message(role="assistant", content=content, tool_calls=calls),
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=total,
+            finish_reason=getattr(choice, "finish_reason", None),
+        )
+
+    def close(self) -> None:
+        """Close the HTTP client, then run close hooks (e.g. stop a scripted server). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._client.close()
+        finally:
+            for hook in self._on_close:
+                hook()
+
+    def __enter__(self) -> "OpenAIChatModel":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _error_detail(err: openai.APIStatusError) -> str:
+    body = err.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+    return err.message
+
+
+def model_from_spec(spec: ModelSpec, env: Mapping[str, str] = os.environ) -> ChatModel:
+    """The provider for an AgentRun's ``spec.model``.
+
+    With ``spec.script``: loads the script, starts a :class:`ScriptedModelServer` on 127.0.0.1
+    (a free port) and returns an :class:`OpenAIChatModel` pointed at it (API key ``"scripted"``);
+    closing the model stops the server. Otherwise: ``spec.baseURL`` with the API key read from
+    ``env[spec.apiKeyEnv]``. Raises :class:`ModelError` (not retriable) when the key is missing
+    or the script cannot be loaded.
+    """
+    if spec.script:
+        from .scripted import ScriptedModelServer, load_script
+
+        try:
+            script = load_script(spec.script)
+        except ValueError as err:
+            raise ModelError(f"model script (spec.model.script): {err}", retriable=False) from err
+        server = ScriptedModelServer(script, host="127.0.0.1", port=0)
+        base_url = server.start()
+        try:
+            model = OpenAIChatModel(
+                base_url=base_url, api_key="scripted", model=spec.name, timeout_s=spec.timeoutSeconds,
+                max_retries=spec.maxRetries, temperature=spec.temperature,
+            )
+        except BaseException:
+            server.stop()
+            raise
+        model._on_close.append(server.stop)
+        model.server = server
+        return model
+
+    name = spec.apiKeyEnv
+    api_key = env.get(name)
+    if not api_key:
+        raise ModelError(f"model API key: environment variable {name} is not set (spec.model.apiKeyEnv)", retriable=False)
+    if not spec.baseURL:  # ModelSpec validation guarantees one of baseURL / script
+        raise ModelError("model endpoint: set spec.model.baseURL or spec.model.script", retriable=False)
+    return OpenAIChatModel(
+        base_url=spec.baseURL, api_key=api_key, model=spec.name, timeout_s=spec.timeoutSeconds,
+        max_retries=spec.maxRetries, temperature=spec.temperature,
+    )

@@ -1,0 +1,270 @@
+"""The model provider against the scripted model: a real HTTP server and the real openai client."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from agentfast.runner.model import ChatModel, ModelError, ModelReply, OpenAIChatModel, model_from_spec
+from agentfast.runner.scripted import ScriptedModelServer, load_script, parse_script
+from agentfast.runner.snapshot import Message, ToolCall
+from agentfast.runner.spec import ModelSpec
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup_order",
+            "description": "Look an order up by id.",
+            "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]},
+        },
+    }
+]
+USER = [Message(role="system", content="You are a support agent."), Message(role="user", content="I was charged twice for A-1042.")]
+
+
+def serve(doc: dict) -> ScriptedModelServer:
+    server = ScriptedModelServer(parse_script(doc, name="t"))
+    server.start()
+    return server
+
+
+@pytest.fixture
+def refund():
+    with ScriptedModelServer(load_script("refund")) as server:
+        model = OpenAIChatModel(base_url=server.base_url, api_key="k", model="scripted-refund", max_retries=0)
+        yield server, model
+        model.close()
+
+
+def after_turn(reply: ModelReply, results: list[str]) -> list[Message]:
+    """The transcript after an assistant reply and one tool message per call."""
+    out = [reply.message]
+    for call, content in zip(reply.message.tool_calls, results):
+        out.append(Message(role="tool", tool_call_id=call.id, name=call.name, content=content))
+    return out
+
+
+def test_plain_turn():
+    server = serve({"model": "m", "turns": [{"content": "hello there", "usage": {"prompt_tokens": 7, "completion_tokens": 2}}]})
+    try:
+        with OpenAIChatModel(base_url=server.base_url, api_key="k", model="m", temperature=0.0) as model:
+            assert isinstance(model, ChatModel)
+            reply = model.complete(USER, [])
+        assert reply.message == Message(role="assistant", content="hello there")
+        assert reply.finish_reason == "stop"
+        assert (reply.prompt_tokens, reply.completion_tokens, reply.total_tokens) == (7, 2, 9)
+        body = server.requests[0]
+        assert "tools" not in body  # only sent when non-empty
+        assert body["temperature"] == 0.0 and body["model"] == "m"
+        assert body["messages"] == [m.to_openai() for m in USER]
+    finally:
+        server.stop()
+
+
+def test_refund_script_parallel_calls_in_order_with_raw_arguments(refund):
+    server, model = refund
+    r0 = model.complete(USER, TOOLS)
+    assert r0.finish_reason == "tool_calls"
+    assert r0.message.tool_calls == [ToolCall(id="call_1", name="lookup_order", arguments='{"order_id": "A-1042"}')]
+    assert server.requests[0]["tools"] == TOOLS
+
+    r1 = model.complete(USER + after_turn(r0, ['{"status": "charged twice"}']), TOOLS)
+    calls = r1.message.tool_calls
+    assert [(c.id, c.name) for c in calls] == [("call_1", "issue_refund"), ("call_2", "add_case_note")]
+    assert calls[0].arguments == '{"order_id": "A-1042", "amount_cents": 4999, "reason": "duplicate charge"}'
+    assert json.loads(calls[1].arguments) == {"order_id": "A-1042", "note": "Customer charged twice; refund of 4999 cents requested."}
+    # the request carried the assistant tool calls and tool results in the wire shape
+    sent = server.requests[1]["messages"]
+    assert sent[2]["tool_calls"][0]["function"] == {"name": "lookup_order", "arguments": '{"order_id": "A-1042"}'}
+    assert sent[3] == {"role": "tool", "content": '{"status": "charged twice"}', "tool_call_id": "call_1"}
+
+    r2 = model.complete(USER + after_turn(r0, ["{}"]) + after_turn(r1, ["ok", "ok"]), TOOLS)
+    assert r2.finish_reason == "stop" and not r2.message.tool_calls
+    assert "A-1042" in r2.message.content and "$49.99" in r2.message.content
+
+
+def test_usage_from_response_explicit_and_estimated(refund):
+    _, model = refund
+    r0 = model.complete(USER, TOOLS)
+    assert (r0.prompt_tokens, r0.completion_tokens, r0.total_tokens) == (182, 21, 203)
+
+    server = serve({"model": "m", "turns": [{"content": "x" * 40}]})
+    try:
+        with OpenAIChatModel(base_url=server.base_url, api_key="k", model="m") as m:
+            a, b = m.complete(USER, TOOLS), m.complete(USER, TOOLS)
+        assert a.prompt_tokens > 0 and a.completion_tokens >= 10
+        assert a.total_tokens == a.prompt_tokens + a.completion_tokens
+        assert (a.prompt_tokens, a.completion_tokens) == (b.prompt_tokens, b.completion_tokens)  # deterministic
+    finally:
+        server.stop()
+
+
+def test_turn_selected_by_assistant_message_count(refund):
+    server, model = refund
+    first = model.complete(USER, TOOLS)
+    again = model.complete(USER, TOOLS)  # a resumed process re-asking gets the same turn
+    assert again.message == first.message
+    # two assistant messages -> turn 2, whatever else the transcript holds
+    transcript = USER + [Message(role="assistant", content="a"), Message(role="assistant", content="b")]
+    assert model.complete(transcript, TOOLS).finish_reason == "stop"
+    assert len(server.requests) == 3
+
+
+def test_fail_statuses_are_retried_then_succeed():
+    server = serve({"model": "m", "turns": [{"content": "finally", "fail": [429, 500]}]})
+    try:
+        with OpenAIChatModel(base_url=server.base_url, api_key="k", model="m", max_retries=4) as model:
+            reply = model.complete(USER, [])
+        assert reply.message.content == "finally"
+        assert len(server.requests) == 3
+    finally:
+        server.stop()
+
+
+def test_past_the_script_end_is_a_non_retriable_400(refund):
+    server, model = refund
+    transcript = USER + [Message(role="assistant", content=str(i)) for i in range(3)]
+    with pytest.raises(ModelError) as exc:
+        model.complete(transcript, TOOLS)
+    err = exc.value
+    assert err.retriable is False and err.status_code == 400
+    assert "script 'refund' has 3 turns; the request asked for turn 4" in str(err)
+    assert "not retriable" in str(err)
+    assert len(server.requests) == 1  # 4xx is not retried
+    assert pickle.loads(pickle.dumps(err)).retriable is False
+
+
+def test_exhausted_retries_are_retriable():
+    server = serve({"model": "m", "turns": [{"content": "never", "fail": [503, 503, 503]}]})
+    try:
+        with OpenAIChatModel(base_url=server.base_url, api_key="k", model="m", max_retries=1) as model:
+            with pytest.raises(ModelError) as exc:
+                model.complete(USER, [])
+        assert exc.value.retriable is True and exc.value.status_code == 503
+        assert "HTTP 503" in str(exc.value) and "gave up after 1 retries" in str(exc.value)
+        assert str(exc.value).endswith("[retriable]")
+        assert len(server.requests) == 2
+    finally:
+        server.stop()
+
+
+def test_connection_refused_is_retriable():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the with-block ends: nothing listens there
+    with OpenAIChatModel(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", model="m", max_retries=0) as model:
+        with pytest.raises(ModelError) as exc:
+            model.complete(USER, [])
+    assert exc.value.retriable is True and exc.value.status_code is None
+    assert "could not connect" in str(exc.value)
+
+
+def test_malformed_arguments_arrive_unchanged():
+    spec = ModelSpec(name="scripted-malformed", script="malformed", maxRetries=0)
+    model = model_from_spec(spec, env={})
+    try:
+        r0 = model.complete(USER, TOOLS)
+        assert r0.message.tool_calls[0].arguments == '{"order_id": "A-1042"'
+        r1 = model.complete(USER + after_turn(r0, ["error: arguments are not valid JSON"]), TOOLS)
+        assert json.loads(r1.message.tool_calls[0].arguments) == {"order_id": "A-1042"}
+        assert model.server.requests[0]["model"] == "scripted-malformed"
+    finally:
+        model.close()
+    # closing the model stopped its server: nothing answers at that address any more
+    with OpenAIChatModel(base_url=model.base_url, api_key="k", model="m", max_retries=0) as other:
+        with pytest.raises(ModelError) as exc:
+            other.complete(USER, [])
+    assert exc.value.retriable is True
+
+
+def test_model_from_spec_endpoint_and_missing_key():
+    spec = ModelSpec(name="gpt-x", baseURL="http://127.0.0.1:9/v1", apiKeyEnv="AGENTFAST_TEST_KEY")
+    with pytest.raises(ModelError) as exc:
+        model_from_spec(spec, env={})
+    assert exc.value.retriable is False
+    assert "AGENTFAST_TEST_KEY" in str(exc.value) and "spec.model.apiKeyEnv" in str(exc.value)
+
+    model = model_from_spec(spec, env={"AGENTFAST_TEST_KEY": "sk-test"})
+    try:
+        assert isinstance(model, OpenAIChatModel)
+        assert (model.base_url, model.model, model.max_retries, model.timeout_s) == ("http://127.0.0.1:9/v1", "gpt-x", 4, 60.0)
+    finally:
+        model.close()
+
+    bad = ModelSpec(name="m", script="no-such-script")
+    with pytest.raises(ModelError, match="no-such-script"):
+        model_from_spec(bad, env={})
+
+
+@pytest.mark.parametrize(
+    ("doc", "field"),
+    [
+        ({"turns": [{"content": "x"}]}, "model: Field required"),
+        ({"model": "m", "turns": []}, "turns: List should have at least 1 item"),
+        ({"model": "m", "turns": [{"content": "a"}, {"usage": {"prompt_tokens": 1, "completion_tokens": 1}}]},
+         "turns[1]: a turn needs content or tool_calls"),
+        ({"model": "m", "turns": [{"tool_calls": [{"id": "c", "arguments": {}}]}]}, "turns[0].tool_calls[0].name: Field required"),
+        ({"model": "m", "turns": [{"tool_calls": [{"id": "c", "name": "n", "arguments": "{}"}]}]},
+         "turns[0].tool_calls[0].arguments: must be a mapping"),
+        ({"model": "m", "turns": [{"content": "x", "fail": [200]}]}, "turns[0].fail: HTTP statuses must be 400-599"),
+        ({"model": "m", "turns": [{"content": "x", "tool_call": []}]}, "turns[0].tool_call: Extra inputs are not permitted"),
+    ],
+)
+def test_parse_script_errors_name_the_field(doc, field):
+    with pytest.raises(ValueError) as exc:
+        parse_script(doc, name="bad")
+    assert field in str(exc.value) and "script 'bad'" in str(exc.value)
+
+
+def test_load_script_files_and_errors(tmp_path: Path):
+    p = tmp_path / "mine.yaml"
+    p.write_text("model: m\nturns:\n  - content: hi\n    usage: {prompt_tokens: x, completion_tokens: 1}\n")
+    with pytest.raises(ValueError, match=r"script 'mine': turns\[0\]\.usage\.prompt_tokens"):
+        load_script(str(p))
+    p.write_text("model: m\nturns:\n  - content: hi\n")
+    assert load_script(str(p)).name == "mine"
+    p.write_text("model: [unclosed\n")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        load_script(str(p))
+    with pytest.raises(ValueError, match=r"bundled: .*refund"):
+        load_script("nope")
+    with pytest.raises(ValueError, match="cannot read"):
+        load_script(str(tmp_path / "missing.yaml"))
+
+
+def test_http_surface_models_and_404():
+    with ScriptedModelServer(load_script("refund")) as server:
+        with urllib.request.urlopen(server.base_url + "/models", timeout=5) as resp:
+            body = json.load(resp)
+        assert body["data"][0]["id"] == "scripted-refund"
+        req = urllib.request.Request(server.base_url + "/embeddings", data=b"{}", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(req, timeout=5)
+        assert exc.value.code == 404 and "error" in json.load(exc.value)
+
+
+def test_module_serves_in_the_foreground():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentfast.runner.scripted", "--script", "refund", "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        url = line.rsplit(" ", 1)[-1].strip()
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/v1"), line
+        with OpenAIChatModel(base_url=url, api_key="k", model="scripted-refund", max_retries=0) as model:
+            assert model.complete(USER, TOOLS).message.tool_calls[0].name == "lookup_order"
+        proc.terminate()
+        assert proc.wait(timeout=5) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
