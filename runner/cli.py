@@ -1,0 +1,275 @@
+"""``agentfast``: run, resume, approve and inspect agent runs from a terminal.
+
+Without ``--dsn`` (or ``AGENTFAST_DSN``) every command uses the embedded PostgreSQL server under
+the user's data directory, so ``run`` in one terminal and ``approve`` in another see the same
+state, and a later ``resume`` continues a run. Runs are named ``NAME`` or ``NAMESPACE/NAME``
+(namespace ``default``), as in the AgentRun's metadata.
+
+Exit codes: 0 done or paused for approval, 1 the run failed (budget, model), 2 bad input or a
+refused command, 3 Postgres unreachable at start, 75 interrupted, resume to continue (SIGTERM,
+Postgres lost mid-run), 76 another runner owns the run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import uuid
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .loop import EXIT_BAD_INPUT, Outcome, ProgressEvent, VanillaRunner, run_id_of
+from .spec import AgentRun, SpecError, load_agentrun, parse_agentrun
+from .store import DecisionConflict, Store, StoreUnavailable, UnknownCall
+
+EXIT_NO_POSTGRES = 3
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Durable execution for AI agent runs.")
+out = Console()
+err = Console(stderr=True)
+
+DsnOption = typer.Option(None, "--dsn", envvar="AGENTFAST_DSN", help="Postgres DSN; default: the embedded server under the user's data dir")
+
+
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> "typer.Exit":
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+def _open_store(dsn: Optional[str]) -> Store:
+    if not dsn:
+        from .embedded import embedded_dsn
+
+        try:
+            dsn = embedded_dsn()
+        except Exception as e:  # initdb or pg_ctl failed: show why
+            raise _fail(f"cannot start the embedded Postgres: {e}", EXIT_NO_POSTGRES) from None
+    try:
+        store = Store(dsn)
+        store.migrate()
+    except StoreUnavailable as e:
+        raise _fail(f"{e}. Check --dsn / AGENTFAST_DSN.", EXIT_NO_POSTGRES) from None
+    return store
+
+
+def _run_key(name: str) -> str:
+    return name if "/" in name else f"default/{name}"
+
+
+def _load_registered(store: Store, run: str) -> AgentRun:
+    record = store.get_run(_run_key(run))
+    if record is None:
+        raise _fail(f"no run named {run!r} (see `agentfast list`)")
+    return parse_agentrun(record.spec)
+
+
+class _Progress:
+    """Prints one line per step; on a terminal, asks for the decision when the run pauses."""
+
+    def __init__(self, store: Store, run_id: str, interactive: bool):
+        self.store, self.run_id, self.interactive = store, run_id, interactive
+
+    def __call__(self, ev: ProgressEvent) -> None:
+        c, u = ev.context.counters, ev.context.usage
+        head = f"[dim]iter {c.iterations:>3} · tokens {u.total_tokens:>6}[/]"
+        if ev.kind == "started":
+            cl = ev.context.classification
+            extra = f" · resumed (#{c.resumes})" if c.resumes else ""
+            if cl:
+                b = cl.applied
+                extra += f" · budget {cl.label}: {b.max_iterations} iterations, {b.max_tokens} tokens, {b.max_duration_ms} ms"
+            out.print(f"{head} started {self.run_id}{extra}")
+        elif ev.kind == "model_call":
+            out.print(f"{head} asking the model ({ev.detail})")
+        elif ev.kind == "tool_result":
+            out.print(f"{head} tool done: {ev.detail}")
+        elif ev.kind == "waiting" and ev.pending is not None:
+            self._waiting(ev)
+
+    def _waiting(self, ev: ProgressEvent) -> None:
+        p = ev.pending
+        name = self.run_id.removeprefix("default/")
+        out.print(f"[bold yellow]waiting for approval[/] of [bold]{p.call_id}[/]: {p.tool_call.name}({p.tool_call.arguments})")
+        if p.reason == "in_flight_not_idempotent":
+            out.print("  this non-idempotent call was in flight when a runner died: it may already have run")
+        for r in p.executed_sibling_results:
+            out.print(f"  sibling already done: {r.call_id} {r.tool_name} -> {r.content[:120]}")
+        out.print(f"  approve: [bold]agentfast approve {name} {p.call_id}[/]   deny: agentfast deny {name} {p.call_id} --reason '...'")
+        if self.interactive:
+            answer = typer.prompt("Approve now? [y]es / [n]o / [w]ait", default="w").strip().lower()
+            if answer.startswith("y"):
+                self.store.decide(self.run_id, p.call_id, "approve", decided_by=_who())
+            elif answer.startswith("n"):
+                reason = typer.prompt("Reason for the model", default="declined by the operator")
+                self.store.decide(self.run_id, p.call_id, "deny", reason=reason, decided_by=_who())
+
+
+def _who() -> str:
+    return f"cli:{os.environ.get('USER', 'unknown')}"
+
+
+def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool) -> Outcome:
+    from .model import ModelError, model_from_spec
+    from .tools import ToolRegistry
+
+    tools = ToolRegistry.from_agentrun(run)
+    try:
+        model = model_from_spec(run.spec.model)
+    except ModelError as e:
+        raise _fail(str(e)) from None
+    stop = threading.Event()
+
+    def on_term(signum: int, frame: object) -> None:
+        err.print("[yellow]SIGTERM: no new tool call will start; committing and exiting (resume to continue)[/]")
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        runner = VanillaRunner(
+            store, run, model, tools, wait_for_approval=wait, stop=stop, on_event=_Progress(store, run_id_of(run), interactive)
+        )
+        outcome = runner.run()
+    finally:
+        model.close()
+    style = {"Succeeded": "green", "WaitingForApproval": "yellow"}.get(outcome.phase, "red")
+    out.print(f"[bold {style}]{outcome.phase}[/]: {outcome.message}", highlight=False)
+    return outcome
+
+
+@app.command()
+def run(
+    file: str = typer.Argument(..., help="an AgentRun YAML file, the same one you would kubectl apply"),
+    dsn: Optional[str] = DsnOption,
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="wait for approvals (default) or exit when the run pauses"),
+) -> None:
+    """Run an AgentRun locally; continues it if a run of that name exists and is unfinished."""
+    try:
+        agentrun = load_agentrun(file)
+    except SpecError as e:
+        raise _fail(f"{file} is not a valid AgentRun:\n{e}") from None
+    store = _open_store(dsn)
+    run_id = run_id_of(agentrun)
+    doc = agentrun.model_dump(mode="json", exclude_none=True, exclude={"status"})
+    record = store.create_run(run_id, agentrun.metadata.uid or str(uuid.uuid4()), doc)
+    if record.spec.get("spec") != doc.get("spec"):
+        raise _fail(f"a run named {run_id} exists with a different spec; rename metadata.name or `agentfast delete {run_id}`")
+    outcome = _drive(store, agentrun, wait=wait, interactive=wait and sys.stdin.isatty())
+    raise typer.Exit(outcome.exit_code)
+
+
+@app.command()
+def resume(run: str = typer.Argument(..., help="run name"), dsn: Optional[str] = DsnOption,
+           wait: bool = typer.Option(True, "--wait/--no-wait")) -> None:
+    """Continue a run from its last checkpoint, at the exact step it stopped."""
+    store = _open_store(dsn)
+    agentrun = _load_registered(store, run)
+    outcome = _drive(store, agentrun, wait=wait, interactive=wait and sys.stdin.isatty())
+    raise typer.Exit(outcome.exit_code)
+
+
+def _decide(run: str, call_id: str, decision: str, reason: Optional[str], dsn: Optional[str]) -> None:
+    store = _open_store(dsn)
+    try:
+        d = store.decide(_run_key(run), call_id, decision, reason=reason, decided_by=_who())  # type: ignore[arg-type]
+    except (UnknownCall, DecisionConflict) as e:
+        raise _fail(str(e)) from None
+    out.print(f"{d.call_id}: {d.decision}" + (f" ({d.reason})" if d.reason else "") + f" recorded for {_run_key(run)}")
+
+
+@app.command()
+def approve(run: str, call_id: str = typer.Argument(..., help="the call id status shows, e.g. call-2-0"),
+            dsn: Optional[str] = DsnOption) -> None:
+    """Approve a gated tool call; a waiting runner continues at once."""
+    _decide(run, call_id, "approve", None, dsn)
+
+
+@app.command()
+def deny(run: str, call_id: str, reason: str = typer.Option("", "--reason", help="told to the model as the tool's result"),
+         dsn: Optional[str] = DsnOption) -> None:
+    """Deny a gated tool call; the model is told it was declined, and why."""
+    _decide(run, call_id, "deny", reason or None, dsn)
+
+
+@app.command()
+def status(run: str, dsn: Optional[str] = DsnOption, output: str = typer.Option("text", "-o", help="text or json")) -> None:
+    """Phase, iteration, tokens, budget and any pending approval of a run."""
+    store = _open_store(dsn)
+    loaded = store.load_context(_run_key(run))
+    if loaded is None:
+        raise _fail(f"no run named {run!r} has a checkpoint")
+    ctx, pending = loaded
+    if output == "json":
+        out.print_json(json.dumps({"context": ctx.model_dump(mode="json"), "pending": pending.model_dump(mode="json") if pending else None}))
+        return
+    c, u, b = ctx.counters, ctx.usage, ctx.budget
+    t = Table(show_header=False, box=None)
+    t.add_row("run", _run_key(run))
+    t.add_row("phase", f"{ctx.status.phase} ({ctx.status.reason})" + (f": {ctx.status.message}" if ctx.status.message else ""))
+    t.add_row("iteration", f"{c.iterations} of {b.max_iterations}")
+    t.add_row("tokens", f"{u.total_tokens} of {b.max_tokens} (prompt {u.prompt_tokens}, completion {u.completion_tokens})")
+    t.add_row("active time", f"{u.duration_ms} ms of {b.max_duration_ms} ms")
+    t.add_row("tool calls", f"{c.tool_calls} ({c.tool_errors} raised, {c.malformed_tool_calls} malformed)")
+    t.add_row("resumes", str(c.resumes))
+    if ctx.classification:
+        t.add_row("classifier", f"{ctx.classification.classifier}: {ctx.classification.label} ({ctx.classification.reason})")
+    if pending:
+        t.add_row("awaiting", f"{pending.call_id} {pending.tool_call.name}({pending.tool_call.arguments})")
+    out.print(t)
+
+
+@app.command()
+def history(run: str, dsn: Optional[str] = DsnOption) -> None:
+    """The transcript, the tool-call journal and the kept checkpoints of a run."""
+    store = _open_store(dsn)
+    key = _run_key(run)
+    snap = store.load_snapshot(key)
+    if snap is None:
+        raise _fail(f"no run named {run!r} has a checkpoint")
+    out.rule(f"transcript of {key}")
+    for i, m in enumerate(snap.messages):
+        if m.tool_calls:
+            calls = ", ".join(f"{c.name}({c.arguments})" for c in m.tool_calls)
+            out.print(f"[dim]{i:>3}[/] [bold]{m.role}[/] calls {calls}", highlight=False)
+        else:
+            label = f"{m.role} ({m.name})" if m.name else m.role
+            out.print(f"[dim]{i:>3}[/] [bold]{label}[/]: {m.content}", highlight=False)
+    j = Table("call", "tool", "state", "attempts", "idempotency key", title="tool-call journal")
+    for e in store.journal(key):
+        j.add_row(e.call_id, e.tool_call.name, e.state + (" (error)" if e.result and e.result.is_error else ""), str(e.attempts), e.idempotency_key)
+    out.print(j)
+    cp = Table("checkpoint", "iteration", "messages", "phase", "epoch", title="checkpoints (latest kept)")
+    for c in store.list_checkpoints(key):
+        cp.add_row(str(c.checkpoint_id), str(c.iteration), str(c.message_count), c.phase, str(c.epoch))
+    out.print(cp)
+
+
+@app.command("list")
+def list_runs(dsn: Optional[str] = DsnOption) -> None:
+    """Every run in the store with its phase and iteration."""
+    store = _open_store(dsn)
+    t = Table("run", "phase", "iteration", "checkpoints at")
+    for rec, info in store.list_runs():
+        t.add_row(rec.run_id, info.phase if info else "-", str(info.iteration) if info else "-", str(info.saved_at) if info else "-")
+    out.print(t)
+
+
+@app.command()
+def delete(run: str, dsn: Optional[str] = DsnOption) -> None:
+    """Delete a run and all its data: transcript, journal, approvals, checkpoints."""
+    store = _open_store(dsn)
+    if not store.delete_run(_run_key(run)):
+        raise _fail(f"no run named {run!r}")
+    out.print(f"deleted {_run_key(run)}")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    logging.basicConfig(level=os.environ.get("AGENTFAST_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
+    app()

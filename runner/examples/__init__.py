@@ -1,0 +1,1 @@
+"""Example tools and graphs used by ``manifests/examples`` and the tests."""

@@ -1,0 +1,94 @@
+"""The refund demo's tools: a support agent looks up an order and refunds a duplicate charge.
+
+They keep real records in the run's Postgres so tests count effects from rows, not mocks:
+
+- ``demo_refund_ledger``: one row per refund, keyed by the idempotency key (a re-run with the same
+  key cannot refund twice; this is how a payment API's ``Idempotency-Key`` behaves).
+- ``demo_case_notes``: one row per note, keyed the same way.
+- ``demo_tool_invocations``: one row every time a tool body actually runs, keyed by nothing, so a
+  duplicated execution is visible even where the ledger's key absorbed it.
+"""
+
+from __future__ import annotations
+
+import psycopg
+
+from ..tools import ToolContext, tool
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS demo_refund_ledger (
+    idempotency_key text PRIMARY KEY,
+    order_id text NOT NULL,
+    amount_cents integer NOT NULL CHECK (amount_cents > 0),
+    reason text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS demo_case_notes (
+    idempotency_key text PRIMARY KEY,
+    order_id text NOT NULL,
+    note text NOT NULL
+);
+CREATE TABLE IF NOT EXISTS demo_tool_invocations (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    tool text NOT NULL,
+    idempotency_key text NOT NULL,
+    at timestamptz NOT NULL DEFAULT now()
+);
+"""
+
+_ORDERS = {
+    "A-1042": {"order_id": "A-1042", "customer": "Dana Ruiz", "total_cents": 4999, "charges": [4999, 4999], "status": "delivered"},
+}
+
+
+def _connect(ctx: ToolContext) -> psycopg.Connection:
+    conn = psycopg.connect(ctx.dsn, autocommit=True)
+    # Serialised by an advisory lock: concurrent first calls would race on CREATE TABLE IF NOT EXISTS.
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('agentfast_demo_ddl'))")
+        conn.execute(_DDL)
+    return conn
+
+
+def _log_invocation(conn: psycopg.Connection, name: str, ctx: ToolContext) -> None:
+    conn.execute("INSERT INTO demo_tool_invocations (tool, idempotency_key) VALUES (%s, %s)", (name, ctx.idempotency_key))
+
+
+@tool
+def lookup_order(ctx: ToolContext, order_id: str) -> dict:
+    """Look up an order by id: customer, total and the charges made (amounts in cents)."""
+    with _connect(ctx) as conn:
+        _log_invocation(conn, "lookup_order", ctx)
+    order = _ORDERS.get(order_id)
+    if order is None:
+        return {"error": f"no order {order_id}"}
+    return order
+
+
+@tool(requires_approval=True)
+def issue_refund(ctx: ToolContext, order_id: str, amount_cents: int, reason: str) -> dict:
+    """Refund part of an order to the customer's card. Amount in cents. Needs a human's approval."""
+    with _connect(ctx) as conn:
+        _log_invocation(conn, "issue_refund", ctx)
+        conn.execute(
+            """INSERT INTO demo_refund_ledger (idempotency_key, order_id, amount_cents, reason)
+               VALUES (%s, %s, %s, %s) ON CONFLICT (idempotency_key) DO NOTHING""",
+            (ctx.idempotency_key, order_id, amount_cents, reason),
+        )
+        # Like a payment API's Idempotency-Key: a repeat returns the original refund, unchanged.
+        row = conn.execute(
+            "SELECT order_id, amount_cents FROM demo_refund_ledger WHERE idempotency_key = %s", (ctx.idempotency_key,)
+        ).fetchone()
+    return {"refund_id": ctx.idempotency_key, "order_id": row[0], "refunded_cents": row[1], "status": "succeeded"}
+
+
+@tool
+def add_case_note(ctx: ToolContext, order_id: str, note: str) -> dict:
+    """Add an internal note to the support case of an order."""
+    with _connect(ctx) as conn:
+        _log_invocation(conn, "add_case_note", ctx)
+        conn.execute(
+            "INSERT INTO demo_case_notes (idempotency_key, order_id, note) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+            (ctx.idempotency_key, order_id, note),
+        )
+    return {"ok": True}

@@ -1,0 +1,324 @@
+"""The vanilla adapter: a loop-owning tool-calling agent, checkpointed after every iteration.
+
+One iteration (G1): check the budget (G7); ask the model (or, on resume, reuse the reply already
+persisted for this iteration); persist the reply and the intent of every tool call it asked for;
+run the non-gated calls in order through the journal (G3, G4); if a call needs a human, commit a
+checkpoint whose ``pending`` holds it and the siblings' results (G5) and wait; then append the
+assistant message and the tool results in the model's original order and commit the checkpoint.
+
+Exit codes (:class:`Outcome`.exit_code), shared with the CLI and the operator's Job policy:
+0 finished or paused for approval, 1 failed for good (budget, model rejected the request),
+2 bad input, 75 retry me (SIGTERM, Postgres unavailable, model unavailable; EX_TEMPFAIL),
+76 lease lost (another runner owns the run; this one must not retry).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from . import faults
+from .budget import check_budget, get_classifier
+from .journal import CallExecutor
+from .model import ChatModel, ModelError
+from .snapshot import (
+    TERMINAL_PHASES,
+    Message,
+    PendingToolCall,
+    RunContext,
+    RunStatus,
+    Session,
+    StateSnapshot,
+    ToolResult,
+    call_id,
+    idempotency_key,
+)
+from .spec import AgentRun
+from .store import JournalEntry, LeaseLost, Store, StoreUnavailable, Turn
+from .tools import ToolRegistry
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_RETRY = 75
+EXIT_LEASE_LOST = 76
+
+
+@dataclass
+class Outcome:
+    """How a runner process ended: the run's phase, the process exit code and a message."""
+
+    phase: str
+    exit_code: int
+    message: str
+    pending: PendingToolCall | None = None
+
+
+@dataclass
+class ProgressEvent:
+    """Sent to ``on_event`` as the run moves: kind is one of started, model_call, tool_result,
+    checkpoint, waiting, finished."""
+
+    kind: str
+    context: RunContext
+    detail: str = ""
+    pending: PendingToolCall | None = None
+
+
+def run_id_of(run: AgentRun) -> str:
+    """The store key of an AgentRun: ``namespace/name``."""
+    return f"{run.metadata.namespace}/{run.metadata.name}"
+
+
+class VanillaRunner:
+    """Drives one run to completion, to a pause for approval, or to a retriable stop.
+
+    ``stop``: set it (the CLI does on SIGTERM) and the runner starts no new tool call, commits
+    what it has, and returns exit code 75. ``wait_for_approval``: False returns at the first
+    pause (exit 0, phase WaitingForApproval) instead of waiting for the decision.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        run: AgentRun,
+        model: ChatModel,
+        tools: ToolRegistry,
+        *,
+        wait_for_approval: bool = True,
+        stop: threading.Event | None = None,
+        on_event: Callable[[ProgressEvent], None] | None = None,
+    ):
+        self.store = store
+        self.run_spec = run
+        self.spec = run.spec
+        self.run_id = run_id_of(run)
+        self.model = model
+        self.tools = tools
+        self.wait_for_approval = wait_for_approval
+        self.stop = stop or threading.Event()
+        self.on_event = on_event or (lambda e: None)
+        self.snap: StateSnapshot
+        self._stored = 0
+        self._active_since: float | None = None
+
+    # -- entry point -------------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        """Run until finished, paused or stopped. Never raises for run-level failures."""
+        record = self.store.get_run(self.run_id)
+        if record is None:
+            raise KeyError(f"run {self.run_id} is not registered in the store")
+        try:
+            self.lease = self.store.acquire_lease(self.run_id)
+            self.executor = CallExecutor(self.store, self.lease, record.run_uid, self.tools)
+            snap = self.store.load_snapshot(self.run_id)
+            self._active_since = time.monotonic()
+            if snap is None:
+                self.snap = self._initial_snapshot(record.run_uid)
+                self._commit()
+            else:
+                self.snap = snap
+                self._stored = len(snap.messages)
+                if snap.context.status.phase in TERMINAL_PHASES:
+                    return self._outcome_of_terminal()
+                snap.context.counters.resumes += 1
+            self._emit("started")
+            while True:
+                if self.stop.is_set():
+                    return self._retry_exit("stop requested (SIGTERM): state committed; resume to continue")
+                outcome = self._iteration()
+                if outcome is not None:
+                    return outcome
+        except LeaseLost as err:
+            log.error("lease lost: %s", err)
+            return Outcome("LeaseLost", EXIT_LEASE_LOST, f"another runner took this run over; stopping without effects ({err})")
+        except StoreUnavailable as err:
+            return Outcome("Unavailable", EXIT_RETRY, f"Postgres unavailable; nothing is lost, resume later: {err}")
+        except ModelError as err:
+            if err.retriable:
+                return self._retry_exit(f"model unavailable: {err}")
+            return self._finish("Failed", "ModelError", f"the model rejected the request: {err}")
+
+    # -- one iteration -----------------------------------------------------------------------
+
+    def _iteration(self) -> Outcome | None:
+        ctx = self.snap.context
+        it = ctx.counters.iterations + 1
+        turn = self.store.load_turn(self.run_id, it)
+        if turn is None:
+            reason = check_budget(ctx)
+            if reason:
+                return self._finish("Failed", "BudgetExceeded", reason)
+            self._emit("model_call", f"iteration {it}")
+            reply = self.model.complete(self.snap.messages, self.tools.schemas)
+            ctx.counters.model_calls += 1
+            turn = Turn(it, reply.message, reply.prompt_tokens, reply.completion_tokens)
+            if not reply.message.tool_calls:
+                self._account(turn)
+                self.snap.messages.append(reply.message)
+                ctx.counters.iterations = it
+                return self._finish("Succeeded", "Completed", reply.message.content or "")
+            self.store.save_turn(self.lease, turn, self._plan(it, turn.message))
+        self._account(turn)
+        return self._run_batch(it, turn)
+
+    def _account(self, turn: Turn) -> None:
+        ctx = self.snap.context
+        if ctx.turns_accounted < turn.iteration:
+            ctx.usage.prompt_tokens += turn.prompt_tokens
+            ctx.usage.completion_tokens += turn.completion_tokens
+            ctx.usage.total_tokens += turn.prompt_tokens + turn.completion_tokens
+            ctx.turns_accounted = turn.iteration
+
+    def _plan(self, it: int, message: Message) -> list[JournalEntry]:
+        uid = self.snap.context.session.run_uid
+        entries = []
+        for pos, call in enumerate(message.tool_calls):
+            tool = self.tools.get(call.name)
+            entries.append(
+                JournalEntry(
+                    iteration=it,
+                    position=pos,
+                    call_id=call_id(it, pos),
+                    idempotency_key=idempotency_key(uid, it, pos),
+                    tool_call=call,
+                    gated=bool(tool and tool.requires_approval),
+                    idempotent=bool(tool is None or tool.idempotent),
+                    state="planned",
+                    attempts=0,
+                    result=None,
+                )
+            )
+        return entries
+
+    def _run_batch(self, it: int, turn: Turn) -> Outcome | None:
+        entries = self.store.journal(self.run_id, it)
+        results: dict[int, ToolResult] = {e.position: e.result for e in entries if e.state == "done" and e.result}
+        # G5: the calls that need no human run first, in the model's order.
+        for e in entries:
+            if e.position in results or self.executor.needs_human(e):
+                continue
+            if self.stop.is_set():
+                return self._retry_exit("stop requested (SIGTERM) before a tool call; resume to continue")
+            results[e.position] = self.executor.execute(e)
+            self._emit("tool_result", f"{e.call_id} {e.tool_call.name}")
+        for e in entries:
+            if e.position in results:
+                continue
+            decision_id = self.executor.decision_id(e)
+            decision = self.store.get_decision(self.run_id, decision_id)
+            if decision is None:
+                outcome = self._pause(e, decision_id, [results[p] for p in sorted(results)])
+                if outcome is not None:
+                    return outcome
+                decision = self.store.wait_for_decision(self.run_id, decision_id, self.stop)
+                self._active_since = time.monotonic()  # time spent waiting for a human is not billed
+                if decision is None:
+                    return self._retry_exit("stop requested (SIGTERM) while waiting for approval; resume to continue")
+                self.snap.context.status = RunStatus(phase="Running", reason="Decided", message=f"{decision_id}: {decision.decision}")
+            if decision.decision == "approve":
+                if self.stop.is_set():
+                    return self._retry_exit("stop requested (SIGTERM) before an approved tool call; resume to continue")
+                results[e.position] = self.executor.execute(e)
+            else:
+                results[e.position] = self.executor.deny(e, decision.reason)
+            self._emit("tool_result", f"{e.call_id} {e.tool_call.name}")
+        # Every call is resolved: the transcript keeps the model's original order.
+        ctx = self.snap.context
+        ordered = [results[p] for p in sorted(results)]
+        self.snap.messages.append(turn.message)
+        self.snap.messages.extend(r.to_message() for r in ordered)
+        ctx.counters.iterations = it
+        ctx.counters.tool_calls += sum(1 for r in ordered if r.error_kind not in ("malformed", "denied"))
+        ctx.counters.tool_errors += sum(1 for r in ordered if r.error_kind == "tool_raised")
+        ctx.counters.malformed_tool_calls += sum(1 for r in ordered if r.error_kind == "malformed")
+        self.snap.pending = None
+        if ctx.status.phase != "Running":
+            ctx.status = RunStatus(phase="Running")
+        self._commit()
+        return None
+
+    def _pause(self, e: JournalEntry, decision_id: str, siblings: list[ToolResult]) -> Outcome | None:
+        """Commit the pending call (once) and either return (no wait) or let the caller wait."""
+        ctx = self.snap.context
+        if self.snap.pending is None or self.snap.pending.call_id != decision_id:
+            self.snap.pending = PendingToolCall(
+                call_id=decision_id,
+                iteration=e.iteration,
+                position=e.position,
+                tool_call=e.tool_call,
+                idempotency_key=e.idempotency_key,
+                reason="in_flight_not_idempotent" if self.executor.in_flight_unsafe(e) else "requires_approval",
+                executed_sibling_results=siblings,
+            )
+            ctx.counters.approvals_requested += 1
+            ctx.status = RunStatus(
+                phase="WaitingForApproval",
+                reason="AwaitingApproval",
+                message=f"{decision_id}: {e.tool_call.name}({e.tool_call.arguments[:200]})",
+            )
+            self._commit()
+        faults.point("approval.waiting")
+        self._emit("waiting", decision_id, pending=self.snap.pending)
+        if not self.wait_for_approval:
+            return Outcome("WaitingForApproval", EXIT_OK, ctx.status.message, pending=self.snap.pending)
+        self._account_active()
+        self._active_since = None
+        return None
+
+    # -- commits and endings ---------------------------------------------------------------------
+
+    def _initial_snapshot(self, run_uid: str) -> StateSnapshot:
+        classification = get_classifier(self.spec.budget.classifier)(self.spec)
+        ctx = RunContext(
+            session=Session(run_uid=run_uid, adapter="vanilla", model=self.spec.model.name),
+            budget=classification.applied,
+            classification=classification,
+            status=RunStatus(phase="Running", reason="Started"),
+        )
+        messages = []
+        if self.spec.systemPrompt:
+            messages.append(Message(role="system", content=self.spec.systemPrompt))
+        messages.append(Message(role="user", content=self.spec.input))
+        return StateSnapshot(run_id=self.run_id, context=ctx, messages=messages)
+
+    def _account_active(self) -> None:
+        if self._active_since is not None:
+            now = time.monotonic()
+            self.snap.context.usage.duration_ms += int((now - self._active_since) * 1000)
+            self._active_since = now
+
+    def _commit(self) -> None:
+        self._account_active()
+        self.snap.saved_at = int(time.time() * 1000)
+        faults.point("checkpoint.before_commit")
+        self.store.commit_checkpoint(self.lease, self.snap, stored_messages=self._stored)
+        self._stored = len(self.snap.messages)
+        faults.point("checkpoint.after_commit")
+        self._emit("checkpoint")
+
+    def _finish(self, phase: str, reason: str, message: str) -> Outcome:
+        self.snap.pending = None
+        self.snap.context.status = RunStatus(phase=phase, reason=reason, message=message[:1000])
+        self._commit()
+        self._emit("finished", message)
+        return Outcome(phase, EXIT_OK if phase == "Succeeded" else EXIT_FAILED, message)
+
+    def _outcome_of_terminal(self) -> Outcome:
+        st = self.snap.context.status
+        return Outcome(st.phase, EXIT_OK if st.phase == "Succeeded" else EXIT_FAILED, st.message)
+
+    def _retry_exit(self, message: str) -> Outcome:
+        return Outcome("Interrupted", EXIT_RETRY, message)
+
+    def _emit(self, kind: str, detail: str = "", pending: PendingToolCall | None = None) -> None:
+        try:
+            self.on_event(ProgressEvent(kind, self.snap.context, detail, pending))
+        except Exception:  # a display problem must never stop a run
+            log.exception("progress callback failed")

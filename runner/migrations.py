@@ -1,0 +1,132 @@
+"""The storage schema, as an ordered list of migrations; a migration's index + 1 is its version.
+
+Applied by :meth:`agentfast.runner.store.Store.migrate` once, under a transaction-level advisory
+lock, so runners and the operator starting together do not race (the failure mode of
+langgraph's concurrent ``setup()``). Never edit a released migration; append a new one.
+
+Tables (all keyed by ``run_id``, deleted with the run by ``ON DELETE CASCADE``):
+
+- ``agentfast_runs``: one row per run: uid, spec, and the fencing ``epoch`` (G6).
+- ``agentfast_messages``: the transcript, append-only, one row per message. A checkpoint inserts
+  only the messages new since the last one, so its cost does not grow with the transcript.
+- ``agentfast_checkpoints``: one small row per committed iteration: context, pending call,
+  opaque ``sdk_state`` and the transcript length it covers. Superseded rows are pruned to the
+  retention setting; the latest is the run's state.
+- ``agentfast_turns``: the model's reply of an iteration, persisted before any of its tools run,
+  so a resume never asks the model again for a turn whose tools may have acted.
+- ``agentfast_tool_calls``: the tool-call journal (G3, G4): intent, idempotency key, result.
+- ``agentfast_approvals``: human decisions, write-once.
+
+The fencing trigger ``agentfast_fence`` rejects, inside Postgres, any write to the run's tables
+from a transaction whose ``agentfast.epoch`` setting is not the run's current epoch: SQLSTATE
+``AF001``. A runner whose lease was taken over cannot commit anything (G6).
+"""
+
+MIGRATIONS: list[str] = [
+    # 1: the initial schema
+    """
+    CREATE TABLE agentfast_runs (
+        run_id      text PRIMARY KEY,
+        run_uid     text NOT NULL UNIQUE,
+        spec        jsonb NOT NULL,
+        epoch       bigint NOT NULL DEFAULT 0,
+        created_at  timestamptz NOT NULL DEFAULT now()
+    );
+
+    CREATE TABLE agentfast_messages (
+        run_id     text NOT NULL REFERENCES agentfast_runs ON DELETE CASCADE,
+        seq        integer NOT NULL,
+        iteration  integer NOT NULL,
+        message    jsonb NOT NULL,
+        epoch      bigint NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    );
+
+    CREATE TABLE agentfast_checkpoints (
+        run_id          text NOT NULL REFERENCES agentfast_runs ON DELETE CASCADE,
+        checkpoint_id   bigint GENERATED ALWAYS AS IDENTITY,
+        checkpoint_key  uuid NOT NULL UNIQUE,
+        iteration       integer NOT NULL,
+        message_count   integer NOT NULL,
+        phase           text NOT NULL,
+        schema_version  integer NOT NULL,
+        context         jsonb NOT NULL,
+        pending         jsonb,
+        sdk_state       jsonb NOT NULL DEFAULT '{}',
+        saved_at        bigint NOT NULL,
+        epoch           bigint NOT NULL,
+        PRIMARY KEY (run_id, checkpoint_id)
+    );
+
+    CREATE TABLE agentfast_turns (
+        run_id             text NOT NULL REFERENCES agentfast_runs ON DELETE CASCADE,
+        iteration          integer NOT NULL,
+        message            jsonb NOT NULL,
+        prompt_tokens      integer NOT NULL,
+        completion_tokens  integer NOT NULL,
+        epoch              bigint NOT NULL,
+        created_at         timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (run_id, iteration)
+    );
+
+    CREATE TABLE agentfast_tool_calls (
+        run_id           text NOT NULL REFERENCES agentfast_runs ON DELETE CASCADE,
+        iteration        integer NOT NULL,
+        position         integer NOT NULL,
+        call_id          text NOT NULL,
+        idempotency_key  text NOT NULL UNIQUE,
+        tool_call_id     text NOT NULL,
+        tool_name        text NOT NULL,
+        arguments        text NOT NULL,
+        gated            boolean NOT NULL,
+        idempotent       boolean NOT NULL,
+        state            text NOT NULL CHECK (state IN ('planned', 'started', 'done')),
+        attempts         integer NOT NULL DEFAULT 0,
+        result           jsonb,
+        epoch            bigint NOT NULL,
+        started_at       timestamptz,
+        finished_at      timestamptz,
+        PRIMARY KEY (run_id, iteration, position),
+        UNIQUE (run_id, call_id)
+    );
+
+    CREATE TABLE agentfast_approvals (
+        run_id      text NOT NULL REFERENCES agentfast_runs ON DELETE CASCADE,
+        call_id     text NOT NULL,
+        decision    text NOT NULL CHECK (decision IN ('approve', 'deny')),
+        reason      text,
+        decided_by  text NOT NULL DEFAULT '',
+        decided_at  timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (run_id, call_id)
+    );
+
+    CREATE FUNCTION agentfast_fence() RETURNS trigger LANGUAGE plpgsql AS $$
+    DECLARE
+        mine text := current_setting('agentfast.epoch', true);
+        cur bigint;
+    BEGIN
+        -- FOR SHARE: a takeover (UPDATE ... SET epoch = epoch + 1) waits for this transaction,
+        -- and this transaction waits for a takeover in progress, so the check cannot race it.
+        SELECT epoch INTO cur FROM agentfast_runs WHERE run_id = NEW.run_id FOR SHARE;
+        IF mine IS NULL OR mine = '' THEN
+            RAISE EXCEPTION 'agentfast: write to % for run % without a lease (agentfast.epoch unset)', TG_TABLE_NAME, NEW.run_id
+                USING ERRCODE = 'AF001';
+        END IF;
+        IF cur IS NULL OR mine::bigint <> cur THEN
+            RAISE EXCEPTION 'agentfast: run % lease lost: epoch % is stale (current %)', NEW.run_id, mine, cur
+                USING ERRCODE = 'AF001';
+        END IF;
+        NEW.epoch := cur;
+        RETURN NEW;
+    END $$;
+
+    CREATE TRIGGER agentfast_fence BEFORE INSERT OR UPDATE ON agentfast_messages
+        FOR EACH ROW EXECUTE FUNCTION agentfast_fence();
+    CREATE TRIGGER agentfast_fence BEFORE INSERT OR UPDATE ON agentfast_checkpoints
+        FOR EACH ROW EXECUTE FUNCTION agentfast_fence();
+    CREATE TRIGGER agentfast_fence BEFORE INSERT OR UPDATE ON agentfast_turns
+        FOR EACH ROW EXECUTE FUNCTION agentfast_fence();
+    CREATE TRIGGER agentfast_fence BEFORE INSERT OR UPDATE ON agentfast_tool_calls
+        FOR EACH ROW EXECUTE FUNCTION agentfast_fence();
+    """,
+]

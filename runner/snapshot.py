@@ -1,0 +1,231 @@
+"""The checkpoint model: what one committed iteration of a run holds.
+
+Names follow the product text (shared/seeds/durable-execution.txt): ``StateSnapshot``,
+``RunContext`` (counters, budget, usage, session), ``Message``, ``PendingToolCall`` with
+``executed_sibling_results``. Messages use the OpenAI Chat Completions shape, so a transcript can
+be sent to any compatible endpoint as it is.
+
+Every model is pydantic v2. ``StateSnapshot.schema_version`` records the shape a snapshot was
+written with; :func:`upgrade_snapshot_dict` lifts an older dict to the current shape before
+validation, so a snapshot written by an older release still loads.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+#: Version of the snapshot shape written by this release. Bump it and add a step to
+#: ``_UPGRADES`` whenever a field is renamed or its meaning changes.
+SCHEMA_VERSION = 1
+
+Phase = Literal["Pending", "Running", "WaitingForApproval", "Succeeded", "Failed"]
+TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed"})
+
+
+def now_ms() -> int:
+    """Wall-clock time in milliseconds since the Unix epoch."""
+    return time.time_ns() // 1_000_000
+
+
+class _Model(BaseModel):
+    # Unknown keys are kept, not dropped: a newer release's field survives a round trip
+    # through an older one (the opposite of langgraph#7066, "unknown types dropped silently").
+    model_config = ConfigDict(extra="allow")
+
+
+class ToolCall(_Model):
+    """One tool call as the model asked for it.
+
+    ``id`` is the provider's tool-call id. It is *not* unique within a run (some providers reuse
+    one across turns), so the runtime keys calls by ``(iteration, position)`` instead.
+    ``arguments`` is the raw JSON text the model produced; it may be malformed.
+    """
+
+    id: str
+    name: str
+    arguments: str = "{}"
+
+
+class Message(_Model):
+    """A Chat Completions message: ``role`` plus content, tool calls or a tool result."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def to_openai(self) -> dict[str, Any]:
+        """Shape for the ``messages`` parameter of ``chat.completions.create``."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.tool_calls
+            ]
+        if self.role == "tool":
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+class Budget(_Model):
+    """Limits checked at the top of every iteration (guarantee G7). Key names are the seed's."""
+
+    max_iterations: int = Field(50, gt=0, description="model calls allowed in the run")
+    max_tokens: int = Field(150_000, gt=0, description="prompt + completion tokens allowed")
+    max_duration_ms: int = Field(300_000, gt=0, description="active run time allowed, ms; time spent waiting for a human is not counted")
+
+
+class Counters(_Model):
+    """Monotonic counters of one run."""
+
+    iterations: int = 0  # committed iterations (one model call + its tool calls each)
+    model_calls: int = 0
+    tool_calls: int = 0  # tool executions that returned (ok or error)
+    tool_errors: int = 0  # tools that raised, plus calls that could not be made
+    malformed_tool_calls: int = 0  # unknown tool or unparseable JSON arguments from the model
+    approvals_requested: int = 0
+    resumes: int = 0  # times a new process took the run over
+
+
+class Usage(_Model):
+    """Resources consumed so far: tokens as the provider reported them, active time in ms."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    duration_ms: int = 0
+
+
+class Classification(_Model):
+    """What the complexity classifier decided, recorded once before the first model call."""
+
+    classifier: str
+    label: str
+    reason: str
+    declared: Budget
+    applied: Budget
+
+
+class Session(_Model):
+    """Identity of the run and where it runs."""
+
+    run_uid: str
+    adapter: Literal["vanilla", "langgraph"] = "vanilla"
+    model: str = ""
+    started_at: int = Field(default_factory=now_ms, description="ms since epoch")
+
+
+class RunStatus(_Model):
+    """The run's phase and, when it ended, why."""
+
+    phase: Phase = "Pending"
+    reason: str = ""
+    message: str = ""
+
+
+class RunContext(_Model):
+    """Counters, budget, usage and session (the seed's ``RunContext``), plus the run's status."""
+
+    session: Session
+    budget: Budget = Field(default_factory=Budget)
+    counters: Counters = Field(default_factory=Counters)
+    usage: Usage = Field(default_factory=Usage)
+    classification: Classification | None = None
+    status: RunStatus = Field(default_factory=RunStatus)
+    turns_accounted: int = Field(0, description="last iteration whose model tokens are in usage")
+
+
+class ToolResult(_Model):
+    """A finished tool call, as the journal persisted it."""
+
+    call_id: str  # the run-unique call id, "call-<iteration>-<position>"
+    position: int
+    tool_call_id: str  # the provider's id, echoed back in the tool message
+    tool_name: str
+    content: str
+    is_error: bool = False
+    error_kind: Literal["tool_raised", "malformed", "denied"] | None = None
+    idempotency_key: str
+
+    def to_message(self) -> Message:
+        return Message(role="tool", content=self.content, tool_call_id=self.tool_call_id, name=self.tool_name)
+
+
+class PendingToolCall(_Model):
+    """The call a paused run waits on, and the results of its siblings that already ran (G5)."""
+
+    call_id: str
+    iteration: int
+    position: int
+    tool_call: ToolCall
+    idempotency_key: str
+    reason: Literal["requires_approval", "in_flight_not_idempotent"] = "requires_approval"
+    executed_sibling_results: list[ToolResult] = Field(default_factory=list)
+    requested_at: int = Field(default_factory=now_ms)
+
+
+class StateSnapshot(_Model):
+    """One checkpoint: everything needed to continue a run at the exact step.
+
+    ``messages`` is authoritative for loop-owning adapters; ``sdk_state`` is opaque (G8): the
+    runtime stores and returns a graph-native SDK's own state without reading it.
+    ``saved_at`` is ms since the Unix epoch.
+    """
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    context: RunContext
+    messages: list[Message] = Field(default_factory=list)
+    sdk_state: dict[str, Any] = Field(default_factory=dict)
+    pending: PendingToolCall | None = None
+    saved_at: int = Field(default_factory=now_ms)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        return upgrade_snapshot_dict(data) if isinstance(data, dict) else data
+
+
+def _upgrade_0_to_1(d: dict[str, Any]) -> dict[str, Any]:
+    # Version 0 (pre-release) had no schema_version, kept the budget at the top level and named
+    # the gated call's sibling results ``sibling_results``.
+    ctx = d.setdefault("context", {})
+    if "budget" in d:
+        ctx.setdefault("budget", d.pop("budget"))
+    pending = d.get("pending")
+    if isinstance(pending, dict) and "sibling_results" in pending:
+        pending.setdefault("executed_sibling_results", pending.pop("sibling_results"))
+    return d
+
+
+_UPGRADES = {0: _upgrade_0_to_1}
+
+
+def upgrade_snapshot_dict(data: dict[str, Any]) -> dict[str, Any]:
+    """Lift a snapshot dict written by an older release to ``SCHEMA_VERSION``.
+
+    Raises ValueError for a snapshot newer than this release (it cannot be read safely).
+    """
+    version = int(data.get("schema_version", 0))
+    if version > SCHEMA_VERSION:
+        raise ValueError(f"snapshot schema_version {version} is newer than this release reads ({SCHEMA_VERSION})")
+    data = dict(data)
+    while version < SCHEMA_VERSION:
+        data = _UPGRADES[version](data)
+        version += 1
+    data["schema_version"] = SCHEMA_VERSION
+    return data
+
+
+def call_id(iteration: int, position: int) -> str:
+    """The run-unique id of a tool call: the key of ``spec.approvals`` and of the journal."""
+    return f"call-{iteration}-{position}"
+
+
+def idempotency_key(run_uid: str, iteration: int, position: int) -> str:
+    """The key passed to a tool (G4): unique to one call of one run, stable across resumes."""
+    return f"{run_uid}:{iteration}:{position}"

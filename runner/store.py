@@ -1,0 +1,584 @@
+"""The Postgres store: checkpoints, the tool-call journal, approvals and the fencing lease.
+
+Shapes: runs are keyed by ``run_id`` (``"namespace/name"``); writes that belong to a runner take a
+:class:`Lease` (run id + fencing epoch) and are rejected by Postgres with :class:`LeaseLost` once
+another runner has taken the run over (G6). Every public write is one transaction.
+
+Failure handling: a lost connection (Postgres restarting, a network blip) is retried with
+exponential backoff for up to ``retry_for_s`` seconds; every retried write is idempotent (the
+checkpoint carries a client-chosen key; journal updates are absolute). After that the store raises
+:class:`StoreUnavailable`, which the runner turns into a "retry me" exit.
+
+Notifications (LISTEN/NOTIFY): ``agentfast_progress`` (payload: run_id) after every checkpoint,
+``agentfast_approval`` (payload: run_id) after every decision. A notification is only a wake-up:
+listeners always re-read the tables, since one sent while a listener was disconnected is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Literal, TypeVar
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from .migrations import MIGRATIONS
+from .snapshot import Message, PendingToolCall, RunContext, StateSnapshot, ToolCall, ToolResult
+
+PROGRESS_CHANNEL = "agentfast_progress"
+APPROVAL_CHANNEL = "agentfast_approval"
+FENCE_SQLSTATE = "AF001"
+_MIGRATION_LOCK = 0x61_66_5F_6D_69_67  # "af_mig": the advisory-lock key of schema migrations
+
+T = TypeVar("T")
+
+
+class StoreError(Exception):
+    """Base class of the store's errors."""
+
+
+class StoreUnavailable(StoreError):
+    """Postgres could not be reached within the retry window. Retriable: state is intact."""
+
+
+class LeaseLost(StoreError):
+    """Another runner took this run over (its epoch is newer). Stop without further effects."""
+
+
+class DecisionConflict(StoreError):
+    """The call already has a different decision; decisions are write-once."""
+
+
+class UnknownCall(StoreError):
+    """No call with this id waits for a decision in this run."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The right to write a run's state, valid while ``epoch`` is the run's current epoch."""
+
+    run_id: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run_id: str
+    run_uid: str
+    spec: dict[str, Any]
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Turn:
+    """The model's reply of one iteration and the tokens it cost."""
+
+    iteration: int
+    message: Message
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One row of the tool-call journal. ``state``: planned -> started -> done."""
+
+    iteration: int
+    position: int
+    call_id: str
+    idempotency_key: str
+    tool_call: ToolCall
+    gated: bool
+    idempotent: bool
+    state: Literal["planned", "started", "done"]
+    attempts: int
+    result: ToolResult | None
+
+
+@dataclass(frozen=True)
+class Decision:
+    call_id: str
+    decision: Literal["approve", "deny"]
+    reason: str | None
+    decided_by: str
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    checkpoint_id: int
+    iteration: int
+    message_count: int
+    phase: str
+    saved_at: int
+    epoch: int
+
+
+def _is_connection_error(err: BaseException) -> bool:
+    # OperationalError covers refused/reset connections and "terminating connection due to
+    # administrator command" (57P01, a Postgres shutdown); PoolTimeout means none could be opened.
+    from psycopg_pool import PoolTimeout
+
+    if isinstance(err, PoolTimeout):
+        return True
+    if isinstance(err, psycopg.OperationalError):
+        return True
+    return isinstance(err, psycopg.errors.AdminShutdown | psycopg.errors.CannotConnectNow)
+
+
+class Store:
+    """Postgres-backed durable state of agent runs.
+
+    ``dsn``: a libpq connection string or URI. ``retention_keep``: checkpoints kept per run (the
+    latest K; older ones are superseded and pruned on commit; the transcript, journal and
+    approvals are never pruned). ``retry_for_s``: how long connection failures are retried.
+    Raises StoreUnavailable from the constructor when Postgres cannot be reached.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        retention_keep: int = 20,
+        retry_for_s: float = 30.0,
+        pool_max: int = 4,
+        connect_timeout_s: float = 5.0,
+    ) -> None:
+        if retention_keep < 1:
+            raise ValueError("retention_keep must be at least 1")
+        self.dsn = dsn
+        self.retention_keep = retention_keep
+        self.retry_for_s = retry_for_s
+        self._pool = ConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=pool_max,
+            kwargs={"row_factory": dict_row, "connect_timeout": max(1, int(connect_timeout_s))},
+            check=ConnectionPool.check_connection,  # a connection killed by a restart is replaced, not handed out
+            timeout=connect_timeout_s,
+            open=False,
+            name="agentfast",
+        )
+        try:
+            self._pool.open(wait=True, timeout=connect_timeout_s)
+        except Exception as err:  # PoolTimeout: nothing could connect
+            self._pool.close()
+            raise StoreUnavailable(f"cannot connect to Postgres at {_redact(dsn)}: {err}") from None
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _retry(self, op: Callable[[psycopg.Connection], T], *, lease: Lease | None = None) -> T:
+        """Run ``op`` in one transaction, retrying connection failures with backoff."""
+        deadline = time.monotonic() + self.retry_for_s
+        delay = 0.1
+        while True:
+            try:
+                with self._pool.connection() as conn:
+                    with conn.transaction():
+                        if lease is not None:
+                            conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(lease.epoch),))
+                        return op(conn)
+            except psycopg.Error as err:
+                if getattr(err, "sqlstate", None) == FENCE_SQLSTATE:
+                    raise LeaseLost(str(err).strip()) from None
+                if not _is_connection_error(err):
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise StoreUnavailable(f"Postgres unavailable for {self.retry_for_s:.0f}s: {err}") from None
+            except Exception as err:
+                if not _is_connection_error(err):
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise StoreUnavailable(f"Postgres unavailable for {self.retry_for_s:.0f}s: {err}") from None
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    def migrate(self) -> int:
+        """Apply missing migrations under an advisory lock; returns the schema version."""
+
+        def op(conn: psycopg.Connection) -> int:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS agentfast_migrations (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            row = conn.execute("SELECT coalesce(max(version), 0) AS v FROM agentfast_migrations").fetchone()
+            current = row["v"]
+            for version, sql in enumerate(MIGRATIONS, start=1):
+                if version > current:
+                    conn.execute(sql)
+                    conn.execute("INSERT INTO agentfast_migrations (version) VALUES (%s)", (version,))
+            return len(MIGRATIONS)
+
+        return self._retry(op)
+
+    # -- runs and leases ----------------------------------------------------------------------
+
+    def create_run(self, run_id: str, run_uid: str, spec: dict[str, Any]) -> RunRecord:
+        """Register a run, or return the existing one with this id (its uid and spec unchanged)."""
+
+        def op(conn: psycopg.Connection) -> RunRecord:
+            conn.execute(
+                "INSERT INTO agentfast_runs (run_id, run_uid, spec) VALUES (%s, %s, %s) ON CONFLICT (run_id) DO NOTHING",
+                (run_id, run_uid, Jsonb(spec)),
+            )
+            row = conn.execute("SELECT run_id, run_uid, spec, epoch FROM agentfast_runs WHERE run_id = %s", (run_id,)).fetchone()
+            return RunRecord(**row)
+
+        return self._retry(op)
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        row = self._retry(
+            lambda c: c.execute("SELECT run_id, run_uid, spec, epoch FROM agentfast_runs WHERE run_id = %s", (run_id,)).fetchone()
+        )
+        return RunRecord(**row) if row else None
+
+    def list_runs(self) -> list[tuple[RunRecord, CheckpointInfo | None]]:
+        """Every run with its latest checkpoint's summary, oldest first."""
+
+        def op(conn: psycopg.Connection) -> list[tuple[RunRecord, CheckpointInfo | None]]:
+            rows = conn.execute(
+                """SELECT r.run_id, r.run_uid, r.spec, r.epoch, c.checkpoint_id, c.iteration, c.message_count, c.phase,
+                          c.saved_at, c.epoch AS c_epoch
+                   FROM agentfast_runs r
+                   LEFT JOIN LATERAL (SELECT * FROM agentfast_checkpoints c WHERE c.run_id = r.run_id
+                                      ORDER BY checkpoint_id DESC LIMIT 1) c ON true
+                   ORDER BY r.created_at"""
+            ).fetchall()
+            out = []
+            for r in rows:
+                rec = RunRecord(r["run_id"], r["run_uid"], r["spec"], r["epoch"])
+                info = None
+                if r["checkpoint_id"] is not None:
+                    info = CheckpointInfo(r["checkpoint_id"], r["iteration"], r["message_count"], r["phase"], r["saved_at"], r["c_epoch"])
+                out.append((rec, info))
+            return out
+
+        return self._retry(op)
+
+    def delete_run(self, run_id: str) -> bool:
+        """Delete a run and all its data (transcript, journal, approvals). Returns whether it existed."""
+        return self._retry(lambda c: c.execute("DELETE FROM agentfast_runs WHERE run_id = %s", (run_id,)).rowcount > 0)
+
+    def acquire_lease(self, run_id: str) -> Lease:
+        """Take the run over: bump its fencing epoch. Any older holder's writes now fail (G6).
+
+        Raises KeyError if the run does not exist.
+        """
+        row = self._retry(
+            lambda c: c.execute("UPDATE agentfast_runs SET epoch = epoch + 1 WHERE run_id = %s RETURNING epoch", (run_id,)).fetchone()
+        )
+        if row is None:
+            raise KeyError(run_id)
+        return Lease(run_id, row["epoch"])
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    def commit_checkpoint(self, lease: Lease, snapshot: StateSnapshot, *, stored_messages: int) -> int:
+        """Commit one checkpoint in one transaction (G1); returns its checkpoint_id.
+
+        Inserts only ``snapshot.messages[stored_messages:]`` (the ones not yet stored), then one
+        small checkpoint row, prunes superseded checkpoints beyond the retention setting, and
+        notifies ``agentfast_progress``. Raises LeaseLost, StoreUnavailable.
+        """
+        key = uuid.uuid4()
+        iteration = snapshot.context.counters.iterations
+        new = snapshot.messages[stored_messages:]
+        context = snapshot.context.model_dump(mode="json")
+        pending = snapshot.pending.model_dump(mode="json") if snapshot.pending else None
+
+        def op(conn: psycopg.Connection) -> int:
+            done = conn.execute("SELECT checkpoint_id FROM agentfast_checkpoints WHERE checkpoint_key = %s", (key,)).fetchone()
+            if done:  # a retry after a commit whose acknowledgement was lost
+                return done["checkpoint_id"]
+            if new:
+                with conn.cursor() as cur:
+                    cur.executemany(
+                        "INSERT INTO agentfast_messages (run_id, seq, iteration, message, epoch) VALUES (%s, %s, %s, %s, 0)",
+                        [
+                            (snapshot.run_id, stored_messages + i, iteration, Jsonb(m.model_dump(mode="json", exclude_defaults=True)))
+                            for i, m in enumerate(new)
+                        ],
+                    )
+            row = conn.execute(
+                """INSERT INTO agentfast_checkpoints (run_id, checkpoint_key, iteration, message_count, phase, schema_version,
+                                                      context, pending, sdk_state, saved_at, epoch)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0) RETURNING checkpoint_id""",
+                (
+                    snapshot.run_id,
+                    key,
+                    iteration,
+                    len(snapshot.messages),
+                    snapshot.context.status.phase,
+                    snapshot.schema_version,
+                    Jsonb(context),
+                    Jsonb(pending) if pending is not None else None,
+                    Jsonb(snapshot.sdk_state),
+                    snapshot.saved_at,
+                ),
+            ).fetchone()
+            cid = row["checkpoint_id"]
+            conn.execute(
+                "DELETE FROM agentfast_checkpoints WHERE run_id = %s AND checkpoint_id <= %s",
+                (snapshot.run_id, cid - self.retention_keep),
+            )
+            conn.execute("SELECT pg_notify(%s, %s)", (PROGRESS_CHANNEL, snapshot.run_id))
+            return cid
+
+        return self._retry(op, lease=lease)
+
+    def load_snapshot(self, run_id: str) -> StateSnapshot | None:
+        """The run's latest checkpoint with its transcript, or None if it has none."""
+
+        def op(conn: psycopg.Connection) -> StateSnapshot | None:
+            cp = conn.execute(
+                "SELECT * FROM agentfast_checkpoints WHERE run_id = %s ORDER BY checkpoint_id DESC LIMIT 1", (run_id,)
+            ).fetchone()
+            if cp is None:
+                return None
+            msgs = conn.execute(
+                "SELECT message FROM agentfast_messages WHERE run_id = %s AND seq < %s ORDER BY seq",
+                (run_id, cp["message_count"]),
+            ).fetchall()
+            return StateSnapshot.model_validate(
+                {
+                    "schema_version": cp["schema_version"],
+                    "run_id": run_id,
+                    "context": cp["context"],
+                    "messages": [m["message"] for m in msgs],
+                    "sdk_state": cp["sdk_state"],
+                    "pending": cp["pending"],
+                    "saved_at": cp["saved_at"],
+                }
+            )
+
+        return self._retry(op)
+
+    def load_context(self, run_id: str) -> tuple[RunContext, PendingToolCall | None] | None:
+        """The latest checkpoint's context and pending call, without the transcript (cheap)."""
+        row = self._retry(
+            lambda c: c.execute(
+                "SELECT context, pending FROM agentfast_checkpoints WHERE run_id = %s ORDER BY checkpoint_id DESC LIMIT 1", (run_id,)
+            ).fetchone()
+        )
+        if row is None:
+            return None
+        pending = PendingToolCall.model_validate(row["pending"]) if row["pending"] else None
+        return RunContext.model_validate(row["context"]), pending
+
+    def list_checkpoints(self, run_id: str) -> list[CheckpointInfo]:
+        rows = self._retry(
+            lambda c: c.execute(
+                """SELECT checkpoint_id, iteration, message_count, phase, saved_at, epoch FROM agentfast_checkpoints
+                   WHERE run_id = %s ORDER BY checkpoint_id""",
+                (run_id,),
+            ).fetchall()
+        )
+        return [CheckpointInfo(**r) for r in rows]
+
+    # -- turns and the tool-call journal ------------------------------------------------------
+
+    def save_turn(self, lease: Lease, turn: Turn, planned: list[JournalEntry]) -> None:
+        """Persist the model's reply of an iteration and the intent of each call it asked for.
+
+        One transaction, before any tool runs: a resume reuses this reply instead of asking the
+        model again, so the calls (and their idempotency keys) can never change under a retry.
+        """
+
+        def op(conn: psycopg.Connection) -> None:
+            conn.execute(
+                """INSERT INTO agentfast_turns (run_id, iteration, message, prompt_tokens, completion_tokens, epoch)
+                   VALUES (%s, %s, %s, %s, %s, 0) ON CONFLICT (run_id, iteration) DO NOTHING""",
+                (lease.run_id, turn.iteration, Jsonb(turn.message.model_dump(mode="json")), turn.prompt_tokens, turn.completion_tokens),
+            )
+            with conn.cursor() as cur:
+                cur.executemany(
+                    """INSERT INTO agentfast_tool_calls (run_id, iteration, position, call_id, idempotency_key, tool_call_id,
+                                                         tool_name, arguments, gated, idempotent, state, epoch)
+                       VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 'planned', 0)
+                       ON CONFLICT (run_id, iteration, position) DO NOTHING""",
+                    [
+                        (lease.run_id, e.iteration, e.position, e.call_id, e.idempotency_key, e.tool_call.id, e.tool_call.name,
+                         e.tool_call.arguments, e.gated, e.idempotent)
+                        for e in planned
+                    ],
+                )
+
+        self._retry(op, lease=lease)
+
+    def load_turn(self, run_id: str, iteration: int) -> Turn | None:
+        row = self._retry(
+            lambda c: c.execute(
+                "SELECT iteration, message, prompt_tokens, completion_tokens FROM agentfast_turns WHERE run_id = %s AND iteration = %s",
+                (run_id, iteration),
+            ).fetchone()
+        )
+        if row is None:
+            return None
+        return Turn(row["iteration"], Message.model_validate(row["message"]), row["prompt_tokens"], row["completion_tokens"])
+
+    def journal(self, run_id: str, iteration: int | None = None) -> list[JournalEntry]:
+        """Journal entries of a run (of one iteration if given), in (iteration, position) order."""
+        sql = "SELECT * FROM agentfast_tool_calls WHERE run_id = %s"
+        params: list[Any] = [run_id]
+        if iteration is not None:
+            sql += " AND iteration = %s"
+            params.append(iteration)
+        rows = self._retry(lambda c: c.execute(sql + " ORDER BY iteration, position", params).fetchall())
+        return [
+            JournalEntry(
+                iteration=r["iteration"],
+                position=r["position"],
+                call_id=r["call_id"],
+                idempotency_key=r["idempotency_key"],
+                tool_call=ToolCall(id=r["tool_call_id"], name=r["tool_name"], arguments=r["arguments"]),
+                gated=r["gated"],
+                idempotent=r["idempotent"],
+                state=r["state"],
+                attempts=r["attempts"],
+                result=ToolResult.model_validate(r["result"]) if r["result"] else None,
+            )
+            for r in rows
+        ]
+
+    def mark_started(self, lease: Lease, iteration: int, position: int) -> None:
+        """Record that a call is about to run (the write-ahead intent, G4). Never on a done call."""
+
+        def op(conn: psycopg.Connection) -> None:
+            cur = conn.execute(
+                """UPDATE agentfast_tool_calls SET state = 'started', attempts = attempts + 1, started_at = now()
+                   WHERE run_id = %s AND iteration = %s AND position = %s AND state <> 'done'""",
+                (lease.run_id, iteration, position),
+            )
+            if cur.rowcount != 1:
+                raise StoreError(f"call {iteration}/{position} of {lease.run_id} is not in the journal or already done")
+
+        self._retry(op, lease=lease)
+
+    def record_result(self, lease: Lease, iteration: int, position: int, result: ToolResult) -> None:
+        """Persist a call's result; from now on it is never run again (G3)."""
+
+        def op(conn: psycopg.Connection) -> None:
+            conn.execute(
+                """UPDATE agentfast_tool_calls SET state = 'done', result = %s, finished_at = now()
+                   WHERE run_id = %s AND iteration = %s AND position = %s""",
+                (Jsonb(result.model_dump(mode="json")), lease.run_id, iteration, position),
+            )
+
+        self._retry(op, lease=lease)
+
+    # -- approvals ------------------------------------------------------------------------------
+
+    def decide(
+        self,
+        run_id: str,
+        call_id: str,
+        decision: Literal["approve", "deny"],
+        *,
+        reason: str | None = None,
+        decided_by: str = "",
+        require_known_call: bool = True,
+    ) -> Decision:
+        """Record a human decision (write-once) and wake the waiting runner.
+
+        Recording the same decision again is a no-op. Raises DecisionConflict for a different
+        decision, UnknownCall when ``require_known_call`` and the run's journal has no such call.
+        """
+        if decision not in ("approve", "deny"):
+            raise ValueError(f"decision must be 'approve' or 'deny', got {decision!r}")
+
+        def op(conn: psycopg.Connection) -> Decision:
+            if require_known_call:
+                # A decision id is a call id, or "<call id>-rerun<n>" for re-running an unsafe in-flight call.
+                known = conn.execute(
+                    """SELECT 1 FROM agentfast_tool_calls WHERE run_id = %s
+                       AND (call_id = %s OR (%s LIKE call_id || '-rerun%%' AND NOT idempotent))""",
+                    (run_id, call_id, call_id),
+                ).fetchone()
+                if not known:
+                    raise UnknownCall(f"run {run_id} has no tool call {call_id}")
+            conn.execute(
+                """INSERT INTO agentfast_approvals (run_id, call_id, decision, reason, decided_by)
+                   VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_id, call_id) DO NOTHING""",
+                (run_id, call_id, decision, reason, decided_by),
+            )
+            row = conn.execute(
+                "SELECT call_id, decision, reason, decided_by FROM agentfast_approvals WHERE run_id = %s AND call_id = %s",
+                (run_id, call_id),
+            ).fetchone()
+            if row["decision"] != decision:
+                raise DecisionConflict(f"call {call_id} of run {run_id} was already decided: {row['decision']}")
+            conn.execute("SELECT pg_notify(%s, %s)", (APPROVAL_CHANNEL, run_id))
+            return Decision(**row)
+
+        return self._retry(op)
+
+    def get_decision(self, run_id: str, call_id: str) -> Decision | None:
+        row = self._retry(
+            lambda c: c.execute(
+                "SELECT call_id, decision, reason, decided_by FROM agentfast_approvals WHERE run_id = %s AND call_id = %s",
+                (run_id, call_id),
+            ).fetchone()
+        )
+        return Decision(**row) if row else None
+
+    def wait_for_decision(self, run_id: str, call_id: str, stop: threading.Event, *, poll_s: float = 30.0) -> Decision | None:
+        """Block until the call is decided or ``stop`` is set (then None).
+
+        LISTENs on ``agentfast_approval`` on a dedicated autocommit connection and re-reads the
+        table after every wake-up and at least every ``poll_s`` seconds. A dropped connection is
+        re-opened with backoff; a decision made meanwhile is found by the re-read.
+        """
+        delay = 0.2
+        while not stop.is_set():
+            try:
+                with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
+                    conn.execute(f"LISTEN {APPROVAL_CHANNEL}")
+                    delay = 0.2
+                    woke, last_read = True, 0.0  # read once right after LISTEN: nothing can slip between
+                    while not stop.is_set():
+                        if woke or time.monotonic() - last_read >= poll_s:
+                            decided = self.get_decision(run_id, call_id)
+                            last_read = time.monotonic()
+                            if decided:
+                                return decided
+                        woke = False
+                        for note in conn.notifies(timeout=0.5, stop_after=1):
+                            woke = note.payload == run_id
+            except psycopg.OperationalError:
+                stop.wait(delay)
+                delay = min(delay * 2, 5.0)
+        return None
+
+    def wait_for_progress(self, stop: threading.Event, timeout_s: float) -> Iterator[str]:
+        """Yield run ids as their checkpoints commit, until ``stop`` or ``timeout_s`` passes."""
+        deadline = time.monotonic() + timeout_s
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(f"LISTEN {PROGRESS_CHANNEL}")
+            while not stop.is_set() and time.monotonic() < deadline:
+                for note in conn.notifies(timeout=0.5):
+                    yield note.payload
+
+
+def _redact(dsn: str) -> str:
+    """A DSN fit for an error message: the password, if any, replaced by ***."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "(unparseable DSN)"
+    if info.get("password"):
+        info["password"] = "***"
+    return json.dumps({k: v for k, v in info.items() if v is not None}, sort_keys=True)

@@ -1,0 +1,172 @@
+"""Tools: how a Python function becomes something an agent can call exactly once.
+
+A tool is a function decorated with :func:`tool`. Its first parameter receives a
+:class:`ToolContext` that carries the call's **idempotency key** (G4): ``"{run_uid}:{iteration}:
+{position}"``, unique to that one call and stable across resumes. A tool with a side effect must
+hand that key to whatever it changes (an ``Idempotency-Key`` header, a unique column), because a
+call that was in flight when a process died is run again with the same key.
+
+Tools declare two things, both overridable per AgentRun (``spec.tools[i]``):
+
+- ``idempotent`` (default True): re-running with the same key is safe. A non-idempotent tool found
+  in flight after a crash is never re-run blindly; it goes to a human like a gated call.
+- ``requires_approval`` (default False): every call waits for a human decision.
+
+Arguments arrive as the model's JSON text and are validated against the function's signature
+with pydantic; bad arguments become a tool error the model can read, never a crash.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pydantic import ValidationError, create_model
+
+from .spec import AgentRun, SpecError, resolve_ref
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool learns about the call it serves.
+
+    ``idempotency_key``: unique to this call (run uid, iteration, position), stable across resumes.
+    ``dsn``: the run's Postgres, for tools that keep their own records there (the demo ledger).
+    ``epoch``: the runner's fencing epoch, for services that accept a fencing token.
+    """
+
+    run_id: str
+    run_uid: str
+    call_id: str
+    iteration: int
+    position: int
+    idempotency_key: str
+    epoch: int
+    dsn: str = ""
+
+
+class ToolArgumentsError(ValueError):
+    """The model's arguments could not be parsed or did not match the tool's signature."""
+
+
+@dataclass
+class Tool:
+    """A callable tool with its JSON schema and durability declarations."""
+
+    name: str
+    fn: Callable[..., Any]
+    description: str
+    idempotent: bool = True
+    requires_approval: bool = False
+    _args_model: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        params = list(inspect.signature(self.fn).parameters.values())
+        if not params or params[0].name != "ctx":
+            raise TypeError(f"tool {self.name}: the first parameter must be `ctx: ToolContext`")
+        fields: dict[str, Any] = {}
+        for p in params[1:]:
+            annotation = p.annotation if p.annotation is not inspect.Parameter.empty else Any
+            default = p.default if p.default is not inspect.Parameter.empty else ...
+            fields[p.name] = (annotation, default)
+        self._args_model = create_model(f"{self.name}_args", __config__={"extra": "forbid"}, **fields)
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI ``tools`` entry: ``{"type": "function", "function": {name, description, parameters}}``."""
+        params = self._args_model.model_json_schema()
+        params.pop("title", None)
+        for prop in params.get("properties", {}).values():
+            prop.pop("title", None)
+        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": params}}
+
+    def parse_arguments(self, raw: str) -> dict[str, Any]:
+        """Parse and validate the model's raw JSON arguments. Raises ToolArgumentsError."""
+        try:
+            data = json.loads(raw or "{}")
+        except json.JSONDecodeError as err:
+            raise ToolArgumentsError(f"arguments are not valid JSON ({err.msg} at char {err.pos}): {raw[:200]!r}") from None
+        if not isinstance(data, dict):
+            raise ToolArgumentsError(f"arguments must be a JSON object, got {type(data).__name__}")
+        try:
+            return self._args_model.model_validate(data).model_dump()
+        except ValidationError as err:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+            raise ToolArgumentsError(f"arguments do not match {self.name}'s parameters: {problems}") from None
+
+    def invoke(self, ctx: ToolContext, arguments: dict[str, Any]) -> str:
+        """Run the tool; returns its result as text (a dict is JSON-encoded). Exceptions propagate."""
+        out = self.fn(ctx, **arguments)
+        if isinstance(out, str):
+            return out
+        return json.dumps(out, sort_keys=True, default=str)
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    idempotent: bool = True,
+    requires_approval: bool = False,
+) -> Any:
+    """Decorator: ``@tool`` or ``@tool(idempotent=False, requires_approval=True)``.
+
+    The function's docstring becomes the description the model sees; its parameters after
+    ``ctx`` become the JSON schema.
+    """
+
+    def wrap(f: Callable[..., Any]) -> Tool:
+        return Tool(
+            name=name or f.__name__,
+            fn=f,
+            description=inspect.cleandoc(f.__doc__ or f.__name__),
+            idempotent=idempotent,
+            requires_approval=requires_approval,
+        )
+
+    return wrap(fn) if fn is not None else wrap
+
+
+class ToolRegistry:
+    """The tools of one run, by name, with the AgentRun's per-tool overrides applied."""
+
+    def __init__(self, tools: list[Tool]):
+        self._tools = {t.name: t for t in tools}
+
+    @classmethod
+    def from_agentrun(cls, run: AgentRun) -> "ToolRegistry":
+        """Import every ``spec.tools[i].ref``. Raises SpecError naming the field."""
+        tools = []
+        for i, spec in enumerate(run.spec.tools):
+            try:
+                obj = resolve_ref(spec.ref)
+            except (ImportError, AttributeError) as err:
+                raise SpecError(f"spec.tools[{i}].ref: unknown tool {spec.name!r}: {err}") from None
+            if not isinstance(obj, Tool):
+                raise SpecError(f"spec.tools[{i}].ref: {spec.ref} is not decorated with @agentfast.runner.tools.tool")
+            tools.append(
+                Tool(
+                    name=spec.name,
+                    fn=obj.fn,
+                    description=obj.description,
+                    idempotent=obj.idempotent if spec.idempotent is None else spec.idempotent,
+                    requires_approval=obj.requires_approval if spec.requiresApproval is None else spec.requiresApproval,
+                )
+            )
+        return cls(tools)
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._tools
+
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        return [t.schema for t in self._tools.values()]
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._tools)
