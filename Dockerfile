@@ -1,0 +1,36 @@
+# The agentfast image: the durable runner and the operator, one image.
+#   docker build -t agentfast:dev .
+# Runs as a non-root user. The console script `agentfast` (agentfast.runner.cli:main) is the entry
+# point: `agentfast runner ...`, `agentfast operator ...`; a Pod may override `command`.
+#
+# Offline builds (no route to PyPI from the build container): put wheels for the project's
+# dependencies in ./.wheels of the build context; they are then installed with --no-index.
+# hack/cluster/images.sh does this with wheels built on the host. No `# syntax=` line on purpose:
+# the builder's own Dockerfile frontend is used, so the build pulls nothing but the base image.
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+
+FROM ${BASE_IMAGE} AS build
+LABEL agentfast.stage=build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+RUN python3 -m venv /opt/agentfast
+COPY . /src
+RUN set -eu; \
+    if ls /src/.wheels/*.whl >/dev/null 2>&1; then \
+      set -- --no-index --find-links /src/.wheels; \
+    fi; \
+    /opt/agentfast/bin/pip install "$@" "/src[operator,langgraph]"; \
+    /opt/agentfast/bin/python -c 'import agentfast.runner'; \
+    find /opt/agentfast -name '__pycache__' -prune -exec rm -rf {} +
+
+FROM ${BASE_IMAGE}
+ENV PATH=/opt/agentfast/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+RUN (useradd --uid 10001 --user-group --home-dir /home/agentfast --create-home --shell /usr/sbin/nologin agentfast \
+      || { echo 'agentfast:x:10001:10001::/home/agentfast:/usr/sbin/nologin' >>/etc/passwd; \
+           echo 'agentfast:x:10001:' >>/etc/group; mkdir -p /home/agentfast; chown 10001:10001 /home/agentfast; })
+COPY --from=build /opt/agentfast /opt/agentfast
+USER 10001:10001
+WORKDIR /home/agentfast
+ENTRYPOINT ["agentfast"]
+CMD ["--help"]

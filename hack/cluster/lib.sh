@@ -1,0 +1,197 @@
+# shellcheck shell=bash
+# Shared settings for hack/cluster/*.sh. Everything the cluster tier downloads, builds or runs lives
+# under $AGENTFAST_CACHE (outside the repository), so re-runs are incremental and `git status` stays
+# clean.
+set -euo pipefail
+
+HACK_CLUSTER_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "$HACK_CLUSTER_DIR/../.." && pwd)"
+# shellcheck source=hack/cluster/versions.sh
+. "$HACK_CLUSTER_DIR/versions.sh"
+
+AGENTFAST_CACHE="${AGENTFAST_CACHE:-$HOME/.cache/agentfast}"
+CLUSTER_DIR="$AGENTFAST_CACHE/cluster"          # state of the running cluster (certs, logs, pids)
+BIN_DIR="$AGENTFAST_CACHE/k8s-bin/$K8S_VERSION" # built binaries, one folder per pinned version
+SRC_DIR="$AGENTFAST_CACHE/k8s-src"              # small wrapper Go modules
+KUBECONFIG_ADMIN="$CLUSTER_DIR/kubeconfig"
+
+# Go caches outside the repo, shared by every build here.
+export GOMODCACHE="${GOMODCACHE_OVERRIDE:-$AGENTFAST_CACHE/go/mod}"
+export GOCACHE="${GOCACHE_OVERRIDE:-$AGENTFAST_CACHE/go/build}"
+export GOPATH="$AGENTFAST_CACHE/go/path"
+export GOTOOLCHAIN=local
+export CGO_ENABLED=0
+# Parallel compile jobs; the cluster build runs at nice 19 so other work on the machine keeps the CPU.
+BUILD_JOBS="${AGENTFAST_BUILD_JOBS:-2}"
+
+# Names the cluster uses.
+NODE_NAME="${AGENTFAST_NODE_NAME:-agentfast-node}"
+SERVICE_CIDR="10.96.0.0/16"
+KUBERNETES_SVC_IP="10.96.0.1"
+DNS_SVC_IP="10.96.0.10"
+POD_CIDR="10.244.0.0/24"
+CLUSTER_DOMAIN="cluster.local"
+APISERVER_PORT=6443
+
+# Images the local tier makes or builds, and that the official path pulls.
+PAUSE_IMAGE="registry.k8s.io/pause:3.10.1"
+COREDNS_IMAGE="registry.k8s.io/coredns/coredns:${COREDNS_VERSION}"
+PYTHON_BASE_IMAGE="python:3.11-slim-bookworm"
+PROJECT_IMAGE="${AGENTFAST_IMAGE:-agentfast:dev}"
+
+log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# host_ip: the address of the interface that carries the default route, or the first global address.
+host_ip() {
+  local ip
+  ip="$(ip -4 route get 1.1.1.1 2>/dev/null | awk '{for (i=1;i<NF;i++) if ($i=="src") print $(i+1)}' | head -n1)"
+  if [ -z "$ip" ]; then
+    ip="$(ip -4 -o addr show scope global | awk '{print $4}' | cut -d/ -f1 | head -n1)"
+  fi
+  [ -n "$ip" ] || die "no IPv4 address found on this machine"
+  echo "$ip"
+}
+
+# wait_for DESCRIPTION TIMEOUT_SECONDS COMMAND...: poll COMMAND once a second until it succeeds.
+wait_for() {
+  local what="$1" timeout="$2"; shift 2
+  local start=$SECONDS
+  until "$@" >/dev/null 2>&1; do
+    if (( SECONDS - start >= timeout )); then
+      die "timed out after ${timeout}s waiting for: $what"
+    fi
+    sleep 1
+  done
+  log "ready: $what ($((SECONDS - start))s)"
+}
+
+# --- background daemons -------------------------------------------------------------------------
+# Each daemon runs detached (setsid) with its log in $CLUSTER_DIR/logs/NAME.log and its pid in
+# $CLUSTER_DIR/pids/NAME.pid; a daemon whose pid file names a live process of the same binary is left
+# alone, so starting is idempotent.
+LOG_DIR="$CLUSTER_DIR/logs"
+PID_DIR="$CLUSTER_DIR/pids"
+
+daemon_pid() { # NAME -> prints the pid if that daemon is alive
+  local f="$PID_DIR/$1.pid" pid
+  [ -f "$f" ] || return 1
+  pid="$(cat "$f")"
+  [ -n "$pid" ] && [ -d "/proc/$pid" ] || return 1
+  # The pid must still belong to a process started from the recorded binary (pids are reused).
+  [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$(cat "$PID_DIR/$1.exe" 2>/dev/null)" ] || return 1
+  echo "$pid"
+}
+
+start_daemon() { # NAME BINARY ARGS...
+  local name="$1"; shift
+  mkdir -p "$LOG_DIR" "$PID_DIR"
+  if daemon_pid "$name" >/dev/null; then
+    log "$name: already running (pid $(daemon_pid "$name"))"
+    return 0
+  fi
+  local exe
+  exe="$(readlink -f "$(command -v "$1")")"
+  echo "$exe" >"$PID_DIR/$name.exe"
+  # shellcheck disable=SC2094
+  { echo "=== $(date -u +%FT%TZ) starting: $*"; } >>"$LOG_DIR/$name.log"
+  setsid nohup "$@" >>"$LOG_DIR/$name.log" 2>&1 </dev/null &
+  echo $! >"$PID_DIR/$name.pid"
+  log "$name: started (pid $!), log $LOG_DIR/$name.log"
+}
+
+stop_daemon() { # NAME [TIMEOUT]
+  local name="$1" timeout="${2:-20}" pid
+  if pid="$(daemon_pid "$name")"; then
+    kill -TERM "$pid" 2>/dev/null || true
+    local i=0
+    while [ -d "/proc/$pid" ] && (( i < timeout * 10 )); do sleep 0.1; i=$((i + 1)); done
+    if [ -d "/proc/$pid" ]; then
+      log "$name: did not stop in ${timeout}s, sending SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    log "$name: stopped"
+  fi
+  rm -f "$PID_DIR/$name.pid" "$PID_DIR/$name.exe"
+}
+
+# --- containerd and docker ----------------------------------------------------------------------
+# One containerd serves both the kubelet (CRI, namespace k8s.io) and dockerd (namespace moby), at the
+# standard socket, with our own config file. cgroupfs driver: the host has no systemd, and is cgroup v1.
+CONTAINERD_SOCK="/run/containerd/containerd.sock"
+CNI_CONF_DIR="$CLUSTER_DIR/cni/net.d"
+CNI_BIN_DIR="/usr/lib/cni"
+
+write_containerd_config() {
+  mkdir -p "$CLUSTER_DIR/etc" "$CNI_CONF_DIR"
+  cat >"$CLUSTER_DIR/etc/containerd.toml" <<TOML
+version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+[grpc]
+  address = "$CONTAINERD_SOCK"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE_IMAGE"
+  enable_unprivileged_ports = true
+  enable_unprivileged_icmp = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "$CNI_BIN_DIR"
+    conf_dir = "$CNI_CONF_DIR"
+TOML
+  # The pod network: one Linux bridge, host-local IPAM on the node's pod CIDR, masquerade for traffic
+  # leaving it, hairpin so a pod reaches itself through a Service.
+  cat >"$CNI_CONF_DIR/10-agentfast.conflist" <<JSON
+{
+  "cniVersion": "1.0.0",
+  "name": "agentfast",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "cni0",
+      "isGateway": true,
+      "ipMasq": true,
+      "hairpinMode": true,
+      "mtu": $(cat /sys/class/net/"$(ip -4 route show default | awk '{print $5; exit}')"/mtu 2>/dev/null || echo 1500),
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": "$POD_CIDR"}]],
+        "routes": [{"dst": "0.0.0.0/0"}]
+      }
+    },
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+JSON
+}
+
+containerd_ready() { ctr --address "$CONTAINERD_SOCK" version >/dev/null 2>&1; }
+
+ensure_containerd() {
+  command -v containerd >/dev/null || die "containerd is not installed: run hack/cluster/images.sh (apt-get install containerd)"
+  write_containerd_config
+  if containerd_ready && ! daemon_pid containerd >/dev/null; then
+    log "containerd: a containerd not started by these scripts already serves $CONTAINERD_SOCK; using it"
+    return 0
+  fi
+  start_daemon containerd containerd --config "$CLUSTER_DIR/etc/containerd.toml"
+  wait_for "containerd" 60 containerd_ready
+}
+
+docker_ready() { docker version >/dev/null 2>&1; }
+
+ensure_dockerd() {
+  if docker_ready; then return 0; fi
+  command -v dockerd >/dev/null || die "dockerd is not installed: run hack/cluster/images.sh (apt-get install docker.io)"
+  ensure_containerd
+  local mtu
+  mtu="$(cat /sys/class/net/"$(ip -4 route show default | awk '{print $5; exit}')"/mtu 2>/dev/null || echo 1500)"
+  start_daemon dockerd dockerd --containerd="$CONTAINERD_SOCK" --mtu="$mtu" --exec-opt native.cgroupdriver=cgroupfs
+  wait_for "dockerd" 60 docker_ready
+}
