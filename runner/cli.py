@@ -32,8 +32,8 @@ from .store import DecisionConflict, Store, StoreUnavailable, UnknownCall
 EXIT_NO_POSTGRES = 3
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Durable execution for AI agent runs.")
-out = Console()
-err = Console(stderr=True)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 DsnOption = typer.Option(None, "--dsn", envvar="AGENTFAST_DSN", help="Postgres DSN; default: the embedded server under the user's data dir")
 

