@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The refund demo on the embedded default: no cluster, no Postgres to install.
+# It pauses when the agent asks to issue a refund; approve it at the prompt, or from another
+# terminal with the command it prints. Extra arguments go to `agentfast run`.
+source "$(dirname "$0")/lib-py.sh"
+ensure_python_env
+exec agentfast run "$REPO/manifests/examples/refund.yaml" "$@"
