@@ -9,6 +9,7 @@
 # small wrapper module requires k8s.io/kubernetes and replaces each staging module with its published
 # v0.MINOR.PATCH release (the list is read from that release's own go.mod). etcd's server module has
 # the same shape (replaces ../api etc.) and gets the same treatment.
+# shellcheck source=hack/cluster/lib.sh
 . "$(dirname "$0")/lib.sh"
 
 command -v go >/dev/null || die "go is required (https://go.dev/dl); this machine's Go builds everything here"

@@ -7,6 +7,7 @@
 # and import them into containerd's k8s.io namespace, where the kubelet finds them.
 # Installs containerd, runc, CNI plugins, docker.io and debootstrap from Debian if missing.
 # Idempotent: each image is remade only when its inputs changed.
+# shellcheck source=hack/cluster/lib.sh
 . "$(dirname "$0")/lib.sh"
 
 IMG_DIR="$AGENTFAST_CACHE/images"
@@ -125,7 +126,7 @@ make_project_image() {
   rm -rf "$ctx"; mkdir -p "$ctx"
   # Tracked and untracked-but-not-ignored files: exactly what the checkout holds.
   (cd "$REPO_ROOT" && git ls-files -z --cached --others --exclude-standard) |
-    (cd "$REPO_ROOT" && xargs -0 -r cp --parents -t "$ctx" 2>/dev/null || true)
+    (cd "$REPO_ROOT" && { xargs -0 -r cp --parents -t "$ctx" 2>/dev/null || true; })
   # Empty package folders too (git does not track folders; setuptools' package-dir wants them).
   (cd "$REPO_ROOT" && find . -path ./.git -prune -o -type d -print0) | (cd "$ctx" && xargs -0 -r mkdir -p)
   # pyproject.toml names README.md as the long description; tolerate a tree that lacks it yet.
@@ -138,7 +139,7 @@ make_project_image() {
   fi
   log "wheels: pip wheel .[operator,langgraph] -> $WHEEL_DIR"
   local py="${PYTHON:-python3}"
-  "$py" -m pip wheel --quiet --wheel-dir "$WHEEL_DIR" "$ctx[operator,langgraph]" >&2
+  "$py" -m pip wheel --quiet --wheel-dir "$WHEEL_DIR" "${ctx}[operator,langgraph]" >&2
   # The build backend, for the isolated build of the project itself inside the image.
   "$py" -m pip download --quiet --dest "$WHEEL_DIR" --only-binary=:all: "setuptools>=69" wheel >&2
   rm -f "$WHEEL_DIR"/agentfast-*.whl

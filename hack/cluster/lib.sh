@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034
 # Shared settings for hack/cluster/*.sh. Everything the cluster tier downloads, builds or runs lives
 # under $AGENTFAST_CACHE (outside the repository), so re-runs are incremental and `git status` stays
 # clean.

@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034
 # Pinned versions of every upstream part of the local cluster tier. Sourced by hack/cluster/*.sh.
 # Kubernetes 1.34 is the last minor whose kubelet starts on a cgroup v1 host without opting out of
 # failCgroupV1 (1.35 refuses by default); CI machines here are cgroup v1.

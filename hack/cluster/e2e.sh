@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The e2e suite on the local cluster tier, from nothing: build the binaries, make the images, start
+# the cluster, install the chart, run pytest tests/e2e. Every step is incremental (see each script).
+# The same chart install and tests as hack/kind-e2e.sh. KEEP_CLUSTER=0 stops the cluster afterwards.
+# shellcheck source=hack/cluster/lib.sh
+. "$(dirname "$0")/lib.sh"
+# shellcheck source=hack/lib.sh
+. "$REPO_ROOT/hack/lib.sh"
+
+"$HACK_CLUSTER_DIR/build.sh"
+"$HACK_CLUSTER_DIR/images.sh"
+KUBECONFIG="$("$HACK_CLUSTER_DIR/up.sh")"
+export KUBECONFIG
+if [ "${KEEP_CLUSTER:-1}" = 0 ]; then trap '"$HACK_CLUSTER_DIR/down.sh"' EXIT; fi
+export PATH="$BIN_DIR:$PATH"
+HELM="$BIN_DIR/helm" e2e_helm_install "$REPO_ROOT" "$PROJECT_IMAGE"
+AGENTFAST_IMAGE="$PROJECT_IMAGE" e2e_pytest "$REPO_ROOT" "$@"

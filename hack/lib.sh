@@ -1,0 +1,35 @@
+# shellcheck shell=bash disable=SC2034
+# Steps shared by the two ways of running the e2e suite, so both run the same thing:
+#   hack/cluster/e2e.sh  a single-node cluster built from upstream on this machine (no registry)
+#   hack/kind-e2e.sh     kind, for machines with registry access (and .github/workflows/e2e-kind.yml)
+
+E2E_RELEASE="${AGENTFAST_RELEASE:-agentfast}"
+E2E_NAMESPACE="${AGENTFAST_NAMESPACE:-agentfast-system}"
+
+# e2e_image_parts IMAGE -> "REPOSITORY TAG"
+e2e_image_parts() {
+  local image="$1"
+  echo "${image%:*} ${image##*:}"
+}
+
+# e2e_helm_install REPO_ROOT IMAGE: install the project's chart with the image already on the node.
+# The chart is optional while it does not exist yet; the smoke tests do not need it.
+e2e_helm_install() {
+  local root="$1" image="$2" helm="${HELM:-helm}" repo tag
+  read -r repo tag <<<"$(e2e_image_parts "$image")"
+  if [ ! -f "$root/charts/agentfast/Chart.yaml" ]; then
+    echo "e2e: charts/agentfast/Chart.yaml not present; skipping helm install" >&2
+    return 0
+  fi
+  "$helm" upgrade --install "$E2E_RELEASE" "$root/charts/agentfast" \
+    --namespace "$E2E_NAMESPACE" --create-namespace \
+    --set image.repository="$repo" --set image.tag="$tag" --set image.pullPolicy=IfNotPresent \
+    --wait --timeout 5m
+}
+
+# e2e_pytest REPO_ROOT [PYTEST ARGS...]: the e2e suite against $KUBECONFIG.
+e2e_pytest() {
+  local root="$1"; shift
+  [ -n "${KUBECONFIG:-}" ] || { echo "e2e: KUBECONFIG is not set" >&2; return 1; }
+  (cd "$root" && "${PYTHON:-python3}" -m pytest -m e2e tests/e2e "$@")
+}

@@ -1,0 +1,143 @@
+"""Fixtures for the cluster tier: a real Kubernetes cluster, taken from ``KUBECONFIG``.
+
+The suite does not care which provider made the cluster: ``hack/cluster/up.sh`` (a single-node
+cluster built from upstream sources on this machine) or ``hack/kind-e2e.sh`` (kind). A missing
+prerequisite is a failure, never a skip: CI must not go green without having touched a cluster.
+
+Environment:
+  KUBECONFIG        the cluster (required)
+  KUBECTL           the kubectl binary (default: PATH, then the one hack/cluster/build.sh built)
+  AGENTFAST_IMAGE   the project image already present on the node (default ``agentfast:dev``)
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).resolve().parent
+    for item in items:
+        if here in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+def _find_kubectl() -> str:
+    explicit = os.environ.get("KUBECTL")
+    if explicit:
+        return explicit
+    on_path = shutil.which("kubectl")
+    if on_path:
+        return on_path
+    cache = os.environ.get("AGENTFAST_CACHE", os.path.expanduser("~/.cache/agentfast"))
+    built = sorted(glob.glob(os.path.join(cache, "k8s-bin", "*", "kubectl")))
+    if built:
+        return built[-1]
+    pytest.fail(
+        "kubectl not found: set KUBECTL, put kubectl on PATH, or run hack/cluster/build.sh",
+        pytrace=False,
+    )
+
+
+class Kube:
+    """kubectl against the cluster of KUBECONFIG, in one throwaway namespace."""
+
+    def __init__(self, kubectl: str, kubeconfig: str, namespace: str) -> None:
+        self.kubectl = kubectl
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self.image = os.environ.get("AGENTFAST_IMAGE", "agentfast:dev")
+
+    def run(self, *args: str, input: str | None = None, check: bool = True,
+            namespaced: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        cmd = [self.kubectl, "--kubeconfig", self.kubeconfig]
+        if namespaced:
+            cmd += ["-n", self.namespace]
+        cmd += list(args)
+        proc = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"{' '.join(cmd)} exited {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"
+            )
+        return proc
+
+    def apply(self, obj: dict[str, Any]) -> None:
+        self.run("apply", "-f", "-", input=json.dumps(obj))
+
+    def get(self, kind: str, name: str) -> dict[str, Any] | None:
+        proc = self.run("get", kind, name, "-o", "json", check=False)
+        if proc.returncode != 0:
+            if "NotFound" in proc.stderr:
+                return None
+            raise AssertionError(f"kubectl get {kind} {name}: {proc.stderr}")
+        return json.loads(proc.stdout)
+
+    def wait_for(self, what: str, predicate: Callable[[], Any], timeout: float = 120,
+                 interval: float = 0.5) -> Any:
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            last = predicate()
+            if last:
+                return last
+            time.sleep(interval)
+        raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+    def pod_phase(self, name: str) -> str | None:
+        pod = self.get("pod", name)
+        return None if pod is None else pod.get("status", {}).get("phase")
+
+    def describe(self, kind: str, name: str) -> str:
+        return self.run("describe", kind, name, check=False).stdout
+
+
+@pytest.fixture(scope="session")
+def kubeconfig() -> str:
+    path = os.environ.get("KUBECONFIG")
+    if not path:
+        pytest.fail(
+            "KUBECONFIG is not set: the e2e tier needs a real cluster. Start one with "
+            "`export KUBECONFIG=$(hack/cluster/up.sh)` (local, see docs/testing.md) or "
+            "hack/kind-e2e.sh (kind).",
+            pytrace=False,
+        )
+    first = path.split(os.pathsep)[0]
+    if not os.path.isfile(first):
+        pytest.fail(f"KUBECONFIG names {first}, which does not exist", pytrace=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def kubectl(kubeconfig: str) -> str:
+    exe = _find_kubectl()
+    proc = subprocess.run([exe, "--kubeconfig", kubeconfig, "get", "--raw", "/readyz"],
+                          capture_output=True, text=True, timeout=30)
+    if proc.returncode != 0 or proc.stdout.strip() != "ok":
+        pytest.fail(f"the cluster of KUBECONFIG={kubeconfig} is not ready: {proc.stderr or proc.stdout}",
+                    pytrace=False)
+    return exe
+
+
+@pytest.fixture
+def kube(kubectl: str, kubeconfig: str) -> Iterator[Kube]:
+    ns = f"agentfast-e2e-{uuid.uuid4().hex[:8]}"
+    k = Kube(kubectl, kubeconfig, ns)
+    k.run("create", "namespace", ns, namespaced=False)
+    # The namespace's default ServiceAccount appears asynchronously; pods need it.
+    k.wait_for("default ServiceAccount", lambda: k.get("serviceaccount", "default"), timeout=60)
+    try:
+        yield k
+    finally:
+        k.run("delete", "namespace", ns, "--wait=false", namespaced=False, check=False)
