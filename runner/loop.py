@@ -1,6 +1,10 @@
-"""The vanilla adapter: a loop-owning tool-calling agent, checkpointed after every iteration.
+"""The runner: :class:`RunnerBase` (what every adapter shares) and :class:`VanillaRunner`.
 
-One iteration (G1): check the budget (G7); ask the model (or, on resume, reuse the reply already
+``RunnerBase`` owns the lease, the snapshot, model turns (persisted before any tool runs),
+approvals, budgets, commits and endings; an adapter only decides how an iteration is driven.
+The vanilla adapter is a loop-owning tool-calling agent, checkpointed after every iteration.
+
+One vanilla iteration (G1): check the budget (G7); ask the model (or, on resume, reuse the reply already
 persisted for this iteration); persist the reply and the intent of every tool call it asked for;
 run the non-gated calls in order through the journal (G3, G4); if a call needs a human, commit a
 checkpoint whose ``pending`` holds it and the siblings' results (G5) and wait; then append the
@@ -37,7 +41,7 @@ from .snapshot import (
     idempotency_key,
 )
 from .spec import AgentRun
-from .store import JournalEntry, LeaseLost, Store, StoreUnavailable, Turn
+from .store import Decision, JournalEntry, LeaseLost, Store, StoreUnavailable, Turn
 from .tools import ToolRegistry
 
 log = logging.getLogger(__name__)
@@ -75,13 +79,20 @@ def run_id_of(run: AgentRun) -> str:
     return f"{run.metadata.namespace}/{run.metadata.name}"
 
 
-class VanillaRunner:
-    """Drives one run to completion, to a pause for approval, or to a retriable stop.
+class BudgetExceeded(Exception):
+    """Raised before a model call when a budget limit is reached; ends the run as Failed."""
 
-    ``stop``: set it (the CLI does on SIGTERM) and the runner starts no new tool call, commits
-    what it has, and returns exit code 75. ``wait_for_approval``: False returns at the first
-    pause (exit 0, phase WaitingForApproval) instead of waiting for the decision.
+
+class RunnerBase:
+    """What every adapter shares: lease, snapshot, model turns, approvals, commits, endings.
+
+    Drives one run to completion, to a pause for approval, or to a retriable stop. Subclasses
+    implement :meth:`_drive`. ``stop``: set it (the CLI does on SIGTERM) and the runner starts
+    no new tool call, commits what it has, and returns exit code 75. ``wait_for_approval``:
+    False returns at the first pause (exit 0, phase WaitingForApproval) instead of waiting.
     """
+
+    adapter = "base"
 
     def __init__(
         self,
@@ -129,12 +140,9 @@ class VanillaRunner:
                     return self._outcome_of_terminal()
                 snap.context.counters.resumes += 1
             self._emit("started")
-            while True:
-                if self.stop.is_set():
-                    return self._retry_exit("stop requested (SIGTERM): state committed; resume to continue")
-                outcome = self._iteration()
-                if outcome is not None:
-                    return outcome
+            return self._drive()
+        except BudgetExceeded as err:
+            return self._finish("Failed", "BudgetExceeded", str(err))
         except LeaseLost as err:
             log.error("lease lost: %s", err)
             return Outcome("LeaseLost", EXIT_LEASE_LOST, f"another runner took this run over; stopping without effects ({err})")
@@ -145,28 +153,29 @@ class VanillaRunner:
                 return self._retry_exit(f"model unavailable: {err}")
             return self._finish("Failed", "ModelError", f"the model rejected the request: {err}")
 
-    # -- one iteration -----------------------------------------------------------------------
+    def _drive(self) -> Outcome:
+        raise NotImplementedError
 
-    def _iteration(self) -> Outcome | None:
-        ctx = self.snap.context
-        it = ctx.counters.iterations + 1
+    # -- model turns and tool plans ------------------------------------------------------------
+
+    def _model_turn(self, it: int, messages: list[Message]) -> Turn:
+        """The model's reply for iteration ``it``: the persisted one on a resume, else a new one.
+
+        A new reply is asked only after the budget check (G7); it is persisted with the intent of
+        each call it asks for before any tool runs. Raises BudgetExceeded, ModelError.
+        """
         turn = self.store.load_turn(self.run_id, it)
         if turn is None:
-            reason = check_budget(ctx)
+            reason = check_budget(self.snap.context)
             if reason:
-                return self._finish("Failed", "BudgetExceeded", reason)
+                raise BudgetExceeded(reason)
             self._emit("model_call", f"iteration {it}")
-            reply = self.model.complete(self.snap.messages, self.tools.schemas)
-            ctx.counters.model_calls += 1
+            reply = self.model.complete(messages, self.tools.schemas)
+            self.snap.context.counters.model_calls += 1
             turn = Turn(it, reply.message, reply.prompt_tokens, reply.completion_tokens)
-            if not reply.message.tool_calls:
-                self._account(turn)
-                self.snap.messages.append(reply.message)
-                ctx.counters.iterations = it
-                return self._finish("Succeeded", "Completed", reply.message.content or "")
             self.store.save_turn(self.lease, turn, self._plan(it, turn.message))
         self._account(turn)
-        return self._run_batch(it, turn)
+        return turn
 
     def _account(self, turn: Turn) -> None:
         ctx = self.snap.context
@@ -197,52 +206,24 @@ class VanillaRunner:
             )
         return entries
 
-    def _run_batch(self, it: int, turn: Turn) -> Outcome | None:
-        entries = self.store.journal(self.run_id, it)
-        results: dict[int, ToolResult] = {e.position: e.result for e in entries if e.state == "done" and e.result}
-        # G5: the calls that need no human run first, in the model's order.
-        for e in entries:
-            if e.position in results or self.executor.needs_human(e):
-                continue
-            if self.stop.is_set():
-                return self._retry_exit("stop requested (SIGTERM) before a tool call; resume to continue")
-            results[e.position] = self.executor.execute(e)
-            self._emit("tool_result", f"{e.call_id} {e.tool_call.name}")
-        for e in entries:
-            if e.position in results:
-                continue
-            decision_id = self.executor.decision_id(e)
-            decision = self.store.get_decision(self.run_id, decision_id)
-            if decision is None:
-                outcome = self._pause(e, decision_id, [results[p] for p in sorted(results)])
-                if outcome is not None:
-                    return outcome
-                decision = self.store.wait_for_decision(self.run_id, decision_id, self.stop)
-                self._active_since = time.monotonic()  # time spent waiting for a human is not billed
-                if decision is None:
-                    return self._retry_exit("stop requested (SIGTERM) while waiting for approval; resume to continue")
-                self.snap.context.status = RunStatus(phase="Running", reason="Decided", message=f"{decision_id}: {decision.decision}")
-            if decision.decision == "approve":
-                if self.stop.is_set():
-                    return self._retry_exit("stop requested (SIGTERM) before an approved tool call; resume to continue")
-                results[e.position] = self.executor.execute(e)
-            else:
-                results[e.position] = self.executor.deny(e, decision.reason)
-            self._emit("tool_result", f"{e.call_id} {e.tool_call.name}")
-        # Every call is resolved: the transcript keeps the model's original order.
-        ctx = self.snap.context
-        ordered = [results[p] for p in sorted(results)]
-        self.snap.messages.append(turn.message)
-        self.snap.messages.extend(r.to_message() for r in ordered)
-        ctx.counters.iterations = it
-        ctx.counters.tool_calls += sum(1 for r in ordered if r.error_kind not in ("malformed", "denied"))
-        ctx.counters.tool_errors += sum(1 for r in ordered if r.error_kind == "tool_raised")
-        ctx.counters.malformed_tool_calls += sum(1 for r in ordered if r.error_kind == "malformed")
-        self.snap.pending = None
-        if ctx.status.phase != "Running":
-            ctx.status = RunStatus(phase="Running")
-        self._commit()
-        return None
+    def _decision(self, e: JournalEntry, siblings: list[ToolResult]) -> Decision | Outcome:
+        """The human decision on a call that needs one; pauses the run (G5) until it exists.
+
+        Returns the Decision, or an Outcome to return with (not waiting, or stopped).
+        """
+        decision_id = self.executor.decision_id(e)
+        decision = self.store.get_decision(self.run_id, decision_id)
+        if decision is not None:
+            return decision
+        outcome = self._pause(e, decision_id, siblings)
+        if outcome is not None:
+            return outcome
+        decision = self.store.wait_for_decision(self.run_id, decision_id, self.stop)
+        self._active_since = time.monotonic()  # time spent waiting for a human is not billed
+        if decision is None:
+            return self._retry_exit("stop requested (SIGTERM) while waiting for approval; resume to continue")
+        self.snap.context.status = RunStatus(phase="Running", reason="Decided", message=f"{decision_id}: {decision.decision}")
+        return decision
 
     def _pause(self, e: JournalEntry, decision_id: str, siblings: list[ToolResult]) -> Outcome | None:
         """Commit the pending call (once) and either return (no wait) or let the caller wait."""
@@ -277,7 +258,7 @@ class VanillaRunner:
     def _initial_snapshot(self, run_uid: str) -> StateSnapshot:
         classification = get_classifier(self.spec.budget.classifier)(self.spec)
         ctx = RunContext(
-            session=Session(run_uid=run_uid, adapter="vanilla", model=self.spec.model.name),
+            session=Session(run_uid=run_uid, adapter=self.adapter, model=self.spec.model.name),
             budget=classification.applied,
             classification=classification,
             status=RunStatus(phase="Running", reason="Started"),
@@ -322,3 +303,65 @@ class VanillaRunner:
             self.on_event(ProgressEvent(kind, self.snap.context, detail, pending))
         except Exception:  # a display problem must never stop a run
             log.exception("progress callback failed")
+
+
+class VanillaRunner(RunnerBase):
+    """The loop-owning adapter: the transcript in ``StateSnapshot.messages`` is authoritative."""
+
+    adapter = "vanilla"
+
+    def _drive(self) -> Outcome:
+        while True:
+            if self.stop.is_set():
+                return self._retry_exit("stop requested (SIGTERM): state committed; resume to continue")
+            outcome = self._iteration()
+            if outcome is not None:
+                return outcome
+
+    def _iteration(self) -> Outcome | None:
+        it = self.snap.context.counters.iterations + 1
+        turn = self._model_turn(it, self.snap.messages)
+        if not turn.message.tool_calls:
+            self.snap.messages.append(turn.message)
+            self.snap.context.counters.iterations = it
+            return self._finish("Succeeded", "Completed", turn.message.content or "")
+        return self._run_batch(it, turn)
+
+    def _run_batch(self, it: int, turn: Turn) -> Outcome | None:
+        entries = self.store.journal(self.run_id, it)
+        results: dict[int, ToolResult] = {e.position: e.result for e in entries if e.state == "done" and e.result}
+        # G5: the calls that need no human run first, in the model's order.
+        for e in entries:
+            if e.position in results or self.executor.needs_human(e):
+                continue
+            if self.stop.is_set():
+                return self._retry_exit("stop requested (SIGTERM) before a tool call; resume to continue")
+            results[e.position] = self.executor.execute(e)
+            self._emit("tool_result", f"{e.call_id} {e.tool_call.name}")
+        for e in entries:
+            if e.position in results:
+                continue
+            decision = self._decision(e, [results[p] for p in sorted(results)])
+            if isinstance(decision, Outcome):
+                return decision
+            if decision.decision == "approve":
+                if self.stop.is_set():
+                    return self._retry_exit("stop requested (SIGTERM) before an approved tool call; resume to continue")
+                results[e.position] = self.executor.execute(e)
+            else:
+                results[e.position] = self.executor.deny(e, decision.reason)
+            self._emit("tool_result", f"{e.call_id} {e.tool_call.name}")
+        # Every call is resolved: the transcript keeps the model's original order.
+        ctx = self.snap.context
+        ordered = [results[p] for p in sorted(results)]
+        self.snap.messages.append(turn.message)
+        self.snap.messages.extend(r.to_message() for r in ordered)
+        ctx.counters.iterations = it
+        ctx.counters.tool_calls += sum(1 for r in ordered if r.error_kind not in ("malformed", "denied"))
+        ctx.counters.tool_errors += sum(1 for r in ordered if r.error_kind == "tool_raised")
+        ctx.counters.malformed_tool_calls += sum(1 for r in ordered if r.error_kind == "malformed")
+        self.snap.pending = None
+        if ctx.status.phase != "Running":
+            ctx.status = RunStatus(phase="Running")
+        self._commit()
+        return None
