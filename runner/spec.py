@@ -94,12 +94,24 @@ class AgentRunSpec(_Spec):
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     approvals: dict[str, ApprovalDecision] = Field(default_factory=dict)
 
-    @model_validator(mode="after")
-    def _adapter_needs(self) -> "AgentRunSpec":
-        names = [t.name for t in self.tools]
+    @field_validator("tools")
+    @classmethod
+    def _unique_names(cls, tools: list[ToolSpec]) -> list[ToolSpec]:
+        names = [t.name for t in tools]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"tool names must be unique, repeated: {', '.join(dupes)}")
+        return tools
+
+    @field_validator("input", "systemPrompt")
+    @classmethod
+    def _no_nul(cls, v: str) -> str:
+        if "\x00" in v:  # Postgres text and jsonb cannot store U+0000: the run could never checkpoint
+            raise ValueError("must not contain NUL (U+0000) characters")
+        return v
+
+    @model_validator(mode="after")
+    def _adapter_needs(self) -> "AgentRunSpec":
         if self.adapter == "langgraph" and self.graph is None:
             raise ValueError("adapter langgraph needs spec.graph.ref")
         return self
@@ -125,7 +137,7 @@ class AgentRun(_Spec):
 def _format_errors(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "(document)"
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".") or "(document)"
         msg = e["msg"].removeprefix("Value error, ")
         lines.append(f"{where}: {msg}")
     return "\n".join(lines)
