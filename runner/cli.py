@@ -143,6 +143,26 @@ def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool) -> Out
     return outcome
 
 
+def _preflight(run: AgentRun) -> None:
+    """Checks load_agentrun leaves to run time, made before the run is registered in the store.
+
+    Without them a tool ref that is not a @tool, an unknown classifier or a missing model script
+    was found only after ``create_run``: a traceback (or exit 2) and a run record left behind, so
+    the corrected file was then refused as "exists with a different spec". Raises SpecError.
+    """
+    from .budget import get_classifier
+    from .scripted import load_script
+    from .tools import ToolRegistry
+
+    ToolRegistry.from_agentrun(run)
+    get_classifier(run.spec.budget.classifier)
+    if run.spec.model.script:
+        try:
+            load_script(run.spec.model.script)
+        except ValueError as e:
+            raise SpecError(f"spec.model.script: {e}") from None
+
+
 @app.command()
 def run(
     file: str = typer.Argument(..., help="an AgentRun YAML file, the same one you would kubectl apply"),
@@ -152,6 +172,7 @@ def run(
     """Run an AgentRun locally; continues it if a run of that name exists and is unfinished."""
     try:
         agentrun = load_agentrun(file)
+        _preflight(agentrun)
     except SpecError as e:
         raise _fail(f"{file} is not a valid AgentRun:\n{e}") from None
     store = _open_store(dsn)
