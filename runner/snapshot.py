@@ -193,11 +193,13 @@ class StateSnapshot(_Model):
 def _upgrade_0_to_1(d: dict[str, Any]) -> dict[str, Any]:
     # Version 0 (pre-release) had no schema_version, kept the budget at the top level and named
     # the gated call's sibling results ``sibling_results``.
-    ctx = d.setdefault("context", {})
+    # Nested dicts are copied before they change: validating must not rewrite the caller's data.
+    ctx = d["context"] = dict(d.get("context") or {})
     if "budget" in d:
         ctx.setdefault("budget", d.pop("budget"))
     pending = d.get("pending")
     if isinstance(pending, dict) and "sibling_results" in pending:
+        pending = d["pending"] = dict(pending)
         pending.setdefault("executed_sibling_results", pending.pop("sibling_results"))
     return d
 
