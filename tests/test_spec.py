@@ -1,0 +1,199 @@
+"""AgentRun validation: every bad file is refused before anything runs, with a message naming the field.
+
+The corpus lives in ``manifests/examples/bad/`` (one mistake per file, said in its first line).
+``BAD`` below is the table: file -> the field paths (and key words) its error must name. A file in
+the folder without a row in the table fails the suite, so the corpus and the table stay in step.
+The CLI half runs ``agentfast run FILE`` as a real process against a real Postgres and checks it
+exits 2, names the field, and registers no run.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentfast.runner.spec import SpecError, load_agentrun, parse_agentrun
+
+from .conftest import EXAMPLES, spawn_cli
+
+BAD_DIR = EXAMPLES / "bad"
+
+# file -> substrings the error must contain; the first is always the field path.
+BAD: dict[str, list[str]] = {
+    "unknown-tool-ref.yaml": ["spec.tools[0].ref", "unknown tool 'lookup_order'", "refnud"],
+    "tool-ref-not-a-tool.yaml": ["spec.tools[0].ref", "os:getcwd", "not decorated"],
+    "no-model.yaml": ["spec.model", "Field required"],
+    "model-baseurl-and-script.yaml": ["spec.model", "exactly one of baseURL", "script"],
+    "model-inline-api-key.yaml": ["spec.model.apiKey", "Extra inputs are not permitted"],
+    "unknown-script.yaml": ["spec.model.script", "no-such-script"],
+    "negative-budget.yaml": ["spec.budget.max_tokens", "greater than 0"],
+    "zero-max-iterations.yaml": ["spec.budget.max_iterations", "greater than 0"],
+    "wrong-types.yaml": ["spec.tools", "valid list", "spec.budget.max_iterations", "valid integer"],
+    "unknown-classifier.yaml": ["spec.budget.classifier", "agentfast.runner.nosuch"],
+    "unknown-spec-field.yaml": ["spec.maxIterations", "Extra inputs are not permitted"],
+    "bad-metadata-name.yaml": ["metadata.name", "pattern"],
+    "two-documents.yaml": ["two-documents.yaml", "exactly one AgentRun document, found 2"],
+    "not-yaml.yaml": ["not-yaml.yaml", "not valid YAML", "line 4"],
+    "not-a-mapping.yaml": ["(document)", "expected a mapping", "got list"],
+    "wrong-api-version.yaml": ["apiVersion", "agentfast.dev/v1alpha1"],
+    "duplicate-tool-names.yaml": ["spec.tools", "tool names must be unique", "lookup_order"],
+    "bad-tool-name.yaml": ["spec.tools[0].name", "pattern"],
+    "langgraph-without-graph.yaml": ["spec.graph.ref", "langgraph"],
+    "bad-approval-decision.yaml": ["spec.approvals.call-2-0.decision", "'approve' or 'deny'"],
+    "empty-input.yaml": ["spec.input", "at least 1 character"],
+}
+
+# Checked only at `agentfast run` time (cli._preflight): load_agentrun imports refs but does not
+# check what they are, nor load model scripts.
+PREFLIGHT_ONLY = {"tool-ref-not-a-tool.yaml", "unknown-classifier.yaml", "unknown-script.yaml"}
+
+
+def _good_doc() -> dict:
+    return yaml.safe_load((EXAMPLES / "refund.yaml").read_text())
+
+
+def _preflight_error(path: Path) -> str:
+    from agentfast.runner.cli import _preflight
+
+    with pytest.raises(SpecError) as err:
+        _preflight(load_agentrun(path))
+    return str(err.value)
+
+
+def test_corpus_and_table_are_in_step() -> None:
+    on_disk = sorted(p.name for p in BAD_DIR.glob("*.yaml"))
+    assert on_disk == sorted(BAD), "every file in manifests/examples/bad needs a row in BAD (and vice versa)"
+    for name in on_disk:
+        first = (BAD_DIR / name).read_text().splitlines()[0]
+        assert first.startswith("# Bad:"), f"{name}: first line should say what is wrong"
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_file_is_refused_naming_the_field(name: str) -> None:
+    path = BAD_DIR / name
+    if name in PREFLIGHT_ONLY:
+        message = _preflight_error(path)
+    else:
+        with pytest.raises(SpecError) as err:
+            load_agentrun(path)
+        message = str(err.value)
+    for needle in BAD[name]:
+        assert needle in message, f"{name}: {needle!r} not in error:\n{message}"
+    # One line per problem, each starting with where it is (a field path, or the file/document).
+    for line in message.splitlines():
+        if line.startswith((" ", "\t")) or name == "not-yaml.yaml":
+            continue  # YAML parser detail lines
+        assert ":" in line and not line.startswith(":"), f"{name}: line without a location: {line!r}"
+
+
+def test_the_shipped_example_is_valid() -> None:
+    run = load_agentrun(EXAMPLES / "refund.yaml")
+    assert run.metadata.name == "refund-demo"
+    assert [t.name for t in run.spec.tools] == ["lookup_order", "issue_refund", "add_case_note"]
+    from agentfast.runner.cli import _preflight
+
+    _preflight(run)  # does not raise
+
+
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (lambda d: d["spec"].pop("input"), "spec.input"),
+        (lambda d: d["spec"]["budget"].update(max_duration_ms=-5), "spec.budget.max_duration_ms"),
+        (lambda d: d["spec"]["budget"].update(max_tokens="many"), "spec.budget.max_tokens"),
+        (lambda d: d["spec"]["budget"].update(maxTokens=5), "spec.budget.maxTokens"),
+        (lambda d: d["spec"]["model"].update(timeoutSeconds=0), "spec.model.timeoutSeconds"),
+        (lambda d: d["spec"]["model"].update(name=""), "spec.model.name"),
+        (lambda d: d["spec"]["tools"][1].update(ref="no_colon_here"), "spec.tools[1].ref"),
+        (lambda d: d["spec"]["tools"][2].update(requiresApproval="sometimes"), "spec.tools[2].requiresApproval"),
+        (lambda d: d["spec"].update(adapter="crewai"), "spec.adapter"),
+        (lambda d: d.update(kind="Pod"), "kind"),
+        (lambda d: d["metadata"].update(name="x" * 300), "metadata.name"),
+        (lambda d: d["spec"].update(systemPrompt="a\x00b"), "spec.systemPrompt"),
+        (lambda d: d["spec"].update(input="refund\x00 it"), "spec.input"),
+    ],
+)
+def test_dict_mutations_name_the_field(mutate, field: str) -> None:
+    doc = _good_doc()
+    mutate(doc)
+    with pytest.raises(SpecError) as err:
+        parse_agentrun(doc)
+    lines = str(err.value).splitlines()
+    assert any(line.startswith(field + ":") for line in lines), f"{field} not named in:\n{err.value}"
+
+
+def test_unicode_input_is_fine(tmp_path: Path) -> None:
+    text = "Rückerstattung für Bestellung A-1042 🙏 — 二重請求 — طلب استرداد — e\u0301 — \U0001d54f"
+    doc = _good_doc()
+    doc["spec"]["input"] = text
+    doc["metadata"]["name"] = "unicode-run"
+    path = tmp_path / "unicode.yaml"
+    path.write_text(yaml.safe_dump(doc, allow_unicode=True), encoding="utf-8")
+    run = load_agentrun(path)
+    assert run.spec.input == text
+    # and it survives the JSON dump the CLI stores as the run's spec
+    again = parse_agentrun(run.model_dump(mode="json", exclude_none=True))
+    assert again.spec.input == text
+
+
+def test_a_2mb_input_is_rejected_naming_spec_input(tmp_path: Path) -> None:
+    doc = _good_doc()
+    doc["spec"]["input"] = "refund please " * (2 * 1024 * 1024 // 14 + 1)
+    path = tmp_path / "huge.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert path.stat().st_size > 2 * 1024 * 1024
+    with pytest.raises(SpecError) as err:
+        load_agentrun(path)
+    message = str(err.value)
+    assert message.startswith("spec.input:"), message
+    assert "262144" in message
+    assert len(message) < 500, "the error must not echo the 2 MB input back"
+
+
+def test_input_at_the_limit_is_accepted() -> None:
+    doc = _good_doc()
+    doc["spec"]["input"] = "x" * (256 * 1024)
+    assert len(parse_agentrun(doc).spec.input) == 256 * 1024
+
+
+def test_status_in_a_file_is_ignored_not_an_error() -> None:
+    doc = _good_doc()
+    doc["status"] = {"phase": "Succeeded"}
+    parse_agentrun(doc)
+
+
+def test_cli_run_of_a_bad_file_exits_2_and_registers_nothing(tmp_path: Path, dsn: str, store) -> None:
+    huge = _good_doc()
+    huge["metadata"]["name"] = "bad-huge-input"
+    huge["spec"]["input"] = "x" * (2 * 1024 * 1024)
+    huge_path = tmp_path / "huge-input.yaml"
+    huge_path.write_text(yaml.safe_dump(huge))
+    nul = copy.deepcopy(huge)
+    nul["metadata"]["name"] = "bad-nul-input"
+    nul["spec"]["input"] = "refund\x00please"
+    nul_path = tmp_path / "nul-input.yaml"
+    nul_path.write_text(yaml.safe_dump(nul))
+
+    # The ones load_agentrun passes (they used to register a run, then crash), and one of each
+    # other kind; the whole table is checked in-process above.
+    names = sorted(PREFLIGHT_ONLY) + ["unknown-tool-ref.yaml", "negative-budget.yaml", "not-yaml.yaml", "two-documents.yaml"]
+    cases = {str(BAD_DIR / name): BAD[name][0] for name in names}
+    cases[str(huge_path)] = "spec.input"
+    cases[str(nul_path)] = "spec.input"
+    # All at once: each is a separate real process; they share the (empty) database.
+    procs = {path: spawn_cli("run", path, "--no-wait", dsn=dsn) for path in cases}
+    failures = []
+    for path, proc in procs.items():
+        out, _ = proc.communicate(timeout=90)
+        name = Path(path).name
+        if proc.returncode != 2:
+            failures.append(f"{name}: exit {proc.returncode}, want 2:\n{out}")
+        elif cases[path] not in out:
+            failures.append(f"{name}: {cases[path]!r} not in output:\n{out}")
+        elif "Traceback" in out:
+            failures.append(f"{name}: traceback:\n{out}")
+    assert not failures, "\n\n".join(failures)
+    assert [rec.run_id for rec, _ in store.list_runs()] == [], "a bad AgentRun was registered"
