@@ -132,7 +132,12 @@ def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool) -> Out
 
     signal.signal(signal.SIGTERM, on_term)
     try:
-        runner = VanillaRunner(
+        runner_class = VanillaRunner
+        if run.spec.adapter == "langgraph":
+            from .adapters.langgraph import LangGraphRunner
+
+            runner_class = LangGraphRunner
+        runner = runner_class(
             store, run, model, tools, wait_for_approval=wait, stop=stop, on_event=_Progress(store, run_id_of(run), interactive)
         )
         outcome = runner.run()

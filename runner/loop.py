@@ -213,16 +213,16 @@ class RunnerBase:
         """
         decision_id = self.executor.decision_id(e)
         decision = self.store.get_decision(self.run_id, decision_id)
-        if decision is not None:
-            return decision
-        outcome = self._pause(e, decision_id, siblings)
-        if outcome is not None:
-            return outcome
-        decision = self.store.wait_for_decision(self.run_id, decision_id, self.stop)
-        self._active_since = time.monotonic()  # time spent waiting for a human is not billed
         if decision is None:
-            return self._retry_exit("stop requested (SIGTERM) while waiting for approval; resume to continue")
-        self.snap.context.status = RunStatus(phase="Running", reason="Decided", message=f"{decision_id}: {decision.decision}")
+            outcome = self._pause(e, decision_id, siblings)
+            if outcome is not None:
+                return outcome
+            decision = self.store.wait_for_decision(self.run_id, decision_id, self.stop)
+            self._active_since = time.monotonic()  # time spent waiting for a human is not billed
+            if decision is None:
+                return self._retry_exit("stop requested (SIGTERM) while waiting for approval; resume to continue")
+        if self.snap.context.status.phase == "WaitingForApproval":
+            self.snap.context.status = RunStatus(phase="Running", reason="Decided", message=f"{decision_id}: {decision.decision}")
         return decision
 
     def _pause(self, e: JournalEntry, decision_id: str, siblings: list[ToolResult]) -> Outcome | None:
@@ -279,6 +279,8 @@ class RunnerBase:
         self._account_active()
         self.snap.saved_at = int(time.time() * 1000)
         faults.point("checkpoint.before_commit")
+        if len(self.snap.messages) < self._stored:
+            raise RuntimeError(f"the transcript shrank from {self._stored} to {len(self.snap.messages)} messages; it is append-only")
         self.store.commit_checkpoint(self.lease, self.snap, stored_messages=self._stored)
         self._stored = len(self.snap.messages)
         faults.point("checkpoint.after_commit")

@@ -1,15 +1,20 @@
-"""The flagship (vanilla loop): kill a real runner process with SIGKILL and resume it elsewhere.
+"""The conformance suite every adapter passes: kill a real runner process, resume it elsewhere.
 
-Each case runs the refund AgentRun (manifests/examples/refund.yaml) in a real OS process against
-a real Postgres, kills it with SIGKILL at a named point, records the human's decision, resumes in
-a new process, and compares the end state with an uninterrupted run's: same iteration, same
-transcript, exactly one refund in the ledger, and the non-gated sibling executed exactly once,
-counted from the rows its executions wrote.
+Each case runs the adapter's refund AgentRun (manifests/examples/refund*.yaml) in a real OS
+process against a real Postgres, kills it with SIGKILL at a named point, records the human's
+decision, resumes in a new process, and compares the end state with an uninterrupted run's of the
+same adapter: same iteration, same transcript, exactly one refund in the ledger, and the
+non-gated sibling executed exactly once, counted from the rows its executions wrote.
+
+An adapter joins by a test module that defines the ``adapter`` fixture (an :class:`Adapter`) and
+imports this module's tests: ``tests/test_flagship_vanilla.py`` and
+``tests/test_flagship_kill_resume.py`` (LangGraph) do.
 """
 
 from __future__ import annotations
 
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,7 +23,23 @@ from agentfast.runner.store import Store
 
 from .conftest import agentrun_file, count_rows, phase_of, run_cli, spawn_cli, wait_until
 
-RUN_ID = "default/refund-demo"
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """An adapter under test: its refund example file and the run's name in it."""
+
+    name: str
+    example: str
+    run_name: str
+
+    @property
+    def run_id(self) -> str:
+        return f"default/{self.run_name}"
+
+
+VANILLA = Adapter("vanilla", "refund.yaml", "refund-demo")
+LANGGRAPH = Adapter("langgraph", "refund-langgraph.yaml", "refund-langgraph")
 
 
 def invocations(dsn: str, tool: str) -> int:
@@ -29,15 +50,15 @@ def refunds(dsn: str) -> int:
     return count_rows(dsn, "SELECT count(*) FROM demo_refund_ledger")
 
 
-def wait_for_approval_request(store: Store) -> str:
-    wait_until(lambda: phase_of(store, RUN_ID) == "WaitingForApproval", what="the run to wait for approval")
-    _, pending = store.load_context(RUN_ID)
+def wait_for_approval_request(store: Store, run_id: str) -> str:
+    wait_until(lambda: phase_of(store, run_id) == "WaitingForApproval", what="the run to wait for approval")
+    _, pending = store.load_context(run_id)
     assert pending is not None
     return pending.call_id
 
 
 @pytest.fixture
-def reference(tmp_path_factory: pytest.TempPathFactory, pg_server) -> dict:
+def reference(tmp_path_factory: pytest.TempPathFactory, pg_server, adapter: Adapter) -> dict:
     """An uninterrupted run: one process, approved while it waits; its end state is the oracle."""
     from .conftest import PgServer  # noqa: F401  (fixture type)
     import psycopg, uuid
@@ -46,15 +67,15 @@ def reference(tmp_path_factory: pytest.TempPathFactory, pg_server) -> dict:
     with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     dsn = pg_server.dsn_for(name)
-    path = agentrun_file(tmp_path_factory.mktemp("ref"))
+    path = agentrun_file(tmp_path_factory.mktemp("ref"), adapter.example)
     with Store(dsn) as store:
         store.migrate()
         proc = spawn_cli("run", str(path), dsn=dsn)
-        call = wait_for_approval_request(store)
-        store.decide(RUN_ID, call, "approve", decided_by="test")
+        call = wait_for_approval_request(store, adapter.run_id)
+        store.decide(adapter.run_id, call, "approve", decided_by="test")
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out
-        snap = store.load_snapshot(RUN_ID)
+        snap = store.load_snapshot(adapter.run_id)
     assert snap.context.status.phase == "Succeeded"
     result = {
         "iterations": snap.context.counters.iterations,
@@ -68,8 +89,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory, pg_server) -> dict:
     return result
 
 
-def assert_same_end_state(store: Store, dsn: str, reference: dict) -> None:
-    snap = store.load_snapshot(RUN_ID)
+def assert_same_end_state(store: Store, dsn: str, reference: dict, run_id: str) -> None:
+    snap = store.load_snapshot(run_id)
     assert snap.context.status.phase == "Succeeded", snap.context.status
     assert snap.pending is None
     assert snap.context.counters.iterations == reference["iterations"] == 3
@@ -90,12 +111,12 @@ def test_reference_run_is_what_the_script_says(reference: dict) -> None:
     assert reference["refunds"] == 1 and reference["notes"] == 1
 
 
-def test_sigkill_while_waiting_for_approval(tmp_path: Path, dsn: str, store: Store, reference: dict) -> None:
-    path = agentrun_file(tmp_path)
+def test_sigkill_while_waiting_for_approval(tmp_path: Path, dsn: str, store: Store, reference: dict, adapter: Adapter) -> None:
+    path = agentrun_file(tmp_path, adapter.example)
     proc = spawn_cli("run", str(path), dsn=dsn)
-    call = wait_for_approval_request(store)
+    call = wait_for_approval_request(store, adapter.run_id)
     assert call == "call-2-0"
-    _, pending = store.load_context(RUN_ID)
+    _, pending = store.load_context(adapter.run_id)
     # G5: the non-gated sibling ran before the pause and its result is in the snapshot.
     assert [r.tool_name for r in pending.executed_sibling_results] == ["add_case_note"]
     assert invocations(dsn, "add_case_note") == 1
@@ -105,89 +126,89 @@ def test_sigkill_while_waiting_for_approval(tmp_path: Path, dsn: str, store: Sto
     proc.wait(timeout=10)
     assert proc.returncode == -signal.SIGKILL
 
-    store.decide(RUN_ID, call, "approve", decided_by="test")
-    resumed = run_cli("resume", "refund-demo", dsn=dsn)
+    store.decide(adapter.run_id, call, "approve", decided_by="test")
+    resumed = run_cli("resume", adapter.run_name, dsn=dsn)
     assert resumed.returncode == 0, resumed.stdout
 
-    assert_same_end_state(store, dsn, reference)
+    assert_same_end_state(store, dsn, reference, adapter.run_id)
     assert invocations(dsn, "add_case_note") == 1  # the sibling was not re-run
     assert invocations(dsn, "issue_refund") == 1
     assert invocations(dsn, "lookup_order") == 1
-    assert store.load_snapshot(RUN_ID).context.counters.resumes == 1
+    assert store.load_snapshot(adapter.run_id).context.counters.resumes == 1
 
 
-def test_sigkill_between_refund_and_its_persisted_result(tmp_path: Path, dsn: str, store: Store, reference: dict) -> None:
-    path = agentrun_file(tmp_path)
+def test_sigkill_between_refund_and_its_persisted_result(tmp_path: Path, dsn: str, store: Store, reference: dict, adapter: Adapter) -> None:
+    path = agentrun_file(tmp_path, adapter.example)
     proc = spawn_cli("run", str(path), dsn=dsn, fault="tool.after_call:issue_refund")
-    call = wait_for_approval_request(store)
-    store.decide(RUN_ID, call, "approve", decided_by="test")
+    call = wait_for_approval_request(store, adapter.run_id)
+    store.decide(adapter.run_id, call, "approve", decided_by="test")
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL, out
     # The refund happened, but its result was never persisted: the journal says "started".
     assert refunds(dsn) == 1
-    [entry] = [e for e in store.journal(RUN_ID, 2) if e.position == 0]
+    [entry] = [e for e in store.journal(adapter.run_id, 2) if e.position == 0]
     assert entry.state == "started" and entry.result is None
 
-    resumed = run_cli("resume", "refund-demo", dsn=dsn)
+    resumed = run_cli("resume", adapter.run_name, dsn=dsn)
     assert resumed.returncode == 0, resumed.stdout
 
-    assert_same_end_state(store, dsn, reference)
+    assert_same_end_state(store, dsn, reference, adapter.run_id)
     # G4: the in-flight refund ran again, only with the same idempotency key, so one ledger row.
     keys = count_rows(dsn, "SELECT count(DISTINCT idempotency_key) FROM demo_tool_invocations WHERE tool = 'issue_refund'")
     assert invocations(dsn, "issue_refund") == 2 and keys == 1
     assert invocations(dsn, "add_case_note") == 1
 
 
-def test_sigkill_after_sibling_persisted_before_pause(tmp_path: Path, dsn: str, store: Store, reference: dict) -> None:
-    path = agentrun_file(tmp_path)
+def test_sigkill_after_sibling_persisted_before_pause(tmp_path: Path, dsn: str, store: Store, reference: dict, adapter: Adapter) -> None:
+    path = agentrun_file(tmp_path, adapter.example)
     proc = spawn_cli("run", str(path), dsn=dsn, fault="tool.after_persist:add_case_note")
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL, out
     assert invocations(dsn, "add_case_note") == 1
-    assert phase_of(store, RUN_ID) == "Running"  # the pause was never committed
+    assert phase_of(store, adapter.run_id) == "Running"  # the pause was never committed
 
-    proc = spawn_cli("resume", "refund-demo", dsn=dsn)
-    call = wait_for_approval_request(store)
-    _, pending = store.load_context(RUN_ID)
+    proc = spawn_cli("resume", adapter.run_name, dsn=dsn)
+    call = wait_for_approval_request(store, adapter.run_id)
+    _, pending = store.load_context(adapter.run_id)
     assert [r.tool_name for r in pending.executed_sibling_results] == ["add_case_note"]
-    store.decide(RUN_ID, call, "approve", decided_by="test")
+    store.decide(adapter.run_id, call, "approve", decided_by="test")
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
 
-    assert_same_end_state(store, dsn, reference)
+    assert_same_end_state(store, dsn, reference, adapter.run_id)
     assert invocations(dsn, "add_case_note") == 1  # G3: a persisted result is never re-run
 
 
-def test_in_flight_non_idempotent_call_goes_to_a_human(tmp_path: Path, dsn: str, store: Store) -> None:
+def test_in_flight_non_idempotent_call_goes_to_a_human(tmp_path: Path, dsn: str, store: Store, adapter: Adapter) -> None:
     tools = [
         {"name": "lookup_order", "ref": "agentfast.runner.examples.refund:lookup_order"},
         {"name": "issue_refund", "ref": "agentfast.runner.examples.refund:issue_refund", "requiresApproval": True},
         {"name": "add_case_note", "ref": "agentfast.runner.examples.refund:add_case_note", "idempotent": False},
     ]
-    path = agentrun_file(tmp_path, tools=tools)
+    path = agentrun_file(tmp_path, adapter.example, tools=tools)
     proc = spawn_cli("run", str(path), dsn=dsn, fault="tool.after_call:add_case_note")
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL, out
     assert invocations(dsn, "add_case_note") == 1
 
     # Calls needing a human are asked in the model's order: first the gated refund...
-    resumed = run_cli("resume", "refund-demo", "--no-wait", dsn=dsn)
+    resumed = run_cli("resume", adapter.run_name, "--no-wait", dsn=dsn)
     assert resumed.returncode == 0, resumed.stdout
-    assert store.load_context(RUN_ID)[1].call_id == "call-2-0"
-    store.decide(RUN_ID, "call-2-0", "approve", decided_by="test")
+    assert store.load_context(adapter.run_id)[1].call_id == "call-2-0"
+    store.decide(adapter.run_id, "call-2-0", "approve", decided_by="test")
 
     # ...then the in-flight note: not re-run blindly, but a question for a human under its own id.
-    resumed = run_cli("resume", "refund-demo", "--no-wait", dsn=dsn)
+    resumed = run_cli("resume", adapter.run_name, "--no-wait", dsn=dsn)
     assert resumed.returncode == 0, resumed.stdout
-    _, pending = store.load_context(RUN_ID)
+    _, pending = store.load_context(adapter.run_id)
     assert pending.call_id == "call-2-1-rerun1" and pending.reason == "in_flight_not_idempotent"
     assert [r.tool_name for r in pending.executed_sibling_results] == ["issue_refund"]
     assert invocations(dsn, "add_case_note") == 1
 
-    store.decide(RUN_ID, "call-2-1-rerun1", "deny", reason="it already ran", decided_by="test")
-    resumed = run_cli("resume", "refund-demo", dsn=dsn)
+    store.decide(adapter.run_id, "call-2-1-rerun1", "deny", reason="it already ran", decided_by="test")
+    resumed = run_cli("resume", adapter.run_name, dsn=dsn)
     assert resumed.returncode == 0, resumed.stdout
-    snap = store.load_snapshot(RUN_ID)
+    snap = store.load_snapshot(adapter.run_id)
     assert snap.context.status.phase == "Succeeded"
     assert invocations(dsn, "add_case_note") == 1 and refunds(dsn) == 1
     note_result = [m for m in snap.messages if m.role == "tool" and m.name == "add_case_note"][0]
