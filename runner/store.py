@@ -331,9 +331,12 @@ class Store:
                 ),
             ).fetchone()
             cid = row["checkpoint_id"]
+            # checkpoint_id is one sequence for all runs, so "the last K" is counted per run.
             conn.execute(
-                "DELETE FROM agentfast_checkpoints WHERE run_id = %s AND checkpoint_id <= %s",
-                (snapshot.run_id, cid - self.retention_keep),
+                """DELETE FROM agentfast_checkpoints WHERE run_id = %s AND checkpoint_id <
+                       (SELECT checkpoint_id FROM agentfast_checkpoints WHERE run_id = %s
+                        ORDER BY checkpoint_id DESC OFFSET %s LIMIT 1)""",
+                (snapshot.run_id, snapshot.run_id, self.retention_keep - 1),
             )
             conn.execute("SELECT pg_notify(%s, %s)", (PROGRESS_CHANNEL, snapshot.run_id))
             return cid
