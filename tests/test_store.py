@@ -1,0 +1,461 @@
+"""The Postgres store against a real server: migrations, fencing (G6), checkpoint cost, retention,
+write-once decisions and NOTIFY wake-ups."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from typing import Iterator
+
+import psycopg
+import pytest
+
+from agentfast.runner.migrations import MIGRATIONS
+from agentfast.runner.snapshot import (
+    Message,
+    PendingToolCall,
+    RunContext,
+    RunStatus,
+    Session,
+    StateSnapshot,
+    ToolCall,
+    ToolResult,
+    call_id,
+    idempotency_key,
+)
+from agentfast.runner.store import (
+    FENCE_SQLSTATE,
+    DecisionConflict,
+    JournalEntry,
+    Lease,
+    LeaseLost,
+    Store,
+    Turn,
+    UnknownCall,
+)
+
+from .conftest import count_rows
+
+TABLES = {"agentfast_runs", "agentfast_messages", "agentfast_checkpoints", "agentfast_turns", "agentfast_tool_calls",
+          "agentfast_approvals", "agentfast_migrations"}
+
+
+@contextmanager
+def fresh_database(pg_server) -> Iterator[str]:
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield pg_server.dsn_for(name)
+    finally:
+        with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def tables(dsn: str) -> set[str]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'").fetchall()
+    return {r[0] for r in rows if r[0].startswith("agentfast_")}
+
+
+def messages(start: int, n: int) -> list[Message]:
+    # Fixed-width content, so message i costs the same bytes whatever i is.
+    return [Message(role="user" if i % 2 == 0 else "assistant", content=f"message {i:06d} " + "x" * 100) for i in range(start, start + n)]
+
+
+def snapshot(run_id: str, uid: str, msgs: list[Message], iteration: int, phase: str = "Running",
+             pending: PendingToolCall | None = None) -> StateSnapshot:
+    ctx = RunContext(session=Session(run_uid=uid, started_at=0), status=RunStatus(phase=phase))
+    ctx.counters.iterations = iteration
+    return StateSnapshot(run_id=run_id, context=ctx, messages=list(msgs), pending=pending, saved_at=1_700_000_000_000 + iteration)
+
+
+def new_run(store: Store, name: str) -> tuple[str, str, Lease]:
+    run_id, uid = f"default/{name}", str(uuid.uuid4())
+    store.create_run(run_id, uid, {"spec": {"input": name}})
+    return run_id, uid, store.acquire_lease(run_id)
+
+
+def planned(uid: str, iteration: int, calls: list[tuple[str, bool, bool]]) -> tuple[Turn, list[JournalEntry]]:
+    """A model turn asking for ``calls`` = [(tool name, gated, idempotent)], and its journal intent."""
+    tcs = [ToolCall(id="call_1", name=name, arguments="{}") for name, _, _ in calls]  # provider id reused on purpose
+    turn = Turn(iteration, Message(role="assistant", tool_calls=tcs), 100, 20)
+    entries = [
+        JournalEntry(iteration=iteration, position=pos, call_id=call_id(iteration, pos), idempotency_key=idempotency_key(uid, iteration, pos),
+                     tool_call=tc, gated=gated, idempotent=idem, state="planned", attempts=0, result=None)
+        for pos, (tc, (_, gated, idem)) in enumerate(zip(tcs, calls))
+    ]
+    return turn, entries
+
+
+def result_for(e: JournalEntry, content: str = "ok") -> ToolResult:
+    return ToolResult(call_id=e.call_id, position=e.position, tool_call_id=e.tool_call.id, tool_name=e.tool_call.name,
+                      content=content, idempotency_key=e.idempotency_key)
+
+
+# -- migrations ------------------------------------------------------------------------------------
+
+
+def test_migrate_is_idempotent(dsn: str) -> None:
+    with Store(dsn, retry_for_s=5) as s:
+        assert s.migrate() == len(MIGRATIONS)
+        assert tables(dsn) == TABLES
+        assert s.migrate() == len(MIGRATIONS)
+        assert s.migrate() == len(MIGRATIONS)
+    assert count_rows(dsn, "SELECT count(*) FROM agentfast_migrations") == len(MIGRATIONS)
+
+
+def test_concurrent_migrate_from_threads_on_a_fresh_database(dsn: str) -> None:
+    stores = [Store(dsn, retry_for_s=5) for _ in range(4)]
+    barrier = threading.Barrier(4)
+    results: list[object] = [None] * 4
+
+    def go(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = stores[i].migrate()
+        except Exception as err:  # noqa: BLE001 - reported below
+            results[i] = err
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for s in stores:
+        s.close()
+    assert results == [len(MIGRATIONS)] * 4
+    assert tables(dsn) == TABLES
+    assert count_rows(dsn, "SELECT count(*) FROM agentfast_migrations") == len(MIGRATIONS)
+
+
+_MIGRATE_PROC = """
+import sys, time
+from agentfast.runner.store import Store
+dsn, start_at = sys.argv[1], float(sys.argv[2])
+s = Store(dsn, retry_for_s=5)
+time.sleep(max(0.0, start_at - time.time()))
+print(s.migrate())
+"""
+
+
+def test_concurrent_migrate_from_processes_on_a_fresh_database(pg_server) -> None:
+    with fresh_database(pg_server) as dsn:
+        start_at = time.time() + 3.0  # imports done by then: all four hit migrate() together
+        procs = [subprocess.Popen([sys.executable, "-c", _MIGRATE_PROC, dsn, str(start_at)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True) for _ in range(4)]
+        outs = [p.communicate(timeout=60)[0] for p in procs]
+        assert [p.returncode for p in procs] == [0] * 4, outs
+        assert [o.strip().splitlines()[-1] for o in outs] == [str(len(MIGRATIONS))] * 4
+        assert tables(dsn) == TABLES
+        assert count_rows(dsn, "SELECT count(*) FROM agentfast_migrations") == len(MIGRATIONS)
+
+
+# -- fencing (G6) --------------------------------------------------------------------------------------
+
+
+def test_stale_lease_cannot_write_anything(store: Store, dsn: str) -> None:
+    run_id, uid, old = new_run(store, "fenced")
+    new = store.acquire_lease(run_id)
+    assert new.epoch == old.epoch + 1
+
+    with pytest.raises(LeaseLost):
+        store.commit_checkpoint(old, snapshot(run_id, uid, messages(0, 3), 0), stored_messages=0)
+    turn, entries = planned(uid, 1, [("lookup_order", False, True)])
+    with pytest.raises(LeaseLost):
+        store.save_turn(old, turn, entries)
+    for table in ("agentfast_messages", "agentfast_checkpoints", "agentfast_turns", "agentfast_tool_calls"):
+        assert count_rows(dsn, f"SELECT count(*) FROM {table}") == 0, f"{table} was written with a stale lease"
+
+    # The current holder writes; then the stale one cannot touch those rows either.
+    store.commit_checkpoint(new, snapshot(run_id, uid, messages(0, 3), 0), stored_messages=0)
+    store.save_turn(new, turn, entries)
+    with pytest.raises(LeaseLost):
+        store.mark_started(old, 1, 0)
+    with pytest.raises(LeaseLost):
+        store.record_result(old, 1, 0, result_for(entries[0], "from the zombie"))
+    with pytest.raises(LeaseLost):
+        store.commit_checkpoint(old, snapshot(run_id, uid, messages(0, 5), 1), stored_messages=3)
+    [entry] = store.journal(run_id)
+    assert entry.state == "planned" and entry.attempts == 0 and entry.result is None
+    assert count_rows(dsn, "SELECT count(*) FROM agentfast_messages") == 3
+    assert count_rows(dsn, "SELECT count(*) FROM agentfast_checkpoints") == 1
+    # Every row carries the epoch that wrote it: only the current one.
+    for table in ("agentfast_messages", "agentfast_checkpoints", "agentfast_turns", "agentfast_tool_calls"):
+        assert count_rows(dsn, f"SELECT count(*) FROM {table} WHERE epoch <> %s", new.epoch) == 0, table
+
+
+def test_postgres_itself_rejects_writes_without_the_current_epoch(store: Store, dsn: str) -> None:
+    run_id, uid, lease = new_run(store, "raw")
+    store.commit_checkpoint(lease, snapshot(run_id, uid, messages(0, 1), 0), stored_messages=0)
+    insert = "INSERT INTO agentfast_messages (run_id, seq, iteration, message, epoch) VALUES (%s, 1, 0, '{}', %s)"
+
+    with psycopg.connect(dsn) as conn:  # no agentfast.epoch at all, even claiming the right epoch in the row
+        with pytest.raises(psycopg.Error) as err:
+            conn.execute(insert, (run_id, lease.epoch))
+        assert err.value.sqlstate == FENCE_SQLSTATE == "AF001"
+        assert "without a lease" in str(err.value)
+    with psycopg.connect(dsn) as conn:  # an UPDATE of an existing row, same
+        with pytest.raises(psycopg.Error) as err:
+            conn.execute("UPDATE agentfast_messages SET message = '{}' WHERE run_id = %s", (run_id,))
+        assert err.value.sqlstate == "AF001"
+    with psycopg.connect(dsn) as conn:  # a stale epoch
+        conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(lease.epoch - 1),))
+        with pytest.raises(psycopg.Error) as err:
+            conn.execute(insert, (run_id, lease.epoch))
+        assert err.value.sqlstate == "AF001" and "stale" in str(err.value)
+    with psycopg.connect(dsn) as conn:  # a session-level setting left behind does not count as a lease after a takeover
+        conn.execute("SELECT set_config('agentfast.epoch', %s, false)", (str(lease.epoch),))
+        conn.commit()
+        store.acquire_lease(run_id)
+        with pytest.raises(psycopg.Error) as err:
+            conn.execute(insert, (run_id, lease.epoch))
+        assert err.value.sqlstate == "AF001"
+    assert count_rows(dsn, "SELECT count(*) FROM agentfast_messages") == 1
+    # The control: with the current epoch the same statement is accepted, so the check is the epoch.
+    current = store.get_run(run_id).epoch
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(current),))
+        conn.execute(insert, (run_id, 999))
+    assert count_rows(dsn, "SELECT epoch FROM agentfast_messages WHERE seq = 1") == current  # the trigger sets it
+
+
+def test_takeover_waits_for_an_in_flight_write_and_then_fences_it(store: Store, dsn: str) -> None:
+    run_id, uid, old = new_run(store, "race")
+    taken: list[Lease] = []
+    with psycopg.connect(dsn) as conn:  # the old holder, mid-transaction
+        conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(old.epoch),))
+        conn.execute("INSERT INTO agentfast_messages (run_id, seq, iteration, message, epoch) VALUES (%s, 0, 0, '{}', 0)", (run_id,))
+        t = threading.Thread(target=lambda: taken.append(store.acquire_lease(run_id)))
+        t.start()
+        time.sleep(0.5)
+        assert not taken, "a takeover must wait for a write that holds the current epoch"
+        conn.commit()  # the old holder's write was legitimate when it was made
+    t.join(10)
+    assert taken and taken[0].epoch == old.epoch + 1
+    with pytest.raises(LeaseLost):
+        store.commit_checkpoint(old, snapshot(run_id, uid, messages(0, 2), 0), stored_messages=1)
+
+
+def test_write_waits_for_a_takeover_in_progress_and_is_then_refused(store: Store, dsn: str) -> None:
+    run_id, uid, old = new_run(store, "race2")
+    outcome: list[object] = []
+
+    def write() -> None:
+        try:
+            outcome.append(store.commit_checkpoint(old, snapshot(run_id, uid, messages(0, 2), 0), stored_messages=0))
+        except LeaseLost as err:
+            outcome.append(err)
+
+    with psycopg.connect(dsn) as conn:  # a takeover, not yet committed
+        conn.execute("UPDATE agentfast_runs SET epoch = epoch + 1 WHERE run_id = %s", (run_id,))
+        t = threading.Thread(target=write)
+        t.start()
+        time.sleep(0.5)
+        assert not outcome, "the write must wait for the takeover to finish"
+        conn.commit()
+    t.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], LeaseLost), outcome
+    assert count_rows(dsn, "SELECT count(*) FROM agentfast_messages") == 0
+    assert count_rows(dsn, "SELECT count(*) FROM agentfast_checkpoints") == 0
+
+
+# -- checkpoints -------------------------------------------------------------------------------------
+
+
+def test_a_checkpoint_inserts_only_the_new_messages(store: Store, dsn: str) -> None:
+    run_id, uid, lease = new_run(store, "append")
+    k, n = 3, 12
+    msgs = messages(0, 2)
+    store.commit_checkpoint(lease, snapshot(run_id, uid, msgs, 0), stored_messages=0)
+    for it in range(1, n + 1):
+        stored = len(msgs)
+        msgs = msgs + messages(stored, k)
+        store.commit_checkpoint(lease, snapshot(run_id, uid, msgs, it), stored_messages=stored)
+    assert count_rows(dsn, "SELECT count(*) FROM agentfast_messages WHERE run_id = %s", run_id) == 2 + n * k
+    for it in range(1, n + 1):
+        assert count_rows(dsn, "SELECT count(*) FROM agentfast_messages WHERE run_id = %s AND iteration = %s", run_id, it) == k
+    loaded = store.load_snapshot(run_id)
+    assert [m.content for m in loaded.messages] == [m.content for m in msgs]
+    assert loaded.context.counters.iterations == n
+
+
+def _measure_one_checkpoint(store: Store, dsn: str, name: str, history: int) -> dict[str, int]:
+    """Commit ``history`` messages, then one more iteration of 4; return what that iteration wrote."""
+    run_id, uid, lease = new_run(store, name)
+    msgs = messages(0, history)
+    store.commit_checkpoint(lease, snapshot(run_id, uid, msgs, 0), stored_messages=0)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")  # every page touched next pays its full-page image, in both runs alike
+        before = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+        store.commit_checkpoint(lease, snapshot(run_id, uid, msgs + messages(history, 4), 1), stored_messages=history)
+        wal = conn.execute("SELECT pg_current_wal_insert_lsn() - %s::pg_lsn", (before,)).fetchone()[0]
+        new_rows, new_bytes = conn.execute(
+            "SELECT count(*), sum(pg_column_size(message)) FROM agentfast_messages WHERE run_id = %s AND iteration = 1", (run_id,)
+        ).fetchone()
+        cp_bytes = conn.execute(
+            "SELECT pg_column_size(c.*) FROM agentfast_checkpoints c WHERE run_id = %s ORDER BY checkpoint_id DESC LIMIT 1", (run_id,)
+        ).fetchone()[0]
+    return {"rows": new_rows, "message_bytes": int(new_bytes), "checkpoint_bytes": cp_bytes, "wal_bytes": int(wal)}
+
+
+def test_checkpoint_cost_does_not_grow_with_the_transcript(store: Store, dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:  # keep autovacuum's own writes out of the WAL measurement
+        for table in ("agentfast_messages", "agentfast_checkpoints", "agentfast_runs"):
+            conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+    small = _measure_one_checkpoint(store, dsn, "small", 10)
+    large = _measure_one_checkpoint(store, dsn, "large", 2000)  # same name length: same row sizes
+    assert small["rows"] == large["rows"] == 4
+    assert large["message_bytes"] == small["message_bytes"], (small, large)
+    assert large["checkpoint_bytes"] <= small["checkpoint_bytes"] + 16, (small, large)
+    # All bytes the commit made Postgres write (WAL): a full rewrite of 2,000 messages would be
+    # ~50x the small run's; an append-only one differs by a few full-page images (deeper index).
+    transcript_bytes = count_rows(dsn, "SELECT sum(pg_column_size(message)) FROM agentfast_messages WHERE run_id = 'default/large'")
+    assert large["wal_bytes"] < 3 * small["wal_bytes"] + 16_384, (small, large)  # a few more index pages, no more
+    assert large["wal_bytes"] < transcript_bytes / 4, (large, transcript_bytes)
+
+
+def test_retention_keeps_the_last_k_checkpoints_and_every_message(dsn: str) -> None:
+    with Store(dsn, retention_keep=3, retry_for_s=5) as s:
+        s.migrate()
+        run_id, uid, lease = new_run(s, "retained")
+        msgs = messages(0, 2)
+        s.commit_checkpoint(lease, snapshot(run_id, uid, msgs, 0), stored_messages=0)
+        for it in range(1, 9):
+            stored = len(msgs)
+            msgs = msgs + messages(stored, 2)
+            s.commit_checkpoint(lease, snapshot(run_id, uid, msgs, it), stored_messages=stored)
+        kept = s.list_checkpoints(run_id)
+        assert [c.iteration for c in kept] == [6, 7, 8]
+        assert [c.message_count for c in kept] == [14, 16, 18]
+        assert count_rows(dsn, "SELECT count(*) FROM agentfast_messages WHERE run_id = %s", run_id) == 18
+        loaded = s.load_snapshot(run_id)
+        assert len(loaded.messages) == 18 and loaded.context.counters.iterations == 8
+        # another run's checkpoints are not pruned by this one's commits
+        other_id, other_uid, other_lease = new_run(s, "other")
+        s.commit_checkpoint(other_lease, snapshot(other_id, other_uid, messages(0, 1), 0), stored_messages=0)
+        s.commit_checkpoint(lease, snapshot(run_id, uid, msgs, 9), stored_messages=len(msgs))
+        assert len(s.list_checkpoints(other_id)) == 1
+        assert [c.iteration for c in s.list_checkpoints(run_id)] == [7, 8, 9]
+
+
+def test_load_snapshot_returns_the_latest(store: Store) -> None:
+    assert store.load_snapshot("default/nope") is None and store.load_context("default/nope") is None
+    run_id, uid, lease = new_run(store, "latest")
+    msgs = messages(0, 2)
+    store.commit_checkpoint(lease, snapshot(run_id, uid, msgs, 0), stored_messages=0)
+    turn, entries = planned(uid, 1, [("issue_refund", True, True), ("add_case_note", False, True)])
+    pending = PendingToolCall(call_id="call-1-0", iteration=1, position=0, tool_call=turn.message.tool_calls[0],
+                              idempotency_key=entries[0].idempotency_key, executed_sibling_results=[result_for(entries[1], "noted")])
+    store.commit_checkpoint(lease, snapshot(run_id, uid, msgs, 0, "WaitingForApproval", pending), stored_messages=2)
+    loaded = store.load_snapshot(run_id)
+    assert loaded.context.status.phase == "WaitingForApproval"
+    assert loaded.pending == pending
+    msgs2 = msgs + messages(2, 3)
+    store.commit_checkpoint(lease, snapshot(run_id, uid, msgs2, 1, "Succeeded"), stored_messages=2)
+    loaded = store.load_snapshot(run_id)
+    assert loaded.context.status.phase == "Succeeded" and loaded.pending is None
+    assert loaded.context.counters.iterations == 1
+    assert [m.content for m in loaded.messages] == [m.content for m in msgs2]
+    ctx, p = store.load_context(run_id)
+    assert ctx == loaded.context and p is None
+
+
+# -- decisions ---------------------------------------------------------------------------------------
+
+
+def test_decisions_are_write_once(store: Store) -> None:
+    run_id, uid, lease = new_run(store, "decide")
+    turn, entries = planned(uid, 1, [("issue_refund", True, True), ("add_case_note", False, False)])
+    store.save_turn(lease, turn, entries)
+
+    first = store.decide(run_id, "call-1-0", "approve", reason="looks right", decided_by="alice")
+    assert (first.decision, first.reason, first.decided_by) == ("approve", "looks right", "alice")
+    again = store.decide(run_id, "call-1-0", "approve", decided_by="bob")  # same decision: a no-op
+    assert again == first
+    with pytest.raises(DecisionConflict):
+        store.decide(run_id, "call-1-0", "deny", reason="changed my mind", decided_by="mallory")
+    assert store.get_decision(run_id, "call-1-0") == first
+
+    with pytest.raises(UnknownCall):
+        store.decide(run_id, "call-9-9", "approve")
+    with pytest.raises(UnknownCall):
+        store.decide("default/no-such-run", "call-1-0", "approve")
+    # A rerun decision exists only for a non-idempotent call.
+    with pytest.raises(UnknownCall):
+        store.decide(run_id, "call-1-0-rerun1", "approve")
+    assert store.decide(run_id, "call-1-1-rerun1", "deny", reason="it ran").decision == "deny"
+    with pytest.raises(ValueError):
+        store.decide(run_id, "call-1-1", "maybe")  # type: ignore[arg-type]
+    assert store.get_decision(run_id, "call-9-9") is None
+
+
+def _listening(dsn: str, n: int = 1) -> bool:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN agentfast_approval'"
+        ).fetchone()[0] >= n
+
+
+def test_wait_for_decision_wakes_on_notify(store: Store, dsn: str) -> None:
+    from .conftest import wait_until
+
+    run_id, uid, lease = new_run(store, "wake")
+    other_id, other_uid, other_lease = new_run(store, "wake-other")
+    for rid, u, ls in ((run_id, uid, lease), (other_id, other_uid, other_lease)):
+        turn, entries = planned(u, 1, [("issue_refund", True, True)])
+        store.save_turn(ls, turn, entries)
+
+    stop = threading.Event()
+    got: list[object] = []
+    woke_at: list[float] = []
+
+    def waiter() -> None:
+        got.append(store.wait_for_decision(run_id, "call-1-0", stop, poll_s=60))  # no polling to rescue it
+        woke_at.append(time.monotonic())
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    wait_until(lambda: _listening(dsn), timeout=10, what="the waiter to LISTEN")
+    time.sleep(0.3)  # past its first read: only a notification can wake it now
+
+    store.decide(other_id, "call-1-0", "approve")  # another run's decision does not wake this call
+    time.sleep(0.8)
+    assert not got
+
+    store.decide(run_id, "call-1-0", "deny", reason="no")
+    decided_at = time.monotonic()
+    t.join(5)
+    assert got, "the waiter did not wake"
+    assert got[0].decision == "deny" and got[0].reason == "no"
+    assert woke_at[0] - decided_at < 1.0, f"woke {woke_at[0] - decided_at:.2f}s after the decision"
+    stop.set()
+
+
+def test_wait_for_decision_returns_none_when_stopped(store: Store, dsn: str) -> None:
+    run_id, uid, lease = new_run(store, "stopped")
+    stop = threading.Event()
+    got: list[object] = []
+    t = threading.Thread(target=lambda: got.append(store.wait_for_decision(run_id, "call-1-0", stop, poll_s=60)))
+    t.start()
+    time.sleep(0.5)
+    stop.set()
+    stopped_at = time.monotonic()
+    t.join(5)
+    assert not t.is_alive()
+    assert got == [None]
+    assert time.monotonic() - stopped_at < 1.5
+
+
+def test_a_decision_made_before_waiting_is_found_at_once(store: Store) -> None:
+    run_id, uid, lease = new_run(store, "early")
+    turn, entries = planned(uid, 1, [("issue_refund", True, True)])
+    store.save_turn(lease, turn, entries)
+    store.decide(run_id, "call-1-0", "approve")
+    t0 = time.monotonic()
+    d = store.wait_for_decision(run_id, "call-1-0", threading.Event(), poll_s=60)
+    assert d.decision == "approve" and time.monotonic() - t0 < 1.0
