@@ -1,0 +1,372 @@
+"""How the vanilla runner behaves when things go wrong: bad model output, failing tools, budgets,
+denials, signals, a lost or restarted Postgres, and a zombie runner.
+
+In-process cases drive :class:`VanillaRunner` with the scripted model over real HTTP (what the
+model was sent is read from the server's request log). Process cases run the real CLI against the
+real Postgres and send real signals.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import yaml
+
+from agentfast.runner.budget import _FLOOR, check_budget, heuristic_classifier
+from agentfast.runner.loop import EXIT_FAILED, EXIT_LEASE_LOST, EXIT_OK, EXIT_RETRY, Outcome, VanillaRunner, run_id_of
+from agentfast.runner.model import model_from_spec
+from agentfast.runner.snapshot import Budget, RunContext, Session
+from agentfast.runner.spec import AgentRun, parse_agentrun
+from agentfast.runner.store import Store
+from agentfast.runner.tools import ToolRegistry
+
+from .conftest import EXAMPLES, agentrun_file, count_rows, phase_of, run_cli, spawn_cli, wait_until
+
+RUN_ID = "default/refund-demo"
+ECHO = {"name": "echo", "ref": "agentfast.runner.examples.testing_tools:echo"}
+EXPLODE = {"name": "explode", "ref": "agentfast.runner.examples.testing_tools:explode"}
+LOOKUP = {"name": "lookup_order", "ref": "agentfast.runner.examples.refund:lookup_order"}
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+
+
+def agentrun(name: str, script: str, tools: list[dict], *, budget: dict | None = None, input: str = "Help me with order A-1042.") -> AgentRun:
+    doc = {
+        "apiVersion": "agentfast.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": name, "uid": str(uuid.uuid4())},
+        "spec": {"model": {"name": f"scripted-{script}", "script": script, "maxRetries": 0}, "input": input, "tools": tools,
+                 "budget": budget or {}},
+    }
+    return parse_agentrun(doc)
+
+
+def refund_agentrun() -> AgentRun:
+    doc = yaml.safe_load((EXAMPLES / "refund.yaml").read_text())
+    doc["metadata"]["uid"] = str(uuid.uuid4())
+    return parse_agentrun(doc)
+
+
+class Observed:
+    """A real model with a hook run before each call (to look at the store at that moment)."""
+
+    def __init__(self, inner: Any, before_call):
+        self.inner, self.before_call = inner, before_call
+
+    def complete(self, messages, tools):
+        self.before_call()
+        return self.inner.complete(messages, tools)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def drive(store: Store, run: AgentRun, *, before_call=None) -> tuple[Outcome, list[dict]]:
+    """Register (once) and drive the run in-process until it ends or pauses; return the outcome
+    and the request bodies the scripted model received over HTTP."""
+    store.create_run(run_id_of(run), run.metadata.uid, run.model_dump(mode="json", exclude_none=True))
+    model = model_from_spec(run.spec.model)
+    server = model.server
+    if before_call is not None:
+        model = Observed(model, before_call)
+    try:
+        outcome = VanillaRunner(store, run, model, ToolRegistry.from_agentrun(run), wait_for_approval=False).run()
+    finally:
+        model.close()
+    return outcome, list(server.requests)
+
+
+def tool_messages(request: dict) -> list[dict]:
+    return [m for m in request["messages"] if m["role"] == "tool"]
+
+
+def refunds(dsn: str) -> int:
+    return count_rows(dsn, "SELECT count(*) FROM demo_refund_ledger")
+
+
+def invocations(dsn: str, tool: str) -> int:
+    return count_rows(dsn, "SELECT count(*) FROM demo_tool_invocations WHERE tool = %s", tool)
+
+
+def listeners(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN agentfast_approval'"
+        ).fetchone()[0]
+
+
+def epochs_by_table(dsn: str) -> dict[str, dict[int, int]]:
+    out = {}
+    with psycopg.connect(dsn) as conn:
+        for table in ("agentfast_messages", "agentfast_checkpoints", "agentfast_turns", "agentfast_tool_calls"):
+            rows = conn.execute(f"SELECT epoch, count(*) FROM {table} GROUP BY epoch").fetchall()
+            out[table] = dict(rows)
+    return out
+
+
+def wait_for_approval(store: Store, dsn: str, n_listeners: int = 1) -> str:
+    wait_until(lambda: phase_of(store, RUN_ID) == "WaitingForApproval", what="the run to wait for approval")
+    wait_until(lambda: listeners(dsn) >= n_listeners, timeout=15, what=f"{n_listeners} runner(s) listening for a decision")
+    return store.load_context(RUN_ID)[1].call_id
+
+
+# -- the model's mistakes and the tools' failures -------------------------------------------------------
+
+
+def test_malformed_json_arguments_go_back_to_the_model(store: Store, dsn: str) -> None:
+    run = agentrun("malformed", "malformed", [LOOKUP])
+    outcome, requests = drive(store, run)
+    assert (outcome.phase, outcome.exit_code) == ("Succeeded", EXIT_OK), outcome
+    snap = store.load_snapshot(run_id_of(run))
+    c = snap.context.counters
+    assert (c.iterations, c.model_calls) == (3, 3)
+    assert c.malformed_tool_calls == 1 and c.tool_calls == 1 and c.tool_errors == 0
+    # The model's second request carries the error as the result of its broken call.
+    [err] = tool_messages(requests[1])
+    assert err["tool_call_id"] == "call_1"
+    assert err["content"].startswith("error: arguments are not valid JSON") and "lookup_order" in err["content"]
+    # The broken call never ran; the corrected one ran once.
+    assert invocations(dsn, "lookup_order") == 1
+    first = store.journal(run_id_of(run), 1)[0]
+    assert first.state == "done" and first.attempts == 0 and first.result.error_kind == "malformed"
+
+
+def test_a_tool_that_raises_is_an_error_result_and_the_run_goes_on(store: Store) -> None:
+    run = agentrun("raises", "tool_raises", [EXPLODE, ECHO])
+    outcome, requests = drive(store, run)
+    assert outcome.phase == "Succeeded", outcome
+    c = store.load_snapshot(run_id_of(run)).context.counters
+    assert c.tool_errors == 1 and c.tool_calls == 2 and c.malformed_tool_calls == 0
+    boom, echoed = tool_messages(requests[1])
+    assert boom["tool_call_id"] == "call_a" and "RuntimeError" in boom["content"] and "disk full" in boom["content"]
+    assert echoed["tool_call_id"] == "call_b" and "still here" in echoed["content"]  # the sibling still ran
+    [e0, e1] = store.journal(run_id_of(run), 1)
+    assert e0.result.error_kind == "tool_raised" and e0.result.is_error and e1.result.error_kind is None
+
+
+def test_an_unknown_tool_is_a_counted_error(store: Store) -> None:
+    run = agentrun("unknown", "unknown_tool", [ECHO])
+    outcome, requests = drive(store, run)
+    assert outcome.phase == "Succeeded", outcome
+    c = store.load_snapshot(run_id_of(run)).context.counters
+    assert c.malformed_tool_calls == 1 and c.tool_calls == 0 and c.tool_errors == 0
+    [err] = tool_messages(requests[1])
+    assert "unknown tool 'send_email'" in err["content"] and "echo" in err["content"]
+
+
+# -- budgets (G7) --------------------------------------------------------------------------------------
+
+
+def test_max_iterations_ends_the_run_failed_with_a_reason(store: Store) -> None:
+    run = agentrun("iter-budget", "endless", [ECHO], budget={"max_iterations": 3, "classifier": "none"})
+    outcome, requests = drive(store, run)
+    assert (outcome.phase, outcome.exit_code) == ("Failed", EXIT_FAILED)
+    st = store.load_snapshot(run_id_of(run)).context
+    assert st.status.phase == "Failed" and st.status.reason == "BudgetExceeded"
+    assert "max_iterations is 3" in st.status.message and st.status.message.startswith("budget exceeded")
+    assert outcome.message == st.status.message
+    assert st.counters.iterations == 3 and st.counters.model_calls == 3
+    assert len(requests) == 3, "no model call past the budget"
+    assert st.budget.max_iterations == 3 and st.classification.classifier == "none"
+
+
+def test_max_tokens_ends_the_run_failed_with_a_reason(store: Store) -> None:
+    run = agentrun("token-budget", "endless", [ECHO], budget={"max_tokens": 2500, "classifier": "none"})
+    outcome, requests = drive(store, run)
+    assert (outcome.phase, outcome.exit_code) == ("Failed", EXIT_FAILED)
+    st = store.load_snapshot(run_id_of(run)).context
+    assert st.status.reason == "BudgetExceeded"
+    assert "max_tokens is 2500" in st.status.message and "3000 tokens" in st.status.message
+    assert st.usage.total_tokens == 3000 and st.counters.model_calls == 3 and len(requests) == 3
+
+
+def test_a_finished_failed_run_is_not_restarted_by_resume(store: Store) -> None:
+    run = agentrun("iter-budget-2", "endless", [ECHO], budget={"max_iterations": 2, "classifier": "none"})
+    drive(store, run)
+    outcome, requests = drive(store, run)
+    assert outcome.phase == "Failed" and requests == []
+
+
+def test_heuristic_classifier_records_its_decision_before_the_first_model_call(store: Store) -> None:
+    run = refund_agentrun()
+    seen: list[RunContext | None] = []
+    outcome, _ = drive(store, run, before_call=lambda: seen.append(store.load_context(RUN_ID)[0]))
+    assert outcome.phase == "WaitingForApproval"
+    first = seen[0]  # the committed state when the model was first asked
+    cl = first.classification
+    assert cl is not None and cl.classifier == "heuristic" and cl.label == "simple"
+    assert cl.declared == Budget(max_iterations=10, max_tokens=20_000, max_duration_ms=120_000)
+    assert first.budget == cl.applied
+    for field in ("max_iterations", "max_tokens", "max_duration_ms"):
+        assert getattr(cl.applied, field) <= getattr(cl.declared, field)
+    assert first.counters.model_calls == 0
+    # decided once: later checkpoints carry the same decision
+    assert store.load_context(RUN_ID)[0].classification == cl
+
+
+@pytest.mark.parametrize("words", [3, 30, 100, 200])
+@pytest.mark.parametrize("n_tools", [0, 3, 9])
+@pytest.mark.parametrize("declared", [(1, 1, 1), (2, 500, 1000), (6, 8000, 60000), (10, 20000, 120000), (400, 10**7, 10**8)])
+def test_heuristic_classifier_never_raises_a_limit(words: int, n_tools: int, declared: tuple[int, int, int]) -> None:
+    it, tok, ms = declared
+    run = agentrun("cls", "endless", [{"name": f"t{i}", "ref": ECHO["ref"]} for i in range(n_tools)],
+                   budget={"max_iterations": it, "max_tokens": tok, "max_duration_ms": ms}, input=" ".join(["order"] * words))
+    cl = heuristic_classifier(run.spec)
+    assert cl.declared == Budget(max_iterations=it, max_tokens=tok, max_duration_ms=ms)
+    for field in ("max_iterations", "max_tokens", "max_duration_ms"):
+        applied, limit = getattr(cl.applied, field), getattr(cl.declared, field)
+        assert 0 < applied <= limit, (field, cl)
+        assert applied >= min(limit, getattr(_FLOOR, field)), (field, cl)  # the floor, where the declared allows it
+    if cl.label == "complex":
+        assert cl.applied == cl.declared
+
+
+def test_complex_wording_keeps_the_declared_budget() -> None:
+    run = agentrun("cls", "endless", [ECHO], input="Please research and compare refund policies", budget={"max_iterations": 40})
+    cl = heuristic_classifier(run.spec)
+    assert cl.label == "complex" and cl.applied.max_iterations == 40
+
+
+def test_check_budget_reads_duration_too() -> None:
+    ctx = RunContext(session=Session(run_uid="u"), budget=Budget(max_duration_ms=1000))
+    assert check_budget(ctx) is None
+    ctx.usage.duration_ms = 1000
+    assert "max_duration_ms is 1000" in check_budget(ctx)
+
+
+# -- approvals -----------------------------------------------------------------------------------------
+
+
+def test_deny_with_a_reason_reaches_the_model(store: Store, dsn: str) -> None:
+    run = refund_agentrun()
+    outcome, _ = drive(store, run)
+    assert outcome.phase == "WaitingForApproval" and outcome.pending.call_id == "call-2-0"
+    classification = store.load_context(RUN_ID)[0].classification
+    reason = "refunds over $40 need a second reviewer — ticket #88"
+    store.decide(RUN_ID, "call-2-0", "deny", reason=reason, decided_by="test")
+
+    outcome, requests = drive(store, run)
+    assert outcome.phase == "Succeeded", outcome
+    assert len(requests) == 1, "the resumed run asks only for the turn after the decision"
+    denied = [m for m in tool_messages(requests[0]) if m["content"].startswith("denied:")]
+    assert len(denied) == 1 and reason in denied[0]["content"]
+    assert refunds(dsn) == 0 and invocations(dsn, "issue_refund") == 0
+    ctx = store.load_context(RUN_ID)[0]
+    assert ctx.classification == classification  # not re-classified on resume
+    assert ctx.counters.tool_calls == 2  # lookup + note; a denied call is not a tool execution
+
+
+def test_a_reused_provider_id_still_gives_distinct_call_ids_and_keys(store: Store, dsn: str) -> None:
+    run = refund_agentrun()
+    drive(store, run)
+    store.decide(RUN_ID, "call-2-0", "approve", decided_by="test")
+    outcome, _ = drive(store, run)
+    assert outcome.phase == "Succeeded", outcome
+    journal = store.journal(RUN_ID)
+    uid = run.metadata.uid
+    assert [(e.call_id, e.tool_call.id) for e in journal] == [("call-1-0", "call_1"), ("call-2-0", "call_1"), ("call-2-1", "call_2")]
+    assert [e.idempotency_key for e in journal] == [f"{uid}:1:0", f"{uid}:2:0", f"{uid}:2:1"]
+    # the refund was made under its own call's key, not under the earlier call with the same provider id
+    assert count_rows(dsn, "SELECT count(*) FROM demo_refund_ledger WHERE idempotency_key = %s", f"{uid}:2:0") == 1
+    assert refunds(dsn) == 1
+
+
+# -- processes: signals, Postgres outages, zombies ---------------------------------------------------------
+
+
+def test_sigterm_while_waiting_for_approval_exits_75_and_resume_continues(tmp_path: Path, dsn: str, store: Store) -> None:
+    path = agentrun_file(tmp_path)
+    proc = spawn_cli("run", str(path), dsn=dsn)
+    call = wait_for_approval(store, dsn)
+    proc.send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    out, _ = proc.communicate(timeout=10)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == EXIT_RETRY, out
+    assert elapsed < 5, f"took {elapsed:.1f}s to stop"
+    assert "resume" in out and "Traceback" not in out
+    assert phase_of(store, RUN_ID) == "WaitingForApproval"
+
+    store.decide(RUN_ID, call, "approve", decided_by="test")
+    resumed = run_cli("resume", "refund-demo", dsn=dsn)
+    assert resumed.returncode == 0, resumed.stdout
+    snap = store.load_snapshot(RUN_ID)
+    assert snap.context.status.phase == "Succeeded" and snap.context.counters.resumes == 1
+    assert refunds(dsn) == 1 and invocations(dsn, "add_case_note") == 1 and invocations(dsn, "lookup_order") == 1
+
+
+def test_postgres_unreachable_at_start_exits_3(tmp_path: Path) -> None:
+    path = agentrun_file(tmp_path)
+    bad = f"host=/nonexistent/agentfast-{uuid.uuid4().hex[:8]} dbname=agentfast user=agentfast"
+    t0 = time.monotonic()
+    res = run_cli("run", str(path), dsn=bad, timeout=60)
+    assert res.returncode == 3, res.stdout
+    assert "cannot connect to Postgres" in res.stdout and "--dsn" in res.stdout, res.stdout
+    assert "Traceback" not in res.stdout
+    assert time.monotonic() - t0 < 30
+
+
+def test_postgres_restart_while_waiting_loses_nothing(tmp_path: Path, dsn: str, store: Store, pg_server) -> None:
+    path = agentrun_file(tmp_path)
+    proc = spawn_cli("run", str(path), dsn=dsn)
+    call = wait_for_approval(store, dsn)
+    before = count_rows(dsn, "SELECT pg_postmaster_start_time()")
+    pg_server.pg_ctl("-w", "restart")  # shared by the session: restarted, never left stopped
+    assert count_rows(dsn, "SELECT pg_postmaster_start_time()") > before, "the server did not restart"
+    store.decide(RUN_ID, call, "approve", decided_by="test")
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode in (EXIT_OK, EXIT_RETRY), out
+    if proc.returncode == EXIT_RETRY:
+        resumed = run_cli("resume", "refund-demo", dsn=dsn)
+        assert resumed.returncode == 0, resumed.stdout
+        out += resumed.stdout
+    snap = store.load_snapshot(RUN_ID)
+    assert snap.context.status.phase == "Succeeded", (snap.context.status, out)
+    assert snap.context.counters.iterations == 3
+    assert refunds(dsn) == 1
+    assert count_rows(dsn, "SELECT count(DISTINCT idempotency_key) FROM demo_tool_invocations WHERE tool = 'issue_refund'") == 1
+    assert invocations(dsn, "add_case_note") == 1
+
+
+def test_a_zombie_runner_cannot_act_after_a_takeover(tmp_path: Path, dsn: str, store: Store) -> None:
+    path = agentrun_file(tmp_path)
+    zombie = spawn_cli("run", str(path), dsn=dsn)
+    call = wait_for_approval(store, dsn)
+    old_epoch = store.get_run(RUN_ID).epoch
+
+    successor = spawn_cli("resume", "refund-demo", dsn=dsn)  # takes the lease while the first still waits
+    wait_until(lambda: store.get_run(RUN_ID).epoch == old_epoch + 1, what="the takeover")
+    wait_until(lambda: listeners(dsn) >= 2, timeout=15, what="both runners waiting")
+    before = epochs_by_table(dsn)
+    assert set().union(*(b.keys() for b in before.values())) == {old_epoch}
+
+    store.decide(RUN_ID, call, "approve", decided_by="test")  # both wake up
+    out_s, _ = successor.communicate(timeout=60)
+    out_z, _ = zombie.communicate(timeout=60)
+    assert successor.returncode == 0, out_s
+    assert zombie.returncode in (EXIT_LEASE_LOST, EXIT_OK), out_z
+    if zombie.returncode == EXIT_LEASE_LOST:
+        assert "another runner" in out_z
+
+    assert phase_of(store, RUN_ID) == "Succeeded"
+    assert refunds(dsn) == 1 and invocations(dsn, "issue_refund") == 1
+    [refund] = [e for e in store.journal(RUN_ID, 2) if e.position == 0]
+    assert refund.attempts == 1 and refund.state == "done"
+    after = epochs_by_table(dsn)
+    for table in after:
+        # rows carrying the stale epoch are exactly those written before the takeover, or fewer
+        # (a row the successor updated now carries its epoch); none was added by the zombie
+        assert after[table].get(old_epoch, 0) <= before[table].get(old_epoch, 0), (table, before, after)
+    assert after["agentfast_checkpoints"].get(old_epoch + 1, 0) >= 1
+    with psycopg.connect(dsn) as conn:
+        refund_epoch = conn.execute(
+            "SELECT epoch FROM agentfast_tool_calls WHERE run_id = %s AND iteration = 2 AND position = 0", (RUN_ID,)
+        ).fetchone()[0]
+    assert refund_epoch == old_epoch + 1
