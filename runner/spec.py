@@ -30,6 +30,13 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
+class SecretKeyRef(_Spec):
+    """A key of a Kubernetes Secret in the AgentRun's namespace."""
+
+    name: str = Field(min_length=1)
+    key: str = Field(min_length=1)
+
+
 class ModelSpec(_Spec):
     """Which model to talk to, through an OpenAI-compatible Chat Completions endpoint.
 
@@ -40,6 +47,7 @@ class ModelSpec(_Spec):
     name: str = Field(min_length=1, description="model name sent to the endpoint")
     baseURL: str | None = Field(None, description="e.g. https://api.openai.com/v1 or http://vllm:8000/v1")
     apiKeyEnv: str = Field("OPENAI_API_KEY", description="environment variable holding the API key (from a Secret in the cluster)")
+    apiKeySecretRef: SecretKeyRef | None = Field(None, description="in a cluster: the Secret key the operator exposes to the runner as apiKeyEnv")
     script: str | None = Field(None, description="name of a bundled script or path to a script YAML for the scripted model")
     timeoutSeconds: float = Field(60.0, gt=0)
     maxRetries: int = Field(4, ge=0, description="retries on 429, 5xx and connection errors, with exponential backoff")

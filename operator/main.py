@@ -1,0 +1,288 @@
+"""The agentfast operator (kopf): one level-based reconcile per AgentRun.
+
+Run it with ``kopf run --standalone --all-namespaces -m agentfast.operator.main`` (the chart's
+Deployment does). Settings come from the environment (see :class:`Settings`).
+
+- **Reconcile** (:func:`reconcile`) is level-based: it reads the AgentRun, the store and the
+  runner Job, and makes them agree. It runs on create/update/resume, on every change of a runner
+  Job (a pod lost, a Job failed), and on a periodic resync, so a missed event is only a delay.
+  It registers the run in the store, records ``spec.approvals`` as decisions (write-once, and
+  a NOTIFY wakes the waiting runner), creates the runner Job if the run is unfinished and has
+  none (a deterministic name: a retry after the operator was killed mid-create gets 409, never
+  a duplicate), and publishes ``status``.
+- **Progress** reaches ``status`` within a second or two of the runner's commit: a background
+  thread LISTENs on ``agentfast_progress`` and republishes that run's status; the runner itself
+  needs no Kubernetes credentials.
+- **Status** has one writer, :func:`publish_status`, used by both paths; it posts a Kubernetes
+  Event for each phase transition.
+- **Deletion**: the Job (and its pods) are garbage-collected through ownerReferences. With
+  ``AGENTFAST_DELETE_DATA=true`` a finalizer makes sure the run's rows in Postgres go too;
+  otherwise no finalizer is added (a delete never hangs on a stopped operator) and the data is
+  kept for audit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from datetime import datetime, timezone
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+import kubernetes
+from kubernetes.client.rest import ApiException
+
+from agentfast.runner.snapshot import TERMINAL_PHASES
+from agentfast.runner.spec import SpecError, parse_agentrun
+from agentfast.runner.store import DecisionConflict, Store, StoreUnavailable, UnknownCall
+
+from .status import status_from_store
+from .workload import LABEL_RUN, RunnerConfig, build_job, job_name
+
+GROUP, VERSION, PLURAL = "agentfast.dev", "v1alpha1", "agentruns"
+log = logging.getLogger("agentfast.operator")
+
+
+@dataclass
+class Settings:
+    """Operator settings (environment variables in brackets)."""
+
+    dsn: str = field(default_factory=lambda: os.environ.get("AGENTFAST_DSN", ""))  # [AGENTFAST_DSN]
+    delete_data: bool = field(default_factory=lambda: os.environ.get("AGENTFAST_DELETE_DATA", "false").lower() == "true")
+    resync_s: float = field(default_factory=lambda: float(os.environ.get("AGENTFAST_RESYNC_SECONDS", "30")))
+    runner: RunnerConfig = field(default_factory=RunnerConfig.from_env)
+
+
+SETTINGS = Settings()
+
+
+class _State:
+    store: Store | None = None
+    custom: kubernetes.client.CustomObjectsApi
+    batch: kubernetes.client.BatchV1Api
+    core: kubernetes.client.CoreV1Api
+    stop = threading.Event()
+    listener: threading.Thread | None = None
+
+
+STATE = _State()
+
+
+# -- wiring ------------------------------------------------------------------------------------
+
+
+@kopf.on.startup()
+def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="agentfast.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="agentfast.dev", key="last-handled-configuration")
+    settings.persistence.finalizer = "agentfast.dev/cleanup"
+    settings.posting.level = logging.WARNING  # our own Events say what happened; kopf's say only on trouble
+    settings.watching.server_timeout = 120
+    settings.watching.client_timeout = 150
+    settings.watching.inactivity_timeout = 300  # re-open a silently stalled watch
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+    STATE.custom = kubernetes.client.CustomObjectsApi()
+    STATE.batch = kubernetes.client.BatchV1Api()
+    STATE.core = kubernetes.client.CoreV1Api()
+    if not SETTINGS.dsn:
+        raise kopf.PermanentError("AGENTFAST_DSN is not set: the operator needs the runs' Postgres")
+    STATE.store = Store(SETTINGS.dsn)
+    STATE.store.migrate()
+    STATE.stop.clear()
+    STATE.listener = threading.Thread(target=_progress_listener, name="agentfast-progress", daemon=True)
+    STATE.listener.start()
+
+
+@kopf.on.cleanup()
+def cleanup(**_: Any) -> None:
+    STATE.stop.set()
+    if STATE.store is not None:
+        STATE.store.close()
+
+
+@kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile-create")
+@kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile-update")
+@kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile-resume")
+def on_agentrun(body: kopf.Body, **_: Any) -> None:
+    reconcile(dict(body))
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=SETTINGS.resync_s, id="resync")
+def on_resync(body: kopf.Body, **_: Any) -> None:
+    reconcile(dict(body))
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={LABEL_RUN: kopf.PRESENT})
+def on_runner_job(body: kopf.Body, **_: Any) -> None:
+    """A runner Job changed (a pod was lost, replaced, or the Job ended): reconcile its run."""
+    run = _get_agentrun(body["metadata"]["namespace"], body["metadata"]["labels"][LABEL_RUN])
+    if run is not None:
+        reconcile(run)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, id="delete-data", optional=not SETTINGS.delete_data)
+def on_delete(body: kopf.Body, **_: Any) -> None:
+    if SETTINGS.delete_data and STATE.store is not None:
+        STATE.store.delete_run(f"{body['metadata']['namespace']}/{body['metadata']['name']}")
+
+
+# -- the reconcile ---------------------------------------------------------------------------------
+
+
+def reconcile(body: dict[str, Any]) -> None:
+    """Make the store, the runner Job and ``status`` agree with the AgentRun ``body``.
+
+    Raises kopf.TemporaryError when Postgres is unreachable (kopf retries with backoff).
+    """
+    assert STATE.store is not None
+    meta = body["metadata"]
+    namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+    run_id = f"{namespace}/{name}"
+    doc = {
+        "apiVersion": body["apiVersion"],
+        "kind": body["kind"],
+        "metadata": {"name": name, "namespace": namespace, "uid": uid},
+        "spec": {k: v for k, v in body.get("spec", {}).items() if k != "approvals"},
+    }
+    try:
+        parse_agentrun(doc, check_imports=True)
+    except SpecError as err:  # permanent: nothing to run, nothing to retry
+        publish_status(body, None, None, override=("Failed", "InvalidSpec", str(err)))
+        return
+    try:
+        record = STATE.store.create_run(run_id, uid, doc)
+        if record.run_uid != uid:
+            # An AgentRun of this name was deleted with its data kept; this is a new run.
+            STATE.store.delete_run(run_id)
+            STATE.store.create_run(run_id, uid, doc)
+            _event(body, "Normal", "DataReplaced", f"rows of an earlier AgentRun named {name} (uid {record.run_uid}) were replaced")
+        _record_approvals(body, run_id)
+        loaded = STATE.store.load_context(run_id)
+    except StoreUnavailable as err:
+        raise kopf.TemporaryError(f"Postgres unavailable: {err}", delay=10) from None
+    ctx, pending = loaded if loaded else (None, None)
+    override = None
+    if ctx is None or ctx.status.phase not in TERMINAL_PHASES:
+        job = _get_job(namespace, name)
+        if job is None:
+            _create_job(body)
+        elif _job_failed(job) is not None:
+            override = ("Failed", "RunnerFailed", _job_failed(job) or "the runner Job failed")
+    publish_status(body, ctx, pending, override=override)
+
+
+def _record_approvals(body: dict[str, Any], run_id: str) -> None:
+    for call_id, d in (body.get("spec", {}).get("approvals") or {}).items():
+        try:
+            STATE.store.decide(run_id, call_id, d["decision"], reason=d.get("reason"), decided_by="kubernetes:spec.approvals")  # type: ignore[union-attr]
+        except UnknownCall as err:
+            _event(body, "Warning", "UnknownCall", str(err))
+        except DecisionConflict as err:
+            _event(body, "Warning", "DecisionConflict", str(err))
+
+
+def _get_job(namespace: str, name: str) -> Any:
+    try:
+        return STATE.batch.read_namespaced_job(job_name(name), namespace)
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def _job_failed(job: Any) -> str | None:
+    for c in (job.status.conditions or []) if job.status else []:
+        if c.type == "Failed" and c.status == "True":
+            return f"{c.reason}: {c.message}" if c.message else c.reason or "failed"
+    return None
+
+
+def _create_job(body: dict[str, Any]) -> None:
+    job = build_job(body, SETTINGS.runner)
+    kopf.adopt(job, owner=body, nested="spec.template")
+    try:
+        STATE.batch.create_namespaced_job(body["metadata"]["namespace"], job)
+    except ApiException as err:
+        if err.status == 409:  # created by an earlier attempt (e.g. the operator was killed mid-reconcile)
+            return
+        raise
+    _event(body, "Normal", "RunnerCreated", f"created runner Job {job['metadata']['name']}")
+
+
+def _get_agentrun(namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        return STATE.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+# -- status, its one writer ----------------------------------------------------------------------
+
+
+_publish_lock = threading.Lock()
+
+
+def publish_status(body: dict[str, Any], ctx: Any, pending: Any, *, override: tuple[str, str, str] | None = None) -> None:
+    """Patch ``status`` (merge patch on the status subresource) and post an Event on a transition."""
+    meta = body["metadata"]
+    old = body.get("status") or {}
+    new = status_from_store(ctx, pending, generation=meta.get("generation", 1), old=old, override=override)
+    new["runnerJob"] = job_name(meta["name"])
+    if all(old.get(k) == v for k, v in new.items()):
+        return
+    with _publish_lock:
+        try:
+            STATE.custom.patch_namespaced_custom_object_status(GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], {"status": new})
+        except ApiException as err:
+            if err.status == 404:  # deleted meanwhile
+                return
+            raise
+    if old.get("phase") != new["phase"] or old.get("awaiting") != new.get("awaiting"):
+        kind = "Warning" if new["phase"] == "Failed" else "Normal"
+        detail = f" {new['awaiting']}" if new.get("awaiting") else ""
+        _event(body, kind, new["phase"], f"{new['phase']}{detail}: {new.get('message', '')}"[:1024])
+
+
+def _event(body: dict[str, Any], kind: str, reason: str, message: str) -> None:
+    meta = body["metadata"]
+    event = kubernetes.client.CoreV1Event(
+        metadata=kubernetes.client.V1ObjectMeta(generate_name=f"{meta['name']}.", namespace=meta["namespace"]),
+        involved_object=kubernetes.client.V1ObjectReference(
+            api_version=f"{GROUP}/{VERSION}", kind="AgentRun", name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid")
+        ),
+        reason=reason,
+        message=message,
+        type=kind,
+        source=kubernetes.client.V1EventSource(component="agentfast-operator"),
+        first_timestamp=datetime.now(timezone.utc),
+        count=1,
+    )
+    try:
+        STATE.core.create_namespaced_event(meta["namespace"], event)
+    except ApiException as err:
+        log.warning("could not post event %s for %s: %s", reason, meta["name"], err.reason)
+
+
+def _progress_listener() -> None:
+    """Republish a run's status as soon as its runner commits (Postgres NOTIFY), not on a poll."""
+    assert STATE.store is not None
+    while not STATE.stop.is_set():
+        try:
+            for run_id in STATE.store.wait_for_progress(STATE.stop, timeout_s=3600):
+                namespace, _, name = run_id.partition("/")
+                body = _get_agentrun(namespace, name)
+                if body is None:
+                    continue
+                loaded = STATE.store.load_context(run_id)
+                if loaded is not None:
+                    publish_status(body, *loaded)
+        except Exception:  # a dropped connection or an API hiccup: log, back off, listen again
+            log.exception("progress listener failed; restarting")
+            STATE.stop.wait(2.0)

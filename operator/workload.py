@@ -1,0 +1,130 @@
+"""The runner workload of one AgentRun: a Job whose pod runs ``agentfast resume NAMESPACE/NAME``.
+
+Why a Job and not a bare Pod: the Job controller already replaces a lost pod with exponential
+backoff (10 s, 20 s, ... capped at 6 min) up to ``backoffLimit``, and ``podFailurePolicy`` tells
+a permanent failure from a retriable one (Kubernetes docs, "Handling retriable and
+non-retriable pod failures with Pod failure policy", stable in 1.31):
+
+- a pod with the ``DisruptionTarget`` condition (evicted, preempted, its node gone) is replaced
+  without counting against the restart limit;
+- exit code 1 (the run failed: budget, model refused) or 2 (bad input) fails the Job at once;
+- anything else (75 after SIGTERM, 137 after an OOM kill, a deleted pod) counts and is retried.
+
+``podReplacementPolicy: Failed`` makes the replacement wait until the old pod has fully
+terminated; the fencing epoch in Postgres covers any overlap anyway (G6).
+
+The pod needs no Kubernetes credentials (no service-account token), runs as non-root with a
+read-only root filesystem, and reads the DSN and the model key from Secrets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+LABEL_RUN = "agentfast.dev/run"
+RUNNER_CONTAINER = "runner"
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """Operator settings for runner pods, from the environment the chart sets."""
+
+    image: str = "agentfast:dev"
+    image_pull_policy: str = "IfNotPresent"
+    dsn_secret: str = "agentfast-postgres"
+    dsn_secret_key: str = "dsn"
+    restart_limit: int = 6
+    service_account: str = ""
+    resources: dict[str, Any] = field(
+        default_factory=lambda: {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
+    )
+    termination_grace_s: int = 30
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "RunnerConfig":
+        e = dict(os.environ if env is None else env)
+        return cls(
+            image=e.get("AGENTFAST_RUNNER_IMAGE", cls.image),
+            image_pull_policy=e.get("AGENTFAST_RUNNER_PULL_POLICY", cls.image_pull_policy),
+            dsn_secret=e.get("AGENTFAST_DSN_SECRET", cls.dsn_secret),
+            dsn_secret_key=e.get("AGENTFAST_DSN_SECRET_KEY", cls.dsn_secret_key),
+            restart_limit=int(e.get("AGENTFAST_RESTART_LIMIT", cls.restart_limit)),
+            service_account=e.get("AGENTFAST_RUNNER_SERVICE_ACCOUNT", ""),
+        )
+
+
+def job_name(run_name: str) -> str:
+    """A deterministic Job name (so a retried create gets 409, never a duplicate), ≤ 63 chars."""
+    base = f"agentrun-{run_name}"
+    if len(base) <= 63:
+        return base
+    digest = hashlib.sha256(run_name.encode()).hexdigest()[:8]
+    return f"{base[:54].rstrip('-.')}-{digest}"
+
+
+def build_job(body: dict[str, Any], cfg: RunnerConfig) -> dict[str, Any]:
+    """The Job manifest for an AgentRun ``body`` (ownerReference is added by kopf.adopt)."""
+    meta, spec = body["metadata"], body["spec"]
+    name, namespace = meta["name"], meta.get("namespace", "default")
+    env: list[dict[str, Any]] = [
+        {"name": "AGENTFAST_DSN", "valueFrom": {"secretKeyRef": {"name": cfg.dsn_secret, "key": cfg.dsn_secret_key}}},
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "AGENTFAST_LOG_LEVEL", "value": "INFO"},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    model = spec.get("model", {})
+    if model.get("apiKeySecretRef"):
+        ref = model["apiKeySecretRef"]
+        env.append({"name": model.get("apiKeyEnv", "OPENAI_API_KEY"), "valueFrom": {"secretKeyRef": {"name": ref["name"], "key": ref["key"]}}})
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": cfg.termination_grace_s,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [
+            {
+                "name": RUNNER_CONTAINER,
+                "image": cfg.image,
+                "imagePullPolicy": cfg.image_pull_policy,
+                "command": ["agentfast", "resume", f"{namespace}/{name}"],
+                "env": env,
+                "resources": cfg.resources,
+                "securityContext": {
+                    "allowPrivilegeEscalation": False,
+                    "readOnlyRootFilesystem": True,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+            }
+        ],
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
+    }
+    if cfg.service_account:
+        pod_spec["serviceAccountName"] = cfg.service_account
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name(name),
+            "namespace": namespace,
+            "labels": {LABEL_RUN: name, "app.kubernetes.io/managed-by": "agentfast", "app.kubernetes.io/component": "runner"},
+        },
+        "spec": {
+            "backoffLimit": cfg.restart_limit,
+            "podReplacementPolicy": "Failed",
+            "podFailurePolicy": {
+                "rules": [
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                    {"action": "FailJob", "onExitCodes": {"containerName": RUNNER_CONTAINER, "operator": "In", "values": [1, 2]}},
+                ]
+            },
+            "template": {
+                "metadata": {"labels": {LABEL_RUN: name, "app.kubernetes.io/component": "runner"}},
+                "spec": pod_spec,
+            },
+        },
+    }
