@@ -200,7 +200,46 @@ def resume(run: str = typer.Argument(..., help="run name"), dsn: Optional[str] =
     raise typer.Exit(outcome.exit_code)
 
 
-def _decide(run: str, call_id: str, decision: str, reason: Optional[str], dsn: Optional[str]) -> None:
+KubeOption = typer.Option(
+    None, "--kube/--local",
+    help="patch the AgentRun in the cluster (default when run as `kubectl agentfast`) or write to the local store",
+)
+NamespaceOption = typer.Option(None, "-n", "--namespace", help="the AgentRun's namespace (--kube); default: the kubeconfig's")
+
+
+def _as_kubectl_plugin() -> bool:
+    return os.path.basename(sys.argv[0]).startswith("kubectl-")
+
+
+def _patch_approval(run: str, call_id: str, decision: str, reason: Optional[str], namespace: Optional[str]) -> None:
+    """``kubectl patch agentrun RUN --type merge -p '{"spec":{"approvals":{CALL_ID:{...}}}}'``, made
+    with the Kubernetes client; the operator records it in Postgres and the runner resumes."""
+    try:
+        import kubernetes
+        from kubernetes.client.rest import ApiException
+    except ImportError:
+        raise _fail("--kube needs the kubernetes client: pip install 'agentfast[operator]'") from None
+    try:
+        kubernetes.config.load_kube_config()
+        ns = namespace or kubernetes.config.list_kube_config_contexts()[1]["context"].get("namespace", "default")
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_incluster_config()
+        ns = namespace or "default"
+    body = {"spec": {"approvals": {call_id: {"decision": decision, **({"reason": reason} if reason else {})}}}}
+    api = kubernetes.client.CustomObjectsApi()
+    try:
+        api.patch_namespaced_custom_object("agentfast.dev", "v1alpha1", ns, "agentruns", run.rsplit("/", 1)[-1], body)
+    except ApiException as e:
+        detail = json.loads(e.body).get("message", e.reason) if e.body else e.reason
+        raise _fail(f"the API server refused the patch: {detail}") from None
+    out.print(f"agentrun.agentfast.dev/{run} patched: {call_id} {decision}" + (f" ({reason})" if reason else ""))
+
+
+def _decide(run: str, call_id: str, decision: str, reason: Optional[str], dsn: Optional[str],
+            kube: Optional[bool], namespace: Optional[str]) -> None:
+    if kube or (kube is None and _as_kubectl_plugin()):
+        _patch_approval(run, call_id, decision, reason, namespace)
+        return
     store = _open_store(dsn)
     try:
         d = store.decide(_run_key(run), call_id, decision, reason=reason, decided_by=_who())  # type: ignore[arg-type]
@@ -211,16 +250,16 @@ def _decide(run: str, call_id: str, decision: str, reason: Optional[str], dsn: O
 
 @app.command()
 def approve(run: str, call_id: str = typer.Argument(..., help="the call id status shows, e.g. call-2-0"),
-            dsn: Optional[str] = DsnOption) -> None:
+            dsn: Optional[str] = DsnOption, kube: Optional[bool] = KubeOption, namespace: Optional[str] = NamespaceOption) -> None:
     """Approve a gated tool call; a waiting runner continues at once."""
-    _decide(run, call_id, "approve", None, dsn)
+    _decide(run, call_id, "approve", None, dsn, kube, namespace)
 
 
 @app.command()
 def deny(run: str, call_id: str, reason: str = typer.Option("", "--reason", help="told to the model as the tool's result"),
-         dsn: Optional[str] = DsnOption) -> None:
+         dsn: Optional[str] = DsnOption, kube: Optional[bool] = KubeOption, namespace: Optional[str] = NamespaceOption) -> None:
     """Deny a gated tool call; the model is told it was declined, and why."""
-    _decide(run, call_id, "deny", reason or None, dsn)
+    _decide(run, call_id, "deny", reason or None, dsn, kube, namespace)
 
 
 @app.command()

@@ -1,0 +1,64 @@
+"""A bad AgentRun is rejected by the API server (schema and CEL) with a message naming the field.
+
+Server-side dry runs against the real API server with the agentfast CRD installed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import uuid
+
+import pytest
+import yaml
+
+from .conftest import REPO, Kube
+
+BASE = yaml.safe_load((REPO / "manifests" / "examples" / "refund.yaml").read_text())
+
+
+def variant(mutate) -> dict:
+    doc = copy.deepcopy(BASE)
+    doc["metadata"] = {"name": f"bad-{uuid.uuid4().hex[:6]}"}
+    mutate(doc["spec"])
+    return doc
+
+
+BAD = [
+    ("no model", lambda s: s.pop("model"), "spec.model: Required value"),
+    ("no input", lambda s: s.pop("input"), "spec.input: Required value"),
+    ("negative budget", lambda s: s["budget"].update(max_tokens=-5), "spec.budget.max_tokens"),
+    ("zero iterations", lambda s: s["budget"].update(max_iterations=0), "spec.budget.max_iterations"),
+    ("budget as a string", lambda s: s["budget"].update(max_duration_ms="soon"), "spec.budget.max_duration_ms"),
+    ("unknown adapter", lambda s: s.update(adapter="crewai"), "spec.adapter"),
+    ("both endpoints", lambda s: s["model"].update(baseURL="http://x/v1"), "exactly one of spec.model.baseURL"),
+    ("tool without ref", lambda s: s["tools"][0].pop("ref"), "spec.tools[0].ref: Required value"),
+    ("tool ref not module:attr", lambda s: s["tools"][0].update(ref="nocolon"), "spec.tools[0].ref"),
+    ("duplicate tool names", lambda s: s["tools"].append(dict(s["tools"][0])), "spec.tools[3]: Duplicate value"),
+    ("langgraph without graph", lambda s: s.update(adapter="langgraph"), "spec.graph.ref is required"),
+    ("bad decision", lambda s: s.update(approvals={"call-1-0": {"decision": "maybe"}}), "spec.approvals.call-1-0.decision"),
+]
+
+
+@pytest.mark.parametrize("case,mutate,expected", BAD, ids=[b[0] for b in BAD])
+def test_bad_agentrun_is_rejected_naming_the_field(kube: Kube, case: str, mutate, expected: str) -> None:
+    proc = kube.run("apply", "--dry-run=server", "-f", "-", input=json.dumps(variant(mutate)), check=False)
+    assert proc.returncode != 0, f"{case}: accepted"
+    assert expected in proc.stderr, proc.stderr
+
+
+def test_spec_is_immutable_but_approvals_are_writable_once(kube: Kube) -> None:
+    doc = variant(lambda s: None)
+    doc["spec"]["model"]["script"] = "refund"
+    name = doc["metadata"]["name"]
+    kube.apply(doc)  # no operator watches this namespace's runs to completion; only the API is under test
+    changed = kube.run("patch", "agentrun", name, "--type", "merge", "-p", '{"spec":{"input":"refund everything"}}', check=False)
+    assert changed.returncode != 0 and "spec is immutable after creation" in changed.stderr
+    ok = kube.run("patch", "agentrun", name, "--type", "merge", "-p", '{"spec":{"approvals":{"call-2-0":{"decision":"approve"}}}}', check=False)
+    assert ok.returncode == 0, ok.stderr
+    again = kube.run("patch", "agentrun", name, "--type", "merge", "-p", '{"spec":{"approvals":{"call-2-0":{"decision":"deny"}}}}', check=False)
+    assert again.returncode != 0 and "write-once" in again.stderr
+    removed = kube.run("patch", "agentrun", name, "--type", "json", "-p", '[{"op":"remove","path":"/spec/approvals/call-2-0"}]', check=False)
+    assert removed.returncode != 0 and "cannot be removed" in removed.stderr
+    explain = kube.run("explain", "agentrun.spec.budget", namespaced=False)
+    assert "max_iterations" in explain.stdout and "exceeding one ends the run as" in explain.stdout.replace("\n", " ").replace("  ", " ")

@@ -1,0 +1,178 @@
+"""End to end on a real cluster: the refund AgentRun survives its runner pod and its operator.
+
+The chart is installed (hack/cluster/e2e.sh or hack/kind-e2e.sh) in ``AGENTFAST_NAMESPACE``
+(default agentfast-system), with the bundled Postgres. Each case applies the refund AgentRun,
+waits until it asks for approval, then deletes the runner pod, evicts it through the Eviction
+API, or kills the operator; approves with ``kubectl patch`` (or the kubectl plugin); and asserts
+the run Succeeded at the exact step with exactly one refund row, the non-gated sibling executed
+once, and the restart counted in status.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .conftest import REPO, Kube
+
+NAMESPACE = os.environ.get("AGENTFAST_NAMESPACE", "agentfast-system")
+EXPECTED_ROLES = ["system", "user", "assistant", "tool", "assistant", "tool", "tool", "assistant"]
+
+
+@pytest.fixture
+def release(kubectl: str, kubeconfig: str) -> Kube:
+    k = Kube(kubectl, kubeconfig, NAMESPACE)
+    op = k.run("get", "deploy", "-l", "app.kubernetes.io/component=operator", "-o", "name", check=False)
+    if not op.stdout.strip():
+        pytest.fail(f"the agentfast chart is not installed in {NAMESPACE}: run hack/cluster/e2e.sh", pytrace=False)
+    return k
+
+
+def sql(k: Kube, query: str, *params: Any) -> list[list[Any]]:
+    """Run a query in the bundled Postgres pod (psycopg is in the project image)."""
+    code = (
+        "import json,os,sys,psycopg\n"
+        "c=psycopg.connect(host='127.0.0.1',user='postgres',password=os.environ['POSTGRES_PASSWORD'],dbname='postgres')\n"
+        "q,p=json.loads(sys.argv[1])\n"
+        "try:\n rows=c.execute(q,p).fetchall()\nexcept psycopg.errors.UndefinedTable:\n rows=[]\n"
+        "print(json.dumps([list(r) for r in rows],default=str))\n"
+    )
+    proc = k.run("exec", "deploy/agentfast-postgresql", "--", "python", "-c", code, json.dumps([query, list(params)]))
+    return json.loads(proc.stdout)
+
+
+def apply_refund(k: Kube, example: str = "refund.yaml") -> tuple[str, str]:
+    doc = yaml.safe_load((REPO / "manifests" / "examples" / example).read_text())
+    name = f"{doc['metadata']['name']}-{uuid.uuid4().hex[:6]}"
+    doc["metadata"] = {"name": name, "namespace": k.namespace}
+    k.apply(doc)
+    uid = k.get("agentrun", name)["metadata"]["uid"]
+    return name, uid
+
+
+def status(k: Kube, name: str) -> dict[str, Any]:
+    return (k.get("agentrun", name) or {}).get("status") or {}
+
+
+def runner_pods(k: Kube, name: str) -> list[dict[str, Any]]:
+    out = k.run("get", "pods", "-l", f"agentfast.dev/run={name}", "-o", "json").stdout
+    return json.loads(out)["items"]
+
+
+def running_runner(k: Kube, name: str, not_named: str | None = None) -> str | None:
+    for p in runner_pods(k, name):
+        if p["metadata"]["name"] != not_named and p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp"):
+            return p["metadata"]["name"]
+    return None
+
+
+def wait_awaiting(k: Kube, name: str, timeout: float = 180) -> str:
+    k.wait_for(f"{name} to wait for approval", lambda: status(k, name).get("phase") == "WaitingForApproval", timeout=timeout)
+    st = status(k, name)
+    assert st["awaiting"] == "call-2-0" and st["pendingApprovals"][0]["tool"] == "issue_refund"
+    return st["awaiting"]
+
+
+def approve(k: Kube, name: str, call_id: str) -> None:
+    patch = json.dumps({"spec": {"approvals": {call_id: {"decision": "approve"}}}})
+    k.run("patch", "agentrun", name, "--type", "merge", "-p", patch)
+
+
+def assert_succeeded_once(k: Kube, name: str, uid: str, *, min_restarts: int) -> dict[str, Any]:
+    k.wait_for(f"{name} to succeed", lambda: status(k, name).get("phase") in ("Succeeded", "Failed"), timeout=180)
+    st = status(k, name)
+    assert st["phase"] == "Succeeded", (st, k.describe("agentrun", name))
+    assert st["iteration"] == 3 and st["awaiting"] == "" and st["restarts"] >= min_restarts
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert conds["Ready"]["status"] == "True" and conds["Ready"]["observedGeneration"] >= 1
+    run_id = f"{k.namespace}/{name}"
+    roles = [r[0]["role"] for r in sql(k, "SELECT message FROM agentfast_messages WHERE run_id = %s ORDER BY seq", run_id)]
+    assert roles == EXPECTED_ROLES  # the exact step: the same transcript as an uninterrupted run
+    assert sql(k, "SELECT count(*) FROM demo_refund_ledger WHERE idempotency_key LIKE %s", f"{uid}:%") == [[1]]
+    notes = sql(k, "SELECT count(*) FROM demo_tool_invocations WHERE tool = 'add_case_note' AND idempotency_key LIKE %s", f"{uid}:%")
+    assert notes == [[1]]  # the non-gated sibling ran exactly once
+    jobs = json.loads(k.run("get", "jobs", "-l", f"agentfast.dev/run={name}", "-o", "json").stdout)["items"]
+    assert len(jobs) == 1  # never a duplicate runner workload
+    return st
+
+
+@pytest.mark.parametrize("example", ["refund.yaml", "refund-langgraph.yaml"])
+def test_runner_pod_deleted_while_waiting_for_approval(release: Kube, example: str) -> None:
+    k = release
+    name, uid = apply_refund(k, example)
+    call = wait_awaiting(k, name)
+    first = k.wait_for("a running runner pod", lambda: running_runner(k, name))
+    k.run("delete", "pod", first, "--wait=false")
+    k.wait_for("a replacement runner pod", lambda: running_runner(k, name, not_named=first), timeout=180)
+    # The replacement takes the lease and waits for the same call, at the same step.
+    k.wait_for("the resumed runner", lambda: status(k, name).get("restarts", 0) >= 1 and status(k, name).get("awaiting") == call, timeout=120)
+    approve(k, name, call)
+    assert_succeeded_once(k, name, uid, min_restarts=1)
+
+
+def test_runner_pod_evicted_while_waiting_for_approval(release: Kube, tmp_path: Path) -> None:
+    k = release
+    name, uid = apply_refund(k)
+    call = wait_awaiting(k, name)
+    first = k.wait_for("a running runner pod", lambda: running_runner(k, name))
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": first, "namespace": k.namespace}}
+    k.run("create", "--raw", f"/api/v1/namespaces/{k.namespace}/pods/{first}/eviction", "-f", "-", input=json.dumps(eviction))
+    k.wait_for("a replacement runner pod", lambda: running_runner(k, name, not_named=first), timeout=180)
+    k.wait_for("the resumed runner", lambda: status(k, name).get("restarts", 0) >= 1, timeout=120)
+    approve(k, name, call)
+    assert_succeeded_once(k, name, uid, min_restarts=1)
+    # An eviction is a disruption, not a failure: it does not count against the restart limit.
+    job = json.loads(k.run("get", "jobs", "-l", f"agentfast.dev/run={name}", "-o", "json").stdout)["items"][0]
+    assert job["status"].get("failed", 0) == 0
+
+
+def test_operator_killed_while_run_waits(release: Kube) -> None:
+    k = release
+    name, uid = apply_refund(k)
+    call = wait_awaiting(k, name)
+    k.run("delete", "pod", "-l", "app.kubernetes.io/component=operator", "--wait=false")
+    # Approve while the operator is down or restarting, through the kubectl plugin.
+    plugin = shutil.which("kubectl-agentfast")
+    assert plugin, "kubectl-agentfast (the agentfast console script) is not on PATH"
+    env = {**os.environ, "KUBECONFIG": k.kubeconfig}
+    subprocess.run([plugin, "approve", name, call, "-n", k.namespace], check=True, env=env, capture_output=True, timeout=60)
+    assert k.get("agentrun", name)["spec"]["approvals"] == {call: {"decision": "approve"}}
+    assert_succeeded_once(k, name, uid, min_restarts=0)
+
+
+def test_status_follows_the_runner_within_two_seconds(release: Kube) -> None:
+    k = release
+    name, uid = apply_refund(k)
+    call = wait_awaiting(k, name)
+    approve(k, name, call)
+    seen_at = k.wait_for("Succeeded", lambda: status(k, name).get("phase") == "Succeeded" and time.time(), timeout=120, interval=0.1)
+    [[saved_at]] = sql(
+        k, "SELECT max(saved_at) FROM agentfast_checkpoints WHERE run_id = %s AND phase = 'Succeeded'", f"{k.namespace}/{name}"
+    )
+    lag = seen_at - saved_at / 1000
+    assert lag < 2.0, f"status showed Succeeded {lag:.2f}s after the runner committed it"
+
+
+def test_budget_exceeded_is_a_permanent_failure(release: Kube) -> None:
+    k = release
+    doc = yaml.safe_load((REPO / "manifests" / "examples" / "refund.yaml").read_text())
+    name = f"tight-{uuid.uuid4().hex[:6]}"
+    doc["metadata"] = {"name": name, "namespace": k.namespace}
+    doc["spec"]["budget"] = {"max_iterations": 1, "classifier": "none"}
+    k.apply(doc)
+    k.wait_for("Failed", lambda: status(k, name).get("phase") == "Failed", timeout=180)
+    st = status(k, name)
+    assert "max_iterations" in st["result"]
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert conds["Failed"]["status"] == "True" and conds["Failed"]["reason"] == "BudgetExceeded"
+    time.sleep(3)
+    assert len(runner_pods(k, name)) == 1  # not retried
