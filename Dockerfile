@@ -30,6 +30,7 @@ RUN (useradd --uid 10001 --user-group --home-dir /home/agentfast --create-home -
       || { echo 'agentfast:x:10001:10001::/home/agentfast:/usr/sbin/nologin' >>/etc/passwd; \
            echo 'agentfast:x:10001:' >>/etc/group; mkdir -p /home/agentfast; chown 10001:10001 /home/agentfast; })
 COPY --from=build /opt/agentfast /opt/agentfast
+LABEL org.opencontainers.image.title=agentfast
 USER 10001:10001
 WORKDIR /home/agentfast
 ENTRYPOINT ["agentfast"]

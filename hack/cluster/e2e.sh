@@ -7,6 +7,15 @@
 # shellcheck source=hack/lib.sh
 . "$REPO_ROOT/hack/lib.sh"
 
+# The project's Python environment for pytest (hack/lib-py.sh, shared with hack/test.sh).
+if [ -f "$REPO_ROOT/hack/lib-py.sh" ]; then
+  # shellcheck source=hack/lib-py.sh disable=SC1091
+  . "$REPO_ROOT/hack/lib-py.sh"
+  ensure_python_env
+  PYTHON="$(command -v python)"
+  export PYTHON
+fi
+
 "$HACK_CLUSTER_DIR/build.sh"
 "$HACK_CLUSTER_DIR/images.sh"
 KUBECONFIG="$("$HACK_CLUSTER_DIR/up.sh")"

@@ -149,7 +149,9 @@ make_project_image() {
   docker build --network none -t "$PROJECT_IMAGE" -f "$ctx/Dockerfile" "$ctx" >"$IMG_DIR/docker-build.log" 2>&1 \
     || { tail -n 40 "$IMG_DIR/docker-build.log" >&2; die "docker build failed (log: $IMG_DIR/docker-build.log)"; }
   # The build stage's leftover image (labelled in the Dockerfile) is not needed.
+  # So is a previous agentfast:dev that this build untagged.
   docker image prune -f --filter label=agentfast.stage=build >/dev/null 2>&1 || true
+  docker image prune -f --filter label=org.opencontainers.image.title=agentfast >/dev/null 2>&1 || true
   echo "$h" >"$IMG_DIR/project.stamp"
 }
 

@@ -53,6 +53,19 @@ host_ip() {
   echo "$ip"
 }
 
+# write_if_changed FILE: stdin to FILE, leaving FILE untouched when the content is the same (some
+# daemons, kube-proxy among them, exit when their config file is rewritten).
+write_if_changed() {
+  local f="$1" tmp
+  tmp="$(mktemp "$f.XXXXXX")"
+  cat >"$tmp"
+  if cmp -s "$tmp" "$f" 2>/dev/null; then
+    rm -f "$tmp"; WRITE_CHANGED=0
+  else
+    chmod 644 "$tmp"; mv "$tmp" "$f"; WRITE_CHANGED=1
+  fi
+}
+
 # wait_for DESCRIPTION TIMEOUT_SECONDS COMMAND...: poll COMMAND once a second until it succeeds.
 wait_for() {
   local what="$1" timeout="$2"; shift 2
@@ -86,6 +99,11 @@ daemon_pid() { # NAME -> prints the pid if that daemon is alive
 start_daemon() { # NAME BINARY ARGS...
   local name="$1"; shift
   mkdir -p "$LOG_DIR" "$PID_DIR"
+  # A daemon started with other arguments (the scripts changed) is restarted.
+  if daemon_pid "$name" >/dev/null && [ "$(cat "$PID_DIR/$name.args" 2>/dev/null)" != "$*" ]; then
+    log "$name: arguments changed, restarting"
+    stop_daemon "$name"
+  fi
   if daemon_pid "$name" >/dev/null; then
     log "$name: already running (pid $(daemon_pid "$name"))"
     return 0
@@ -93,6 +111,7 @@ start_daemon() { # NAME BINARY ARGS...
   local exe
   exe="$(readlink -f "$(command -v "$1")")"
   echo "$exe" >"$PID_DIR/$name.exe"
+  echo "$*" >"$PID_DIR/$name.args"
   # shellcheck disable=SC2094
   { echo "=== $(date -u +%FT%TZ) starting: $*"; } >>"$LOG_DIR/$name.log"
   setsid nohup "$@" >>"$LOG_DIR/$name.log" 2>&1 </dev/null &
@@ -112,7 +131,7 @@ stop_daemon() { # NAME [TIMEOUT]
     fi
     log "$name: stopped"
   fi
-  rm -f "$PID_DIR/$name.pid" "$PID_DIR/$name.exe"
+  rm -f "$PID_DIR/$name.pid" "$PID_DIR/$name.exe" "$PID_DIR/$name.args"
 }
 
 # --- containerd and docker ----------------------------------------------------------------------
@@ -122,9 +141,16 @@ CONTAINERD_SOCK="/run/containerd/containerd.sock"
 CNI_CONF_DIR="$CLUSTER_DIR/cni/net.d"
 CNI_BIN_DIR="/usr/lib/cni"
 
+# true when this process may not lower its oom_score_adj (no CAP_SYS_RESOURCE), e.g. in some VMs.
+restrict_oom() {
+  local capeff
+  capeff="$(awk '/^CapEff:/ {print $2}' /proc/self/status)"
+  if (( (16#$capeff >> 24) & 1 )); then echo false; else echo true; fi
+}
+
 write_containerd_config() {
   mkdir -p "$CLUSTER_DIR/etc" "$CNI_CONF_DIR"
-  cat >"$CLUSTER_DIR/etc/containerd.toml" <<TOML
+  write_if_changed "$CLUSTER_DIR/etc/containerd.toml" <<TOML
 version = 2
 root = "/var/lib/containerd"
 state = "/run/containerd"
@@ -134,6 +160,10 @@ state = "/run/containerd"
   sandbox_image = "$PAUSE_IMAGE"
   enable_unprivileged_ports = true
   enable_unprivileged_icmp = true
+  # Clamp the OOM score adjustments asked for (-998 for sandboxes, -997 for Guaranteed pods) to
+  # containerd's own: raising is always allowed, lowering needs CAP_SYS_RESOURCE, which this
+  # machine's root does not have (runc fails with "can't get final child's PID from pipe").
+  restrict_oom_score_adj = $(restrict_oom)
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -145,9 +175,10 @@ state = "/run/containerd"
     bin_dir = "$CNI_BIN_DIR"
     conf_dir = "$CNI_CONF_DIR"
 TOML
+  CONTAINERD_CONFIG_CHANGED="$WRITE_CHANGED"
   # The pod network: one Linux bridge, host-local IPAM on the node's pod CIDR, masquerade for traffic
   # leaving it, hairpin so a pod reaches itself through a Service.
-  cat >"$CNI_CONF_DIR/10-agentfast.conflist" <<JSON
+  write_if_changed "$CNI_CONF_DIR/10-agentfast.conflist" <<JSON
 {
   "cniVersion": "1.0.0",
   "name": "agentfast",
@@ -176,6 +207,10 @@ containerd_ready() { ctr --address "$CONTAINERD_SOCK" version >/dev/null 2>&1; }
 ensure_containerd() {
   command -v containerd >/dev/null || die "containerd is not installed: run hack/cluster/images.sh (apt-get install containerd)"
   write_containerd_config
+  if [ "$CONTAINERD_CONFIG_CHANGED" = 1 ] && daemon_pid containerd >/dev/null; then
+    log "containerd: config changed, restarting (running containers keep running)"
+    stop_daemon containerd
+  fi
   if containerd_ready && ! daemon_pid containerd >/dev/null; then
     log "containerd: a containerd not started by these scripts already serves $CONTAINERD_SOCK; using it"
     return 0

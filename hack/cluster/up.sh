@@ -85,8 +85,7 @@ make_pki() {
 # write_kubeconfig FILE CERT_NAME SERVER
 write_kubeconfig() {
   local file="$1" name="$2" server="$3"
-  local tmp="$file.tmp"
-  cat >"$tmp" <<YAML
+  write_if_changed "$file" <<YAML
 apiVersion: v1
 kind: Config
 clusters:
@@ -104,8 +103,7 @@ contexts:
   context: {cluster: agentfast, user: $name}
 current-context: agentfast
 YAML
-  chmod 600 "$tmp"
-  mv "$tmp" "$file"
+  chmod 600 "$file"
 }
 
 make_pki
@@ -172,7 +170,7 @@ ensure_containerd
 if ! ctr -n k8s.io images ls -q | grep -qx "$PAUSE_IMAGE"; then
   die "$PAUSE_IMAGE is not in containerd's k8s.io namespace: run hack/cluster/images.sh"
 fi
-cat >"$ETC/kubelet.yaml" <<YAML
+write_if_changed "$ETC/kubelet.yaml" <<YAML
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 authentication:
@@ -199,13 +197,14 @@ evictionHard: {"memory.available": "200Mi", "nodefs.available": "2%", "imagefs.a
 rotateCertificates: false
 serverTLSBootstrap: false
 YAML
+[ "$WRITE_CHANGED" = 0 ] || stop_daemon kubelet
 start_daemon kubelet "$BIN_DIR/kubelet" \
   --config="$ETC/kubelet.yaml" --kubeconfig="$ETC/kubelet.kubeconfig" \
   --hostname-override="$NODE_NAME" --node-ip="$HOST_IP" \
   --root-dir=/var/lib/kubelet --v=1
 
 # --- kube-proxy ----------------------------------------------------------------------------------
-cat >"$ETC/kube-proxy.yaml" <<YAML
+write_if_changed "$ETC/kube-proxy.yaml" <<YAML
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: "$ETC/kube-proxy.kubeconfig"}
@@ -213,11 +212,13 @@ mode: iptables
 clusterCIDR: "${POD_CIDR%.*}.0/16"
 hostnameOverride: "$NODE_NAME"
 bindAddress: 0.0.0.0
+nodePortAddresses: ["primary"]
 metricsBindAddress: 127.0.0.1:10249
 healthzBindAddress: 127.0.0.1:10256
 # Leave the host's conntrack table size alone.
 conntrack: {maxPerCore: 0}
 YAML
+[ "$WRITE_CHANGED" = 0 ] || stop_daemon kube-proxy
 start_daemon kube-proxy "$BIN_DIR/kube-proxy" --config="$ETC/kube-proxy.yaml"
 
 K="kubectl --kubeconfig $KUBECONFIG_ADMIN"
