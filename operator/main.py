@@ -91,8 +91,11 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     STATE.core = kubernetes.client.CoreV1Api()
     if not SETTINGS.dsn:
         raise kopf.PermanentError("AGENTFAST_DSN is not set: the operator needs the runs' Postgres")
-    STATE.store = Store(SETTINGS.dsn)
-    STATE.store.migrate()
+    try:
+        STATE.store = Store(SETTINGS.dsn)
+        STATE.store.migrate()
+    except StoreUnavailable as err:  # e.g. the bundled Postgres is still starting: kopf retries
+        raise kopf.TemporaryError(str(err), delay=5) from None
     STATE.stop.clear()
     STATE.listener = threading.Thread(target=_progress_listener, name="agentfast-progress", daemon=True)
     STATE.listener.start()
