@@ -467,6 +467,12 @@ class Store:
                 (lease.run_id, iteration, position),
             )
             if cur.rowcount != 1:
+                # No row changed, so the fence trigger never ran: a zombie whose successor already
+                # finished this call lands here, and must stop as a lost lease (exit 76), not crash.
+                row = conn.execute("SELECT epoch FROM agentfast_runs WHERE run_id = %s", (lease.run_id,)).fetchone()
+                if row is None or row["epoch"] != lease.epoch:
+                    current = row["epoch"] if row else None
+                    raise LeaseLost(f"agentfast: run {lease.run_id} lease lost: epoch {lease.epoch} is stale (current {current})")
                 raise StoreError(f"call {iteration}/{position} of {lease.run_id} is not in the journal or already done")
 
         self._retry(op, lease=lease)
