@@ -137,6 +137,10 @@ class Store:
     ``dsn``: a libpq connection string or URI. ``retention_keep``: checkpoints kept per run (the
     latest K; older ones are superseded and pruned on commit; the transcript, journal and
     approvals are never pruned). ``retry_for_s``: how long connection failures are retried.
+    ``idle_in_transaction_timeout_s``: Postgres ends a session of this store that sits inside an
+    open transaction that long without sending anything (its transactions never wait on the
+    client, so only a frozen or partitioned process does): a zombie frozen mid-commit holds the
+    run row FOR SHARE, and without this its successor's takeover would wait for it for ever.
     Raises StoreUnavailable from the constructor when Postgres cannot be reached.
     """
 
@@ -148,6 +152,7 @@ class Store:
         retry_for_s: float = 30.0,
         pool_max: int = 4,
         connect_timeout_s: float = 5.0,
+        idle_in_transaction_timeout_s: float = 10.0,
     ) -> None:
         if retention_keep < 1:
             raise ValueError("retention_keep must be at least 1")
@@ -163,6 +168,7 @@ class Store:
             timeout=connect_timeout_s,
             open=False,
             name="agentfast",
+            configure=lambda conn: _configure(conn, idle_in_transaction_timeout_s),
         )
         try:
             self._pool.open(wait=True, timeout=connect_timeout_s)
@@ -580,6 +586,14 @@ class Store:
             while not stop.is_set() and time.monotonic() < deadline:
                 for note in conn.notifies(timeout=0.5):
                     yield note.payload
+
+
+def _configure(conn: psycopg.Connection, idle_in_transaction_timeout_s: float) -> None:
+    """Session settings of every pooled connection (the pool's ``configure`` hook)."""
+    conn.autocommit = True
+    conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                 (str(max(1, int(idle_in_transaction_timeout_s * 1000))),))
+    conn.autocommit = False
 
 
 def _redact(dsn: str) -> str:
