@@ -38,11 +38,12 @@ def main() -> None:
         with tempfile.NamedTemporaryFile("w", dir="/tmp", delete=False) as pw:
             pw.write(password)
         try:
-            os.spawnv(
-                os.P_WAIT,
-                str(POSTGRES_BIN_PATH / "initdb"),
-                ["initdb", "-D", str(data), "-U", "postgres", "--auth=scram-sha-256", f"--pwfile={pw.name}", "--encoding=UTF8"],
+            initdb = str(POSTGRES_BIN_PATH / "initdb")  # argv[0] a full path: initdb finds postgres beside it
+            code = os.spawnv(
+                os.P_WAIT, initdb, [initdb, "-D", str(data), "-U", "postgres", "--auth=scram-sha-256", f"--pwfile={pw.name}", "--encoding=UTF8"]
             )
+            if code != 0:
+                sys.exit(f"initdb failed with exit code {code}")
         finally:
             os.unlink(pw.name)
         with open(data / "pg_hba.conf", "a") as hba:
