@@ -58,7 +58,9 @@ class CallExecutor:
             position=entry.position,
             tool_call_id=entry.tool_call.id,
             tool_name=entry.tool_call.name,
-            content=content,
+            # Postgres text/jsonb cannot hold U+0000: stored as is, the result could never be
+            # persisted, and every resume would re-run the tool and fail the same way.
+            content=content.replace("\x00", "\ufffd"),
             is_error=error_kind is not None,
             error_kind=error_kind,
             idempotency_key=entry.idempotency_key,
