@@ -370,3 +370,15 @@ def test_a_zombie_runner_cannot_act_after_a_takeover(tmp_path: Path, dsn: str, s
             "SELECT epoch FROM agentfast_tool_calls WHERE run_id = %s AND iteration = 2 AND position = 0", (RUN_ID,)
         ).fetchone()[0]
     assert refund_epoch == old_epoch + 1
+
+
+def test_a_tool_output_with_nul_characters_is_stored_not_a_crash(store: Store) -> None:
+    # The endless script calls "echo"; here that name is bound to a tool that returns NUL characters.
+    run = agentrun("nul-output", "endless", [{"name": "echo", "ref": "agentfast.runner.examples.testing_tools:nul_output"}],
+                   budget={"max_iterations": 2, "classifier": "none"})
+    outcome, requests = drive(store, run)
+    assert outcome.phase == "Failed" and "max_iterations" in outcome.message, outcome  # ran to its budget
+    [first] = store.journal(run_id_of(run), 1)
+    assert first.state == "done" and first.attempts == 1
+    assert first.result.content == "before\ufffd1\ufffdafter"
+    assert tool_messages(requests[1])[0]["content"] == "before\ufffd1\ufffdafter"

@@ -20,3 +20,9 @@ def echo(ctx: ToolContext, text: str) -> dict:
 def explode(ctx: ToolContext, what: str = "") -> str:
     """A tool that always fails."""
     raise RuntimeError(f"explode was asked to fail ({what or 'no reason'})")
+
+
+@tool
+def nul_output(ctx: ToolContext, text: str) -> str:
+    """Returns text with NUL characters in it, which Postgres cannot store as text."""
+    return f"before\x00{text}\x00after"
