@@ -213,3 +213,27 @@ def test_in_flight_non_idempotent_call_goes_to_a_human(tmp_path: Path, dsn: str,
     assert invocations(dsn, "add_case_note") == 1 and refunds(dsn) == 1
     note_result = [m for m in snap.messages if m.role == "tool" and m.name == "add_case_note"][0]
     assert note_result.content.startswith("denied:") and "it already ran" in note_result.content
+
+
+def test_budget_exceeded_ends_the_run_failed(tmp_path: Path, dsn: str, store: Store, adapter: Adapter) -> None:
+    path = agentrun_file(tmp_path, adapter.example, budget={"max_iterations": 1, "classifier": "none"})
+    done = run_cli("run", str(path), dsn=dsn)
+    assert done.returncode == 1, done.stdout
+    ctx, pending = store.load_context(adapter.run_id)
+    assert ctx.status.phase == "Failed" and ctx.status.reason == "BudgetExceeded" and pending is None
+    assert "max_iterations is 1" in ctx.status.message
+    assert ctx.counters.model_calls == 1  # checked before the second model call, not after it
+    assert invocations(dsn, "lookup_order") == 1 and refunds(dsn) == 0
+
+
+def test_malformed_arguments_go_back_to_the_model(tmp_path: Path, dsn: str, store: Store, adapter: Adapter) -> None:
+    doc_model = {"name": "scripted-malformed", "script": "malformed"}
+    path = agentrun_file(tmp_path, adapter.example, model=doc_model)
+    done = run_cli("run", str(path), dsn=dsn)
+    assert done.returncode == 0, done.stdout
+    snap = store.load_snapshot(adapter.run_id)
+    assert snap.context.status.phase == "Succeeded"
+    assert snap.context.counters.malformed_tool_calls == 1 and snap.context.counters.iterations == 3
+    first_result = [m for m in snap.messages if m.role == "tool"][0]
+    assert first_result.content.startswith("error: arguments are not valid JSON")
+    assert invocations(dsn, "lookup_order") == 1  # the broken call never reached the tool
