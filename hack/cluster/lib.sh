@@ -202,7 +202,8 @@ TOML
 JSON
 }
 
-containerd_ready() { ctr --address "$CONTAINERD_SOCK" version >/dev/null 2>&1; }
+# (ctr waits 10s for a socket that is not there: look for the socket first.)
+containerd_ready() { [ -S "$CONTAINERD_SOCK" ] && timeout 5 ctr --address "$CONTAINERD_SOCK" version >/dev/null 2>&1; }
 
 ensure_containerd() {
   command -v containerd >/dev/null || die "containerd is not installed: run hack/cluster/images.sh (apt-get install containerd)"

@@ -222,6 +222,9 @@ YAML
 start_daemon kube-proxy "$BIN_DIR/kube-proxy" --config="$ETC/kube-proxy.yaml"
 
 K="kubectl --kubeconfig $KUBECONFIG_ADMIN"
+# The kubelet's own health first: after a restart the Node object still says Ready from before.
+kubelet_healthy() { curl -fsS http://127.0.0.1:10248/healthz | grep -x >/dev/null ok; }
+wait_for "kubelet healthz" 120 kubelet_healthy
 node_ready() { $K get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -x >/dev/null True; }
 wait_for "node $NODE_NAME Ready" 180 node_ready
 
