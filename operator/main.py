@@ -34,6 +34,7 @@ import kopf
 import kubernetes
 from kubernetes.client.rest import ApiException
 
+from agentfast.runner.loop import preflight
 from agentfast.runner.snapshot import TERMINAL_PHASES
 from agentfast.runner.spec import SpecError, parse_agentrun
 from agentfast.runner.store import DecisionConflict, Store, StoreUnavailable, UnknownCall
@@ -153,7 +154,7 @@ def reconcile(body: dict[str, Any]) -> None:
         "spec": {k: v for k, v in body.get("spec", {}).items() if k != "approvals"},
     }
     try:
-        parse_agentrun(doc, check_imports=True)
+        preflight(parse_agentrun(doc, check_imports=True))
     except SpecError as err:  # permanent: nothing to run, nothing to retry
         publish_status(body, None, None, override=("Failed", "InvalidSpec", str(err)))
         return

@@ -25,7 +25,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .loop import EXIT_BAD_INPUT, Outcome, ProgressEvent, VanillaRunner, run_id_of
+from .loop import EXIT_BAD_INPUT, Outcome, ProgressEvent, VanillaRunner, preflight, run_id_of
 from .spec import AgentRun, SpecError, load_agentrun, parse_agentrun
 from .store import DecisionConflict, Store, StoreUnavailable, UnknownCall
 
@@ -119,9 +119,12 @@ def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool) -> Out
     from .model import ModelError, model_from_spec
     from .tools import ToolRegistry
 
-    tools = ToolRegistry.from_agentrun(run)
     try:
+        preflight(run)  # a registered run's tool may have stopped importing since it was created
+        tools = ToolRegistry.from_agentrun(run)
         model = model_from_spec(run.spec.model)
+    except SpecError as e:
+        raise _fail(f"run {run_id_of(run)} cannot run:\n{e}") from None
     except ModelError as e:
         raise _fail(str(e)) from None
     stop = threading.Event()
@@ -148,26 +151,6 @@ def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool) -> Out
     return outcome
 
 
-def _preflight(run: AgentRun) -> None:
-    """Checks load_agentrun leaves to run time, made before the run is registered in the store.
-
-    Without them a tool ref that is not a @tool, an unknown classifier or a missing model script
-    was found only after ``create_run``: a traceback (or exit 2) and a run record left behind, so
-    the corrected file was then refused as "exists with a different spec". Raises SpecError.
-    """
-    from .budget import get_classifier
-    from .scripted import load_script
-    from .tools import ToolRegistry
-
-    ToolRegistry.from_agentrun(run)
-    get_classifier(run.spec.budget.classifier)
-    if run.spec.model.script:
-        try:
-            load_script(run.spec.model.script)
-        except ValueError as e:
-            raise SpecError(f"spec.model.script: {e}") from None
-
-
 @app.command()
 def run(
     file: str = typer.Argument(..., help="an AgentRun YAML file, the same one you would kubectl apply"),
@@ -177,7 +160,7 @@ def run(
     """Run an AgentRun locally; continues it if a run of that name exists and is unfinished."""
     try:
         agentrun = load_agentrun(file)
-        _preflight(agentrun)
+        preflight(agentrun)
     except SpecError as e:
         raise _fail(f"{file} is not a valid AgentRun:\n{e}") from None
     store = _open_store(dsn)

@@ -40,7 +40,7 @@ from .snapshot import (
     call_id,
     idempotency_key,
 )
-from .spec import AgentRun
+from .spec import AgentRun, SpecError
 from .store import Decision, JournalEntry, LeaseLost, Store, StoreUnavailable, Turn
 from .tools import ToolRegistry
 
@@ -72,6 +72,24 @@ class ProgressEvent:
     context: RunContext
     detail: str = ""
     pending: PendingToolCall | None = None
+
+
+def preflight(run: AgentRun) -> None:
+    """Checks ``parse_agentrun`` leaves to run time, made before a run is registered or started.
+
+    Every tool ref is a ``@tool``, the classifier resolves, the model script loads. Without
+    them a bad file was found only after ``create_run``: a traceback and a run record left
+    behind. Used by the CLI and the operator. Raises SpecError naming the field.
+    """
+    from .scripted import load_script
+
+    ToolRegistry.from_agentrun(run)
+    get_classifier(run.spec.budget.classifier)
+    if run.spec.model.script:
+        try:
+            load_script(run.spec.model.script)
+        except ValueError as e:
+            raise SpecError(f"spec.model.script: {e}") from None
 
 
 def run_id_of(run: AgentRun) -> str:

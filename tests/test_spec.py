@@ -46,7 +46,7 @@ BAD: dict[str, list[str]] = {
     "empty-input.yaml": ["spec.input", "at least 1 character"],
 }
 
-# Checked only at `agentfast run` time (cli._preflight): load_agentrun imports refs but does not
+# Checked before a run starts (loop.preflight, used by the CLI and the operator): load_agentrun imports refs but does not
 # check what they are, nor load model scripts.
 PREFLIGHT_ONLY = {"tool-ref-not-a-tool.yaml", "unknown-classifier.yaml", "unknown-script.yaml"}
 
@@ -56,7 +56,7 @@ def _good_doc() -> dict:
 
 
 def _preflight_error(path: Path) -> str:
-    from agentfast.runner.cli import _preflight
+    from agentfast.runner.loop import preflight as _preflight
 
     with pytest.raises(SpecError) as err:
         _preflight(load_agentrun(path))
@@ -93,7 +93,7 @@ def test_the_shipped_example_is_valid() -> None:
     run = load_agentrun(EXAMPLES / "refund.yaml")
     assert run.metadata.name == "refund-demo"
     assert [t.name for t in run.spec.tools] == ["lookup_order", "issue_refund", "add_case_note"]
-    from agentfast.runner.cli import _preflight
+    from agentfast.runner.loop import preflight as _preflight
 
     _preflight(run)  # does not raise
 
