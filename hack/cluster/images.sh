@@ -94,6 +94,8 @@ make_python_base() {
   local mirror d="$IMG_DIR/python-rootfs"
   mirror="$(debian_mirror)"
   log "image $PYTHON_BASE_IMAGE: debootstrap bookworm from $mirror"
+  # An interrupted debootstrap leaves /proc and /sys mounted in the target: unmount before removing.
+  awk -v d="$d/" 'index($2, d) == 1 {print $2}' /proc/self/mounts | sort -r | xargs -r -n1 umount -l
   rm -rf "$d"; mkdir -p "$d"
   debootstrap --variant=minbase --include=python3,python3-venv,python-is-python3,ca-certificates \
     bookworm "$d" "$mirror" >"$IMG_DIR/debootstrap.log" 2>&1 \
@@ -125,10 +127,16 @@ make_project_image() {
   local ctx="$IMG_DIR/context"
   rm -rf "$ctx"; mkdir -p "$ctx"
   # Tracked and untracked-but-not-ignored files: exactly what the checkout holds.
+  # Top-level names that .dockerignore excludes are left out, so that editing docs or scripts does
+  # not count as a change of the image.
+  local ignore
+  ignore="$(grep -E '^[A-Za-z0-9._-]+$' "$REPO_ROOT/.dockerignore" 2>/dev/null | sed 's/[.]/[.]/g' | paste -sd'|' || true)"
   (cd "$REPO_ROOT" && git ls-files -z --cached --others --exclude-standard) |
+    { if [ -n "$ignore" ]; then grep -zvE "^($ignore)(/|$)"; else cat; fi; } |
     (cd "$REPO_ROOT" && { xargs -0 -r cp --parents -t "$ctx" 2>/dev/null || true; })
+  cp "$REPO_ROOT/Dockerfile" "$REPO_ROOT/.dockerignore" "$ctx/"
   # Empty package folders too (git does not track folders; setuptools' package-dir wants them).
-  (cd "$REPO_ROOT" && find . -path ./.git -prune -o -type d -print0) | (cd "$ctx" && xargs -0 -r mkdir -p)
+  (cd "$REPO_ROOT" && find runner operator -type d -print0 2>/dev/null) | (cd "$ctx" && xargs -0 -r mkdir -p)
   # pyproject.toml names README.md as the long description; tolerate a tree that lacks it yet.
   [ -f "$ctx/README.md" ] || echo "# agentfast" >"$ctx/README.md"
   local h
