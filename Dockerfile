@@ -3,7 +3,7 @@
 # Runs as a non-root user. The console script `agentfast` (agentfast.runner.cli:main) is the entry
 # point: `agentfast runner ...`, `agentfast operator ...`; a Pod may override `command`.
 #
-# Offline builds (no route to PyPI from the build container): put wheels for the project's
+# Offline builds (the build container cannot reach PyPI, or not with the image's CA certificates): put wheels for the project's
 # dependencies (and setuptools, its build backend) in ./.wheels of the build context; they are
 # then installed with --no-index.
 # hack/cluster/images.sh does this with wheels built on the host. No `# syntax=` line on purpose:

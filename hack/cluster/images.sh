@@ -120,9 +120,10 @@ SRC
   echo "$h" >"$IMG_DIR/python.stamp"
 }
 
-# The project image, from the repository's own Dockerfile. The build container cannot reach PyPI
-# here (no route, and the package proxy's CA is the host's), so wheels are made on the host with
-# pip (which can) and handed to the Dockerfile's offline path in ./.wheels of a staged context.
+# The project image, from the repository's own Dockerfile. A build container reaches PyPI here only
+# through a TLS-intercepting proxy whose CA is in the host's trust store, not the image's; rather
+# than put that CA into the image, wheels are made on the host with pip (which trusts it) and
+# handed to the Dockerfile's offline path in ./.wheels of a staged context.
 make_project_image() {
   local ctx="$IMG_DIR/context"
   rm -rf "$ctx"; mkdir -p "$ctx"
