@@ -157,6 +157,7 @@ class RunnerBase:
                 if snap.context.status.phase in TERMINAL_PHASES:
                     return self._outcome_of_terminal()
                 snap.context.counters.resumes += 1
+                self._commit()  # the takeover is visible at once (status.restarts), not at the next step
             self._emit("started")
             return self._drive()
         except BudgetExceeded as err:

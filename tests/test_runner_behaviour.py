@@ -345,7 +345,9 @@ def test_a_zombie_runner_cannot_act_after_a_takeover(tmp_path: Path, dsn: str, s
     wait_until(lambda: store.get_run(RUN_ID).epoch == old_epoch + 1, what="the takeover")
     wait_until(lambda: listeners(dsn) >= 2, timeout=15, what="both runners waiting")
     before = epochs_by_table(dsn)
-    assert set().union(*(b.keys() for b in before.values())) == {old_epoch}
+    # Before the decision: the first runner's rows, and the successor's takeover checkpoint.
+    assert set().union(*(b.keys() for b in before.values())) == {old_epoch, old_epoch + 1}
+    assert set(before["agentfast_checkpoints"]) == {old_epoch, old_epoch + 1}
 
     store.decide(RUN_ID, call, "approve", decided_by="test")  # both wake up
     out_s, _ = successor.communicate(timeout=60)
