@@ -4,7 +4,8 @@ Shapes: runs are keyed by ``run_id`` (``"namespace/name"``); writes that belong 
 :class:`Lease` (run id + fencing epoch) and are rejected by Postgres with :class:`LeaseLost` once
 another runner has taken the run over (G6). Every public write is one transaction.
 
-Failure handling: a lost connection (Postgres restarting, a network blip) is retried with
+Failure handling: a lost connection (Postgres restarting, a network blip), a server that is
+read-only for now (a failover) or out of disk, memory or connections is retried with
 exponential backoff for up to ``retry_for_s`` seconds; every retried write is idempotent (the
 checkpoint carries a client-chosen key; journal updates are absolute). After that the store raises
 :class:`StoreUnavailable`, which the runner turns into a "retry me" exit.
@@ -44,7 +45,8 @@ class StoreError(Exception):
 
 
 class StoreUnavailable(StoreError):
-    """Postgres could not be reached within the retry window. Retriable: state is intact."""
+    """Postgres could not take the store's work: unreachable, read-only or out of resources for
+    the whole retry window, or refusing the store's role a privilege. Retriable: state is intact."""
 
 
 class LeaseLost(StoreError):
@@ -117,6 +119,17 @@ class CheckpointInfo:
     phase: str
     saved_at: int
     epoch: int
+
+
+# Errors after which the same work can succeed on a new connection, though psycopg does not class
+# them as OperationalError: read_only_sql_transaction (the server is, for now, not a primary: a
+# failover in progress, a stale DNS entry or proxy; a session keeps its read-only default, so the
+# connection is replaced) and idle_in_transaction_session_timeout (the session was ended under a
+# stalled process). Out of disk, memory or connections (class 53) are OperationalErrors already.
+_RETRY_ON_NEW_CONNECTION = frozenset({"25006", "25P03"})
+# insufficient_privilege: the store's role may not do this. Nothing to retry in this process, but
+# the state is intact, and a runner started once the grant is fixed continues.
+_NOT_PERMITTED = "42501"
 
 
 def _is_connection_error(err: BaseException) -> bool:
@@ -194,14 +207,22 @@ class Store:
         while True:
             try:
                 with self._pool.connection() as conn:
-                    with conn.transaction():
-                        if lease is not None:
-                            conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(lease.epoch),))
-                        return op(conn)
+                    try:
+                        with conn.transaction():
+                            if lease is not None:
+                                conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(lease.epoch),))
+                            return op(conn)
+                    except psycopg.Error as err:
+                        if getattr(err, "sqlstate", None) in _RETRY_ON_NEW_CONNECTION:
+                            conn.close()  # the pool replaces a closed connection
+                        raise
             except psycopg.Error as err:
-                if getattr(err, "sqlstate", None) == FENCE_SQLSTATE:
+                sqlstate = getattr(err, "sqlstate", None)
+                if sqlstate == FENCE_SQLSTATE:
                     raise LeaseLost(str(err).strip()) from None
-                if not _is_connection_error(err):
+                if sqlstate == _NOT_PERMITTED:
+                    raise StoreUnavailable(f"Postgres refused the store's role a privilege (nothing is lost; fix the grant, then resume): {err}") from None
+                if not (_is_connection_error(err) or sqlstate in _RETRY_ON_NEW_CONNECTION):
                     raise
                 if time.monotonic() + delay > deadline:
                     raise StoreUnavailable(f"Postgres unavailable for {self.retry_for_s:.0f}s: {err}") from None
