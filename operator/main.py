@@ -5,7 +5,8 @@ Deployment does). Settings come from the environment (see :class:`Settings`).
 
 - **Reconcile** (:func:`reconcile`) is level-based: it reads the AgentRun, the store and the
   runner Job, and makes them agree. It runs on create/update/resume, on every change of a runner
-  Job (a pod lost, a Job failed), and on a periodic resync, so a missed event is only a delay.
+  Job (a pod lost, a Job failed), and on a periodic resync (in the listener thread, see
+  :func:`_progress_listener`), so a missed event is only a delay.
   It registers the run in the store, records ``spec.approvals`` as decisions (write-once, and
   a NOTIFY wakes the waiting runner), creates the runner Job if the run is unfinished and has
   none (a deterministic name: a retry after the operator was killed mid-create gets 409, never
@@ -53,6 +54,8 @@ class Settings:
     dsn: str = field(default_factory=lambda: os.environ.get("AGENTFAST_DSN", ""))  # [AGENTFAST_DSN]
     delete_data: bool = field(default_factory=lambda: os.environ.get("AGENTFAST_DELETE_DATA", "false").lower() == "true")
     resync_s: float = field(default_factory=lambda: float(os.environ.get("AGENTFAST_RESYNC_SECONDS", "30")))
+    # Namespaces to resync; empty: all (the chart sets it with the kopf --namespace flags).
+    namespaces: list[str] = field(default_factory=lambda: [n for n in os.environ.get("AGENTFAST_WATCH_NAMESPACES", "").split(",") if n])
     runner: RunnerConfig = field(default_factory=RunnerConfig.from_env)
 
 
@@ -113,11 +116,6 @@ def cleanup(**_: Any) -> None:
 @kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile-update")
 @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile-resume")
 def on_agentrun(body: kopf.Body, **_: Any) -> None:
-    reconcile(dict(body))
-
-
-@kopf.timer(GROUP, VERSION, PLURAL, interval=SETTINGS.resync_s, id="resync")
-def on_resync(body: kopf.Body, **_: Any) -> None:
     reconcile(dict(body))
 
 
@@ -275,11 +273,16 @@ def _event(body: dict[str, Any], kind: str, reason: str, message: str) -> None:
 
 
 def _progress_listener() -> None:
-    """Republish a run's status as soon as its runner commits (Postgres NOTIFY), not on a poll."""
+    """Republish a run's status as soon as its runner commits (Postgres NOTIFY), not on a poll;
+    and every ``resync_s`` reconcile every AgentRun, so a missed event is only a delay.
+
+    The resync lives here rather than in a kopf timer because kopf adds a finalizer to every
+    object a timer serves, and a finalizer makes deletes hang while the operator is down.
+    """
     assert STATE.store is not None
     while not STATE.stop.is_set():
         try:
-            for run_id in STATE.store.wait_for_progress(STATE.stop, timeout_s=3600):
+            for run_id in STATE.store.wait_for_progress(STATE.stop, timeout_s=SETTINGS.resync_s):
                 namespace, _, name = run_id.partition("/")
                 body = _get_agentrun(namespace, name)
                 if body is None:
@@ -287,6 +290,21 @@ def _progress_listener() -> None:
                 loaded = STATE.store.load_context(run_id)
                 if loaded is not None:
                     publish_status(body, *loaded)
+            _resync()
         except Exception:  # a dropped connection or an API hiccup: log, back off, listen again
             log.exception("progress listener failed; restarting")
             STATE.stop.wait(2.0)
+
+
+def _resync() -> None:
+    if SETTINGS.namespaces:
+        items = [i for ns in SETTINGS.namespaces for i in STATE.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]]
+    else:
+        items = STATE.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
+    for body in items:
+        if body["metadata"].get("deletionTimestamp"):
+            continue
+        try:
+            reconcile(body)
+        except Exception:
+            log.exception("resync of %s/%s failed", body["metadata"].get("namespace"), body["metadata"].get("name"))

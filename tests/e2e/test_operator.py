@@ -176,3 +176,17 @@ def test_budget_exceeded_is_a_permanent_failure(release: Kube) -> None:
     assert conds["Failed"]["status"] == "True" and conds["Failed"]["reason"] == "BudgetExceeded"
     time.sleep(3)
     assert len(runner_pods(k, name)) == 1  # not retried
+
+
+def test_deleting_an_agentrun_removes_its_runner_and_keeps_its_audit_trail(release: Kube) -> None:
+    k = release
+    name, uid = apply_refund(k)
+    wait_awaiting(k, name)
+    assert runner_pods(k, name)
+    # No finalizer by default (operator.deleteDataOnDelete=false): a delete never waits on the operator.
+    assert not k.get("agentrun", name)["metadata"].get("finalizers")
+    k.run("delete", "agentrun", name, "--wait=true", timeout=120)
+    k.wait_for("the runner Job and pods to be garbage-collected", lambda: not runner_pods(k, name) and not json.loads(
+        k.run("get", "jobs", "-l", f"agentfast.dev/run={name}", "-o", "json").stdout)["items"], timeout=120)
+    # The transcript and the journal stay in Postgres for audit.
+    assert sql(k, "SELECT count(*) FROM agentfast_tool_calls WHERE run_id = %s", f"{k.namespace}/{name}") == [[3]]
