@@ -5,8 +5,8 @@ Deployment does). Settings come from the environment (see :class:`Settings`).
 
 - **Reconcile** (:func:`reconcile`) is level-based: it reads the AgentRun, the store and the
   runner Job, and makes them agree. It runs on create/update/resume, on every change of a runner
-  Job (a pod lost, a Job failed), and on a periodic resync (in the listener thread, see
-  :func:`_progress_listener`), so a missed event is only a delay.
+  Job (a pod lost, a Job failed), and on a periodic resync (:func:`_resync_loop`), so a missed
+  event is only a delay.
   It registers the run in the store, records ``spec.approvals`` as decisions (write-once, and
   a NOTIFY wakes the waiting runner), creates the runner Job if the run is unfinished and has
   none (a deterministic name: a retry after the operator was killed mid-create gets 409, never
@@ -27,18 +27,20 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 import kubernetes
+import psycopg
 from kubernetes.client.rest import ApiException
 
 from agentfast.runner.loop import preflight
 from agentfast.runner.snapshot import TERMINAL_PHASES
 from agentfast.runner.spec import SpecError, parse_agentrun
-from agentfast.runner.store import DecisionConflict, Store, StoreUnavailable, UnknownCall
+from agentfast.runner.store import PROGRESS_CHANNEL, DecisionConflict, Store, StoreUnavailable, UnknownCall
 
 from .status import status_from_store
 from .workload import LABEL_RUN, RunnerConfig, build_job, job_name
@@ -68,7 +70,6 @@ class _State:
     batch: kubernetes.client.BatchV1Api
     core: kubernetes.client.CoreV1Api
     stop = threading.Event()
-    listener: threading.Thread | None = None
 
 
 STATE = _State()
@@ -101,8 +102,8 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     except StoreUnavailable as err:  # e.g. the bundled Postgres is still starting: kopf retries
         raise kopf.TemporaryError(str(err), delay=5) from None
     STATE.stop.clear()
-    STATE.listener = threading.Thread(target=_progress_listener, name="agentfast-progress", daemon=True)
-    STATE.listener.start()
+    for target in (_progress_listener, _resync_loop):
+        threading.Thread(target=target, name=f"agentfast{target.__name__}", daemon=True).start()
 
 
 @kopf.on.cleanup()
@@ -228,7 +229,14 @@ def _get_agentrun(namespace: str, name: str) -> dict[str, Any] | None:
 # -- status, its one writer ----------------------------------------------------------------------
 
 
-_publish_lock = threading.Lock()
+_publish_locks: dict[str, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def _lock_for(key: str) -> threading.Lock:
+    """One lock per AgentRun: its status writes (listener, reconcile) never interleave."""
+    with _locks_guard:
+        return _publish_locks.setdefault(key, threading.Lock())
 
 
 def publish_status(body: dict[str, Any], ctx: Any, pending: Any, *, override: tuple[str, str, str] | None = None) -> None:
@@ -239,7 +247,7 @@ def publish_status(body: dict[str, Any], ctx: Any, pending: Any, *, override: tu
     new["runnerJob"] = job_name(meta["name"])
     if all(old.get(k) == v for k, v in new.items()):
         return
-    with _publish_lock:
+    with _lock_for(f"{meta['namespace']}/{meta['name']}"):
         try:
             STATE.custom.patch_namespaced_custom_object_status(GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], {"status": new})
         except ApiException as err:
@@ -273,27 +281,51 @@ def _event(body: dict[str, Any], kind: str, reason: str, message: str) -> None:
 
 
 def _progress_listener() -> None:
-    """Republish a run's status as soon as its runner commits (Postgres NOTIFY), not on a poll;
-    and every ``resync_s`` reconcile every AgentRun, so a missed event is only a delay.
+    """Republish a run's status as soon as its runner commits (Postgres NOTIFY), not on a poll.
 
-    The resync lives here rather than in a kopf timer because kopf adds a finalizer to every
-    object a timer serves, and a finalizer makes deletes hang while the operator is down.
+    One LISTEN connection, kept open; notifications arriving within 0.1 s are coalesced (one
+    publish per run) and published by a few workers in parallel, so a burst of commits from many
+    runners does not queue behind one API round trip after another. A notification only wakes:
+    the status is always re-read from the store. A dropped connection is re-opened, and what was
+    missed meanwhile is caught by the resync.
     """
     assert STATE.store is not None
+    workers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="agentfast-publish")
     while not STATE.stop.is_set():
         try:
-            for run_id in STATE.store.wait_for_progress(STATE.stop, timeout_s=SETTINGS.resync_s):
-                namespace, _, name = run_id.partition("/")
-                body = _get_agentrun(namespace, name)
-                if body is None:
-                    continue
-                loaded = STATE.store.load_context(run_id)
-                if loaded is not None:
-                    publish_status(body, *loaded)
-            _resync()
+            with psycopg.connect(STATE.store.dsn, autocommit=True, connect_timeout=5) as conn:
+                conn.execute(f"LISTEN {PROGRESS_CHANNEL}")
+                while not STATE.stop.is_set():
+                    batch = {n.payload for n in conn.notifies(timeout=0.1)}
+                    if batch:
+                        list(workers.map(_publish_run, batch))
         except Exception:  # a dropped connection or an API hiccup: log, back off, listen again
             log.exception("progress listener failed; restarting")
             STATE.stop.wait(2.0)
+
+
+def _publish_run(run_id: str) -> None:
+    namespace, _, name = run_id.partition("/")
+    try:
+        body = _get_agentrun(namespace, name)
+        loaded = STATE.store.load_context(run_id) if body is not None else None  # type: ignore[union-attr]
+        if body is not None and loaded is not None:
+            publish_status(body, *loaded)
+    except Exception:
+        log.exception("publishing the status of %s failed", run_id)
+
+
+def _resync_loop() -> None:
+    """Every ``resync_s``: reconcile every AgentRun, so a missed event is only a delay.
+
+    Here rather than in a kopf timer because kopf adds a finalizer to every object a timer
+    serves, and a finalizer makes deletes hang while the operator is down.
+    """
+    while not STATE.stop.wait(SETTINGS.resync_s):
+        try:
+            _resync()
+        except Exception:
+            log.exception("resync failed")
 
 
 def _resync() -> None:

@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Literal, TypeVar
+from typing import Any, Callable, Literal, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -598,15 +598,6 @@ class Store:
                 stop.wait(delay)
                 delay = min(delay * 2, 5.0)
         return None
-
-    def wait_for_progress(self, stop: threading.Event, timeout_s: float) -> Iterator[str]:
-        """Yield run ids as their checkpoints commit, until ``stop`` or ``timeout_s`` passes."""
-        deadline = time.monotonic() + timeout_s
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            conn.execute(f"LISTEN {PROGRESS_CHANNEL}")
-            while not stop.is_set() and time.monotonic() < deadline:
-                for note in conn.notifies(timeout=0.5):
-                    yield note.payload
 
 
 def _configure(conn: psycopg.Connection, idle_in_transaction_timeout_s: float) -> None:
