@@ -17,7 +17,7 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 import yaml
@@ -28,13 +28,18 @@ NAMESPACE = os.environ.get("AGENTFAST_NAMESPACE", "agentfast-system")
 EXPECTED_ROLES = ["system", "user", "assistant", "tool", "assistant", "tool", "tool", "assistant"]
 
 
+E2E_LABEL = "agentfast.dev/e2e"
+
+
 @pytest.fixture
-def release(kubectl: str, kubeconfig: str) -> Kube:
+def release(kubectl: str, kubeconfig: str) -> Iterator[Kube]:
     k = Kube(kubectl, kubeconfig, NAMESPACE)
     op = k.run("get", "deploy", "-l", "app.kubernetes.io/component=operator", "-o", "name", check=False)
     if not op.stdout.strip():
         pytest.fail(f"the agentfast chart is not installed in {NAMESPACE}: run hack/cluster/e2e.sh", pytrace=False)
-    return k
+    yield k
+    # The test's AgentRuns go (their runner Jobs and pods with them); their rows stay in Postgres.
+    k.run("delete", "agentrun", "-l", f"{E2E_LABEL}=true", "--wait=false", check=False)
 
 
 def sql(k: Kube, query: str, *params: Any) -> list[list[Any]]:
@@ -53,7 +58,7 @@ def sql(k: Kube, query: str, *params: Any) -> list[list[Any]]:
 def apply_refund(k: Kube, example: str = "refund.yaml") -> tuple[str, str]:
     doc = yaml.safe_load((REPO / "manifests" / "examples" / example).read_text())
     name = f"{doc['metadata']['name']}-{uuid.uuid4().hex[:6]}"
-    doc["metadata"] = {"name": name, "namespace": k.namespace}
+    doc["metadata"] = {"name": name, "namespace": k.namespace, "labels": {E2E_LABEL: "true"}}
     k.apply(doc)
     uid = k.get("agentrun", name)["metadata"]["uid"]
     return name, uid
@@ -166,7 +171,7 @@ def test_budget_exceeded_is_a_permanent_failure(release: Kube) -> None:
     k = release
     doc = yaml.safe_load((REPO / "manifests" / "examples" / "refund.yaml").read_text())
     name = f"tight-{uuid.uuid4().hex[:6]}"
-    doc["metadata"] = {"name": name, "namespace": k.namespace}
+    doc["metadata"] = {"name": name, "namespace": k.namespace, "labels": {E2E_LABEL: "true"}}
     doc["spec"]["budget"] = {"max_iterations": 1, "classifier": "none"}
     k.apply(doc)
     k.wait_for("Failed", lambda: status(k, name).get("phase") == "Failed", timeout=180)
