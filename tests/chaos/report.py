@@ -26,6 +26,7 @@ COLUMNS = [
     ("kills_external", "at a random time"),
     ("resumes", "resumes"),
     ("retry_exits", "exits 75"),
+    ("start_failures", "exits 3 (Postgres unreachable at start)"),
     ("approvals", "approvals"),
     ("reruns_approved", "in-flight re-runs approved"),
     ("reruns_denied", "in-flight re-runs denied"),

@@ -167,8 +167,7 @@ def test_postgres_restarts_at_random_moments_lose_nothing(pg_server, fresh_db, t
                 tally["rounds"] += 1
                 tally["processes"] += run.counts["processes"]
                 tally["exits_75"] += run.counts["retry_exits"]
-                exits_3 = sum(1 for line in run.log if ": exit 3 " in line)
-                tally["exits_3"] += exits_3
+                tally["exits_3"] += run.counts["start_failures"]
                 print(f"round {r} {sc.name}: plan {[(round(a, 2), k, round(g, 1)) for a, k, g in plan]}, "
                       f"processes {run.counts['processes']}: {' | '.join(run.log)}")
                 run.close()
