@@ -44,6 +44,8 @@ Serve one in the foreground (e.g. as a Service in a cluster; use ``--host 0.0.0.
 
 from __future__ import annotations
 
+import collections
+
 import argparse
 import json
 import logging
@@ -310,15 +312,18 @@ class ScriptedModelServer:
 
     ``start()`` binds ``host:port`` (port 0 picks a free one) and returns the base URL
     (``"http://127.0.0.1:PORT/v1"``); ``stop()`` closes the listener and any open connections.
-    Usable as a context manager. ``requests`` holds every chat-completions request body received,
-    in arrival order (the parsed JSON, or the raw text when it was not JSON), failed ones included.
+    Usable as a context manager. ``requests`` holds the latest ``keep_requests`` (256)
+    chat-completions request bodies received, in arrival order (the parsed JSON, or the raw text
+    when it was not JSON), failed ones included. Bounded: each body carries the whole transcript,
+    and a runner hosting the server for a long run must not keep them all (1.5 GiB after 1,000
+    iterations, measured in docs/benchmarks.md).
     """
 
-    def __init__(self, script: Script, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, script: Script, host: str = "127.0.0.1", port: int = 0, keep_requests: int = 256) -> None:
         self.script = script
         self.host = host
         self.port = port
-        self.requests: list[Any] = []
+        self.requests: collections.deque[Any] = collections.deque(maxlen=keep_requests)
         self._lock = threading.Lock()
         self._failures_served: dict[int, int] = {}
         self._conns: set[socket.socket] = set()
