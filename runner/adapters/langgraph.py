@@ -304,7 +304,9 @@ class LangGraphRunner(RunnerBase):
                 except StopRequested:
                     self._step_done(thread_id, config)
                     return self._retry_exit("stop requested (SIGTERM) before a tool call; resume to continue")
-                if steps == 0:
+                # No step and nothing left to run: the graph had finished and its last superstep
+                # was committed, but the process died before the run's final commit; finish now.
+                if steps == 0 and self.graph.get_state(config).next:
                     raise RuntimeError("the graph made no progress from its last checkpoint")
             stream, graph_input = True, None
             state = self.graph.get_state(config)
