@@ -708,6 +708,17 @@ class ChaosRun:
         got = end_state(self.store, self.db, self.run_id, self.uid, self.scenario.ledger)
         return compare(reference.state, got, self.denied_reruns)
 
+    def watch(self, proc: subprocess.Popen, timeout: float = 120.0) -> str:
+        """Play the human for this run until ``proc`` exits; returns its output."""
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            self._human(poll_state(self.db, self.run_id), time.monotonic())
+            time.sleep(0.02)
+        if proc.poll() is None:
+            proc.kill()
+            raise AssertionError(f"{self.label}: the runner did not exit in {timeout:.0f}s:\n{proc.communicate()[0][-3000:]}")
+        return proc.communicate()[0]
+
     def close(self) -> None:
         self.db.close()
 

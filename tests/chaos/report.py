@@ -93,12 +93,25 @@ def render(results: Path, command: str, seed: str, rc: int, elapsed_s: float | N
                    f"({pg['restart-fast']} fast restarts, {pg['restart-immediate']} immediate (crash-recovery) restarts, "
                    f"{pg['stop-start']} stop-pause-start, {pg['long-outage']} outage longer than the 30 s retry window); "
                    f"{pg['processes']} runner processes, {pg['exits_75']} exits 75, {pg['exits_3']} exits 3; every run ended "
-                   f"equal to its reference (the test fails otherwise).")
+                   f"equal to its reference (the numbers are written only when the test passed).")
         out.append("")
     if disk:
         out.append(f"**Out of disk** (the runtime's tables on a full 16 MiB tmpfs tablespace): {disk['rounds']} runs, "
                    f"{disk['runtime_writes_refused']} of the runtime's writes refused with ENOSPC, {disk['exits_75']} exits 75; "
                    f"every run ended equal to its reference, with no tool executed beyond its journaled intents.")
+        out.append("")
+    ro = {a: load(f"read_only_{a}") for a in ("vanilla", "langgraph")}
+    if any(ro.values()):
+        parts = [f"{a}: {'kept retrying' if r['exit_while_read_only'] is None else 'exited ' + str(r['exit_while_read_only'])} "
+                 f"while read-only, the refund ran {r['refund_runs_while_read_only']} times then, {r['refund_runs']} in all"
+                 for a, r in ro.items() if r]
+        out.append("**Read-only failover** (passed): " + "; ".join(parts) + "; end state equal to the reference.")
+        out.append("")
+    priv = [(n, load(n)) for n in ("privilege_UPDATE_agentfast_tool_calls", "privilege_INSERT_agentfast_messages")]
+    if any(r for _, r in priv):
+        parts = [f"{n.split('_', 2)[1]} on {n.split('_', 2)[2]} revoked: exit {r['exit_while_revoked']}, the refund ran "
+                 f"{r['refund_runs_while_revoked']} times meanwhile, {r['refund_runs']} in all" for n, r in priv if r]
+        out.append("**Revoked grants** (passed): " + "; ".join(parts) + "; end state equal to the reference.")
         out.append("")
     out.append(END)
     return "\n".join(out)

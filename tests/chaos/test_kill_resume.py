@@ -14,10 +14,30 @@ one (``AGENTFAST_CHAOS_KILLS``, default 1,000) and writes the table in docs/reli
 from __future__ import annotations
 
 import os
+import random
+import signal
 import time
 from pathlib import Path
 
-from .harness import ChaosConfig, Stats, env_float, env_int, large_run, run_many, write_results
+import pytest
+
+from agentfast.runner.store import Store
+
+from ..conftest import spawn_cli
+from .harness import (
+    LANGGRAPH_REFUND,
+    VANILLA_REFUND,
+    ChaosConfig,
+    ChaosRun,
+    Scenario,
+    Stats,
+    env_float,
+    env_int,
+    large_run,
+    poll_state,
+    run_many,
+    write_results,
+)
 
 
 def test_sigkill_at_random_points_then_resume_changes_nothing(pg_server, tmp_path: Path, chaos_seed: int, references) -> None:
@@ -43,3 +63,24 @@ def test_sigkill_at_random_points_then_resume_changes_nothing(pg_server, tmp_pat
     total = stats.total()
     assert total["runs"] >= min(4, len(cfg.only) or 4), stats.summary()
     assert stats.violations() == 0, f"seed {cfg.seed}:\n{stats.summary()}\n" + "\n".join(stats.problems[:40])
+
+
+@pytest.mark.parametrize("scenario", [VANILLA_REFUND, LANGGRAPH_REFUND], ids=lambda s: s.adapter)
+def test_sigkill_just_before_the_final_commit_then_resume_finishes(dsn: str, store: Store, tmp_path: Path, references,
+                                                                   scenario: Scenario) -> None:
+    """Found by the large chaos run (seed 20261130, run 93): a LangGraph run killed after its
+    graph's last superstep was committed, but before the run's own Succeeded commit, crashed on
+    every resume ("the graph made no progress"), so it could never finish."""
+    ref = references.get(scenario)
+    run = ChaosRun(scenario, dsn=dsn, store=store, directory=tmp_path, rng=random.Random(3), stats=None, kills=0,
+                   reference=ref, label=f"final commit {scenario.adapter}")
+    # An uninterrupted process commits ref.commits checkpoints; the last one is the run's ending.
+    first = spawn_cli("run", str(run.path), dsn=dsn, fault=f"checkpoint.before_commit@{ref.commits}")
+    out = run.watch(first)
+    assert first.returncode == -signal.SIGKILL and poll_state(run.db, run.run_id).phase == "Running", out[-2000:]
+    proc = spawn_cli("resume", run.run_name, dsn=dsn)
+    out = run.watch(proc)
+    assert proc.returncode == 0, out[-3000:]
+    verdict = run.verdict(ref)
+    assert not verdict.problems, verdict.problems
+    run.close()

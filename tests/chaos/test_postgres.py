@@ -233,7 +233,8 @@ def test_a_read_only_failover_runs_no_tool_it_cannot_journal(pg_server, fresh_db
             store.decide(run.run_id, call, "approve", decided_by="chaos")  # the runner wakes into a read-only server
 
             time.sleep(2.5)
-            assert proc.poll() in (None, 75), f"exit {proc.returncode} on a read-only server:\n{proc.communicate()[0][-3000:]}"
+            while_read_only = proc.poll()
+            assert while_read_only in (None, 75), f"exit {proc.returncode} on a read-only server:\n{proc.communicate()[0][-3000:]}"
             assert _executions(run.db, run.uid, "issue_refund") == 0, "the refund ran though its intent could not be journaled"
             assert _journal_row(run.db, run.run_id, "call-2-0") == ("planned", 0)
 
@@ -254,6 +255,8 @@ def test_a_read_only_failover_runs_no_tool_it_cannot_journal(pg_server, fresh_db
         assert not v.problems, v.problems
         assert _executions(run.db, run.uid, "issue_refund") == 1
         run.close()
+    write_results(f"read_only_{scenario.adapter}", {"exit_while_read_only": while_read_only, "refund_runs_while_read_only": 0,
+                                                    "refund_runs": 1, "same_as_reference": True})
 
 
 @pytest.mark.parametrize("privilege,table", [("UPDATE", "agentfast_tool_calls"), ("INSERT", "agentfast_messages")])
@@ -309,6 +312,9 @@ def test_a_revoked_privilege_stops_the_runner_safely(pg_server, fresh_db, tmp_pa
             assert not v.problems, v.problems
             assert _executions(run.db, run.uid, "issue_refund") == 1
             run.close()
+        write_results(f"privilege_{privilege}_{table}", {"exit_while_revoked": 75, "refund_runs_while_revoked":
+                                                         0 if table == "agentfast_tool_calls" else 1, "refund_runs": 1,
+                                                         "same_as_reference": True})
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f'DROP OWNED BY "{role}"')
