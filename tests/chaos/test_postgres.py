@@ -140,18 +140,36 @@ def test_postgres_restarts_at_random_moments_lose_nothing(pg_server, fresh_db, t
                         db = Db(dsn)
                         while not done.is_set() and (poll_state(db, run.run_id).epoch or 0) < 1:
                             time.sleep(0.02)
-                        db.close()
                         t0 = time.monotonic()
                         for at, kind, gap in plan:
                             while not done.is_set() and time.monotonic() < t0 + at:
                                 time.sleep(0.01)
+                            gate = None
+                            if kind == "long-outage":
+                                # Catch the runner inside a store call, not inside a tool or an
+                                # approval wait (those outlast an outage on their own): hold its
+                                # next checkpoint insert on a table lock, then stop the server.
+                                # The 30 s retry window runs out: exit 75, then 3 until it is back.
+                                gate = psycopg.connect(dsn)
+                                gate.execute("LOCK TABLE agentfast_checkpoints IN EXCLUSIVE MODE")
+                                deadline = time.monotonic() + 60
+                                while not done.is_set() and time.monotonic() < deadline and not db.query(
+                                        """SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+                                           AND query LIKE 'INSERT INTO agentfast_checkpoints%%'"""):
+                                    time.sleep(0.01)
                             if done.is_set():
                                 return
-                            outage(pg_server, "stop-start" if kind == "long-outage" else kind, gap)
+                            try:
+                                outage(pg_server, "stop-start" if kind == "long-outage" else kind, gap)
+                            finally:
+                                if gate is not None:
+                                    gate.close()  # its session ended with the server
                             tally["outages"] += 1
                             tally[kind] += 1
                     except BaseException as err:
                         errors.append(err)
+                    finally:
+                        db.close()
 
                 t = threading.Thread(target=chaos, daemon=True)
                 t.start()
