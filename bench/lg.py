@@ -33,19 +33,10 @@ from .workload import Prefiller, iteration_messages, transcript
 
 
 def lc_message(m: Message, msg_id: str) -> Any:
-    """A plain LangChain message, as a LangGraph user's graph holds it."""
-    import json
+    """A plain LangChain message, as a LangGraph user's graph holds it (no agentfast extras)."""
+    from agentfast.runner.adapters.langgraph import to_langchain_message
 
-    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
-
-    if m.role == "system":
-        return SystemMessage(content=m.content or "", id=msg_id)
-    if m.role == "user":
-        return HumanMessage(content=m.content or "", id=msg_id)
-    if m.role == "tool":
-        return ToolMessage(content=m.content or "", tool_call_id=m.tool_call_id or "", name=m.name, id=msg_id)
-    return AIMessage(content=m.content or "", id=msg_id,
-                     tool_calls=[{"id": c.id, "name": c.name, "args": json.loads(c.arguments), "type": "tool_call"} for c in m.tool_calls])
+    return to_langchain_message(m, msg_id, keep_original=False)
 
 
 class SaverSteps:

@@ -174,8 +174,8 @@ def reconcile(body: dict[str, Any]) -> None:
         job = _get_job(namespace, name)
         if job is None:
             _create_job(body)
-        elif _job_failed(job) is not None:
-            override = ("Failed", "RunnerFailed", _job_failed(job) or "the runner Job failed")
+        elif (failure := _job_failed(job)) is not None:
+            override = ("Failed", "RunnerFailed", failure or "the runner Job failed")
     publish_status(body, ctx, pending, override=override)
 
 

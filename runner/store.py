@@ -133,15 +133,10 @@ _NOT_PERMITTED = "42501"
 
 
 def _is_connection_error(err: BaseException) -> bool:
-    # OperationalError covers refused/reset connections and "terminating connection due to
-    # administrator command" (57P01, a Postgres shutdown); PoolTimeout means none could be opened.
-    from psycopg_pool import PoolTimeout
-
-    if isinstance(err, PoolTimeout):
-        return True
-    if isinstance(err, psycopg.OperationalError):
-        return True
-    return isinstance(err, psycopg.errors.AdminShutdown | psycopg.errors.CannotConnectNow)
+    # OperationalError covers refused/reset connections, "terminating connection due to
+    # administrator command" (57P01, a Postgres shutdown), "the database system is starting up"
+    # (57P03), and the pool's PoolTimeout (none could be opened): all subclasses of it.
+    return isinstance(err, psycopg.OperationalError)
 
 
 class Store:
@@ -216,18 +211,13 @@ class Store:
                         if getattr(err, "sqlstate", None) in _RETRY_ON_NEW_CONNECTION:
                             conn.close()  # the pool replaces a closed connection
                         raise
-            except psycopg.Error as err:
+            except Exception as err:
                 sqlstate = getattr(err, "sqlstate", None)
                 if sqlstate == FENCE_SQLSTATE:
                     raise LeaseLost(str(err).strip()) from None
                 if sqlstate == _NOT_PERMITTED:
                     raise StoreUnavailable(f"Postgres refused the store's role a privilege (nothing is lost; fix the grant, then resume): {err}") from None
                 if not (_is_connection_error(err) or sqlstate in _RETRY_ON_NEW_CONNECTION):
-                    raise
-                if time.monotonic() + delay > deadline:
-                    raise StoreUnavailable(f"Postgres unavailable for {self.retry_for_s:.0f}s: {err}") from None
-            except Exception as err:
-                if not _is_connection_error(err):
                     raise
                 if time.monotonic() + delay > deadline:
                     raise StoreUnavailable(f"Postgres unavailable for {self.retry_for_s:.0f}s: {err}") from None

@@ -140,8 +140,13 @@ def to_runtime_message(m: BaseMessage) -> Message:
     return Message(role="user", content=_text(m.content))
 
 
-def to_langchain_message(m: Message, msg_id: str | None = None) -> BaseMessage:
-    """The runtime's ``Message`` as a LangChain message (tool arguments parsed where valid)."""
+def to_langchain_message(m: Message, msg_id: str | None = None, *, keep_original: bool = True) -> BaseMessage:
+    """The runtime's ``Message`` as a LangChain message (tool arguments parsed where valid).
+
+    ``keep_original`` stores the provider's message as received in the AIMessage's
+    ``additional_kwargs``, so :func:`to_runtime_message` gives back the exact raw arguments;
+    without it the result is a plain message, as a user's own graph would hold it.
+    """
     if m.role == "system":
         return SystemMessage(content=m.content or "", id=msg_id)
     if m.role == "user":
@@ -161,7 +166,7 @@ def to_langchain_message(m: Message, msg_id: str | None = None) -> BaseMessage:
         content=m.content or "",
         tool_calls=valid,
         invalid_tool_calls=invalid,
-        additional_kwargs={_ORIGINAL: m.model_dump(mode="json")},
+        additional_kwargs={_ORIGINAL: m.model_dump(mode="json")} if keep_original else {},
         id=msg_id,
     )
 
