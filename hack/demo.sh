@@ -3,5 +3,5 @@
 # It pauses when the agent asks to issue a refund; approve it at the prompt, or from another
 # terminal with the command it prints. Extra arguments go to `agentfast run`.
 source "$(dirname "$0")/lib-py.sh"
-ensure_python_env
+PY_EXTRAS="" ensure_python_env   # the demo needs no extras: no LangGraph, no operator, no test tools
 exec agentfast run "$REPO/manifests/examples/refund.yaml" "$@"

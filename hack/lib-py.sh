@@ -5,7 +5,8 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 AGENTFAST_CACHE="${AGENTFAST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agentfast}"
 VENV="${AGENTFAST_VENV:-$AGENTFAST_CACHE/venv}"
-PY_EXTRAS="${PY_EXTRAS:-test,langgraph,operator,bench}"
+# Extras this caller needs (pyproject.toml); hack/demo.sh asks for none.
+PY_EXTRAS="${PY_EXTRAS-test,langgraph,operator,bench}"
 
 ensure_python_env() {
   local python="${PYTHON:-python3}"
@@ -17,14 +18,22 @@ ensure_python_env() {
     echo "==> creating $VENV"
     "$python" -m venv "$VENV"
   fi
-  local stamp="$VENV/.agentfast-installed"
-  local want
-  want="$(cat "$REPO/pyproject.toml" | sha256sum | cut -c1-16) $REPO $PY_EXTRAS"
-  if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
-    echo "==> installing agentfast and its pinned dependencies into $VENV"
+  # The stamp holds "<pyproject hash> <repo> <extras installed>". A caller that wants a subset of
+  # what is installed (the demo after the tests) installs nothing; otherwise the union is installed,
+  # so the demo never takes away what the tests need, nor the reverse.
+  local stamp="$VENV/.agentfast-installed" key have="" want extra missing=0
+  key="$(sha256sum <"$REPO/pyproject.toml" | cut -c1-16) $REPO"
+  [[ -f "$stamp" ]] && have="$(cut -s -d' ' -f3 "$stamp")"
+  [[ -f "$stamp" && "$(cut -d' ' -f1-2 "$stamp")" == "$key" ]] || missing=1
+  want="$(echo "$have,$PY_EXTRAS" | tr ',' '\n' | sed '/^$/d' | sort -u | paste -sd, -)"
+  for extra in ${PY_EXTRAS//,/ }; do
+    [[ ",$have," == *",$extra,"* ]] || missing=1
+  done
+  if [[ "$missing" == 1 ]]; then
+    echo "==> installing agentfast${want:+[$want]} and its pinned dependencies into $VENV"
     "$VENV/bin/pip" install --quiet --disable-pip-version-check --upgrade "pip>=24"
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check -e "$REPO[$PY_EXTRAS]"
-    echo "$want" > "$stamp"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check -e "$REPO${want:+[$want]}"
+    echo "$key $want" > "$stamp"
   fi
   export PATH="$VENV/bin:$PATH"
 }

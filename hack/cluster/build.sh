@@ -107,12 +107,25 @@ go_install() {
   stamp "$name" "$version"
 }
 
+build_helm() {
+  go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" \
+    "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+}
+
 start=$SECONDS
-build_etcd
-go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" \
-  "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
-go_install coredns github.com/coredns/coredns "$COREDNS_VERSION"
-go_install crictl sigs.k8s.io/cri-tools/cmd/crictl "$CRICTL_VERSION"
-build_kubernetes
+# Parts may be named to build only those: build.sh [etcd] [helm] [coredns] [crictl] [kubernetes].
+# `build.sh helm` is the small step the local tier's chart tests need (no Kubernetes build).
+parts=("$@")
+[ "${#parts[@]}" -gt 0 ] || parts=(etcd helm coredns crictl kubernetes)
+for part in "${parts[@]}"; do
+  case "$part" in
+    etcd) build_etcd ;;
+    helm) build_helm ;;
+    coredns) go_install coredns github.com/coredns/coredns "$COREDNS_VERSION" ;;
+    crictl) go_install crictl sigs.k8s.io/cri-tools/cmd/crictl "$CRICTL_VERSION" ;;
+    kubernetes) build_kubernetes ;;
+    *) die "unknown part: $part (etcd, helm, coredns, crictl, kubernetes)" ;;
+  esac
+done
 log "binaries in $BIN_DIR ($((SECONDS - start))s)"
 ls -la "$BIN_DIR" >&2

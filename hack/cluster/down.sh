@@ -2,7 +2,8 @@
 # Stop the local cluster started by up.sh: the kubelet and kube-proxy first, then every pod's
 # containers and sandbox (through the CRI, so the shims and the processes in them end), the control
 # plane, and the containerd/dockerd these scripts started. Unmounts what the pods left mounted and
-# removes the pod network's leftovers. Keeps etcd's data, the certificates and the images, so the
+# removes the pod network's leftovers, and puts back the host settings (sysctls, FORWARD rules)
+# that up.sh and images.sh changed. Keeps etcd's data, the certificates and the images, so the
 # next up.sh is quick and the kubeconfig stays valid; `down.sh --purge` removes the cluster's state
 # too (not the built binaries or images). Idempotent: safe to run when nothing is up.
 # shellcheck source=hack/cluster/lib.sh
@@ -63,6 +64,8 @@ if ! containerd_ready; then
   done
 fi
 ip link del cni0 2>/dev/null || true
+# The sysctls and FORWARD rules up.sh / images.sh changed, back as they were.
+restore_host_network
 # kube-proxy's rules.
 if [ -x "$BIN_DIR/kube-proxy" ]; then
   "$BIN_DIR/kube-proxy" --cleanup >/dev/null 2>&1 || true

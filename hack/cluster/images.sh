@@ -150,7 +150,7 @@ make_project_image() {
   local py="${PYTHON:-python3}"
   "$py" -m pip wheel --quiet --wheel-dir "$WHEEL_DIR" "${ctx}[operator,langgraph]" >&2
   # The build backend, for the isolated build of the project itself inside the image.
-  "$py" -m pip download --quiet --dest "$WHEEL_DIR" --only-binary=:all: "setuptools>=69" wheel >&2
+  "$py" -m pip download --quiet --dest "$WHEEL_DIR" --only-binary=:all: "setuptools>=77" wheel >&2
   rm -f "$WHEEL_DIR"/agentfast-*.whl
   mkdir -p "$ctx/.wheels"
   cp "$WHEEL_DIR"/*.whl "$ctx/.wheels/"
@@ -176,7 +176,8 @@ make_project_image() {
 # Copy docker's images into containerd's k8s.io namespace (the kubelet's), when they changed.
 import_to_containerd() {
   local ref id stampf todo=()
-  for ref in "$PAUSE_IMAGE" "$COREDNS_IMAGE" "$PROJECT_IMAGE" $(cat "$IMG_DIR/project.ref" 2>/dev/null); do
+  # The python base image too: up.sh's in-cluster network check runs in it.
+  for ref in "$PAUSE_IMAGE" "$COREDNS_IMAGE" "$PYTHON_BASE_IMAGE" "$PROJECT_IMAGE" $(cat "$IMG_DIR/project.ref" 2>/dev/null); do
     id="$(image_id "$ref")"
     stampf="$IMG_DIR/imported-$(echo "$ref" | tr '/:' '__')"
     if [ "$(cat "$stampf" 2>/dev/null)" = "$id" ] && ctr -n k8s.io images ls -q | grep -x >/dev/null "$(normalize_ref "$ref")"; then

@@ -134,6 +134,82 @@ stop_daemon() { # NAME [TIMEOUT]
   rm -f "$PID_DIR/$name.pid" "$PID_DIR/$name.exe" "$PID_DIR/$name.args"
 }
 
+# --- host network settings -----------------------------------------------------------------------
+# What a fresh host lacks for pod traffic, set before containerd, dockerd or the kubelet start, in any
+# order and from any prior state:
+#   br_netfilter + bridge-nf-call-iptables=1  so kube-proxy's Service NAT sees traffic between pods on cni0
+#   net.ipv4.ip_forward=1                     pods reach each other, Services and the outside
+#   FORWARD ACCEPT for cni0 in and out        a FORWARD policy of DROP (dockerd sets it when it turns
+#                                             forwarding on itself; some hosts ship it) drops pod-to-pod
+#                                             traffic once br_netfilter hands bridged frames to iptables
+# Every change is recorded once in $HOST_STATE (the value before the first change), so down.sh
+# puts back exactly what these scripts changed and nothing else.
+HOST_STATE="$CLUSTER_DIR/host-state"
+POD_BRIDGE="cni0"
+FORWARD_RULES=("-i $POD_BRIDGE -j ACCEPT" "-o $POD_BRIDGE -j ACCEPT")
+FORWARD_COMMENT="agentfast: pod network"
+
+# record KEY VALUE: remember VALUE as KEY's original, unless an earlier run already did.
+record_host_change() {
+  mkdir -p "$(dirname "$HOST_STATE")"
+  grep -q "^$1 " "$HOST_STATE" 2>/dev/null || echo "$1 $2" >>"$HOST_STATE"
+}
+
+set_sysctl() { # KEY VALUE
+  local key="$1" want="$2" now
+  now="$(sysctl -n "$key" 2>/dev/null)" || return 1
+  [ "$now" = "$want" ] && return 0
+  record_host_change "sysctl:$key" "$now"
+  sysctl -qw "$key=$want"
+}
+
+ensure_host_network() {
+  [ "$(id -u)" = 0 ] || die "the host network set-up needs root"
+  if [ ! -e /proc/sys/net/bridge/bridge-nf-call-iptables ]; then
+    if modprobe br_netfilter 2>/dev/null; then
+      record_host_change "module:br_netfilter" "absent"
+    else
+      log "warning: br_netfilter is not loaded and modprobe failed: Service traffic between pods on one bridge may not be NATed"
+    fi
+  fi
+  set_sysctl net.ipv4.ip_forward 1 || die "cannot read net.ipv4.ip_forward"
+  set_sysctl net.bridge.bridge-nf-call-iptables 1 || true
+  set_sysctl net.bridge.bridge-nf-call-ip6tables 1 || true
+  command -v iptables >/dev/null || die "iptables is not installed: run hack/cluster/images.sh (apt-get install iptables)"
+  local rule
+  for rule in "${FORWARD_RULES[@]}"; do
+    # shellcheck disable=SC2086
+    if ! iptables -w -C FORWARD $rule -m comment --comment "$FORWARD_COMMENT" 2>/dev/null; then
+      # shellcheck disable=SC2086
+      iptables -w -I FORWARD 1 $rule -m comment --comment "$FORWARD_COMMENT"
+      record_host_change "iptables:$rule" "inserted"
+    fi
+  done
+}
+
+# restore_host_network: undo what ensure_host_network recorded (down.sh).
+restore_host_network() {
+  [ -f "$HOST_STATE" ] || return 0
+  local key value rule
+  while read -r key value; do
+    case "$key" in
+      sysctl:*) sysctl -qw "${key#sysctl:}=$value" 2>/dev/null || true; log "host: ${key#sysctl:} back to $value" ;;
+    esac
+  done <"$HOST_STATE"
+  for rule in "${FORWARD_RULES[@]}"; do
+    # shellcheck disable=SC2086
+    while iptables -w -C FORWARD $rule -m comment --comment "$FORWARD_COMMENT" 2>/dev/null; do
+      # shellcheck disable=SC2086
+      iptables -w -D FORWARD $rule -m comment --comment "$FORWARD_COMMENT"
+    done
+  done
+  log "host: FORWARD rules for $POD_BRIDGE removed"
+  if grep -q '^module:br_netfilter ' "$HOST_STATE"; then
+    modprobe -r br_netfilter 2>/dev/null || true
+  fi
+  rm -f "$HOST_STATE"
+}
+
 # --- containerd and docker ----------------------------------------------------------------------
 # One containerd serves both the kubelet (CRI, namespace k8s.io) and dockerd (namespace moby), at the
 # standard socket, with our own config file. cgroupfs driver: the host has no systemd, and is cgroup v1.
@@ -207,6 +283,7 @@ containerd_ready() { [ -S "$CONTAINERD_SOCK" ] && timeout 5 ctr --address "$CONT
 
 ensure_containerd() {
   command -v containerd >/dev/null || die "containerd is not installed: run hack/cluster/images.sh (apt-get install containerd)"
+  ensure_host_network
   write_containerd_config
   if [ "$CONTAINERD_CONFIG_CHANGED" = 1 ] && daemon_pid containerd >/dev/null; then
     log "containerd: config changed, restarting (running containers keep running)"
@@ -228,6 +305,9 @@ ensure_dockerd() {
   ensure_containerd
   local mtu
   mtu="$(cat /sys/class/net/"$(ip -4 route show default | awk '{print $5; exit}')"/mtu 2>/dev/null || echo 1500)"
-  start_daemon dockerd dockerd --containerd="$CONTAINERD_SOCK" --mtu="$mtu" --exec-opt native.cgroupdriver=cgroupfs
+  # Image builds here run with --network none: dockerd has no reason to touch the host's firewall
+  # (left to itself it sets the FORWARD policy to DROP, which drops pod traffic).
+  start_daemon dockerd dockerd --containerd="$CONTAINERD_SOCK" --mtu="$mtu" --exec-opt native.cgroupdriver=cgroupfs \
+    --iptables=false
   wait_for "dockerd" 60 docker_ready
 }

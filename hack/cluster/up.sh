@@ -3,8 +3,9 @@
 # of images.sh: etcd, kube-apiserver (TLS, RBAC+Node authorization, service-account signing),
 # kube-controller-manager, kube-scheduler, containerd (CRI, CNI bridge, cgroupfs), kubelet,
 # kube-proxy (iptables) and CoreDNS as a Deployment in kube-system. Every daemon runs in the
-# background with its log and pid under $AGENTFAST_CACHE/cluster. Waits until the node is Ready and
-# CoreDNS answers, then prints the kubeconfig path. Idempotent: running daemons are left alone.
+# background with its log and pid under $AGENTFAST_CACHE/cluster. Waits until the node is Ready,
+# CoreDNS answers, and a pod reaches another pod by a Service name through cluster DNS, then prints
+# the kubeconfig path. Idempotent: running daemons are left alone.
 #
 #   hack/cluster/up.sh            # needs build.sh and images.sh to have run
 #   export KUBECONFIG=$(hack/cluster/up.sh)
@@ -24,9 +25,8 @@ HOST_IP="$(host_ip)"
 mkdir -p "$PKI" "$ETC" "$LOG_DIR" "$PID_DIR"
 
 # --- host settings the kubelet and kube-proxy rely on -----------------------------------------
-sysctl -qw net.ipv4.ip_forward=1
-sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null || log "warning: br_netfilter sysctl unavailable"
-sysctl -qw net.bridge.bridge-nf-call-ip6tables=1 2>/dev/null || true
+# Forwarding, br_netfilter and FORWARD rules for the pod bridge (lib.sh; down.sh restores them).
+ensure_host_network
 # Mount propagation for volumes (the kubelet and containerd expect a shared root, as on systemd hosts).
 mount --make-rshared / 2>/dev/null || log "warning: could not make / rshared"
 
@@ -167,9 +167,11 @@ start_daemon kube-scheduler "$BIN_DIR/kube-scheduler" \
 
 # --- containerd and the kubelet ------------------------------------------------------------------
 ensure_containerd
-if ! ctr -n k8s.io images ls -q | grep -x >/dev/null "$PAUSE_IMAGE"; then
-  die "$PAUSE_IMAGE is not in containerd's k8s.io namespace: run hack/cluster/images.sh"
-fi
+for img in "$PAUSE_IMAGE" "docker.io/library/$PYTHON_BASE_IMAGE"; do
+  if ! ctr -n k8s.io images ls -q | grep -x >/dev/null "$img"; then
+    die "$img is not in containerd's k8s.io namespace: run hack/cluster/images.sh"
+  fi
+done
 write_if_changed "$ETC/kubelet.yaml" <<YAML
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -246,6 +248,95 @@ sys.exit(0 if socket.inet_aton(want) in r else 1)
 PY
 }
 wait_for "CoreDNS answers kubernetes.default via $DNS_SVC_IP" 60 dns_answers
+
+# --- the pod network, checked from inside the cluster ---------------------------------------------
+# The host-side DNS query above passes even when the host's FORWARD chain drops traffic between
+# pods. So a client pod resolves a Service name through cluster DNS (pod -> CoreDNS pod), then opens
+# TCP connections to a server pod, straight to its IP (headless Service) and through its ClusterIP
+# (kube-proxy's NAT). The cluster is ready only when all of it works.
+NETCHECK_NS="agentfast-netcheck"
+netcheck_manifest() {
+  cat <<YAML
+apiVersion: v1
+kind: Namespace
+metadata: {name: $NETCHECK_NS}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: server, namespace: $NETCHECK_NS, labels: {app: netcheck-server}}
+spec:
+  terminationGracePeriodSeconds: 0
+  containers:
+  - name: server
+    image: $PYTHON_BASE_IMAGE
+    imagePullPolicy: Never
+    command: ["python3", "-m", "http.server", "8080"]
+    readinessProbe: {tcpSocket: {port: 8080}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: server, namespace: $NETCHECK_NS}
+spec: {selector: {app: netcheck-server}, ports: [{port: 80, targetPort: 8080}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: server-direct, namespace: $NETCHECK_NS}
+spec: {clusterIP: None, selector: {app: netcheck-server}, ports: [{port: 8080}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client, namespace: $NETCHECK_NS}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 0
+  containers:
+  - name: client
+    image: $PYTHON_BASE_IMAGE
+    imagePullPolicy: Never
+    command:
+    - python3
+    - -c
+    - |
+      import socket, time
+      checks = [("server-direct.$NETCHECK_NS.svc.$CLUSTER_DOMAIN", 8080, "pod IP"),
+                ("server.$NETCHECK_NS.svc.$CLUSTER_DOMAIN", 80, "ClusterIP")]
+      deadline, last = time.monotonic() + 90, {}
+      todo = list(checks)
+      while todo and time.monotonic() < deadline:
+          for name, port, how in list(todo):
+              try:
+                  ip = socket.gethostbyname(name)
+              except OSError as e:
+                  last[name] = f"DNS lookup of {name} through cluster DNS failed: {e}"; continue
+              try:
+                  socket.create_connection((ip, port), timeout=3).close()
+              except OSError as e:
+                  last[name] = f"TCP to {name} ({how} {ip}:{port}) failed: {e}"; continue
+              print(f"ok: {name} -> {ip}:{port} ({how})", flush=True); todo.remove((name, port, how))
+          time.sleep(1)
+      for name, _, _ in todo:
+          print("FAIL:", last.get(name), flush=True)
+      raise SystemExit(1 if todo else 0)
+YAML
+}
+netcheck_phase() { $K -n "$NETCHECK_NS" get pod client -o jsonpath='{.status.phase}' 2>/dev/null; }
+netcheck_done() { case "$(netcheck_phase)" in Succeeded|Failed) return 0 ;; *) return 1 ;; esac; }
+$K delete namespace "$NETCHECK_NS" --ignore-not-found --wait=true --timeout=120s >/dev/null
+# (Pods are refused until the new namespace's default ServiceAccount exists: apply until accepted.)
+netcheck_apply() { netcheck_manifest | $K apply -f -; }
+wait_for "the network check's pods created" 60 netcheck_apply
+netcheck_start=$SECONDS
+until netcheck_done || (( SECONDS - netcheck_start >= 150 )); do sleep 1; done
+if [ "$(netcheck_phase)" != Succeeded ]; then
+  log "in-cluster network check failed (phase: $(netcheck_phase)):"
+  $K -n "$NETCHECK_NS" logs client >&2 2>&1 || true
+  $K -n "$NETCHECK_NS" get pods,endpoints -o wide >&2 || true
+  log "host: net.ipv4.ip_forward=$(sysctl -n net.ipv4.ip_forward) bridge-nf-call-iptables=$(sysctl -n net.bridge.bridge-nf-call-iptables 2>/dev/null || echo n/a)"
+  iptables -w -S FORWARD >&2 || true
+  die "pods cannot reach each other: see the lines above (the client pod's own report first)"
+fi
+$K -n "$NETCHECK_NS" logs client 2>/dev/null | while read -r line; do log "netcheck: $line"; done
+$K delete namespace "$NETCHECK_NS" --wait=false >/dev/null
 
 log "cluster up in $((SECONDS - start))s; kubeconfig: $KUBECONFIG_ADMIN"
 echo "$KUBECONFIG_ADMIN"

@@ -34,6 +34,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failed e2e test carries :meth:`Kube.diagnostics` of its namespace in its report.
+
+    A bare "timed out waiting for ..." is not diagnosable from a CI log; the operator's log, the
+    run's status, its pods and Events are (issue 10).
+    """
+    report = yield
+    if report.failed and call.when == "call":
+        for value in getattr(item, "funcargs", {}).values():
+            if isinstance(value, Kube):
+                report.sections.append((f"cluster diagnostics ({value.namespace})", value.diagnostics()))
+                break
+    return report
+
+
 def _find_kubectl() -> str:
     explicit = os.environ.get("KUBECTL")
     if explicit:
@@ -93,7 +109,44 @@ class Kube:
             if last:
                 return last
             time.sleep(interval)
+        # The cluster's side of the story is attached to the report by pytest_runtest_makereport.
         raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+    def diagnostics(self) -> str:
+        """What a person would look at when a wait times out, as one text for the CI log.
+
+        The operator's last log lines (and its previous container's, after a crash), every
+        AgentRun's status in this namespace, ``describe`` of the runner Jobs and pods, the last
+        runner logs and the namespace's recent Events. Best effort: a section that cannot be
+        read says why instead of raising.
+        """
+        sections: list[tuple[str, tuple[str, ...], bool]] = [
+            ("operator log (last 60 lines)", ("logs", "-l", "app.kubernetes.io/component=operator",
+                                              "--tail=60", "--all-containers", "--prefix"), False),
+            ("operator log, previous container", ("logs", "-l", "app.kubernetes.io/component=operator",
+                                                  "--tail=30", "--previous", "--prefix"), False),
+            ("AgentRuns", ("get", "agentruns", "-o", "custom-columns=NAME:.metadata.name,STATUS:.status",
+                           "--no-headers"), True),
+            ("runner Jobs", ("describe", "jobs", "-l", "app.kubernetes.io/component=runner"), True),
+            ("runner pods", ("describe", "pods", "-l", "app.kubernetes.io/component=runner"), True),
+            ("runner logs (last 30 lines each)", ("logs", "-l", "app.kubernetes.io/component=runner",
+                                                  "--tail=30", "--prefix", "--max-log-requests=10"), True),
+            ("recent Events", ("get", "events", "--sort-by=.lastTimestamp"), True),
+        ]
+        out = [f"--- diagnostics: namespace {self.namespace} ---"]
+        operator_ns = os.environ.get("AGENTFAST_NAMESPACE", "agentfast-system")
+        for title, args, here in sections:
+            cmd = [self.kubectl, "--kubeconfig", self.kubeconfig, "-n", self.namespace if here else operator_ns, *args]
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+                text = (proc.stdout or proc.stderr).strip() or "(nothing)"
+            except (OSError, subprocess.SubprocessError) as e:
+                text = f"(could not run kubectl: {e})"
+            lines = text.splitlines()
+            if len(lines) > 80:
+                lines = [f"... {len(lines) - 80} earlier lines left out"] + lines[-80:]
+            out.append(f"## {title}\n" + "\n".join(lines))
+        return "\n".join(out)
 
     def pod_phase(self, name: str) -> str | None:
         pod = self.get("pod", name)
