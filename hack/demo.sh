@@ -4,4 +4,6 @@
 # terminal with the command it prints. Extra arguments go to `agentfast run`.
 source "$(dirname "$0")/lib-py.sh"
 PY_EXTRAS="" ensure_python_env   # the demo needs no extras: no LangGraph, no operator, no test tools
+# The commands the run prints (agentfast approve ..., resume ...) work as typed once this is on PATH.
+echo "==> agentfast is $VENV/bin/agentfast; in another terminal: export PATH=\"$VENV/bin:\$PATH\"" >&2
 exec agentfast run "$REPO/manifests/examples/refund.yaml" "$@"
