@@ -40,7 +40,7 @@ from kubernetes.client.rest import ApiException
 from agentfast.runner.loop import preflight
 from agentfast.runner.snapshot import TERMINAL_PHASES
 from agentfast.runner.spec import SpecError, parse_agentrun
-from agentfast.runner.store import PROGRESS_CHANNEL, DecisionConflict, Store, StoreUnavailable, UnknownCall
+from agentfast.runner.store import PROGRESS_CHANNEL, DecisionConflict, InvalidDecision, Store, StoreUnavailable, UnknownCall
 
 from .status import status_from_store
 from .workload import LABEL_RUN, RunnerConfig, build_job, job_name
@@ -179,14 +179,31 @@ def reconcile(body: dict[str, Any]) -> None:
     publish_status(body, ctx, pending, override=override)
 
 
+_warned: set[tuple[str, str, str]] = set()
+
+
 def _record_approvals(body: dict[str, Any], run_id: str) -> None:
+    """Record ``spec.approvals`` in the store, whose rules decide (Store.decide): only for a call
+    awaiting a decision now, once. Replays of a recorded decision (every reconcile) are no-ops;
+    a refused entry gets one Warning Event per operator process."""
     for call_id, d in (body.get("spec", {}).get("approvals") or {}).items():
         try:
-            STATE.store.decide(run_id, call_id, d["decision"], reason=d.get("reason"), decided_by="kubernetes:spec.approvals")  # type: ignore[union-attr]
-        except UnknownCall as err:
-            _event(body, "Warning", "UnknownCall", str(err))
+            STATE.store.decide(run_id, call_id, d.get("decision", ""), reason=d.get("reason"), result=d.get("result"),  # type: ignore[union-attr]
+                               decided_by="kubernetes:spec.approvals")
         except DecisionConflict as err:
-            _event(body, "Warning", "DecisionConflict", str(err))
+            if not err.same:
+                _warn_once(body, run_id, call_id, "DecisionConflict", str(err))
+        except UnknownCall as err:
+            _warn_once(body, run_id, call_id, "NotAwaitingDecision", str(err))
+        except InvalidDecision as err:
+            _warn_once(body, run_id, call_id, "InvalidDecision", f"{call_id}: {err}")
+
+
+def _warn_once(body: dict[str, Any], run_id: str, call_id: str, reason: str, message: str) -> None:
+    key = (f"{body['metadata'].get('uid')}/{run_id}", call_id, reason)
+    if key not in _warned:
+        _warned.add(key)
+        _event(body, "Warning", reason, message[:1024])
 
 
 def _get_job(namespace: str, name: str) -> Any:
@@ -243,7 +260,13 @@ def publish_status(body: dict[str, Any], ctx: Any, pending: Any, *, override: tu
     """Patch ``status`` (merge patch on the status subresource) and post an Event on a transition."""
     meta = body["metadata"]
     old = body.get("status") or {}
-    new = status_from_store(ctx, pending, generation=meta.get("generation", 1), old=old, override=override)
+    decided: set[str] = set()
+    if pending is not None and STATE.store is not None:
+        try:
+            decided = set(STATE.store.get_decisions(f"{meta['namespace']}/{meta['name']}", pending.call_ids))
+        except StoreUnavailable:  # list them all as pending; the next publish corrects it
+            pass
+    new = status_from_store(ctx, pending, generation=meta.get("generation", 1), old=old, override=override, decided=decided)
     new["runnerJob"] = job_name(meta["name"])
     if all(old.get(k) == v for k, v in new.items()):
         return

@@ -10,13 +10,14 @@ Only ids, counters and short summaries go into the resource (G9): transcripts st
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Collection
 
 from agentfast.runner.snapshot import PendingToolCall, RunContext
 
 CONDITION_TYPES = ("Ready", "Progressing", "AwaitingApproval", "Failed")
 SUMMARY_CHARS = 1024
 ARGUMENTS_CHARS = 512
+MAX_PENDING = 128  # awaited calls listed in status (G9: the resource stays small); a batch is rarely larger
 
 
 def _now() -> str:
@@ -55,11 +56,15 @@ def status_from_store(
     generation: int,
     old: dict[str, Any] | None,
     override: tuple[str, str, str] | None = None,
+    decided: Collection[str] = (),
 ) -> dict[str, Any]:
     """The ``status`` of an AgentRun whose latest checkpoint holds ``ctx`` and ``pending``.
 
     ``override`` = (phase, reason, message) for what only the operator knows (an invalid spec,
     the restart limit reached). A run without a checkpoint yet is ``Pending``.
+    ``decided``: ids of awaited calls that already have a decision. ``pendingApprovals`` lists
+    every other awaited call of the paused batch (all at once, model order); ``awaiting`` is
+    their ids, comma-separated (the printer column).
     """
     old = old or {}
     if override:
@@ -81,15 +86,12 @@ def status_from_store(
     if phase in ("Succeeded", "Failed"):
         status["result"] = message[:SUMMARY_CHARS]
     if pending is not None and phase == "WaitingForApproval":
+        calls = [a for a in pending.awaiting if a.call_id not in decided][:MAX_PENDING]
         status["pendingApprovals"] = [
-            {
-                "callId": pending.call_id,
-                "tool": pending.tool_call.name,
-                "arguments": pending.tool_call.arguments[:ARGUMENTS_CHARS],
-                "reason": pending.reason,
-            }
+            {"callId": a.call_id, "tool": a.tool_call.name, "arguments": a.tool_call.arguments[:ARGUMENTS_CHARS], "reason": a.reason}
+            for a in calls
         ]
-        status["awaiting"] = pending.call_id
+        status["awaiting"] = ",".join(a.call_id for a in calls)
     else:
         status["pendingApprovals"] = []
         status["awaiting"] = ""

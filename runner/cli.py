@@ -19,14 +19,16 @@ import signal
 import sys
 import threading
 import uuid
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from .loop import EXIT_BAD_INPUT, Outcome, ProgressEvent, VanillaRunner, preflight, run_id_of
-from .spec import AgentRun, SpecError, load_agentrun, parse_agentrun
+from .snapshot import AwaitedCall, PendingToolCall
+from .spec import AgentRun, InvalidDecision, SpecError, check_decision, load_agentrun, parse_agentrun
 from .store import DecisionConflict, Store, StoreUnavailable, UnknownCall
 
 EXIT_NO_POSTGRES = 3
@@ -90,25 +92,47 @@ class _Progress:
             out.print(f"{head} asking the model ({ev.detail})")
         elif ev.kind == "tool_result":
             out.print(f"{head} tool done: {ev.detail}")
+        elif ev.kind == "tool_denied":
+            out.print(Text.from_markup(head).append(f" denied, not run: {ev.detail}"), highlight=False)
+        elif ev.kind == "tool_completed":
+            out.print(Text.from_markup(head).append(f" recorded as done, not run: {ev.detail}"), highlight=False)
         elif ev.kind == "waiting" and ev.pending is not None:
             self._waiting(ev)
 
     def _waiting(self, ev: ProgressEvent) -> None:
         p = ev.pending
         name = self.run_id.removeprefix("default/")
-        out.print(f"[bold yellow]waiting for approval[/] of [bold]{p.call_id}[/]: {p.tool_call.name}({p.tool_call.arguments})")
-        if p.reason == "in_flight_not_idempotent":
-            out.print("  this non-idempotent call was in flight when a runner died: it may already have run")
+        calls = p.awaiting
+        if len(calls) == 1:
+            a = calls[0]
+            out.print(Text.assemble(("waiting for approval", "bold yellow"), " of ", (a.call_id, "bold"),
+                                    f": {a.tool_call.name}({a.tool_call.arguments})"), highlight=False)
+        else:
+            out.print(f"[bold yellow]waiting for decisions on {len(calls)} calls[/] (decide each, in any order; the run goes on when all are):")
+            for a in calls:
+                out.print(Text.assemble("  ", (a.call_id, "bold"), f": {a.tool_call.name}({a.tool_call.arguments})"), highlight=False)
+        for a in calls:
+            if a.reason == "in_flight_not_idempotent":
+                out.print(Text(f"  {a.call_id}: this non-idempotent call was in flight when a runner died: it may already have run"))
         for r in p.executed_sibling_results:
-            out.print(f"  sibling already done: {r.call_id} {r.tool_name} -> {r.content[:120]}")
-        out.print(f"  approve: [bold]agentfast approve {name} {p.call_id}[/]   deny: agentfast deny {name} {p.call_id} --reason '...'")
+            out.print(Text(f"  sibling already done: {r.call_id} {r.tool_name} -> {r.content[:120]}"), highlight=False)
+        cid = calls[0].call_id if len(calls) == 1 else "CALL_ID"
+        out.print(Text(f"  approve: agentfast approve {name} {cid}   deny: agentfast deny {name} {cid} --reason '...'"
+                       f"   already happened: agentfast complete {name} {cid} --result 'JSON'"), highlight=False)
         if self.interactive:
-            answer = typer.prompt("Approve now? [y]es / [n]o / [w]ait", default="w").strip().lower()
+            for a in calls:
+                self._ask(a)
+
+    def _ask(self, a: AwaitedCall) -> None:
+        answer = typer.prompt(f"Approve {a.call_id} ({a.tool_call.name}) now? [y]es / [n]o / [w]ait", default="w").strip().lower()
+        try:
             if answer.startswith("y"):
-                self.store.decide(self.run_id, p.call_id, "approve", decided_by=_who())
+                self.store.decide(self.run_id, a.call_id, "approve", decided_by=_who())
             elif answer.startswith("n"):
                 reason = typer.prompt("Reason for the model", default="declined by the operator")
-                self.store.decide(self.run_id, p.call_id, "deny", reason=reason, decided_by=_who())
+                self.store.decide(self.run_id, a.call_id, "deny", reason=reason, decided_by=_who())
+        except (UnknownCall, DecisionConflict, InvalidDecision) as e:  # decided meanwhile elsewhere, or a blank reason
+            err.print(f"{a.call_id}: not recorded: {e}", highlight=False, markup=False)
 
 
 def _who() -> str:
@@ -194,12 +218,10 @@ def _as_kubectl_plugin() -> bool:
     return os.path.basename(sys.argv[0]).startswith("kubectl-")
 
 
-def _patch_approval(run: str, call_id: str, decision: str, reason: Optional[str], namespace: Optional[str]) -> None:
-    """``kubectl patch agentrun RUN --type merge -p '{"spec":{"approvals":{CALL_ID:{...}}}}'``, made
-    with the Kubernetes client; the operator records it in Postgres and the runner resumes."""
+def _kube_api(namespace: Optional[str]) -> tuple[Any, str]:
+    """The CustomObjectsApi and the namespace to use (the kubeconfig's, or in-cluster)."""
     try:
         import kubernetes
-        from kubernetes.client.rest import ApiException
     except ImportError:
         raise _fail("--kube needs the kubernetes client: pip install 'agentfast[operator]'") from None
     try:
@@ -208,41 +230,101 @@ def _patch_approval(run: str, call_id: str, decision: str, reason: Optional[str]
     except kubernetes.config.ConfigException:
         kubernetes.config.load_incluster_config()
         ns = namespace or "default"
-    body = {"spec": {"approvals": {call_id: {"decision": decision, **({"reason": reason} if reason else {})}}}}
-    api = kubernetes.client.CustomObjectsApi()
+    return kubernetes.client.CustomObjectsApi(), ns
+
+
+def _patch_approval(run: str, call_id: str, decision: str, reason: Optional[str], result: Optional[str],
+                    namespace: Optional[str]) -> None:
+    """``kubectl patch agentrun RUN --type merge -p '{"spec":{"approvals":{CALL_ID:{...}}}}'``, made
+    with the Kubernetes client; the operator records it in Postgres and the runner resumes.
+
+    Refused (exit 2) before patching when the AgentRun's status does not list the call as
+    pending, or spec.approvals already holds a decision for it (the operator would refuse it).
+    """
+    from kubernetes.client.rest import ApiException
+
+    api, ns = _kube_api(namespace)
+    name = run.rsplit("/", 1)[-1]
     try:
-        api.patch_namespaced_custom_object("agentfast.dev", "v1alpha1", ns, "agentruns", run.rsplit("/", 1)[-1], body)
+        body = api.get_namespaced_custom_object("agentfast.dev", "v1alpha1", ns, "agentruns", name)
+    except ApiException as e:
+        raise _fail(f"cannot read agentrun {ns}/{name}: {e.reason}") from None
+    earlier = ((body.get("spec") or {}).get("approvals") or {}).get(call_id)
+    if earlier is not None:
+        said = earlier.get("decision", "?") + (f" ({earlier['reason']})" if earlier.get("reason") else "")
+        raise _fail(f"{call_id} of agentrun {ns}/{name} was already decided: {said}; a decision is write-once, so this one was not recorded")
+    pending = [p.get("callId") for p in (body.get("status") or {}).get("pendingApprovals") or []]
+    if call_id not in pending:
+        now = f"awaiting a decision now: {', '.join(pending)}" if pending else "no call of this run awaits a decision now"
+        raise _fail(f"{call_id} of agentrun {ns}/{name} does not await a decision (status.pendingApprovals); {now}")
+    entry = {"decision": decision, **({"reason": reason} if reason else {}), **({"result": result} if result is not None else {})}
+    try:
+        api.patch_namespaced_custom_object("agentfast.dev", "v1alpha1", ns, "agentruns", name, {"spec": {"approvals": {call_id: entry}}})
     except ApiException as e:
         detail = json.loads(e.body).get("message", e.reason) if e.body else e.reason
         raise _fail(f"the API server refused the patch: {detail}") from None
-    out.print(f"agentrun.agentfast.dev/{run} patched: {call_id} {decision}" + (f" ({reason})" if reason else ""))
+    out.print(f"agentrun.agentfast.dev/{name} patched: {call_id} {decision}" + (f" ({reason})" if reason else ""), highlight=False, markup=False)
 
 
 def _decide(run: str, call_id: str, decision: str, reason: Optional[str], dsn: Optional[str],
-            kube: Optional[bool], namespace: Optional[str]) -> None:
+            kube: Optional[bool], namespace: Optional[str], result: Optional[str] = None) -> None:
+    """Record one decision (the store's rules: only for a call awaiting one now, once); exit 2 when refused."""
+    try:
+        reason, result = check_decision(decision, reason, result)
+    except InvalidDecision as e:
+        raise _fail(str(e)) from None
     if kube or (kube is None and _as_kubectl_plugin()):
-        _patch_approval(run, call_id, decision, reason, namespace)
+        _patch_approval(run, call_id, decision, reason, result, namespace)
         return
     store = _open_store(dsn)
     try:
-        d = store.decide(_run_key(run), call_id, decision, reason=reason, decided_by=_who())  # type: ignore[arg-type]
-    except (UnknownCall, DecisionConflict) as e:
+        d = store.decide(_run_key(run), call_id, decision, reason=reason, result=result, decided_by=_who())  # type: ignore[arg-type]
+    except (UnknownCall, DecisionConflict, InvalidDecision) as e:
         raise _fail(str(e)) from None
-    out.print(f"{d.call_id}: {d.decision}" + (f" ({d.reason})" if d.reason else "") + f" recorded for {_run_key(run)}")
+    said = f" ({d.reason})" if d.reason else ""
+    said += f" with result {d.result}" if d.result is not None else ""
+    out.print(f"{d.call_id}: {d.decision}{said} recorded for {_run_key(run)}", highlight=False, markup=False)
 
 
 @app.command()
 def approve(run: str, call_id: str = typer.Argument(..., help="the call id status shows, e.g. call-2-0"),
             dsn: Optional[str] = DsnOption, kube: Optional[bool] = KubeOption, namespace: Optional[str] = NamespaceOption) -> None:
-    """Approve a gated tool call; a waiting runner continues at once."""
+    """Approve a call awaiting a decision; it runs once every awaited call of its batch is decided."""
     _decide(run, call_id, "approve", None, dsn, kube, namespace)
 
 
 @app.command()
-def deny(run: str, call_id: str, reason: str = typer.Option("", "--reason", help="told to the model as the tool's result"),
+def deny(run: str, call_id: str, reason: str = typer.Option("", "--reason", help="required: told to the model as the tool's result"),
          dsn: Optional[str] = DsnOption, kube: Optional[bool] = KubeOption, namespace: Optional[str] = NamespaceOption) -> None:
-    """Deny a gated tool call; the model is told it was declined, and why."""
+    """Deny a call awaiting a decision; the model is told it was declined, and why (--reason is required)."""
     _decide(run, call_id, "deny", reason or None, dsn, kube, namespace)
+
+
+@app.command()
+def complete(run: str, call_id: str = typer.Argument(..., help="the call id status shows, e.g. call-1-0-rerun1"),
+             result: str = typer.Option(..., "--result", help="the call's result as JSON text; the model reads it verbatim"),
+             dsn: Optional[str] = DsnOption, kube: Optional[bool] = KubeOption, namespace: Optional[str] = NamespaceOption) -> None:
+    """Record that an awaited call's effect already happened, with this result; its tool never runs again."""
+    _decide(run, call_id, "complete", None, dsn, kube, namespace, result=result)
+
+
+def _awaiting_view(store: Store, key: str, pending: Optional[PendingToolCall]) -> dict[str, Any]:
+    """What ``status`` shows of a paused batch: every call awaiting a decision now, and the
+    decisions already recorded for the others (applied when the run goes on)."""
+    if pending is None:
+        return {"awaiting": [], "decided": []}
+    now = {a.call_id for a in store.awaiting(key)}
+    decided = store.get_decisions(key, pending.call_ids)
+    return {
+        "awaiting": [
+            {"call_id": a.call_id, "tool": a.tool_call.name, "arguments": a.tool_call.arguments, "reason": a.reason}
+            for a in pending.awaiting if a.call_id in now
+        ],
+        "decided": [
+            {"call_id": c, "decision": d.decision, "reason": d.reason, "result": d.result, "decided_by": d.decided_by}
+            for c in pending.call_ids if (d := decided.get(c)) is not None
+        ],
+    }
 
 
 @app.command()
@@ -253,8 +335,10 @@ def status(run: str, dsn: Optional[str] = DsnOption, output: str = typer.Option(
     if loaded is None:
         raise _fail(f"no run named {run!r} has a checkpoint")
     ctx, pending = loaded
+    view = _awaiting_view(store, _run_key(run), pending)
     if output == "json":
-        out.print_json(json.dumps({"context": ctx.model_dump(mode="json"), "pending": pending.model_dump(mode="json") if pending else None}))
+        out.print_json(json.dumps({"context": ctx.model_dump(mode="json"), "pending": pending.model_dump(mode="json") if pending else None,
+                                   **view}))
         return
     c, u, b = ctx.counters, ctx.usage, ctx.budget
     t = Table(show_header=False, box=None)
@@ -267,8 +351,11 @@ def status(run: str, dsn: Optional[str] = DsnOption, output: str = typer.Option(
     t.add_row("resumes", str(c.resumes))
     if ctx.classification:
         t.add_row("classifier", f"{ctx.classification.classifier}: {ctx.classification.label} ({ctx.classification.reason})")
-    if pending:
-        t.add_row("awaiting", f"{pending.call_id} {pending.tool_call.name}({pending.tool_call.arguments})")
+    for a in view["awaiting"]:
+        note = " (in flight when a runner died: may already have run)" if a["reason"] == "in_flight_not_idempotent" else ""
+        t.add_row("awaiting", Text(f"{a['call_id']} {a['tool']}({a['arguments']}){note}"))
+    for d in view["decided"]:
+        t.add_row("decided", Text(f"{d['call_id']}: {d['decision']}" + (f" ({d['reason']})" if d["reason"] else "")))
     out.print(t)
 
 

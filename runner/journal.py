@@ -4,7 +4,11 @@ For every call: the intent is already in the journal (planned with the model's t
 ``started``; the tool runs with its idempotency key; the result is persisted as ``done``. A done
 call is never run again: its stored result is returned. A call found ``started`` after a crash
 ran or may have run: an idempotent tool runs again with the same key; a non-idempotent one is not
-re-run here: the caller must send it to a human (:meth:`CallExecutor.needs_human`).
+re-run here: the caller must send it to a human (:meth:`CallExecutor.needs_human`). Before
+either, a tool's recovery check may settle it (:meth:`CallExecutor.recover`). A human's decision
+ends an awaited call one of three ways: approve (it runs), deny (:meth:`CallExecutor.deny`: the
+model reads the reason) or complete (:meth:`CallExecutor.complete`: the effect already happened;
+the model reads the given result, and the tool body never runs again).
 
 Both adapters execute tools through this class, so the guarantees hold for each.
 """
@@ -16,7 +20,7 @@ import logging
 from . import faults
 from .snapshot import ToolResult
 from .store import JournalEntry, Lease, Store
-from .tools import ToolArgumentsError, ToolContext, ToolRegistry
+from .tools import ToolArgumentsError, ToolContext, ToolRegistry, render_result
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +56,19 @@ class CallExecutor:
         """
         return f"{entry.call_id}-rerun{entry.attempts}" if cls.in_flight_unsafe(entry) else entry.call_id
 
-    def _result(self, entry: JournalEntry, content: str, error_kind: str | None = None) -> ToolResult:
+    def _context(self, entry: JournalEntry) -> ToolContext:
+        return ToolContext(
+            run_id=self.lease.run_id,
+            run_uid=self.run_uid,
+            call_id=entry.call_id,
+            iteration=entry.iteration,
+            position=entry.position,
+            idempotency_key=entry.idempotency_key,
+            epoch=self.lease.epoch,
+            dsn=self.store.dsn,
+        )
+
+    def _result(self, entry: JournalEntry, content: str, error_kind: str | None = None, recorded_by: str | None = None) -> ToolResult:
         return ToolResult(
             call_id=entry.call_id,
             position=entry.position,
@@ -64,6 +80,7 @@ class CallExecutor:
             is_error=error_kind is not None,
             error_kind=error_kind,
             idempotency_key=entry.idempotency_key,
+            recorded_by=recorded_by,
         )
 
     def execute(self, entry: JournalEntry) -> ToolResult:
@@ -89,16 +106,7 @@ class CallExecutor:
 
         self.store.mark_started(self.lease, entry.iteration, entry.position)  # write-ahead intent
         faults.point("tool.before_call", name)
-        ctx = ToolContext(
-            run_id=self.lease.run_id,
-            run_uid=self.run_uid,
-            call_id=entry.call_id,
-            iteration=entry.iteration,
-            position=entry.position,
-            idempotency_key=entry.idempotency_key,
-            epoch=self.lease.epoch,
-            dsn=self.store.dsn,
-        )
+        ctx = self._context(entry)
         try:
             result = self._result(entry, tool.invoke(ctx, args))
         except Exception as err:  # a tool that raises is a result the model can reason about
@@ -109,9 +117,52 @@ class CallExecutor:
         faults.point("tool.after_persist", name)
         return result
 
+    def recover(self, entry: JournalEntry) -> ToolResult | bool | None:
+        """Ask the tool's recovery check about a call found in flight (``started``, not done).
+
+        Returns the recorded ToolResult when the check says the effect happened (the call is
+        done with that result; the body does not run again); True when it says the effect did
+        not happen (the call may run again with its key); None when there is no check, the
+        check cannot tell, or it raised (then: idempotent tools re-run, others go to a human).
+        """
+        tool = self.tools.get(entry.tool_call.name)
+        if entry.state != "started" or tool is None or tool.recovery is None:
+            return None
+        try:
+            found = tool.recovery(self._context(entry))
+            if found.status == "happened":
+                content = render_result(found.result)
+            elif found.status == "not_happened":
+                return True
+            else:
+                return None
+        except Exception as err:  # a check that fails knows nothing: the safe answer is "ask"
+            log.warning("recovery check of %s (%s) raised: %r", entry.call_id, entry.tool_call.name, err)
+            return None
+        result = self._result(entry, content, recorded_by="recovery_check")
+        self.store.record_result(self.lease, entry.iteration, entry.position, result)
+        return result
+
     def deny(self, entry: JournalEntry, reason: str | None) -> ToolResult:
-        """Persist a human's denial as the call's result; the tool does not run."""
+        """Persist a human's denial as the call's result; the tool does not run (again).
+
+        The model reads the reason. For a call that was interrupted in flight the text does not
+        claim it was not run: its first attempt may have taken effect.
+        """
+        name = entry.tool_call.name
         why = f": {reason}" if reason else ""
-        result = self._result(entry, f"denied: a human reviewer declined this {entry.tool_call.name} call{why}. It was not run.", "denied")
+        if entry.attempts > 0:  # started before: it ran, or may have
+            text = (f"denied: a human reviewer declined to run this {name} call again{why}. "
+                    "An earlier attempt was interrupted and may have taken effect.")
+        else:
+            text = f"denied: a human reviewer declined this {name} call{why}. It was not run."
+        result = self._result(entry, text, "denied")
+        self.store.record_result(self.lease, entry.iteration, entry.position, result)
+        return result
+
+    def complete(self, entry: JournalEntry, result_text: str, decided_by: str) -> ToolResult:
+        """Persist a human's record that the call's effect already happened, with ``result_text``
+        (what the model reads, verbatim); the tool body never runs again."""
+        result = self._result(entry, result_text, recorded_by=f"human:{decided_by}" if decided_by else "human")
         self.store.record_result(self.lease, entry.iteration, entry.position, result)
         return result

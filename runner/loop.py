@@ -6,8 +6,9 @@ The vanilla adapter is a loop-owning tool-calling agent, checkpointed after ever
 
 One vanilla iteration (G1): check the budget (G7); ask the model (or, on resume, reuse the reply already
 persisted for this iteration); persist the reply and the intent of every tool call it asked for;
-run the non-gated calls in order through the journal (G3, G4); if a call needs a human, commit a
-checkpoint whose ``pending`` holds it and the siblings' results (G5) and wait; then append the
+run the non-gated calls in order through the journal (G3, G4); if calls need a human, commit a
+checkpoint whose ``pending`` lists every one of them at once and the siblings' results (G5), and
+wait until each is decided (approve, deny or complete, in any order); then append the
 assistant message and the tool results in the model's original order and commit the checkpoint.
 
 Exit codes (:class:`Outcome`.exit_code), shared with the CLI and the operator's Job policy:
@@ -30,6 +31,7 @@ from .journal import CallExecutor
 from .model import ChatModel, ModelError
 from .snapshot import (
     TERMINAL_PHASES,
+    AwaitedCall,
     Message,
     PendingToolCall,
     RunContext,
@@ -65,8 +67,10 @@ class Outcome:
 
 @dataclass
 class ProgressEvent:
-    """Sent to ``on_event`` as the run moves: kind is one of started, model_call, tool_result,
-    checkpoint, waiting, finished."""
+    """Sent to ``on_event`` as the run moves: kind is one of started, model_call, tool_result
+    (a tool body ran), tool_denied (a human denied the call; detail ends with the reason),
+    tool_completed (recorded done without running: by a human, or by the tool's recovery check),
+    checkpoint, waiting (``pending`` lists every awaited call), finished."""
 
     kind: str
     context: RunContext
@@ -95,6 +99,15 @@ def preflight(run: AgentRun) -> None:
 def run_id_of(run: AgentRun) -> str:
     """The store key of an AgentRun: ``namespace/name``."""
     return f"{run.metadata.namespace}/{run.metadata.name}"
+
+
+def awaiting_message(awaited: list[AwaitedCall]) -> str:
+    """The run's status message while it waits on ``awaited`` (non-empty, model order)."""
+    if len(awaited) == 1:
+        a = awaited[0]
+        return f"{a.call_id}: {a.tool_call.name}({a.tool_call.arguments[:200]})"
+    calls = ", ".join(f"{a.call_id} {a.tool_call.name}" for a in awaited)
+    return f"{len(awaited)} calls await a decision: {calls}"[:1000]
 
 
 class BudgetExceeded(Exception):
@@ -225,52 +238,100 @@ class RunnerBase:
             )
         return entries
 
-    def _decision(self, e: JournalEntry, siblings: list[ToolResult]) -> Decision | Outcome:
-        """The human decision on a call that needs one; pauses the run (G5) until it exists.
+    def _triage(self, e: JournalEntry) -> ToolResult | str:
+        """How one journaled call of the current batch goes on.
 
-        Returns the Decision, or an Outcome to return with (not waiting, or stopped).
+        Returns its result if it is done, or if it was interrupted in flight and its tool's
+        recovery check finds the effect happened (recorded now); "run" if it runs now without a
+        human (also an interrupted call whose check says the effect did not happen); "human" if
+        it awaits a decision (gated, or non-idempotent and interrupted with no answer from a
+        check). A human's decision on an interrupted call's re-run wins over its check.
         """
-        decision_id = self.executor.decision_id(e)
-        decision = self.store.get_decision(self.run_id, decision_id)
-        if decision is None:
-            outcome = self._pause(e, decision_id, siblings)
+        if e.state == "done" and e.result is not None:
+            return e.result
+        if e.state == "started" and (
+            not self.executor.in_flight_unsafe(e) or self.store.get_decision(self.run_id, self.executor.decision_id(e)) is None
+        ):
+            found = self.executor.recover(e)
+            if isinstance(found, ToolResult):
+                self._emit("tool_completed", f"{e.call_id} {e.tool_call.name}: its recovery check found the effect done")
+                return found
+            if found is True:
+                return "run"
+        return "human" if self.executor.needs_human(e) else "run"
+
+    def _decisions(self, waiting: list[JournalEntry], siblings: list[ToolResult]) -> dict[int, Decision] | Outcome:
+        """The human decision on every call of a batch that awaits one, by position.
+
+        ``waiting``: those calls, in the model's order; ``siblings``: the batch's results so far
+        (G5). All undecided calls are made pending at once (:meth:`_pause`) and the run waits
+        until every one is decided, in any order. Returns an Outcome instead when not waiting
+        for approvals, or stopped while waiting.
+        """
+        ids = {e.position: self.executor.decision_id(e) for e in waiting}
+        found = self.store.get_decisions(self.run_id, list(ids.values()))
+        undecided = [e for e in waiting if ids[e.position] not in found]
+        if undecided:
+            outcome = self._pause(undecided, siblings)
             if outcome is not None:
                 return outcome
-            decision = self.store.wait_for_decision(self.run_id, decision_id, self.stop)
+            got = self.store.wait_for_decisions(self.run_id, list(ids.values()), self.stop)
             self._active_since = time.monotonic()  # time spent waiting for a human is not billed
-            if decision is None:
+            if got is None:
                 return self._retry_exit("stop requested (SIGTERM) while waiting for approval; resume to continue")
+            found = got
         if self.snap.context.status.phase == "WaitingForApproval":
-            self.snap.context.status = RunStatus(phase="Running", reason="Decided", message=f"{decision_id}: {decision.decision}")
-        return decision
+            said = ", ".join(f"{i}: {found[i].decision}" for i in ids.values())
+            self.snap.context.status = RunStatus(phase="Running", reason="Decided", message=said[:1000])
+        return {pos: found[i] for pos, i in ids.items()}
 
-    def _pause(self, e: JournalEntry, decision_id: str, siblings: list[ToolResult]) -> Outcome | None:
-        """Commit the pending call (once) and either return (no wait) or let the caller wait."""
+    def _pause(self, undecided: list[JournalEntry], siblings: list[ToolResult]) -> Outcome | None:
+        """Commit every undecided call as pending (once), then return (no wait) or let the caller wait."""
         ctx = self.snap.context
-        if self.snap.pending is None or self.snap.pending.call_id != decision_id:
-            self.snap.pending = PendingToolCall(
-                call_id=decision_id,
-                iteration=e.iteration,
-                position=e.position,
-                tool_call=e.tool_call,
-                idempotency_key=e.idempotency_key,
-                reason="in_flight_not_idempotent" if self.executor.in_flight_unsafe(e) else "requires_approval",
-                executed_sibling_results=siblings,
+        old = self.snap.pending
+        before = {a.call_id: a for a in old.awaiting} if old else {}
+        awaited = []
+        for e in undecided:
+            cid = self.executor.decision_id(e)
+            awaited.append(
+                AwaitedCall(
+                    call_id=cid,
+                    iteration=e.iteration,
+                    position=e.position,
+                    tool_call=e.tool_call,
+                    idempotency_key=e.idempotency_key,
+                    reason="in_flight_not_idempotent" if self.executor.in_flight_unsafe(e) else "requires_approval",
+                    **({"requested_at": before[cid].requested_at} if cid in before else {}),
+                )
             )
-            ctx.counters.approvals_requested += 1
-            ctx.status = RunStatus(
-                phase="WaitingForApproval",
-                reason="AwaitingApproval",
-                message=f"{decision_id}: {e.tool_call.name}({e.tool_call.arguments[:200]})",
-            )
+        if old is None or old.call_ids != [a.call_id for a in awaited]:
+            self.snap.pending = PendingToolCall.of(awaited, siblings)
+            ctx.counters.approvals_requested += sum(1 for a in awaited if a.call_id not in before)
+            ctx.status = RunStatus(phase="WaitingForApproval", reason="AwaitingApproval", message=awaiting_message(awaited))
             self._commit()
         faults.point("approval.waiting")
-        self._emit("waiting", decision_id, pending=self.snap.pending)
+        self._emit("waiting", ", ".join(self.snap.pending.call_ids), pending=self.snap.pending)
         if not self.wait_for_approval:
             return Outcome("WaitingForApproval", EXIT_OK, ctx.status.message, pending=self.snap.pending)
         self._account_active()
         self._active_since = None
         return None
+
+    def _apply(self, e: JournalEntry, d: Decision) -> ToolResult | None:
+        """Carry out a human's decision on an awaited call; None if stopped before an approved run."""
+        name = e.tool_call.name
+        if d.decision == "approve":
+            if self.stop.is_set():
+                return None
+            result = self.executor.execute(e)
+            self._emit("tool_result", f"{e.call_id} {name}")
+        elif d.decision == "complete":
+            result = self.executor.complete(e, d.result or "", d.decided_by)
+            self._emit("tool_completed", f"{e.call_id} {name}: recorded as already done by {d.decided_by or 'a human'}")
+        else:
+            result = self.executor.deny(e, d.reason)
+            self._emit("tool_denied", f"{e.call_id} {name}: {d.reason or ''}")
+        return result
 
     # -- commits and endings ---------------------------------------------------------------------
 
@@ -350,28 +411,29 @@ class VanillaRunner(RunnerBase):
 
     def _run_batch(self, it: int, turn: Turn) -> Outcome | None:
         entries = self.store.journal(self.run_id, it)
-        results: dict[int, ToolResult] = {e.position: e.result for e in entries if e.state == "done" and e.result}
+        results: dict[int, ToolResult] = {}
+        waiting: list[JournalEntry] = []
         # G5: the calls that need no human run first, in the model's order.
         for e in entries:
-            if e.position in results or self.executor.needs_human(e):
-                continue
-            if self.stop.is_set():
-                return self._retry_exit("stop requested (SIGTERM) before a tool call; resume to continue")
-            results[e.position] = self.executor.execute(e)
-            self._emit("tool_result", f"{e.call_id} {e.tool_call.name}")
-        for e in entries:
-            if e.position in results:
-                continue
-            decision = self._decision(e, [results[p] for p in sorted(results)])
-            if isinstance(decision, Outcome):
-                return decision
-            if decision.decision == "approve":
-                if self.stop.is_set():
-                    return self._retry_exit("stop requested (SIGTERM) before an approved tool call; resume to continue")
-                results[e.position] = self.executor.execute(e)
+            t = self._triage(e)
+            if isinstance(t, ToolResult):
+                results[e.position] = t
+            elif t == "human":
+                waiting.append(e)
             else:
-                results[e.position] = self.executor.deny(e, decision.reason)
-            self._emit("tool_result", f"{e.call_id} {e.tool_call.name}")
+                if self.stop.is_set():
+                    return self._retry_exit("stop requested (SIGTERM) before a tool call; resume to continue")
+                results[e.position] = self.executor.execute(e)
+                self._emit("tool_result", f"{e.call_id} {e.tool_call.name}")
+        if waiting:
+            decided = self._decisions(waiting, [results[p] for p in sorted(results)])
+            if isinstance(decided, Outcome):
+                return decided
+            for e in waiting:
+                r = self._apply(e, decided[e.position])
+                if r is None:
+                    return self._retry_exit("stop requested (SIGTERM) before an approved tool call; resume to continue")
+                results[e.position] = r
         # Every call is resolved: the transcript keeps the model's original order.
         ctx = self.snap.context
         ordered = [results[p] for p in sorted(results)]

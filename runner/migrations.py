@@ -129,4 +129,12 @@ MIGRATIONS: list[str] = [
     CREATE TRIGGER agentfast_fence BEFORE INSERT OR UPDATE ON agentfast_tool_calls
         FOR EACH ROW EXECUTE FUNCTION agentfast_fence();
     """,
+    # 2: a third decision, "complete" (the call's effect already happened), with the result the
+    # model reads; a denial's reason and a completion's result are part of the decision.
+    """
+    ALTER TABLE agentfast_approvals ADD COLUMN result text;
+    ALTER TABLE agentfast_approvals DROP CONSTRAINT agentfast_approvals_decision_check;
+    ALTER TABLE agentfast_approvals ADD CONSTRAINT agentfast_approvals_decision_check
+        CHECK (decision IN ('approve', 'deny', 'complete'));
+    """,
 ]

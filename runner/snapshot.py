@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 #: Version of the snapshot shape written by this release. Bump it and add a step to
 #: ``_UPGRADES`` whenever a field is renamed or its meaning changes.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 Phase = Literal["Pending", "Running", "WaitingForApproval", "Succeeded", "Failed"]
 TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed"})
@@ -150,13 +150,18 @@ class ToolResult(_Model):
     is_error: bool = False
     error_kind: Literal["tool_raised", "malformed", "denied"] | None = None
     idempotency_key: str
+    # Who settled the call when its tool body did not (or not knowingly) produce the result:
+    # "human:<who>" (``agentfast complete``), "recovery_check" (the tool's own check). None: the tool ran.
+    recorded_by: str | None = None
 
     def to_message(self) -> Message:
         return Message(role="tool", content=self.content, tool_call_id=self.tool_call_id, name=self.tool_name)
 
 
-class PendingToolCall(_Model):
-    """The call a paused run waits on, and the results of its siblings that already ran (G5)."""
+class AwaitedCall(_Model):
+    """One call that awaits a human decision: a gated call, or a non-idempotent call that was in
+    flight when a runner died (``reason``). ``call_id`` is the id a human decides under: the
+    journal's call id, or ``<call id>-rerun<n>`` for an in-flight re-run."""
 
     call_id: str
     iteration: int
@@ -164,8 +169,46 @@ class PendingToolCall(_Model):
     tool_call: ToolCall
     idempotency_key: str
     reason: Literal["requires_approval", "in_flight_not_idempotent"] = "requires_approval"
-    executed_sibling_results: list[ToolResult] = Field(default_factory=list)
     requested_at: int = Field(default_factory=now_ms)
+
+
+class PendingToolCall(AwaitedCall):
+    """The batch a paused run waits on (the seed's shape), and its siblings that already ran (G5).
+
+    ``awaiting``: every call of the batch that awaits a human, in the model's order; all are
+    decidable at once, in any order, and the run goes on when each is decided. The top-level
+    call fields repeat ``awaiting[0]`` (the seed's single pending call). A pending dict written
+    before schema 2 has no ``awaiting``: it awaited exactly its own call, and loads that way.
+    """
+
+    executed_sibling_results: list[ToolResult] = Field(default_factory=list)
+    awaiting: list[AwaitedCall] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_awaited_call(cls, data: Any) -> Any:
+        return _with_awaiting(data) if isinstance(data, dict) else data
+
+    @classmethod
+    def of(cls, awaiting: list[AwaitedCall], executed_sibling_results: list[ToolResult]) -> "PendingToolCall":
+        """The pending record of a batch whose calls ``awaiting`` (non-empty, model order) wait."""
+        if not awaiting:
+            raise ValueError("a pending batch awaits at least one call")
+        return cls(**awaiting[0].model_dump(), awaiting=awaiting, executed_sibling_results=executed_sibling_results)
+
+    @property
+    def call_ids(self) -> list[str]:
+        """The ids of every awaited call, in the model's order."""
+        return [a.call_id for a in self.awaiting]
+
+
+def _with_awaiting(pending: dict[str, Any]) -> dict[str, Any]:
+    # Schema 1 (one pending call) to 2 (``awaiting``, every call of the batch): the old record
+    # awaited exactly its own call. Copied first: validating must not rewrite the caller's data.
+    if pending.get("awaiting") or "call_id" not in pending:
+        return pending
+    own = {k: pending[k] for k in AwaitedCall.model_fields if k in pending}
+    return {**pending, "awaiting": [own]}
 
 
 class StateSnapshot(_Model):
@@ -204,7 +247,14 @@ def _upgrade_0_to_1(d: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
-_UPGRADES = {0: _upgrade_0_to_1}
+def _upgrade_1_to_2(d: dict[str, Any]) -> dict[str, Any]:
+    # Version 1 paused on one call at a time; version 2 lists every awaited call of the batch.
+    if isinstance(d.get("pending"), dict):
+        d["pending"] = _with_awaiting(d["pending"])
+    return d
+
+
+_UPGRADES = {0: _upgrade_0_to_1, 1: _upgrade_1_to_2}
 
 
 def upgrade_snapshot_dict(data: dict[str, Any]) -> dict[str, Any]:

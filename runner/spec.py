@@ -10,6 +10,7 @@ API conventions ask, except the budget keys, which keep the product's names (``m
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -82,9 +83,66 @@ class GraphSpec(_Spec):
     ref: str = Field(description="module:attr of a StateGraph builder or a factory")
 
 
+REASON_MAX_CHARS = 1024
+RESULT_MAX_CHARS = 4096
+DECISIONS = ("approve", "deny", "complete")
+
+
+class InvalidDecision(ValueError):
+    """A decision that cannot be recorded as given (``str(err)`` says why and what to give)."""
+
+
+def _storable(text: str) -> str:
+    # Postgres text cannot hold U+0000 and UTF-8 cannot encode a lone surrogate: each becomes U+FFFD.
+    return "".join("\ufffd" if ch == "\x00" or "\ud800" <= ch <= "\udfff" else ch for ch in text)
+
+
+def check_decision(decision: str, reason: str | None, result: str | None) -> tuple[str | None, str | None]:
+    """Validate one human decision; returns ``(reason, result)`` as they are to be stored.
+
+    ``approve``: the call runs (``reason`` an optional note). ``deny``: the call does not run and
+    the model reads ``reason``, which is required (a denial without one tells the model nothing).
+    ``complete``: the call's effect already happened; ``result`` (required, JSON text, kept
+    verbatim) is what the model reads as the call's result. ``result`` is refused for the others.
+    Limits: reason 1024 characters, result 4096. NUL and lone surrogates become U+FFFD.
+    Raises InvalidDecision. The one home of these rules: the store, the CLI, ``spec.approvals``.
+    """
+    if decision not in DECISIONS:
+        raise InvalidDecision(f"decision must be one of {', '.join(DECISIONS)}, got {decision!r}")
+    if reason is not None:
+        reason = _storable(reason)
+        if not reason.strip():
+            reason = None
+        elif len(reason) > REASON_MAX_CHARS:
+            raise InvalidDecision(f"the reason is {len(reason)} characters; at most {REASON_MAX_CHARS}")
+    if decision == "deny" and reason is None:
+        raise InvalidDecision("a denial needs a reason: the model reads it as the call's result (e.g. --reason 'customer withdrew')")
+    if decision == "complete":
+        if result is None or not result.strip():
+            raise InvalidDecision("complete needs the call's result as JSON text, e.g. --result '{\"voucher\": \"V-100\"}'")
+        if len(result) > RESULT_MAX_CHARS:
+            raise InvalidDecision(f"the result is {len(result)} characters; at most {RESULT_MAX_CHARS}")
+        try:
+            json.loads(result)
+        except ValueError as err:
+            raise InvalidDecision(f"the result must be JSON text (an object, array, string in quotes, number...): {err}") from None
+        result = _storable(result)
+    elif result is not None:
+        raise InvalidDecision(f"a result is given only with complete, not with {decision}")
+    return reason, result
+
+
 class ApprovalDecision(_Spec):
-    decision: Literal["approve", "deny"]
-    reason: str | None = Field(None, max_length=1024)
+    """One entry of ``spec.approvals`` (the rules of :func:`check_decision`)."""
+
+    decision: Literal["approve", "deny", "complete"]
+    reason: str | None = Field(None, max_length=REASON_MAX_CHARS)
+    result: str | None = Field(None, max_length=RESULT_MAX_CHARS, description="complete: the call's result as JSON text")
+
+    @model_validator(mode="after")
+    def _valid(self) -> "ApprovalDecision":
+        check_decision(self.decision, self.reason, self.result)
+        return self
 
 
 class BudgetSpec(Budget):

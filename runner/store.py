@@ -30,7 +30,8 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from .migrations import MIGRATIONS
-from .snapshot import Message, PendingToolCall, RunContext, StateSnapshot, ToolCall, ToolResult
+from .snapshot import TERMINAL_PHASES, AwaitedCall, Message, PendingToolCall, RunContext, StateSnapshot, ToolCall, ToolResult
+from .spec import InvalidDecision, check_decision  # noqa: F401  (InvalidDecision: raised by Store.decide)
 
 PROGRESS_CHANNEL = "agentfast_progress"
 APPROVAL_CHANNEL = "agentfast_approval"
@@ -54,11 +55,21 @@ class LeaseLost(StoreError):
 
 
 class DecisionConflict(StoreError):
-    """The call already has a different decision; decisions are write-once."""
+    """The call was already decided; decisions are write-once.
+
+    ``existing``: the recorded Decision. ``same``: it is the very decision asked for again (same
+    decision, reason and result), as a level-based replay of ``spec.approvals`` does.
+    """
+
+    def __init__(self, message: str, existing: "Decision", same: bool):
+        super().__init__(message)
+        self.existing = existing
+        self.same = same
 
 
 class UnknownCall(StoreError):
-    """No call with this id waits for a decision in this run."""
+    """No call with this id awaits a decision in this run now (not gated, finished, not yet
+    asked, not an in-flight re-run, or no such run). The message says which, and what awaits."""
 
 
 @dataclass(frozen=True)
@@ -105,10 +116,14 @@ class JournalEntry:
 
 @dataclass(frozen=True)
 class Decision:
+    """A human's decision on one awaited call: approve (run it), deny (the model reads
+    ``reason``), or complete (its effect already happened; the model reads ``result``)."""
+
     call_id: str
-    decision: Literal["approve", "deny"]
+    decision: Literal["approve", "deny", "complete"]
     reason: str | None
     decided_by: str
+    result: str | None = None
 
 
 @dataclass(frozen=True)
@@ -512,57 +527,126 @@ class Store:
         self,
         run_id: str,
         call_id: str,
-        decision: Literal["approve", "deny"],
+        decision: Literal["approve", "deny", "complete"],
         *,
         reason: str | None = None,
+        result: str | None = None,
         decided_by: str = "",
-        require_known_call: bool = True,
     ) -> Decision:
-        """Record a human decision (write-once) and wake the waiting runner.
+        """Record a human decision on a call that awaits one now, and wake the waiting runner.
 
-        Recording the same decision again is a no-op. Raises DecisionConflict for a different
-        decision, UnknownCall when ``require_known_call`` and the run's journal has no such call.
+        The one place the rule lives (the CLI, ``--kube`` through the operator, and
+        ``spec.approvals`` all come here): ``call_id`` must be listed by :meth:`awaiting` at
+        this moment, and undecided. Raises InvalidDecision (see ``spec.check_decision``: a
+        denial needs a reason, complete needs JSON ``result``), DecisionConflict when the call
+        was already decided (``err.same`` tells a replay of the same decision), UnknownCall
+        when it does not await a decision now.
         """
-        if decision not in ("approve", "deny"):
-            raise ValueError(f"decision must be 'approve' or 'deny', got {decision!r}")
+        reason, result = check_decision(decision, reason, result)
 
         def op(conn: psycopg.Connection) -> Decision:
-            if require_known_call:
-                # A decision id is a call id, or "<call id>-rerun<n>" for re-running an unsafe in-flight call.
-                known = conn.execute(
-                    """SELECT 1 FROM agentfast_tool_calls WHERE run_id = %s
-                       AND (call_id = %s OR (%s LIKE call_id || '-rerun%%' AND NOT idempotent))""",
-                    (run_id, call_id, call_id),
-                ).fetchone()
-                if not known:
-                    raise UnknownCall(f"run {run_id} has no tool call {call_id}")
-            conn.execute(
-                """INSERT INTO agentfast_approvals (run_id, call_id, decision, reason, decided_by)
-                   VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_id, call_id) DO NOTHING""",
-                (run_id, call_id, decision, reason, decided_by),
-            )
+            self._refuse_if_decided(conn, run_id, call_id, decision, reason, result)
+            if conn.execute("SELECT 1 FROM agentfast_runs WHERE run_id = %s", (run_id,)).fetchone() is None:
+                raise UnknownCall(f"no run {run_id}")
+            awaiting = self._awaiting(conn, run_id)
+            if call_id not in [a.call_id for a in awaiting]:
+                raise UnknownCall(self._not_awaiting(conn, run_id, call_id, awaiting))
             row = conn.execute(
-                "SELECT call_id, decision, reason, decided_by FROM agentfast_approvals WHERE run_id = %s AND call_id = %s",
-                (run_id, call_id),
+                """INSERT INTO agentfast_approvals (run_id, call_id, decision, reason, result, decided_by)
+                   VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (run_id, call_id) DO NOTHING
+                   RETURNING call_id, decision, reason, result, decided_by""",
+                (run_id, call_id, decision, reason, result, decided_by),
             ).fetchone()
-            if row["decision"] != decision:
-                raise DecisionConflict(f"call {call_id} of run {run_id} was already decided: {row['decision']}")
+            if row is None:  # decided concurrently, between the check above and this insert
+                self._refuse_if_decided(conn, run_id, call_id, decision, reason, result)
             conn.execute("SELECT pg_notify(%s, %s)", (APPROVAL_CHANNEL, run_id))
             return Decision(**row)
 
         return self._retry(op)
 
-    def get_decision(self, run_id: str, call_id: str) -> Decision | None:
-        row = self._retry(
-            lambda c: c.execute(
-                "SELECT call_id, decision, reason, decided_by FROM agentfast_approvals WHERE run_id = %s AND call_id = %s",
-                (run_id, call_id),
-            ).fetchone()
+    def _refuse_if_decided(self, conn: psycopg.Connection, run_id: str, call_id: str, decision: str,
+                           reason: str | None, result: str | None) -> None:
+        existing = self._decisions(conn, run_id, [call_id]).get(call_id)
+        if existing is None:
+            return
+        same = (existing.decision, existing.reason, existing.result) == (decision, reason, result)
+        said = existing.decision + (f" ({existing.reason})" if existing.reason else "") + (f" with result {existing.result}" if existing.result else "")
+        raise DecisionConflict(
+            f"{call_id} of run {run_id} was already decided: {said}, by {existing.decided_by or 'unknown'}; "
+            "a decision is write-once" + (" (this is the same decision)" if same else ", so this one was not recorded"),
+            existing,
+            same,
         )
-        return Decision(**row) if row else None
+
+    @staticmethod
+    def _decisions(conn: psycopg.Connection, run_id: str, call_ids: list[str]) -> dict[str, Decision]:
+        rows = conn.execute(
+            """SELECT call_id, decision, reason, result, decided_by FROM agentfast_approvals
+               WHERE run_id = %s AND call_id = ANY(%s)""",
+            (run_id, list(call_ids)),
+        ).fetchall()
+        return {r["call_id"]: Decision(**r) for r in rows}
+
+    @classmethod
+    def _awaiting(cls, conn: psycopg.Connection, run_id: str) -> list[AwaitedCall]:
+        row = conn.execute(
+            "SELECT phase, pending FROM agentfast_checkpoints WHERE run_id = %s ORDER BY checkpoint_id DESC LIMIT 1", (run_id,)
+        ).fetchone()
+        if row is None or row["pending"] is None or row["phase"] in TERMINAL_PHASES:
+            return []
+        pending = PendingToolCall.model_validate(row["pending"])
+        decided = cls._decisions(conn, run_id, pending.call_ids)
+        return [a for a in pending.awaiting if a.call_id not in decided]
+
+    def awaiting(self, run_id: str) -> list[AwaitedCall]:
+        """The calls of a run awaiting a human decision now, in the model's order.
+
+        Those the latest checkpoint's ``pending`` lists (the run paused on them) and that have
+        no decision yet. Empty when the run is not paused, or every awaited call is decided
+        (then a runner, or a resume, goes on). Status, the operator and :meth:`decide` use it.
+        """
+        return self._retry(lambda c: self._awaiting(c, run_id))
+
+    @staticmethod
+    def _not_awaiting(conn: psycopg.Connection, run_id: str, call_id: str, awaiting: list[AwaitedCall]) -> str:
+        """Why ``call_id`` awaits no decision: one sentence, then what does await one."""
+        base, sep, rerun = call_id.rpartition("-rerun")
+        row = conn.execute(
+            "SELECT tool_name, gated, idempotent, state FROM agentfast_tool_calls WHERE run_id = %s AND call_id = %s",
+            (run_id, base if sep and rerun.isdigit() else call_id),
+        ).fetchone()
+        if row is None:
+            why = "the run has no such tool call (yet)"
+        elif sep and rerun.isdigit():
+            why = (f"{row['tool_name']} is idempotent: an interrupted call is re-run with its key, never asked about"
+                   if row["idempotent"] else f"it is not an interrupted call of {base} that awaits a human")
+        elif row["state"] == "done":
+            why = f"it is finished ({row['tool_name']})"
+        elif not row["gated"]:
+            why = f"{row['tool_name']} needs no approval"
+        else:
+            why = "the run has not paused on it"
+        now = (f"awaiting a decision now: {', '.join(a.call_id for a in awaiting)}" if awaiting
+               else "no call of this run awaits a decision now")
+        return f"{call_id} of run {run_id} does not await a decision: {why}; {now}"
+
+    def get_decision(self, run_id: str, call_id: str) -> Decision | None:
+        """The decision recorded for ``call_id``, or None."""
+        return self.get_decisions(run_id, [call_id]).get(call_id)
+
+    def get_decisions(self, run_id: str, call_ids: list[str]) -> dict[str, Decision]:
+        """The decisions recorded for any of ``call_ids``, by call id (undecided ones absent)."""
+        return self._retry(lambda c: self._decisions(c, run_id, call_ids))
 
     def wait_for_decision(self, run_id: str, call_id: str, stop: threading.Event, *, poll_s: float = 30.0) -> Decision | None:
-        """Block until the call is decided or ``stop`` is set (then None).
+        """Block until the call is decided or ``stop`` is set (then None)."""
+        got = self.wait_for_decisions(run_id, [call_id], stop, poll_s=poll_s)
+        return got[call_id] if got is not None else None
+
+    def wait_for_decisions(
+        self, run_id: str, call_ids: list[str], stop: threading.Event, *, poll_s: float = 30.0
+    ) -> dict[str, Decision] | None:
+        """Block until every one of ``call_ids`` is decided (returns them by id) or ``stop`` is set (None).
 
         LISTENs on ``agentfast_approval`` on a dedicated autocommit connection and re-reads the
         table after every wake-up and at least every ``poll_s`` seconds. A dropped connection is
@@ -577,9 +661,9 @@ class Store:
                     woke, last_read = True, 0.0  # read once right after LISTEN: nothing can slip between
                     while not stop.is_set():
                         if woke or time.monotonic() - last_read >= poll_s:
-                            decided = self.get_decision(run_id, call_id)
+                            decided = self.get_decisions(run_id, call_ids)
                             last_read = time.monotonic()
-                            if decided:
+                            if len(decided) == len(set(call_ids)):
                                 return decided
                         woke = False
                         for note in conn.notifies(timeout=0.5, stop_after=1):

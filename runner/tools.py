@@ -12,6 +12,14 @@ Tools declare two things, both overridable per AgentRun (``spec.tools[i]``):
   in flight after a crash is never re-run blindly; it goes to a human like a gated call.
 - ``requires_approval`` (default False): every call waits for a human decision.
 
+A tool may also declare a **recovery check** (``@tool(recovery_check=fn)`` or
+``@my_tool.recovery_check``): given the :class:`ToolContext` of a call that was in flight when a
+runner died (same idempotency key), it answers whether the call's effect happened, and with what
+result (:class:`Recovery`). The runtime asks it before re-running or asking a human: happened:
+the call is recorded done with that result; not happened: it runs again with the same key;
+unknown (or the check raises): an idempotent tool runs again with its key, a non-idempotent one
+goes to a human.
+
 Arguments arrive as the model's JSON text and are validated against the function's signature
 with pydantic; bad arguments become a tool error the model can read, never a crash.
 """
@@ -21,7 +29,7 @@ from __future__ import annotations
 import inspect
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from pydantic import ValidationError, create_model
 
@@ -47,6 +55,38 @@ class ToolContext:
     dsn: str = ""
 
 
+@dataclass(frozen=True)
+class Recovery:
+    """What a recovery check found about an interrupted call's effect.
+
+    Build it with :meth:`happened` (``result`` is what the tool would have returned: a dict is
+    JSON-encoded, a str kept), :meth:`not_happened` (safe to run again with the same key) or
+    :meth:`unknown` (ask a human if the tool is not idempotent).
+    """
+
+    status: Literal["happened", "not_happened", "unknown"]
+    result: Any = None
+
+    @classmethod
+    def happened(cls, result: Any) -> "Recovery":
+        return cls("happened", result)
+
+    @classmethod
+    def not_happened(cls) -> "Recovery":
+        return cls("not_happened")
+
+    @classmethod
+    def unknown(cls) -> "Recovery":
+        return cls("unknown")
+
+
+def render_result(out: Any) -> str:
+    """A tool's return value as the text the model reads: a str as is, anything else as JSON."""
+    if isinstance(out, str):
+        return out
+    return json.dumps(out, sort_keys=True, default=str)
+
+
 class ToolArgumentsError(ValueError):
     """The model's arguments could not be parsed or did not match the tool's signature."""
 
@@ -60,6 +100,7 @@ class Tool:
     description: str
     idempotent: bool = True
     requires_approval: bool = False
+    recovery: Callable[[ToolContext], Recovery] | None = field(default=None, repr=False)
     _args_model: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -98,10 +139,12 @@ class Tool:
 
     def invoke(self, ctx: ToolContext, arguments: dict[str, Any]) -> str:
         """Run the tool; returns its result as text (a dict is JSON-encoded). Exceptions propagate."""
-        out = self.fn(ctx, **arguments)
-        if isinstance(out, str):
-            return out
-        return json.dumps(out, sort_keys=True, default=str)
+        return render_result(self.fn(ctx, **arguments))
+
+    def recovery_check(self, check: Callable[[ToolContext], Recovery]) -> Callable[[ToolContext], Recovery]:
+        """Decorator: declare ``check`` as this tool's recovery check (see the module doc)."""
+        self.recovery = check
+        return check
 
 
 def tool(
@@ -110,11 +153,12 @@ def tool(
     name: str | None = None,
     idempotent: bool = True,
     requires_approval: bool = False,
+    recovery_check: Callable[[ToolContext], Recovery] | None = None,
 ) -> Any:
-    """Decorator: ``@tool`` or ``@tool(idempotent=False, requires_approval=True)``.
+    """Decorator: ``@tool`` or ``@tool(idempotent=False, requires_approval=True, recovery_check=fn)``.
 
     The function's docstring becomes the description the model sees; its parameters after
-    ``ctx`` become the JSON schema.
+    ``ctx`` become the JSON schema. ``recovery_check``: see the module doc.
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:
@@ -124,6 +168,7 @@ def tool(
             description=inspect.cleandoc(f.__doc__ or f.__name__),
             idempotent=idempotent,
             requires_approval=requires_approval,
+            recovery=recovery_check,
         )
 
     return wrap(fn) if fn is not None else wrap
@@ -153,6 +198,7 @@ class ToolRegistry:
                     description=obj.description,
                     idempotent=obj.idempotent if spec.idempotent is None else spec.idempotent,
                     requires_approval=obj.requires_approval if spec.requiresApproval is None else spec.requiresApproval,
+                    recovery=obj.recovery,
                 )
             )
         return cls(tools)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from agentfast.operator.status import status_from_store
 from agentfast.operator.workload import RunnerConfig, build_job, job_name
-from agentfast.runner.snapshot import PendingToolCall, RunContext, RunStatus, Session, ToolCall
+from agentfast.runner.snapshot import AwaitedCall, PendingToolCall, RunContext, RunStatus, Session, ToolCall
 
 BODY = {
     "apiVersion": "agentfast.dev/v1alpha1",
@@ -68,3 +68,22 @@ def test_condition_transition_time_changes_only_with_status() -> None:
 def test_status_stays_small() -> None:
     s = status_from_store(ctx("Succeeded", "x" * 100_000), None, generation=1, old=None)
     assert len(s["result"]) <= 1024 and len(s["message"]) <= 1024  # G9: nothing large in the resource
+
+
+def test_status_lists_every_undecided_awaited_call() -> None:
+    calls = [
+        AwaitedCall(call_id=cid, iteration=1, position=p, tool_call=ToolCall(id="c", name=n, arguments="{}"), idempotency_key=f"k{p}",
+                    reason="in_flight_not_idempotent" if "rerun" in cid else "requires_approval")
+        for p, (cid, n) in enumerate([("call-1-0", "freeze_card"), ("call-1-1-rerun1", "send_mail"), ("call-1-3", "refund_charge")])
+    ]
+    pending = PendingToolCall.of(calls, [])
+    s = status_from_store(ctx("WaitingForApproval"), pending, generation=1, old=None)
+    assert s["awaiting"] == "call-1-0,call-1-1-rerun1,call-1-3"
+    assert [(p["callId"], p["tool"], p["reason"]) for p in s["pendingApprovals"]] == [
+        ("call-1-0", "freeze_card", "requires_approval"), ("call-1-1-rerun1", "send_mail", "in_flight_not_idempotent"),
+        ("call-1-3", "refund_charge", "requires_approval")]
+    # A decided call is no longer listed: the others still are, in the model's order.
+    s = status_from_store(ctx("WaitingForApproval"), pending, generation=1, old=s, decided={"call-1-1-rerun1"})
+    assert s["awaiting"] == "call-1-0,call-1-3" and [p["callId"] for p in s["pendingApprovals"]] == ["call-1-0", "call-1-3"]
+    s = status_from_store(ctx("WaitingForApproval"), pending, generation=1, old=s, decided={"call-1-0", "call-1-1-rerun1", "call-1-3"})
+    assert s["awaiting"] == "" and s["pendingApprovals"] == []

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from agentfast.runner.snapshot import (
     SCHEMA_VERSION,
+    AwaitedCall,
     Budget,
     Classification,
     Message,
@@ -210,3 +211,40 @@ def test_bad_phase_is_refused() -> None:
     data["context"]["status"]["phase"] = "Sleeping"
     with pytest.raises(ValidationError):
         StateSnapshot.model_validate(data)
+
+
+# -- schema 2: every awaited call of a batch ---------------------------------------------------------
+
+
+def _awaited(position: int, name: str, call: str | None = None) -> AwaitedCall:
+    return AwaitedCall(call_id=call or call_id(2, position), iteration=2, position=position,
+                       tool_call=ToolCall(id=f"call_{position}", name=name, arguments="{}"),
+                       idempotency_key=idempotency_key(UID, 2, position), requested_at=1_700_000_001_000)
+
+
+def test_a_pending_batch_lists_every_awaited_call() -> None:
+    calls = [_awaited(0, "freeze_card"), _awaited(2, "refund_charge", "call-2-2-rerun1")]
+    pending = PendingToolCall.of(calls, [_result(1, "add_case_note", '{"ok": true}')])
+    assert pending.call_ids == ["call-2-0", "call-2-2-rerun1"]
+    assert pending.call_id == "call-2-0" and pending.tool_call.name == "freeze_card"  # the seed's single call: the first
+    snap = full_snapshot()
+    snap.pending = pending
+    again = StateSnapshot.model_validate(json.loads(json.dumps(snap.model_dump(mode="json"))))
+    assert again.pending == pending and again.pending.awaiting[1].call_id == "call-2-2-rerun1"
+    with pytest.raises(ValueError):
+        PendingToolCall.of([], [])
+
+
+def test_v1_pending_loads_as_one_awaited_call() -> None:
+    """Schema 1 paused on one call at a time and had no ``awaiting``: it awaited its own call."""
+    old = full_snapshot().model_dump(mode="json")
+    old["schema_version"] = 1
+    old["pending"].pop("awaiting")
+    kept = copy.deepcopy(old)
+    snap = StateSnapshot.model_validate(old)
+    assert old == kept  # validating does not rewrite the caller's dict
+    assert snap.schema_version == SCHEMA_VERSION == 2
+    assert snap.pending.call_ids == ["call-2-0"]
+    assert snap.pending.awaiting[0].tool_call.name == "issue_refund" and snap.pending.awaiting[0].requested_at == 1_700_000_001_000
+    # The store's cheap path (load_context) validates a pending record alone: same answer.
+    assert PendingToolCall.model_validate(kept["pending"]) == snap.pending

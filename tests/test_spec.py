@@ -42,7 +42,8 @@ BAD: dict[str, list[str]] = {
     "duplicate-tool-names.yaml": ["spec.tools", "tool names must be unique", "lookup_order"],
     "bad-tool-name.yaml": ["spec.tools[0].name", "pattern"],
     "langgraph-without-graph.yaml": ["spec.graph.ref", "langgraph"],
-    "bad-approval-decision.yaml": ["spec.approvals.call-2-0.decision", "'approve' or 'deny'"],
+    "bad-approval-decision.yaml": ["spec.approvals.call-2-0.decision", "'approve', 'deny' or 'complete'"],
+    "deny-without-reason.yaml": ["spec.approvals.call-2-0", "a denial needs a reason"],
     "empty-input.yaml": ["spec.input", "at least 1 character"],
 }
 

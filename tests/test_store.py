@@ -16,6 +16,7 @@ import pytest
 
 from agentfast.runner.migrations import MIGRATIONS
 from agentfast.runner.snapshot import (
+    AwaitedCall,
     Message,
     PendingToolCall,
     RunContext,
@@ -30,6 +31,7 @@ from agentfast.runner.snapshot import (
 from agentfast.runner.store import (
     FENCE_SQLSTATE,
     DecisionConflict,
+    InvalidDecision,
     JournalEntry,
     Lease,
     LeaseLost,
@@ -90,6 +92,21 @@ def planned(uid: str, iteration: int, calls: list[tuple[str, bool, bool]]) -> tu
         for pos, (tc, (_, gated, idem)) in enumerate(zip(tcs, calls))
     ]
     return turn, entries
+
+
+def pause(store: Store, lease: Lease, uid: str, entries: list[JournalEntry], awaited: list[str]) -> PendingToolCall:
+    """Commit the checkpoint of a run paused on the calls ``awaited`` (decision ids) of ``entries``'s batch."""
+    by_id = {e.call_id: e for e in entries}
+    calls = [
+        AwaitedCall(call_id=cid, iteration=by_id[base].iteration, position=by_id[base].position, tool_call=by_id[base].tool_call,
+                    idempotency_key=by_id[base].idempotency_key,
+                    reason="in_flight_not_idempotent" if "-rerun" in cid else "requires_approval")
+        for cid in awaited
+        for base in [cid.split("-rerun")[0]]
+    ]
+    pending = PendingToolCall.of(calls, [])
+    store.commit_checkpoint(lease, snapshot(lease.run_id, uid, [], entries[0].iteration - 1, "WaitingForApproval", pending), stored_messages=0)
+    return pending
 
 
 def result_for(e: JournalEntry, content: str = "ok") -> ToolResult:
@@ -372,26 +389,97 @@ def test_decisions_are_write_once(store: Store) -> None:
     run_id, uid, lease = new_run(store, "decide")
     turn, entries = planned(uid, 1, [("issue_refund", True, True), ("add_case_note", False, False)])
     store.save_turn(lease, turn, entries)
+    pause(store, lease, uid, entries, ["call-1-0"])
 
     first = store.decide(run_id, "call-1-0", "approve", reason="looks right", decided_by="alice")
     assert (first.decision, first.reason, first.decided_by) == ("approve", "looks right", "alice")
-    again = store.decide(run_id, "call-1-0", "approve", decided_by="bob")  # same decision: a no-op
-    assert again == first
-    with pytest.raises(DecisionConflict):
+    with pytest.raises(DecisionConflict, match="already decided: approve") as same:
+        store.decide(run_id, "call-1-0", "approve", reason="looks right", decided_by="bob")
+    assert same.value.same and same.value.existing == first  # a replay (the operator's resync) can tell
+    with pytest.raises(DecisionConflict, match="already decided") as other:
         store.decide(run_id, "call-1-0", "deny", reason="changed my mind", decided_by="mallory")
+    assert not other.value.same
     assert store.get_decision(run_id, "call-1-0") == first
-
-    with pytest.raises(UnknownCall):
-        store.decide(run_id, "call-9-9", "approve")
-    with pytest.raises(UnknownCall):
+    assert store.awaiting(run_id) == []
+    with pytest.raises(UnknownCall, match="no run"):
         store.decide("default/no-such-run", "call-1-0", "approve")
-    # A rerun decision exists only for a non-idempotent call.
-    with pytest.raises(UnknownCall):
-        store.decide(run_id, "call-1-0-rerun1", "approve")
-    assert store.decide(run_id, "call-1-1-rerun1", "deny", reason="it ran").decision == "deny"
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidDecision):
         store.decide(run_id, "call-1-1", "maybe")  # type: ignore[arg-type]
     assert store.get_decision(run_id, "call-9-9") is None
+
+
+def test_a_decision_only_for_a_call_awaiting_one_now(store: Store, dsn: str) -> None:
+    """Not for a non-gated sibling, a finished call, a call not yet planned or not yet paused on,
+    nor a -rerunN id that awaits nothing; each refusal says why and what does await."""
+    run_id, uid, lease = new_run(store, "awaited")
+    turn, entries = planned(uid, 1, [("issue_refund", True, True), ("add_case_note", False, True), ("send_mail", True, False)])
+    store.save_turn(lease, turn, entries)
+    with pytest.raises(UnknownCall, match="call-1-0 .* the run has not paused on it; no call of this run awaits a decision now"):
+        store.decide(run_id, "call-1-0", "approve")  # gated and planned, but the run has not paused yet
+    store.mark_started(lease, 1, 1)
+    store.record_result(lease, 1, 1, result_for(entries[1], "noted"))
+    pause(store, lease, uid, entries, ["call-1-0", "call-1-2"])
+    assert [a.call_id for a in store.awaiting(run_id)] == ["call-1-0", "call-1-2"]
+
+    refusals = {
+        "call-1-1": "it is finished (add_case_note)",
+        "call-3-0": "the run has no such tool call",
+        "call-1-0-rerun1": "issue_refund is idempotent",
+        "call-1-2-rerun1": "not an interrupted call of call-1-2 that awaits a human",
+        "call-1-0-rerunx": "the run has no such tool call",
+        "": "the run has no such tool call",
+    }
+    for cid, why in refusals.items():
+        for decision, kw in (("approve", {}), ("deny", {"reason": "no"}), ("complete", {"result": "{}"})):
+            with pytest.raises(UnknownCall) as err:
+                store.decide(run_id, cid, decision, **kw)  # type: ignore[arg-type]
+            assert why in str(err.value) and "awaiting a decision now: call-1-0, call-1-2" in str(err.value), str(err.value)
+    assert count_rows(dsn, "SELECT count(*) FROM agentfast_approvals") == 0
+
+    # In any order; each once; a denial keeps its reason, a completion its result verbatim.
+    done = store.decide(run_id, "call-1-2", "complete", result='{"sent":true}', decided_by="carol")
+    assert (done.decision, done.result, done.decided_by) == ("complete", '{"sent":true}', "carol")
+    assert [a.call_id for a in store.awaiting(run_id)] == ["call-1-0"]
+    with pytest.raises(InvalidDecision, match="needs a reason"):
+        store.decide(run_id, "call-1-0", "deny")
+    with pytest.raises(InvalidDecision, match="needs a reason"):
+        store.decide(run_id, "call-1-0", "deny", reason="   ")
+    with pytest.raises(InvalidDecision, match="JSON"):
+        store.decide(run_id, "call-1-0", "complete", result="sent it")
+    denied = store.decide(run_id, "call-1-0", "deny", reason="customer withdrew")
+    assert denied.reason == "customer withdrew"
+    with pytest.raises(DecisionConflict, match="already decided: deny \\(customer withdrew\\)"):
+        store.decide(run_id, "call-1-0", "deny", reason="another reason")
+    assert store.get_decision(run_id, "call-1-0").reason == "customer withdrew"
+    assert store.awaiting(run_id) == []
+    with pytest.raises(DecisionConflict):
+        store.decide(run_id, "call-1-2", "approve")
+
+    # A finished run awaits nothing, whatever its last pending record said.
+    store.commit_checkpoint(lease, snapshot(run_id, uid, [], 1, "Succeeded"), stored_messages=0)
+    assert store.awaiting(run_id) == []
+
+
+def test_an_in_flight_rerun_awaits_under_its_own_id(store: Store) -> None:
+    run_id, uid, lease = new_run(store, "rerun")
+    turn, entries = planned(uid, 1, [("send_mail", False, False)])
+    store.save_turn(lease, turn, entries)
+    store.mark_started(lease, 1, 0)
+    pause(store, lease, uid, entries, ["call-1-0-rerun1"])
+    with pytest.raises(UnknownCall, match="call-1-0 .*awaiting a decision now: call-1-0-rerun1"):
+        store.decide(run_id, "call-1-0", "approve")
+    with pytest.raises(UnknownCall):
+        store.decide(run_id, "call-1-0-rerun2", "approve")
+    assert store.decide(run_id, "call-1-0-rerun1", "complete", result='"sent"').result == '"sent"'
+
+
+def test_unstorable_text_in_a_decision_is_replaced(store: Store) -> None:
+    run_id, uid, lease = new_run(store, "nul")
+    turn, entries = planned(uid, 1, [("issue_refund", True, True)])
+    store.save_turn(lease, turn, entries)
+    pause(store, lease, uid, entries, ["call-1-0"])
+    d = store.decide(run_id, "call-1-0", "deny", reason="no\x00pe \udc80 [/b]")
+    assert d.reason == "no\ufffdpe \ufffd [/b]"
 
 
 def _listening(dsn: str, n: int = 1) -> bool:
@@ -409,6 +497,7 @@ def test_wait_for_decision_wakes_on_notify(store: Store, dsn: str) -> None:
     for rid, u, ls in ((run_id, uid, lease), (other_id, other_uid, other_lease)):
         turn, entries = planned(u, 1, [("issue_refund", True, True)])
         store.save_turn(ls, turn, entries)
+        pause(store, ls, u, entries, ["call-1-0"])
 
     stop = threading.Event()
     got: list[object] = []
@@ -455,6 +544,7 @@ def test_a_decision_made_before_waiting_is_found_at_once(store: Store) -> None:
     run_id, uid, lease = new_run(store, "early")
     turn, entries = planned(uid, 1, [("issue_refund", True, True)])
     store.save_turn(lease, turn, entries)
+    pause(store, lease, uid, entries, ["call-1-0"])
     store.decide(run_id, "call-1-0", "approve")
     t0 = time.monotonic()
     d = store.wait_for_decision(run_id, "call-1-0", threading.Event(), poll_s=60)

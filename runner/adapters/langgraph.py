@@ -15,9 +15,10 @@ How it fits together (docs/architecture.md, "LangGraph adapter", says why):
   per call, in the model's order; :meth:`GraphRuntime.tool_node` runs each call through the
   journal with its idempotency key, so a finished call never runs again, whichever of
   LangGraph's re-executions reaches it. A gated call (or an unsafe in-flight one) calls
-  ``interrupt()``; the run pauses as ``WaitingForApproval`` with the finished siblings in
-  ``pending.executed_sibling_results``; the human's decision (recorded in the store) resumes it
-  with ``Command(resume=...)``. One Send per call means each task holds at most one interrupt, so
+  ``interrupt()``; the run pauses as ``WaitingForApproval`` with every interrupted call of the
+  superstep in ``pending.awaiting`` and the finished siblings in
+  ``pending.executed_sibling_results``; once each is decided (in the store), one
+  ``Command(resume={interrupt id: decision, ...})`` resumes them all. One Send per call means each task holds at most one interrupt, so
   a resume value can never reach the wrong call (langgraph#6533).
 
 A user's graph is a factory ``module:attr`` taking a :class:`GraphRuntime` and returning a
@@ -233,13 +234,14 @@ class GraphRuntime:
         return [Send("tools", {"iteration": it, "position": e.position}) for e in entries]
 
     def tool_node(self, task: dict[str, Any]) -> dict[str, Any]:
-        """One tool call, exactly once in effect, through the journal; gated calls interrupt()."""
+        """One tool call, exactly once in effect, through the journal; calls awaiting a human interrupt()."""
         r = self._runner
         it, pos = task["iteration"], task["position"]
         entry = next(e for e in r.store.journal(r.run_id, it) if e.position == pos)
-        if entry.state == "done" and entry.result is not None:
-            result = entry.result
-        elif r.executor.needs_human(entry):
+        triage = r._triage(entry)
+        if isinstance(triage, ToolResult):
+            result = triage
+        elif triage == "human":
             decision_id = r.executor.decision_id(entry)
             decision = r.store.get_decision(r.run_id, decision_id)
             if decision is None:
@@ -251,17 +253,15 @@ class GraphRuntime:
                 decision = r.store.get_decision(r.run_id, decision_id)
                 if decision is None or decision.decision != resumed.get("decision"):
                     raise RuntimeError(f"resumed {decision_id} with {resumed!r} but the store holds {decision!r}")
-            if decision.decision == "approve":
-                if r.stop.is_set():
-                    raise StopRequested()
-                result = r.executor.execute(entry)
-            else:
-                result = r.executor.deny(entry, decision.reason)
+            applied = r._apply(entry, decision)
+            if applied is None:
+                raise StopRequested()
+            result = applied
         else:
             if r.stop.is_set():
                 raise StopRequested()
             result = r.executor.execute(entry)
-        r._emit("tool_result", f"{entry.call_id} {entry.tool_call.name}")
+            r._emit("tool_result", f"{entry.call_id} {entry.tool_call.name}")
         return {"messages": [to_langchain_message(result.to_message(), msg_id=f"agentfast-tool-{it}-{pos}")]}
 
 
@@ -349,17 +349,19 @@ class LangGraphRunner(RunnerBase):
         c.malformed_tool_calls = sum(1 for r in done if r.error_kind == "malformed")
 
     def _interrupted(self, thread_id: str, interrupts: Any) -> Command | Outcome:
-        """The graph paused in interrupt(): pause the run on the first call (model order) and
-        return the ``Command(resume=...)`` carrying the human's decision, or an Outcome."""
-        first = min(interrupts, key=lambda i: (i.value["iteration"], i.value["position"]))
-        it, pos = first.value["iteration"], first.value["position"]
-        entries = self.store.journal(self.run_id, it)
-        entry = next(e for e in entries if e.position == pos)
-        siblings: list[ToolResult] = [e.result for e in entries if e.result is not None]
+        """The graph paused in interrupt(), one per call awaiting a human: make them all pending
+        at once, and return the ``Command(resume=...)`` carrying every decision, or an Outcome."""
+        ordered = sorted(interrupts, key=lambda i: (i.value["iteration"], i.value["position"]))
+        it = ordered[0].value["iteration"]
+        entries = {e.position: e for e in self.store.journal(self.run_id, it)}
+        waiting = [entries[i.value["position"]] for i in ordered]
+        siblings: list[ToolResult] = [e.result for e in entries.values() if e.result is not None]
         self.snap.sdk_state = self.saver.export_state(thread_id)
         self._count_tools()
-        decided = self._decision(entry, siblings)
+        decided = self._decisions(waiting, siblings)
         if isinstance(decided, Outcome):
             return decided
         self.snap.pending = None
-        return Command(resume={first.id: {"decision": decided.decision, "reason": decided.reason}})
+        return Command(resume={
+            i.id: {"decision": decided[i.value["position"]].decision, "reason": decided[i.value["position"]].reason} for i in ordered
+        })

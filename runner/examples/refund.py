@@ -7,13 +7,18 @@ They keep real records in the run's Postgres so tests count effects from rows, n
 - ``demo_case_notes``: one row per note, keyed the same way.
 - ``demo_tool_invocations``: one row every time a tool body actually runs, keyed by nothing, so a
   duplicated execution is visible even where the ledger's key absorbed it.
+
+``issue_refund`` declares a recovery check: when a runner died while the refund was in flight,
+the runtime asks the ledger (by the call's idempotency key) whether the refund happened before
+running the body again or asking a human; if it did, the call is recorded done with the
+refund the ledger holds.
 """
 
 from __future__ import annotations
 
 import psycopg
 
-from ..tools import ToolContext, tool
+from ..tools import Recovery, ToolContext, tool
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS demo_refund_ledger (
@@ -76,10 +81,27 @@ def issue_refund(ctx: ToolContext, order_id: str, amount_cents: int, reason: str
             (ctx.idempotency_key, order_id, amount_cents, reason),
         )
         # Like a payment API's Idempotency-Key: a repeat returns the original refund, unchanged.
-        row = conn.execute(
-            "SELECT order_id, amount_cents FROM demo_refund_ledger WHERE idempotency_key = %s", (ctx.idempotency_key,)
-        ).fetchone()
+        refund = _refund_of(conn, ctx)
+    assert refund is not None
+    return refund
+
+
+def _refund_of(conn: psycopg.Connection, ctx: ToolContext) -> dict | None:
+    """The refund the ledger holds for this call's idempotency key, as issue_refund returns it."""
+    row = conn.execute(
+        "SELECT order_id, amount_cents FROM demo_refund_ledger WHERE idempotency_key = %s", (ctx.idempotency_key,)
+    ).fetchone()
+    if row is None:
+        return None
     return {"refund_id": ctx.idempotency_key, "order_id": row[0], "refunded_cents": row[1], "status": "succeeded"}
+
+
+@issue_refund.recovery_check
+def issue_refund_happened(ctx: ToolContext) -> Recovery:
+    """Did the interrupted refund reach the ledger? Then it is done with that refund; else it did not happen."""
+    with _connect(ctx) as conn:
+        refund = _refund_of(conn, ctx)
+    return Recovery.happened(refund) if refund is not None else Recovery.not_happened()
 
 
 @tool

@@ -37,6 +37,10 @@ BAD = [
     ("duplicate tool names", lambda s: s["tools"].append(dict(s["tools"][0])), "spec.tools[3]: Duplicate value"),
     ("langgraph without graph", lambda s: s.update(adapter="langgraph"), "spec.graph.ref is required"),
     ("bad decision", lambda s: s.update(approvals={"call-1-0": {"decision": "maybe"}}), "spec.approvals.call-1-0.decision"),
+    ("deny without reason", lambda s: s.update(approvals={"call-1-0": {"decision": "deny"}}), "a deny decision needs a reason"),
+    ("deny with a blank reason", lambda s: s.update(approvals={"call-1-0": {"decision": "deny", "reason": "  "}}), "a deny decision needs a reason"),
+    ("complete without result", lambda s: s.update(approvals={"call-1-0": {"decision": "complete"}}), "a complete decision needs result"),
+    ("result on approve", lambda s: s.update(approvals={"call-1-0": {"decision": "approve", "result": "{}"}}), "result is given only with decision complete"),
 ]
 
 
@@ -56,7 +60,7 @@ def test_spec_is_immutable_but_approvals_are_writable_once(kube: Kube) -> None:
     assert changed.returncode != 0 and "spec is immutable after creation" in changed.stderr
     ok = kube.run("patch", "agentrun", name, "--type", "merge", "-p", '{"spec":{"approvals":{"call-2-0":{"decision":"approve"}}}}', check=False)
     assert ok.returncode == 0, ok.stderr
-    again = kube.run("patch", "agentrun", name, "--type", "merge", "-p", '{"spec":{"approvals":{"call-2-0":{"decision":"deny"}}}}', check=False)
+    again = kube.run("patch", "agentrun", name, "--type", "merge", "-p", '{"spec":{"approvals":{"call-2-0":{"decision":"deny","reason":"no"}}}}', check=False)
     assert again.returncode != 0 and "write-once" in again.stderr
     removed = kube.run("patch", "agentrun", name, "--type", "json", "-p", '[{"op":"remove","path":"/spec/approvals/call-2-0"}]', check=False)
     assert removed.returncode != 0 and "cannot be removed" in removed.stderr
