@@ -36,6 +36,10 @@ out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 DsnOption = typer.Option(None, "--dsn", envvar="AGENTFAST_DSN", help="Postgres DSN; default: the embedded server under the user's data dir")
+ForceOption = typer.Option(
+    False, "--force",
+    help="take the run over even from a live runner (which is then fenced out: its next commit fails); without it a live owner makes this exit 76",
+)
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> "typer.Exit":
@@ -115,7 +119,7 @@ def _who() -> str:
     return f"cli:{os.environ.get('USER', 'unknown')}"
 
 
-def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool) -> Outcome:
+def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool, force: bool = False) -> Outcome:
     from .model import ModelError, model_from_spec
     from .tools import ToolRegistry
 
@@ -141,7 +145,8 @@ def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool) -> Out
 
             runner_class = LangGraphRunner
         runner = runner_class(
-            store, run, model, tools, wait_for_approval=wait, stop=stop, on_event=_Progress(store, run_id_of(run), interactive)
+            store, run, model, tools, wait_for_approval=wait, stop=stop, on_event=_Progress(store, run_id_of(run), interactive),
+            force=force,
         )
         outcome = runner.run()
     finally:
@@ -156,6 +161,7 @@ def run(
     file: str = typer.Argument(..., help="an AgentRun YAML file, the same one you would kubectl apply"),
     dsn: Optional[str] = DsnOption,
     wait: bool = typer.Option(True, "--wait/--no-wait", help="wait for approvals (default) or exit when the run pauses"),
+    force: bool = ForceOption,
 ) -> None:
     """Run an AgentRun locally; continues it if a run of that name exists and is unfinished."""
     try:
@@ -169,17 +175,20 @@ def run(
     record = store.create_run(run_id, agentrun.metadata.uid or str(uuid.uuid4()), doc)
     if record.spec.get("spec") != doc.get("spec"):
         raise _fail(f"a run named {run_id} exists with a different spec; rename metadata.name or `agentfast delete {run_id}`")
-    outcome = _drive(store, agentrun, wait=wait, interactive=wait and sys.stdin.isatty())
+    outcome = _drive(store, agentrun, wait=wait, interactive=wait and sys.stdin.isatty(), force=force)
     raise typer.Exit(outcome.exit_code)
 
 
 @app.command()
 def resume(run: str = typer.Argument(..., help="run name"), dsn: Optional[str] = DsnOption,
-           wait: bool = typer.Option(True, "--wait/--no-wait")) -> None:
-    """Continue a run from its last checkpoint, at the exact step it stopped."""
+           wait: bool = typer.Option(True, "--wait/--no-wait"), force: bool = ForceOption) -> None:
+    """Continue a run from its last checkpoint, at the exact step it stopped.
+
+    Refuses (exit 76) while a live runner owns the run, naming it; --force takes it over anyway.
+    """
     store = _open_store(dsn)
     agentrun = _load_registered(store, run)
-    outcome = _drive(store, agentrun, wait=wait, interactive=wait and sys.stdin.isatty())
+    outcome = _drive(store, agentrun, wait=wait, interactive=wait and sys.stdin.isatty(), force=force)
     raise typer.Exit(outcome.exit_code)
 
 

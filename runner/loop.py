@@ -13,7 +13,8 @@ assistant message and the tool results in the model's original order and commit 
 Exit codes (:class:`Outcome`.exit_code), shared with the CLI and the operator's Job policy:
 0 finished or paused for approval, 1 failed for good (budget, model rejected the request),
 2 bad input, 75 retry me (SIGTERM, Postgres unavailable, model unavailable; EX_TEMPFAIL),
-76 lease lost (another runner owns the run; this one must not retry).
+76 another runner owns the run: it took the run over (lease lost), or a live runner holds it and
+this one refused to take it over (``runner/liveness.py``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ from .snapshot import (
     idempotency_key,
 )
 from .spec import AgentRun, SpecError
-from .store import Decision, JournalEntry, LeaseLost, Store, StoreUnavailable, Turn
+from .liveness import RunnerAlive, RunnerClaim
+from .store import Decision, JournalEntry, LeaseLost, RunRecord, Store, StoreUnavailable, Turn
 from .tools import ToolRegistry
 
 log = logging.getLogger(__name__)
@@ -122,8 +124,10 @@ class RunnerBase:
         wait_for_approval: bool = True,
         stop: threading.Event | None = None,
         on_event: Callable[[ProgressEvent], None] | None = None,
+        force: bool = False,
     ):
         self.store = store
+        self.force = force
         self.run_spec = run
         self.spec = run.spec
         self.run_id = run_id_of(run)
@@ -139,10 +143,27 @@ class RunnerBase:
     # -- entry point -------------------------------------------------------------------------
 
     def run(self) -> Outcome:
-        """Run until finished, paused or stopped. Never raises for run-level failures."""
+        """Run until finished, paused or stopped. Never raises for run-level failures.
+
+        First claims the run (``runner/liveness.py``): a live runner already holding it ends
+        this one at once with exit 76 and a message naming the holder, unless ``force``.
+        Raises UnreadableState (exit 2) when the stored state is not readable by this release.
+        """
         record = self.store.get_run(self.run_id)
         if record is None:
             raise KeyError(f"run {self.run_id} is not registered in the store")
+        try:
+            claim = RunnerClaim.acquire(self.store, self.run_id, force=self.force)
+        except RunnerAlive as err:
+            return Outcome("Owned", EXIT_LEASE_LOST, str(err))
+        except StoreUnavailable as err:
+            return Outcome("Unavailable", EXIT_RETRY, f"Postgres unavailable; nothing is lost, resume later: {err}")
+        try:
+            return self._run_claimed(record)
+        finally:
+            claim.release()
+
+    def _run_claimed(self, record: RunRecord) -> Outcome:
         try:
             self.lease = self.store.acquire_lease(self.run_id)
             self.executor = CallExecutor(self.store, self.lease, record.run_uid, self.tools)
