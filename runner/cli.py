@@ -26,8 +26,9 @@ from rich.console import Console
 from rich.table import Table
 
 from .loop import EXIT_BAD_INPUT, Outcome, ProgressEvent, VanillaRunner, preflight, run_id_of
+from .snapshot import RunContext
 from .spec import AgentRun, SpecError, load_agentrun, parse_agentrun
-from .store import DecisionConflict, Store, StoreUnavailable, UnknownCall
+from .store import DecisionConflict, Store, StoreUnavailable, UnknownCall, UnreadableState
 
 EXIT_NO_POSTGRES = 3
 
@@ -254,31 +255,75 @@ def deny(run: str, call_id: str, reason: str = typer.Option("", "--reason", help
     _decide(run, call_id, "deny", reason or None, dsn, kube, namespace)
 
 
+def _budget_summary(ctx: RunContext) -> tuple[dict, str]:
+    """The budget applied next to the declared one and why: (JSON object, one text line)."""
+    b, cl = ctx.budget, ctx.classification
+    doc: dict = {"applied": b.model_dump(mode="json")}
+    if cl is None:
+        return doc, "as declared"
+    doc.update(declared=cl.declared.model_dump(mode="json"), classifier=cl.classifier, label=cl.label, reason=cl.reason)
+    lowered = [k for k in ("max_iterations", "max_tokens", "max_duration_ms") if getattr(b, k) != getattr(cl.declared, k)]
+    doc["lowered"] = lowered
+    if not lowered:
+        return doc, f"as declared ({cl.classifier} classifier: {cl.label}, {cl.reason})"
+    parts = ", ".join(f"{k} {getattr(b, k)} (declared {getattr(cl.declared, k)})" for k in lowered)
+    return doc, f"lowered by the {cl.classifier} classifier ({cl.label}: {cl.reason}): {parts}"
+
+
 @app.command()
 def status(run: str, dsn: Optional[str] = DsnOption, output: str = typer.Option("text", "-o", help="text or json")) -> None:
-    """Phase, iteration, tokens, budget and any pending approval of a run."""
+    """Phase, whether a runner is alive, iteration, tokens, budget and any pending approval of a run.
+
+    ``-o json``: ``context``, ``pending``, ``runner`` (``alive``, ``state``, ``heartbeat_age_s``,
+    ``runner_id``, ``pid``, ``host``), ``next`` (``state`` and ``message``: what the run waits
+    for), ``decision`` (recorded for the pending call, or null) and ``budget`` (applied,
+    declared, classifier, which limits it lowered).
+    """
+    from .liveness import runner_state, runner_story
+
     store = _open_store(dsn)
-    loaded = store.load_context(_run_key(run))
+    key = _run_key(run)
+    loaded = store.load_context(key)
     if loaded is None:
         raise _fail(f"no run named {run!r} has a checkpoint")
     ctx, pending = loaded
+    info = runner_state(store, key)
+    decision = store.get_decision(key, pending.call_id) if pending is not None else None
+    state, story = runner_story(info, ctx.status.phase, pending.call_id if pending else None, decision.decision if decision else None)
+    short = key.removeprefix("default/")
+    if state == "waiting_for_decision":
+        story += f"; decide with `agentfast approve {short} {pending.call_id}` or `agentfast deny ...`, then `agentfast resume {short}`"
+    elif state in ("decided_resume_needed", "interrupted"):
+        story += f"; resume to continue: `agentfast resume {short}`"
+    budget_doc, budget_line = _budget_summary(ctx)
     if output == "json":
-        out.print_json(json.dumps({"context": ctx.model_dump(mode="json"), "pending": pending.model_dump(mode="json") if pending else None}))
+        doc = {
+            "context": ctx.model_dump(mode="json"),
+            "pending": pending.model_dump(mode="json") if pending else None,
+            "runner": info.to_json(),
+            "next": {"state": state, "message": story},
+            "decision": {"call_id": decision.call_id, "decision": decision.decision, "reason": decision.reason,
+                         "decided_by": decision.decided_by} if decision else None,
+            "budget": budget_doc,
+        }
+        out.print_json(json.dumps(doc))
         return
     c, u, b = ctx.counters, ctx.usage, ctx.budget
     t = Table(show_header=False, box=None)
-    t.add_row("run", _run_key(run))
+    t.add_row("run", key)
     t.add_row("phase", f"{ctx.status.phase} ({ctx.status.reason})" + (f": {ctx.status.message}" if ctx.status.message else ""))
+    t.add_row("runner", story)
     t.add_row("iteration", f"{c.iterations} of {b.max_iterations}")
     t.add_row("tokens", f"{u.total_tokens} of {b.max_tokens} (prompt {u.prompt_tokens}, completion {u.completion_tokens})")
-    t.add_row("active time", f"{u.duration_ms} ms of {b.max_duration_ms} ms")
+    t.add_row("active time", f"{u.duration_ms} ms of {b.max_duration_ms} ms (time waiting for a decision is not counted)")
+    t.add_row("budget", budget_line)
     t.add_row("tool calls", f"{c.tool_calls} ({c.tool_errors} raised, {c.malformed_tool_calls} malformed)")
     t.add_row("resumes", str(c.resumes))
-    if ctx.classification:
-        t.add_row("classifier", f"{ctx.classification.classifier}: {ctx.classification.label} ({ctx.classification.reason})")
     if pending:
         t.add_row("awaiting", f"{pending.call_id} {pending.tool_call.name}({pending.tool_call.arguments})")
-    out.print(t)
+    if decision:
+        t.add_row("decision", f"{decision.call_id}: {decision.decision}" + (f" ({decision.reason})" if decision.reason else "") + f" by {decision.decided_by}")
+    out.print(t, highlight=False)
 
 
 @app.command()
@@ -312,9 +357,19 @@ def list_runs(dsn: Optional[str] = DsnOption) -> None:
     """Every run in the store with its phase and iteration."""
     store = _open_store(dsn)
     t = Table("run", "phase", "iteration", "checkpoints at")
+    unreadable = []
     for rec, info in store.list_runs():
+        if info is not None and not info.readable:  # a newer release's row: its phase may not mean what ours does
+            unreadable.append(UnreadableState(rec.run_id, "agentfast_checkpoints", f"checkpoint {info.checkpoint_id} (iteration {info.iteration})",
+                                              "written by a newer or unknown release", found_version=info.schema_version))
+            t.add_row(rec.run_id, f"unreadable (schema_version {info.schema_version})", "-", "-")
+            continue
         t.add_row(rec.run_id, info.phase if info else "-", str(info.iteration) if info else "-", str(info.saved_at) if info else "-")
     out.print(t)
+    if unreadable:
+        for e in unreadable:
+            print(f"error: {e}", file=sys.stderr)
+        raise typer.Exit(EXIT_BAD_INPUT)
 
 
 @app.command()
@@ -329,4 +384,8 @@ def delete(run: str, dsn: Optional[str] = DsnOption) -> None:
 def main() -> None:
     """Console-script entry point."""
     logging.basicConfig(level=os.environ.get("AGENTFAST_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
-    app()
+    try:
+        app()
+    except UnreadableState as e:  # any command that read state this release cannot interpret
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)

@@ -305,3 +305,28 @@ class RunnerClaim:
             log.warning("run %s: could not delete the heartbeat row: %s", self.run_id, err)
         finally:
             conn.close()  # ends the session: the lock goes with it
+
+
+def runner_story(info: RunnerInfo, phase: str, awaiting: str | None, decided: str | None) -> tuple[str, str]:
+    """What a reader of the run's status should be told about its runner: ``(state, sentence)``.
+
+    ``phase``: the latest checkpoint's phase; ``awaiting``: the call id it waits on (if any);
+    ``decided``: the decision already recorded for that call (``approve``/``deny``), if any.
+    ``state`` is one of ``alive``, ``ended`` (the run finished; no runner needed),
+    ``waiting_for_decision`` (paused with no runner: normal for a ``--no-wait`` run or one
+    released while waiting), ``decided_resume_needed`` (paused, decided, nobody to continue it) or
+    ``interrupted`` (unfinished and no live runner: it stopped or was killed; ``stale`` holders
+    included). The sentence never says what to type: CLI and operator add their own next step.
+    """
+    if info.alive:
+        extra = f"; it waits for a decision on {awaiting}" if phase == "WaitingForApproval" and awaiting and not decided else ""
+        return "alive", f"alive: {info.describe()}{extra}"
+    if phase in ("Succeeded", "Failed"):
+        return "ended", "none (the run has ended)"
+    if phase == "WaitingForApproval" and awaiting:
+        if decided:
+            return "decided_resume_needed", f"no runner: the decision on {awaiting} ({decided}) is recorded and nothing is running to act on it"
+        return "waiting_for_decision", f"no runner: waiting for a decision on {awaiting} (normal for a paused run)"
+    if info.state == "stale":
+        return "interrupted", f"no live runner: interrupted; {info.describe()} (frozen or unreachable; a resume takes it over)"
+    return "interrupted", "no runner: interrupted (its process stopped or was killed before the run finished)"

@@ -164,6 +164,7 @@ class RunnerBase:
             claim.release()
 
     def _run_claimed(self, record: RunRecord) -> Outcome:
+        self.store.load_context(self.run_id)  # unreadable state (UnreadableState) stops us before the takeover
         try:
             self.lease = self.store.acquire_lease(self.run_id)
             self.executor = CallExecutor(self.store, self.lease, record.run_uid, self.tools)
