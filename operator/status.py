@@ -12,9 +12,18 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+from agentfast.runner.liveness import RunnerInfo, runner_story
 from agentfast.runner.snapshot import PendingToolCall, RunContext
 
 CONDITION_TYPES = ("Ready", "Progressing", "AwaitingApproval", "Failed")
+# Reason of the RunnerAlive condition for each state of liveness.runner_story.
+_RUNNER_REASONS = {
+    "alive": "RunnerAlive",
+    "ended": "RunEnded",
+    "waiting_for_decision": "WaitingForDecision",
+    "decided_resume_needed": "DecidedResumeNeeded",
+    "interrupted": "RunnerInterrupted",
+}
 SUMMARY_CHARS = 1024
 ARGUMENTS_CHARS = 512
 
@@ -55,11 +64,18 @@ def status_from_store(
     generation: int,
     old: dict[str, Any] | None,
     override: tuple[str, str, str] | None = None,
+    runner: RunnerInfo | None = None,
+    decided: str | None = None,
 ) -> dict[str, Any]:
     """The ``status`` of an AgentRun whose latest checkpoint holds ``ctx`` and ``pending``.
 
     ``override`` = (phase, reason, message) for what only the operator knows (an invalid spec,
-    the restart limit reached). A run without a checkpoint yet is ``Pending``.
+    the restart limit reached). A run without a checkpoint yet is ``Pending``. ``runner`` (from
+    ``liveness.runner_state``) adds the condition ``RunnerAlive``: True while a runner holds the
+    run, else False with why (ended, waiting for a decision, decided but not resumed,
+    interrupted), the same story ``agentfast status`` tells; ``decided`` is the decision already
+    recorded for the pending call. Its message names the holder but not the heartbeat age, so
+    the condition changes only when liveness does.
     """
     old = old or {}
     if override:
@@ -74,6 +90,8 @@ def status_from_store(
         "message": message[:SUMMARY_CHARS],
         "conditions": _conditions(phase, reason, message, generation, old.get("conditions", [])),
     }
+    if runner is not None and ctx is not None and not override:
+        status["conditions"].append(_runner_condition(runner, phase, pending, decided, generation, old.get("conditions", [])))
     if ctx is not None:
         status["iteration"] = ctx.counters.iterations
         status["tokensUsed"] = ctx.usage.total_tokens
@@ -94,3 +112,24 @@ def status_from_store(
         status["pendingApprovals"] = []
         status["awaiting"] = ""
     return status
+
+
+def _runner_condition(
+    runner: RunnerInfo, phase: str, pending: PendingToolCall | None, decided: str | None, generation: int, old: list[dict[str, Any]]
+) -> dict[str, Any]:
+    awaiting = pending.call_id if pending is not None else None
+    state, story = runner_story(runner, phase, awaiting, decided)
+    if state == "interrupted":  # (a stale holder's sentence has its heartbeat age)
+        story = "no runner: interrupted (its process stopped or was killed); the runner Job replaces a lost pod"
+    if state == "alive":  # without the heartbeat age: the condition changes only with liveness
+        story = f"alive: runner {runner.runner_id or '(starting)'}" + (f" (pid {runner.pid} on host {runner.host})" if runner.pid is not None else "")
+    status = "True" if runner.alive else "False"
+    prev = next((c for c in old or [] if c.get("type") == "RunnerAlive"), {})
+    return {
+        "type": "RunnerAlive",
+        "status": status,
+        "observedGeneration": generation,
+        "lastTransitionTime": prev["lastTransitionTime"] if prev.get("status") == status and prev.get("lastTransitionTime") else _now(),
+        "reason": _RUNNER_REASONS[state],
+        "message": story[:SUMMARY_CHARS],
+    }

@@ -41,7 +41,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from .store import Store, StoreError, StoreUnavailable
+from .store import PROGRESS_CHANNEL, Store, StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +217,7 @@ class RunnerClaim:
                    backend_pid = excluded.backend_pid, started_at = excluded.started_at, beat_at = excluded.beat_at""",
             (self.run_id, self.runner_id, os.getpid(), socket.gethostname()[:255]),
         )
+        self._conn.execute("SELECT pg_notify(%s, %s)", (PROGRESS_CHANNEL, self.run_id))  # the operator republishes liveness
 
     # -- acquire / release ----------------------------------------------------------------------
 
@@ -301,6 +302,7 @@ class RunnerClaim:
             return
         try:
             conn.execute("DELETE FROM agentfast_runners WHERE run_id = %s AND runner_id = %s", (self.run_id, self.runner_id))
+            conn.execute("SELECT pg_advisory_unlock_all(), pg_notify(%s, %s)", (PROGRESS_CHANNEL, self.run_id))
         except psycopg.Error as err:
             log.warning("run %s: could not delete the heartbeat row: %s", self.run_id, err)
         finally:

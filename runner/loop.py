@@ -212,14 +212,20 @@ class RunnerBase:
                 raise BudgetExceeded(reason)
             self._emit("model_call", f"iteration {it}")
             reply = self.model.complete(messages, self.tools.schemas)
-            self.snap.context.counters.model_calls += 1
             turn = Turn(it, reply.message, reply.prompt_tokens, reply.completion_tokens)
             self.store.save_turn(self.lease, turn, self._plan(it, turn.message))
         self._account(turn)
         return turn
 
     def _account(self, turn: Turn) -> None:
+        """Add a turn's tokens to usage once, and count it as a model call.
+
+        Both are derived from the persisted turns (one per iteration), not from what this process
+        did: after a kill and resume they are what an uninterrupted run shows (a reply whose turn
+        was never persisted is asked again and counted once).
+        """
         ctx = self.snap.context
+        ctx.counters.model_calls = max(ctx.counters.model_calls, turn.iteration)
         if ctx.turns_accounted < turn.iteration:
             ctx.usage.prompt_tokens += turn.prompt_tokens
             ctx.usage.completion_tokens += turn.completion_tokens
@@ -287,11 +293,13 @@ class RunnerBase:
             )
             self._commit()
         faults.point("approval.waiting")
+        # From here on the run waits for a human, also while the CLI asks at its own prompt (an
+        # on_event callback): waiting time, not active time against max_duration_ms.
+        self._account_active()
+        self._active_since = None
         self._emit("waiting", decision_id, pending=self.snap.pending)
         if not self.wait_for_approval:
             return Outcome("WaitingForApproval", EXIT_OK, ctx.status.message, pending=self.snap.pending)
-        self._account_active()
-        self._active_since = None
         return None
 
     # -- commits and endings ---------------------------------------------------------------------
