@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 HEARTBEAT_S = 2.0
 STALE_AFTER_S = 30.0
 TAKEOVER_WAIT_S = 5.0
+EXIT_GRACE_S = 1.0
 # libpq (client side) and server-side TCP keepalives: a half-open connection is declared dead
 # after about KEEPALIVE_IDLE_S + KEEPALIVE_COUNT * KEEPALIVE_INTERVAL_S seconds.
 KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 10, 5, 3
@@ -232,18 +233,39 @@ class RunnerClaim:
         keeps the old holder from committing. Raises StoreUnavailable.
         """
         claim = cls(store, run_id, **kw)
-        claim._conn = claim._connect_retrying()
-        try:
-            claim._claim(force)
-        except BaseException:
-            claim._conn.close()
-            raise
+        deadline = time.monotonic() + store.retry_for_s
+        delay = 0.1
+        while True:
+            claim._conn = claim._connect_retrying()
+            try:
+                claim._claim(force)
+                break
+            except psycopg.Error as err:
+                claim._conn.close()
+                sqlstate = getattr(err, "sqlstate", None)
+                if sqlstate == "42501":
+                    raise StoreUnavailable(f"Postgres refused the runner a privilege (nothing is lost; fix the grant, then resume): {err}") from None
+                if not (isinstance(err, psycopg.OperationalError) or sqlstate in ("25006", "25P03")):
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise StoreUnavailable(f"Postgres unavailable for {store.retry_for_s:.0f}s: {err}") from None
+            except BaseException:
+                claim._conn.close()
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
         claim._thread = threading.Thread(target=claim._beat, name=f"agentfast-heartbeat {run_id}", daemon=True)
         claim._thread.start()
         return claim
 
     def _claim(self, force: bool) -> None:
         self.locked = self._try_lock()
+        # A holder that was just killed frees the lock when Postgres sees its socket close, a few
+        # milliseconds later: look again for a moment before calling it alive.
+        grace_until = time.monotonic() + EXIT_GRACE_S
+        while not self.locked and time.monotonic() < grace_until:
+            time.sleep(0.05)
+            self.locked = self._try_lock()
         if not self.locked:
             holder = self._state()
             if holder.alive and not force:

@@ -211,7 +211,9 @@ class RunnerBase:
             if reason:
                 raise BudgetExceeded(reason)
             self._emit("model_call", f"iteration {it}")
+            faults.point("model.before_call")
             reply = self.model.complete(messages, self.tools.schemas)
+            faults.point("model.after_call")
             turn = Turn(it, reply.message, reply.prompt_tokens, reply.completion_tokens)
             self.store.save_turn(self.lease, turn, self._plan(it, turn.message))
         self._account(turn)
