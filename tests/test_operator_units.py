@@ -68,3 +68,31 @@ def test_condition_transition_time_changes_only_with_status() -> None:
 def test_status_stays_small() -> None:
     s = status_from_store(ctx("Succeeded", "x" * 100_000), None, generation=1, old=None)
     assert len(s["result"]) <= 1024 and len(s["message"]) <= 1024  # G9: nothing large in the resource
+
+
+def test_exit_76_is_counted_so_the_job_never_retries_it_for_ever() -> None:
+    rules = build_job(BODY, RunnerConfig())["spec"]["podFailurePolicy"]["rules"]
+    by_code = {code: r["action"] for r in rules if "onExitCodes" in r for code in r["onExitCodes"]["values"]}
+    assert by_code[76] == "Count"  # bounded by backoffLimit, unlike Ignore
+    assert all(r["action"] != "Ignore" for r in rules if "onExitCodes" in r)
+
+
+def test_runner_alive_condition_tells_the_same_story_as_the_cli() -> None:
+    from agentfast.runner.liveness import RunnerInfo
+
+    alive = RunnerInfo(alive=True, state="alive", heartbeat_age_s=0.4, runner_id="r1", pid=1, host="pod-a", backend_pid=5)
+    s = status_from_store(ctx("Running"), None, generation=2, old=None, runner=alive)
+    cond = next(c for c in s["conditions"] if c["type"] == "RunnerAlive")
+    assert cond["status"] == "True" and cond["reason"] == "RunnerAlive" and "pod-a" in cond["message"]
+    assert "heartbeat" not in cond["message"]  # no age: the condition changes only with liveness
+
+    gone = RunnerInfo(alive=False, state="none")
+    cond = next(c for c in status_from_store(ctx("Running"), None, generation=2, old=s, runner=gone)["conditions"] if c["type"] == "RunnerAlive")
+    assert cond["status"] == "False" and cond["reason"] == "RunnerInterrupted" and "no runner" in cond["message"]
+
+    pending = PendingToolCall(call_id="call-1-0", iteration=1, position=0, tool_call=ToolCall(id="c", name="t"), idempotency_key="k")
+    waiting = status_from_store(ctx("WaitingForApproval"), pending, generation=2, old=None, runner=gone)
+    assert next(c for c in waiting["conditions"] if c["type"] == "RunnerAlive")["reason"] == "WaitingForDecision"
+    decided = status_from_store(ctx("WaitingForApproval"), pending, generation=2, old=None, runner=gone, decided="approve")
+    assert next(c for c in decided["conditions"] if c["type"] == "RunnerAlive")["reason"] == "DecidedResumeNeeded"
+    assert all(c["type"] != "RunnerAlive" for c in status_from_store(ctx("Running"), None, generation=1, old=None)["conditions"])
