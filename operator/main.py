@@ -40,7 +40,10 @@ from kubernetes.client.rest import ApiException
 from agentfast.runner.loop import preflight
 from agentfast.runner.snapshot import TERMINAL_PHASES
 from agentfast.runner.spec import SpecError, parse_agentrun
-from agentfast.runner.store import PROGRESS_CHANNEL, DecisionConflict, InvalidDecision, Store, StoreUnavailable, UnknownCall
+from agentfast.runner.liveness import runner_state
+from agentfast.runner.store import (
+    PROGRESS_CHANNEL, DecisionConflict, InvalidDecision, Store, StoreUnavailable, UnknownCall, UnreadableState,
+)
 
 from .status import status_from_store
 from .workload import LABEL_RUN, RunnerConfig, build_job, job_name
@@ -165,10 +168,12 @@ def reconcile(body: dict[str, Any]) -> None:
             STATE.store.create_run(run_id, uid, doc)
             _event(body, "Normal", "DataReplaced", f"rows of an earlier AgentRun named {name} (uid {record.run_uid}) were replaced")
         _record_approvals(body, run_id)
-        loaded = STATE.store.load_context(run_id)
+        ctx, pending, extra = _load_status(run_id)
     except StoreUnavailable as err:
         raise kopf.TemporaryError(f"Postgres unavailable: {err}", delay=10) from None
-    ctx, pending = loaded if loaded else (None, None)
+    except UnreadableState as err:  # a newer release's (or a corrupt) checkpoint: never acted on, never half-read
+        publish_status(body, None, None, override=("Failed", "UnreadableState", str(err)))
+        return
     override = None
     if ctx is None or ctx.status.phase not in TERMINAL_PHASES:
         job = _get_job(namespace, name)
@@ -176,7 +181,20 @@ def reconcile(body: dict[str, Any]) -> None:
             _create_job(body)
         elif (failure := _job_failed(job)) is not None:
             override = ("Failed", "RunnerFailed", failure or "the runner Job failed")
-    publish_status(body, ctx, pending, override=override)
+    publish_status(body, ctx, pending, override=override, **extra)
+
+
+def _load_status(run_id: str) -> tuple[Any, Any, dict[str, Any]]:
+    """``(ctx, pending, extra)`` for publish_status: the latest checkpoint, and in ``extra`` whether
+    a runner is alive and the decisions already recorded for the paused batch (two cheap queries).
+    Raises UnreadableState, StoreUnavailable."""
+    assert STATE.store is not None
+    loaded = STATE.store.load_context(run_id)
+    if loaded is None:
+        return None, None, {}
+    ctx, pending = loaded
+    found = STATE.store.get_decisions(run_id, pending.call_ids) if pending is not None else {}
+    return ctx, pending, {"runner": runner_state(STATE.store, run_id), "decided": {c: d.decision for c, d in found.items()}}
 
 
 _warned: set[tuple[str, str, str]] = set()
@@ -256,17 +274,12 @@ def _lock_for(key: str) -> threading.Lock:
         return _publish_locks.setdefault(key, threading.Lock())
 
 
-def publish_status(body: dict[str, Any], ctx: Any, pending: Any, *, override: tuple[str, str, str] | None = None) -> None:
+def publish_status(body: dict[str, Any], ctx: Any, pending: Any, *, override: tuple[str, str, str] | None = None,
+                   runner: Any = None, decided: dict[str, str] | None = None) -> None:
     """Patch ``status`` (merge patch on the status subresource) and post an Event on a transition."""
     meta = body["metadata"]
     old = body.get("status") or {}
-    decided: set[str] = set()
-    if pending is not None and STATE.store is not None:
-        try:
-            decided = set(STATE.store.get_decisions(f"{meta['namespace']}/{meta['name']}", pending.call_ids))
-        except StoreUnavailable:  # list them all as pending; the next publish corrects it
-            pass
-    new = status_from_store(ctx, pending, generation=meta.get("generation", 1), old=old, override=override, decided=decided)
+    new = status_from_store(ctx, pending, generation=meta.get("generation", 1), old=old, override=override, runner=runner, decided=decided)
     new["runnerJob"] = job_name(meta["name"])
     if all(old.get(k) == v for k, v in new.items()):
         return
@@ -331,9 +344,15 @@ def _publish_run(run_id: str) -> None:
     namespace, _, name = run_id.partition("/")
     try:
         body = _get_agentrun(namespace, name)
-        loaded = STATE.store.load_context(run_id) if body is not None else None  # type: ignore[union-attr]
-        if body is not None and loaded is not None:
-            publish_status(body, *loaded)
+        if body is None:
+            return
+        try:
+            ctx, pending, extra = _load_status(run_id)
+        except UnreadableState as err:
+            publish_status(body, None, None, override=("Failed", "UnreadableState", str(err)))
+            return
+        if ctx is not None:
+            publish_status(body, ctx, pending, **extra)
     except Exception:
         log.exception("publishing the status of %s failed", run_id)
 

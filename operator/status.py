@@ -10,11 +10,20 @@ Only ids, counters and short summaries go into the resource (G9): transcripts st
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any, Collection
+from typing import Any, Mapping
 
+from agentfast.runner.liveness import RunnerInfo, batch_waits, runner_story
 from agentfast.runner.snapshot import PendingToolCall, RunContext
 
 CONDITION_TYPES = ("Ready", "Progressing", "AwaitingApproval", "Failed")
+# Reason of the RunnerAlive condition for each state of liveness.runner_story.
+_RUNNER_REASONS = {
+    "alive": "RunnerAlive",
+    "ended": "RunEnded",
+    "waiting_for_decision": "WaitingForDecision",
+    "decided_resume_needed": "DecidedResumeNeeded",
+    "interrupted": "RunnerInterrupted",
+}
 SUMMARY_CHARS = 1024
 ARGUMENTS_CHARS = 512
 MAX_PENDING = 128  # awaited calls listed in status (G9: the resource stays small); a batch is rarely larger
@@ -56,17 +65,23 @@ def status_from_store(
     generation: int,
     old: dict[str, Any] | None,
     override: tuple[str, str, str] | None = None,
-    decided: Collection[str] = (),
+    runner: RunnerInfo | None = None,
+    decided: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The ``status`` of an AgentRun whose latest checkpoint holds ``ctx`` and ``pending``.
 
     ``override`` = (phase, reason, message) for what only the operator knows (an invalid spec,
     the restart limit reached). A run without a checkpoint yet is ``Pending``.
-    ``decided``: ids of awaited calls that already have a decision. ``pendingApprovals`` lists
-    every other awaited call of the paused batch (all at once, model order); ``awaiting`` is
-    their ids, comma-separated (the printer column).
+    ``decided``: call id -> decision already recorded, for calls of the paused batch.
+    ``pendingApprovals`` lists every other awaited call of the batch (all at once, model order);
+    ``awaiting`` is their ids, comma-separated (the printer column). ``runner`` (from
+    ``liveness.runner_state``) adds the condition ``RunnerAlive``: True while a runner holds the
+    run, else False with why (ended, waiting for a decision, decided but not resumed,
+    interrupted), the same story ``agentfast status`` tells. Its message names the holder but not
+    the heartbeat age, so the condition changes only when liveness does.
     """
     old = old or {}
+    decided = decided or {}
     if override:
         phase, reason, message = override
     elif ctx is None:
@@ -79,6 +94,8 @@ def status_from_store(
         "message": message[:SUMMARY_CHARS],
         "conditions": _conditions(phase, reason, message, generation, old.get("conditions", [])),
     }
+    if runner is not None and ctx is not None and not override:
+        status["conditions"].append(_runner_condition(runner, phase, pending, decided, generation, old.get("conditions", [])))
     if ctx is not None:
         status["iteration"] = ctx.counters.iterations
         status["tokensUsed"] = ctx.usage.total_tokens
@@ -96,3 +113,24 @@ def status_from_store(
         status["pendingApprovals"] = []
         status["awaiting"] = ""
     return status
+
+
+def _runner_condition(
+    runner: RunnerInfo, phase: str, pending: PendingToolCall | None, decided: Mapping[str, str], generation: int,
+    old: list[dict[str, Any]],
+) -> dict[str, Any]:
+    state, story = runner_story(runner, phase, *batch_waits(pending.call_ids if pending else [], decided))
+    if state == "interrupted":  # (a stale holder's sentence has its heartbeat age)
+        story = "no runner: interrupted (its process stopped or was killed); the runner Job replaces a lost pod"
+    if state == "alive":  # without the heartbeat age: the condition changes only with liveness
+        story = f"alive: runner {runner.runner_id or '(starting)'}" + (f" (pid {runner.pid} on host {runner.host})" if runner.pid is not None else "")
+    status = "True" if runner.alive else "False"
+    prev = next((c for c in old or [] if c.get("type") == "RunnerAlive"), {})
+    return {
+        "type": "RunnerAlive",
+        "status": status,
+        "observedGeneration": generation,
+        "lastTransitionTime": prev["lastTransitionTime"] if prev.get("status") == status and prev.get("lastTransitionTime") else _now(),
+        "reason": _RUNNER_REASONS[state],
+        "message": story[:SUMMARY_CHARS],
+    }

@@ -8,7 +8,10 @@ non-retriable pod failures with Pod failure policy", stable in 1.31):
 - a pod with the ``DisruptionTarget`` condition (evicted, preempted, its node gone) is replaced
   without counting against the restart limit;
 - exit code 1 (the run failed: budget, model refused) or 2 (bad input) fails the Job at once;
-- anything else (75 after SIGTERM, 137 after an OOM kill, a deleted pod) counts and is retried.
+- anything else (75 after SIGTERM, 137 after an OOM kill, a deleted pod) counts and is retried;
+- 76 (a live runner owns the run: ``runner/liveness.py``) is listed explicitly as counted: it is
+  retried with backoff while an old holder's session fades (a vanished node: its heartbeat goes
+  stale within 30 s), and it can never retry without end, as an ``Ignore`` rule would.
 
 ``podReplacementPolicy: Failed`` makes the replacement wait until the old pod has fully
 terminated; the fencing epoch in Postgres covers any overlap anyway (G6).
@@ -120,6 +123,9 @@ def build_job(body: dict[str, Any], cfg: RunnerConfig) -> dict[str, Any]:
                 "rules": [
                     {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
                     {"action": "FailJob", "onExitCodes": {"containerName": RUNNER_CONTAINER, "operator": "In", "values": [1, 2]}},
+                    # 76: a live runner owns the run (or took it over). Retried with backoff while an old
+                    # holder fades (a lost node's stale heartbeat: <= ~30 s), but counted, so never for ever.
+                    {"action": "Count", "onExitCodes": {"containerName": RUNNER_CONTAINER, "operator": "In", "values": [76]}},
                 ]
             },
             "template": {

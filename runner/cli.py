@@ -27,9 +27,9 @@ from rich.table import Table
 from rich.text import Text
 
 from .loop import EXIT_BAD_INPUT, Outcome, ProgressEvent, VanillaRunner, preflight, run_id_of
-from .snapshot import AwaitedCall, PendingToolCall
+from .snapshot import AwaitedCall, PendingToolCall, RunContext
 from .spec import AgentRun, InvalidDecision, SpecError, check_decision, load_agentrun, parse_agentrun
-from .store import DecisionConflict, Store, StoreUnavailable, UnknownCall
+from .store import DecisionConflict, Store, StoreUnavailable, UnknownCall, UnreadableState
 
 EXIT_NO_POSTGRES = 3
 
@@ -38,6 +38,10 @@ out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 DsnOption = typer.Option(None, "--dsn", envvar="AGENTFAST_DSN", help="Postgres DSN; default: the embedded server under the user's data dir")
+ForceOption = typer.Option(
+    False, "--force",
+    help="take the run over even from a live runner (which is then fenced out: its next commit fails); without it a live owner makes this exit 76",
+)
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> "typer.Exit":
@@ -139,7 +143,7 @@ def _who() -> str:
     return f"cli:{os.environ.get('USER', 'unknown')}"
 
 
-def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool) -> Outcome:
+def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool, force: bool = False) -> Outcome:
     from .model import ModelError, model_from_spec
     from .tools import ToolRegistry
 
@@ -165,7 +169,8 @@ def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool) -> Out
 
             runner_class = LangGraphRunner
         runner = runner_class(
-            store, run, model, tools, wait_for_approval=wait, stop=stop, on_event=_Progress(store, run_id_of(run), interactive)
+            store, run, model, tools, wait_for_approval=wait, stop=stop, on_event=_Progress(store, run_id_of(run), interactive),
+            force=force,
         )
         outcome = runner.run()
     finally:
@@ -180,6 +185,7 @@ def run(
     file: str = typer.Argument(..., help="an AgentRun YAML file, the same one you would kubectl apply"),
     dsn: Optional[str] = DsnOption,
     wait: bool = typer.Option(True, "--wait/--no-wait", help="wait for approvals (default) or exit when the run pauses"),
+    force: bool = ForceOption,
 ) -> None:
     """Run an AgentRun locally; continues it if a run of that name exists and is unfinished."""
     try:
@@ -193,17 +199,20 @@ def run(
     record = store.create_run(run_id, agentrun.metadata.uid or str(uuid.uuid4()), doc)
     if record.spec.get("spec") != doc.get("spec"):
         raise _fail(f"a run named {run_id} exists with a different spec; rename metadata.name or `agentfast delete {run_id}`")
-    outcome = _drive(store, agentrun, wait=wait, interactive=wait and sys.stdin.isatty())
+    outcome = _drive(store, agentrun, wait=wait, interactive=wait and sys.stdin.isatty(), force=force)
     raise typer.Exit(outcome.exit_code)
 
 
 @app.command()
 def resume(run: str = typer.Argument(..., help="run name"), dsn: Optional[str] = DsnOption,
-           wait: bool = typer.Option(True, "--wait/--no-wait")) -> None:
-    """Continue a run from its last checkpoint, at the exact step it stopped."""
+           wait: bool = typer.Option(True, "--wait/--no-wait"), force: bool = ForceOption) -> None:
+    """Continue a run from its last checkpoint, at the exact step it stopped.
+
+    Refuses (exit 76) while a live runner owns the run, naming it; --force takes it over anyway.
+    """
     store = _open_store(dsn)
     agentrun = _load_registered(store, run)
-    outcome = _drive(store, agentrun, wait=wait, interactive=wait and sys.stdin.isatty())
+    outcome = _drive(store, agentrun, wait=wait, interactive=wait and sys.stdin.isatty(), force=force)
     raise typer.Exit(outcome.exit_code)
 
 
@@ -300,6 +309,21 @@ def deny(run: str, call_id: str, reason: str = typer.Option("", "--reason", help
     _decide(run, call_id, "deny", reason or None, dsn, kube, namespace)
 
 
+def _budget_summary(ctx: RunContext) -> tuple[dict, str]:
+    """The budget applied next to the declared one and why: (JSON object, one text line)."""
+    b, cl = ctx.budget, ctx.classification
+    doc: dict = {"applied": b.model_dump(mode="json")}
+    if cl is None:
+        return doc, "as declared"
+    doc.update(declared=cl.declared.model_dump(mode="json"), classifier=cl.classifier, label=cl.label, reason=cl.reason)
+    lowered = [k for k in ("max_iterations", "max_tokens", "max_duration_ms") if getattr(b, k) != getattr(cl.declared, k)]
+    doc["lowered"] = lowered
+    if not lowered:
+        return doc, f"as declared ({cl.classifier} classifier: {cl.label}, {cl.reason})"
+    parts = ", ".join(f"{k} {getattr(b, k)} (declared {getattr(cl.declared, k)})" for k in lowered)
+    return doc, f"lowered by the {cl.classifier} classifier ({cl.label}: {cl.reason}): {parts}"
+
+
 @app.command()
 def complete(run: str, call_id: str = typer.Argument(..., help="the call id status shows, e.g. call-1-0-rerun1"),
              result: str = typer.Option(..., "--result", help="the call's result as JSON text; the model reads it verbatim"),
@@ -329,34 +353,62 @@ def _awaiting_view(store: Store, key: str, pending: Optional[PendingToolCall]) -
 
 @app.command()
 def status(run: str, dsn: Optional[str] = DsnOption, output: str = typer.Option("text", "-o", help="text or json")) -> None:
-    """Phase, iteration, tokens, budget and any pending approval of a run."""
+    """Phase, whether a runner is alive, iteration, tokens, budget and any pending approval of a run.
+
+    ``-o json``: ``context``, ``pending``, ``runner`` (``alive``, ``state``, ``heartbeat_age_s``,
+    ``runner_id``, ``pid``, ``host``), ``next`` (``state`` and ``message``: what the run waits
+    for), ``awaiting`` (every call awaiting a decision now), ``decided`` (decisions recorded for
+    the paused batch, applied when the run goes on) and ``budget`` (applied, declared,
+    classifier, which limits it lowered).
+    """
+    from .liveness import batch_waits, runner_state, runner_story
+
     store = _open_store(dsn)
-    loaded = store.load_context(_run_key(run))
+    key = _run_key(run)
+    loaded = store.load_context(key)
     if loaded is None:
         raise _fail(f"no run named {run!r} has a checkpoint")
     ctx, pending = loaded
-    view = _awaiting_view(store, _run_key(run), pending)
+    view = _awaiting_view(store, key, pending)
+    info = runner_state(store, key)
+    decided = {d["call_id"]: d["decision"] for d in view["decided"]}
+    state, story = runner_story(info, ctx.status.phase, *batch_waits(pending.call_ids if pending else [], decided))
+    short = key.removeprefix("default/")
+    if state == "waiting_for_decision":
+        story += (f"; decide with `agentfast approve {short} CALL_ID`, `deny ... --reason ...` or `complete ... --result ...`,"
+                  f" then `agentfast resume {short}`")
+    elif state in ("decided_resume_needed", "interrupted"):
+        story += f"; resume to continue: `agentfast resume {short}`"
+    budget_doc, budget_line = _budget_summary(ctx)
     if output == "json":
-        out.print_json(json.dumps({"context": ctx.model_dump(mode="json"), "pending": pending.model_dump(mode="json") if pending else None,
-                                   **view}))
+        doc = {
+            "context": ctx.model_dump(mode="json"),
+            "pending": pending.model_dump(mode="json") if pending else None,
+            **view,
+            "runner": info.to_json(),
+            "next": {"state": state, "message": story},
+            "budget": budget_doc,
+        }
+        out.print_json(json.dumps(doc))
         return
     c, u, b = ctx.counters, ctx.usage, ctx.budget
     t = Table(show_header=False, box=None)
-    t.add_row("run", _run_key(run))
+    t.add_row("run", key)
     t.add_row("phase", f"{ctx.status.phase} ({ctx.status.reason})" + (f": {ctx.status.message}" if ctx.status.message else ""))
+    t.add_row("runner", story)
     t.add_row("iteration", f"{c.iterations} of {b.max_iterations}")
     t.add_row("tokens", f"{u.total_tokens} of {b.max_tokens} (prompt {u.prompt_tokens}, completion {u.completion_tokens})")
-    t.add_row("active time", f"{u.duration_ms} ms of {b.max_duration_ms} ms")
+    t.add_row("active time", f"{u.duration_ms} ms of {b.max_duration_ms} ms (time waiting for a decision is not counted)")
+    t.add_row("budget", budget_line)
     t.add_row("tool calls", f"{c.tool_calls} ({c.tool_errors} raised, {c.malformed_tool_calls} malformed)")
     t.add_row("resumes", str(c.resumes))
-    if ctx.classification:
-        t.add_row("classifier", f"{ctx.classification.classifier}: {ctx.classification.label} ({ctx.classification.reason})")
     for a in view["awaiting"]:
         note = " (in flight when a runner died: may already have run)" if a["reason"] == "in_flight_not_idempotent" else ""
         t.add_row("awaiting", Text(f"{a['call_id']} {a['tool']}({a['arguments']}){note}"))
     for d in view["decided"]:
-        t.add_row("decided", Text(f"{d['call_id']}: {d['decision']}" + (f" ({d['reason']})" if d["reason"] else "")))
-    out.print(t)
+        t.add_row("decided", Text(f"{d['call_id']}: {d['decision']}" + (f" ({d['reason']})" if d["reason"] else "")
+                                  + (f" by {d['decided_by']}" if d["decided_by"] else "")))
+    out.print(t, highlight=False)
 
 
 @app.command()
@@ -390,9 +442,19 @@ def list_runs(dsn: Optional[str] = DsnOption) -> None:
     """Every run in the store with its phase and iteration."""
     store = _open_store(dsn)
     t = Table("run", "phase", "iteration", "checkpoints at")
+    unreadable = []
     for rec, info in store.list_runs():
+        if info is not None and not info.readable:  # a newer release's row: its phase may not mean what ours does
+            unreadable.append(UnreadableState(rec.run_id, "agentfast_checkpoints", f"checkpoint {info.checkpoint_id} (iteration {info.iteration})",
+                                              "written by a newer or unknown release", found_version=info.schema_version))
+            t.add_row(rec.run_id, f"unreadable (schema_version {info.schema_version})", "-", "-")
+            continue
         t.add_row(rec.run_id, info.phase if info else "-", str(info.iteration) if info else "-", str(info.saved_at) if info else "-")
     out.print(t)
+    if unreadable:
+        for e in unreadable:
+            print(f"error: {e}", file=sys.stderr)
+        raise typer.Exit(EXIT_BAD_INPUT)
 
 
 @app.command()
@@ -407,4 +469,8 @@ def delete(run: str, dsn: Optional[str] = DsnOption) -> None:
 def main() -> None:
     """Console-script entry point."""
     logging.basicConfig(level=os.environ.get("AGENTFAST_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
-    app()
+    try:
+        app()
+    except UnreadableState as e:  # any command that read state this release cannot interpret
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)

@@ -4,6 +4,8 @@
 1st) it reaches ``<point>`` (for a tool point, only for calls of ``<tool>``). Unset, a point costs
 one dict lookup. The points, in the order a tool call passes them:
 
+- ``model.before_call`` / ``model.after_call``: around a model request (after it, the reply
+  exists but its turn is not persisted: a resume asks the model again).
 - ``tool.before_call``: intent journaled as started; the tool has not run.
 - ``tool.after_call``: the tool returned (its effect happened); the result is not persisted.
 - ``tool.after_persist``: the result is persisted; the iteration's checkpoint is not.

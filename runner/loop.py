@@ -14,7 +14,8 @@ assistant message and the tool results in the model's original order and commit 
 Exit codes (:class:`Outcome`.exit_code), shared with the CLI and the operator's Job policy:
 0 finished or paused for approval, 1 failed for good (budget, model rejected the request),
 2 bad input, 75 retry me (SIGTERM, Postgres unavailable, model unavailable; EX_TEMPFAIL),
-76 lease lost (another runner owns the run; this one must not retry).
+76 another runner owns the run: it took the run over (lease lost), or a live runner holds it and
+this one refused to take it over (``runner/liveness.py``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ from .snapshot import (
     idempotency_key,
 )
 from .spec import AgentRun, SpecError
-from .store import Decision, JournalEntry, LeaseLost, Store, StoreUnavailable, Turn
+from .liveness import RunnerAlive, RunnerClaim
+from .store import Decision, JournalEntry, LeaseLost, RunRecord, Store, StoreUnavailable, Turn
 from .tools import ToolRegistry
 
 log = logging.getLogger(__name__)
@@ -135,8 +137,10 @@ class RunnerBase:
         wait_for_approval: bool = True,
         stop: threading.Event | None = None,
         on_event: Callable[[ProgressEvent], None] | None = None,
+        force: bool = False,
     ):
         self.store = store
+        self.force = force
         self.run_spec = run
         self.spec = run.spec
         self.run_id = run_id_of(run)
@@ -152,10 +156,28 @@ class RunnerBase:
     # -- entry point -------------------------------------------------------------------------
 
     def run(self) -> Outcome:
-        """Run until finished, paused or stopped. Never raises for run-level failures."""
+        """Run until finished, paused or stopped. Never raises for run-level failures.
+
+        First claims the run (``runner/liveness.py``): a live runner already holding it ends
+        this one at once with exit 76 and a message naming the holder, unless ``force``.
+        Raises UnreadableState (exit 2) when the stored state is not readable by this release.
+        """
         record = self.store.get_run(self.run_id)
         if record is None:
             raise KeyError(f"run {self.run_id} is not registered in the store")
+        try:
+            claim = RunnerClaim.acquire(self.store, self.run_id, force=self.force)
+        except RunnerAlive as err:
+            return Outcome("Owned", EXIT_LEASE_LOST, str(err))
+        except StoreUnavailable as err:
+            return Outcome("Unavailable", EXIT_RETRY, f"Postgres unavailable; nothing is lost, resume later: {err}")
+        try:
+            return self._run_claimed(record)
+        finally:
+            claim.release()
+
+    def _run_claimed(self, record: RunRecord) -> Outcome:
+        self.store.load_context(self.run_id)  # unreadable state (UnreadableState) stops us before the takeover
         try:
             self.lease = self.store.acquire_lease(self.run_id)
             self.executor = CallExecutor(self.store, self.lease, record.run_uid, self.tools)
@@ -202,15 +224,23 @@ class RunnerBase:
             if reason:
                 raise BudgetExceeded(reason)
             self._emit("model_call", f"iteration {it}")
+            faults.point("model.before_call")
             reply = self.model.complete(messages, self.tools.schemas)
-            self.snap.context.counters.model_calls += 1
+            faults.point("model.after_call")
             turn = Turn(it, reply.message, reply.prompt_tokens, reply.completion_tokens)
             self.store.save_turn(self.lease, turn, self._plan(it, turn.message))
         self._account(turn)
         return turn
 
     def _account(self, turn: Turn) -> None:
+        """Add a turn's tokens to usage once, and count it as a model call.
+
+        Both are derived from the persisted turns (one per iteration), not from what this process
+        did: after a kill and resume they are what an uninterrupted run shows (a reply whose turn
+        was never persisted is asked again and counted once).
+        """
         ctx = self.snap.context
+        ctx.counters.model_calls = max(ctx.counters.model_calls, turn.iteration)
         if ctx.turns_accounted < turn.iteration:
             ctx.usage.prompt_tokens += turn.prompt_tokens
             ctx.usage.completion_tokens += turn.completion_tokens
@@ -310,11 +340,13 @@ class RunnerBase:
             ctx.status = RunStatus(phase="WaitingForApproval", reason="AwaitingApproval", message=awaiting_message(awaited))
             self._commit()
         faults.point("approval.waiting")
+        # From here on the run waits for a human, also while the CLI asks at its own prompt (an
+        # on_event callback): waiting time, not active time against max_duration_ms.
+        self._account_active()
+        self._active_since = None
         self._emit("waiting", ", ".join(self.snap.pending.call_ids), pending=self.snap.pending)
         if not self.wait_for_approval:
             return Outcome("WaitingForApproval", EXIT_OK, ctx.status.message, pending=self.snap.pending)
-        self._account_active()
-        self._active_since = None
         return None
 
     def _apply(self, e: JournalEntry, d: Decision) -> ToolResult | None:

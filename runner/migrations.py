@@ -16,6 +16,9 @@ Tables (all keyed by ``run_id``, deleted with the run by ``ON DELETE CASCADE``):
   so a resume never asks the model again for a turn whose tools may have acted.
 - ``agentfast_tool_calls``: the tool-call journal (G3, G4): intent, idempotency key, result.
 - ``agentfast_approvals``: human decisions, write-once.
+- ``agentfast_runners`` (2): the live runner of a run, if any: who (runner id, pid, host, its
+  Postgres backend) and its last heartbeat. Only a hint for humans: liveness itself is the
+  session advisory lock the runner holds (``runner/liveness.py``), which dies with its connection.
 
 The fencing trigger ``agentfast_fence`` rejects, inside Postgres, any write to the run's tables
 from a transaction whose ``agentfast.epoch`` setting is not the run's current epoch: SQLSTATE
@@ -136,5 +139,17 @@ MIGRATIONS: list[str] = [
     ALTER TABLE agentfast_approvals DROP CONSTRAINT agentfast_approvals_decision_check;
     ALTER TABLE agentfast_approvals ADD CONSTRAINT agentfast_approvals_decision_check
         CHECK (decision IN ('approve', 'deny', 'complete'));
+    """,
+    # 3: the runner heartbeat (issue 11: never take over a run whose runner is alive)
+    """
+    CREATE TABLE agentfast_runners (
+        run_id       text PRIMARY KEY REFERENCES agentfast_runs ON DELETE CASCADE,
+        runner_id    text NOT NULL,
+        pid          integer NOT NULL,
+        host         text NOT NULL,
+        backend_pid  integer NOT NULL,
+        started_at   timestamptz NOT NULL DEFAULT now(),
+        beat_at      timestamptz NOT NULL DEFAULT now()
+    );
     """,
 ]

@@ -30,7 +30,12 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from .migrations import MIGRATIONS
-from .snapshot import TERMINAL_PHASES, AwaitedCall, Message, PendingToolCall, RunContext, StateSnapshot, ToolCall, ToolResult
+import pydantic
+
+from .snapshot import (
+    SCHEMA_VERSION, TERMINAL_PHASES, AwaitedCall, Message, PendingToolCall, RunContext, StateSnapshot, ToolCall,
+    ToolResult,
+)
 from .spec import InvalidDecision, check_decision  # noqa: F401  (InvalidDecision: raised by Store.decide)
 
 PROGRESS_CHANNEL = "agentfast_progress"
@@ -70,6 +75,77 @@ class DecisionConflict(StoreError):
 class UnknownCall(StoreError):
     """No call with this id awaits a decision in this run now (not gated, finished, not yet
     asked, not an in-flight re-run, or no such run). The message says which, and what awaits."""
+
+
+class UnreadableState(StoreError):
+    """A stored row this release cannot interpret: written by a newer release (its schema version
+    is above :data:`~agentfast.runner.snapshot.SCHEMA_VERSION`), or corrupt (it does not decode).
+
+    Never retried and never half-read: every reader stops (the CLI exits 2). ``run_id``;
+    ``table`` and ``row`` name the row (e.g. ``agentfast_checkpoints``, ``checkpoint 17
+    (iteration 1)``); ``found_version`` / ``supported_version`` are the schema versions (the
+    found one None when unknown); ``detail`` says what is wrong. ``str()`` is one line.
+    """
+
+    def __init__(self, run_id: str, table: str, row: str, detail: str, *, found_version: int | None = None):
+        self.run_id, self.table, self.row, self.detail = run_id, table, row, detail
+        self.found_version, self.supported_version = found_version, SCHEMA_VERSION
+        versions = f"schema_version {found_version}; this release reads up to {SCHEMA_VERSION}" if found_version is not None else f"this release reads schema_version up to {SCHEMA_VERSION}"
+        super().__init__(
+            " ".join(f"cannot read run {run_id}: {table} {row}: {detail} ({versions}). Nothing was run.".split())
+        )
+
+
+def _validation_detail(err: Exception) -> str:
+    """One short line for a decoding error (the first pydantic error, or the exception's text)."""
+    if isinstance(err, pydantic.ValidationError) and err.errors():
+        e = err.errors()[0]
+        where = ".".join(str(p) for p in e.get("loc", ())) or "row"
+        text = f"{where}: {e.get('msg', 'invalid')}"
+    else:
+        text = f"{type(err).__name__}: {err}"
+    return " ".join(text.split())[:300]
+
+
+def decode_row(run_id: str, table: str, row: str, model: type[T], data: Any) -> T:
+    """``model.model_validate(data)``, a decoding failure raised as UnreadableState naming the row."""
+    try:
+        return model.model_validate(data)  # type: ignore[attr-defined, no-any-return]
+    except (pydantic.ValidationError, ValueError, TypeError, KeyError) as err:
+        raise UnreadableState(run_id, table, row, f"corrupt row ({_validation_detail(err)})") from None
+
+
+def decode_snapshot(run_id: str, cp: dict[str, Any], messages: list[Any]) -> StateSnapshot:
+    """A checkpoint row (``schema_version``, ``context``, ``pending``, ``sdk_state``,
+    ``saved_at``, ``checkpoint_id``, ``iteration``) plus its transcript rows as a StateSnapshot.
+
+    The one place stored snapshots are decoded: an older version is upgraded
+    (``snapshot.upgrade_snapshot_dict``); a newer version, or a row that does not decode, raises
+    UnreadableState naming the run, the row and the versions.
+    """
+    where = f"checkpoint {cp.get('checkpoint_id')} (iteration {cp.get('iteration')})"
+    version = cp.get("schema_version")
+    if not isinstance(version, int) or version > SCHEMA_VERSION or version < 0:
+        raise UnreadableState(run_id, "agentfast_checkpoints", where, "written by a newer or unknown release", found_version=version)
+    try:
+        return StateSnapshot.model_validate(
+            {
+                "schema_version": version,
+                "run_id": run_id,
+                "context": cp["context"],
+                "messages": messages,
+                "sdk_state": cp.get("sdk_state") if cp.get("sdk_state") is not None else {},
+                "pending": cp.get("pending"),
+                "saved_at": cp["saved_at"],
+            }
+        )
+    except (pydantic.ValidationError, ValueError, TypeError, KeyError) as err:
+        loc = err.errors()[0].get("loc", ()) if isinstance(err, pydantic.ValidationError) and err.errors() else ()
+        if len(loc) >= 2 and loc[0] == "messages" and isinstance(loc[1], int):
+            raise UnreadableState(run_id, "agentfast_messages", f"seq {loc[1]}", f"corrupt row ({_validation_detail(err)})",
+                                  found_version=version) from None
+        raise UnreadableState(run_id, "agentfast_checkpoints", where, f"corrupt row ({_validation_detail(err)})",
+                              found_version=version) from None
 
 
 @dataclass(frozen=True)
@@ -134,6 +210,12 @@ class CheckpointInfo:
     phase: str
     saved_at: int
     epoch: int
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def readable(self) -> bool:
+        """Whether this release can read the checkpoint (its schema is not newer)."""
+        return 0 <= self.schema_version <= SCHEMA_VERSION
 
 
 # Errors after which the same work can succeed on a new connection, though psycopg does not class
@@ -284,7 +366,7 @@ class Store:
         def op(conn: psycopg.Connection) -> list[tuple[RunRecord, CheckpointInfo | None]]:
             rows = conn.execute(
                 """SELECT r.run_id, r.run_uid, r.spec, r.epoch, c.checkpoint_id, c.iteration, c.message_count, c.phase,
-                          c.saved_at, c.epoch AS c_epoch
+                          c.saved_at, c.epoch AS c_epoch, c.schema_version
                    FROM agentfast_runs r
                    LEFT JOIN LATERAL (SELECT * FROM agentfast_checkpoints c WHERE c.run_id = r.run_id
                                       ORDER BY checkpoint_id DESC LIMIT 1) c ON true
@@ -295,7 +377,8 @@ class Store:
                 rec = RunRecord(r["run_id"], r["run_uid"], r["spec"], r["epoch"])
                 info = None
                 if r["checkpoint_id"] is not None:
-                    info = CheckpointInfo(r["checkpoint_id"], r["iteration"], r["message_count"], r["phase"], r["saved_at"], r["c_epoch"])
+                    info = CheckpointInfo(r["checkpoint_id"], r["iteration"], r["message_count"], r["phase"], r["saved_at"], r["c_epoch"],
+                                          r["schema_version"])
                 out.append((rec, info))
             return out
 
@@ -376,9 +459,12 @@ class Store:
         return self._retry(op, lease=lease)
 
     def load_snapshot(self, run_id: str) -> StateSnapshot | None:
-        """The run's latest checkpoint with its transcript, or None if it has none."""
+        """The run's latest checkpoint with its transcript, or None if it has none.
 
-        def op(conn: psycopg.Connection) -> StateSnapshot | None:
+        Raises UnreadableState for a checkpoint of a newer schema or a row that does not decode.
+        """
+
+        def op(conn: psycopg.Connection) -> tuple[dict[str, Any], list[Any]] | None:
             cp = conn.execute(
                 "SELECT * FROM agentfast_checkpoints WHERE run_id = %s ORDER BY checkpoint_id DESC LIMIT 1", (run_id,)
             ).fetchone()
@@ -388,36 +474,32 @@ class Store:
                 "SELECT message FROM agentfast_messages WHERE run_id = %s AND seq < %s ORDER BY seq",
                 (run_id, cp["message_count"]),
             ).fetchall()
-            return StateSnapshot.model_validate(
-                {
-                    "schema_version": cp["schema_version"],
-                    "run_id": run_id,
-                    "context": cp["context"],
-                    "messages": [m["message"] for m in msgs],
-                    "sdk_state": cp["sdk_state"],
-                    "pending": cp["pending"],
-                    "saved_at": cp["saved_at"],
-                }
-            )
+            return cp, [m["message"] for m in msgs]
 
-        return self._retry(op)
+        got = self._retry(op)
+        return decode_snapshot(run_id, *got) if got is not None else None
 
     def load_context(self, run_id: str) -> tuple[RunContext, PendingToolCall | None] | None:
-        """The latest checkpoint's context and pending call, without the transcript (cheap)."""
+        """The latest checkpoint's context and pending call, without the transcript (cheap).
+
+        Decoded like a snapshot (version checked, older versions upgraded): raises UnreadableState.
+        """
         row = self._retry(
             lambda c: c.execute(
-                "SELECT context, pending FROM agentfast_checkpoints WHERE run_id = %s ORDER BY checkpoint_id DESC LIMIT 1", (run_id,)
+                """SELECT checkpoint_id, iteration, schema_version, context, pending, saved_at FROM agentfast_checkpoints
+                   WHERE run_id = %s ORDER BY checkpoint_id DESC LIMIT 1""",
+                (run_id,),
             ).fetchone()
         )
         if row is None:
             return None
-        pending = PendingToolCall.model_validate(row["pending"]) if row["pending"] else None
-        return RunContext.model_validate(row["context"]), pending
+        snap = decode_snapshot(run_id, row, [])
+        return snap.context, snap.pending
 
     def list_checkpoints(self, run_id: str) -> list[CheckpointInfo]:
         rows = self._retry(
             lambda c: c.execute(
-                """SELECT checkpoint_id, iteration, message_count, phase, saved_at, epoch FROM agentfast_checkpoints
+                """SELECT checkpoint_id, iteration, message_count, phase, saved_at, epoch, schema_version FROM agentfast_checkpoints
                    WHERE run_id = %s ORDER BY checkpoint_id""",
                 (run_id,),
             ).fetchall()
@@ -463,7 +545,8 @@ class Store:
         )
         if row is None:
             return None
-        return Turn(row["iteration"], Message.model_validate(row["message"]), row["prompt_tokens"], row["completion_tokens"])
+        message = decode_row(run_id, "agentfast_turns", f"iteration {iteration}", Message, row["message"])
+        return Turn(row["iteration"], message, row["prompt_tokens"], row["completion_tokens"])
 
     def journal(self, run_id: str, iteration: int | None = None) -> list[JournalEntry]:
         """Journal entries of a run (of one iteration if given), in (iteration, position) order."""
@@ -484,7 +567,7 @@ class Store:
                 idempotent=r["idempotent"],
                 state=r["state"],
                 attempts=r["attempts"],
-                result=ToolResult.model_validate(r["result"]) if r["result"] else None,
+                result=decode_row(run_id, "agentfast_tool_calls", f"call {r['call_id']}", ToolResult, r["result"]) if r["result"] else None,
             )
             for r in rows
         ]

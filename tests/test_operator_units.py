@@ -87,3 +87,31 @@ def test_status_lists_every_undecided_awaited_call() -> None:
     assert s["awaiting"] == "call-1-0,call-1-3" and [p["callId"] for p in s["pendingApprovals"]] == ["call-1-0", "call-1-3"]
     s = status_from_store(ctx("WaitingForApproval"), pending, generation=1, old=s, decided={"call-1-0", "call-1-1-rerun1", "call-1-3"})
     assert s["awaiting"] == "" and s["pendingApprovals"] == []
+
+
+def test_exit_76_is_counted_so_the_job_never_retries_it_for_ever() -> None:
+    rules = build_job(BODY, RunnerConfig())["spec"]["podFailurePolicy"]["rules"]
+    by_code = {code: r["action"] for r in rules if "onExitCodes" in r for code in r["onExitCodes"]["values"]}
+    assert by_code[76] == "Count"  # bounded by backoffLimit, unlike Ignore
+    assert all(r["action"] != "Ignore" for r in rules if "onExitCodes" in r)
+
+
+def test_runner_alive_condition_tells_the_same_story_as_the_cli() -> None:
+    from agentfast.runner.liveness import RunnerInfo
+
+    alive = RunnerInfo(alive=True, state="alive", heartbeat_age_s=0.4, runner_id="r1", pid=1, host="pod-a", backend_pid=5)
+    s = status_from_store(ctx("Running"), None, generation=2, old=None, runner=alive)
+    cond = next(c for c in s["conditions"] if c["type"] == "RunnerAlive")
+    assert cond["status"] == "True" and cond["reason"] == "RunnerAlive" and "pod-a" in cond["message"]
+    assert "heartbeat" not in cond["message"]  # no age: the condition changes only with liveness
+
+    gone = RunnerInfo(alive=False, state="none")
+    cond = next(c for c in status_from_store(ctx("Running"), None, generation=2, old=s, runner=gone)["conditions"] if c["type"] == "RunnerAlive")
+    assert cond["status"] == "False" and cond["reason"] == "RunnerInterrupted" and "no runner" in cond["message"]
+
+    pending = PendingToolCall(call_id="call-1-0", iteration=1, position=0, tool_call=ToolCall(id="c", name="t"), idempotency_key="k")
+    waiting = status_from_store(ctx("WaitingForApproval"), pending, generation=2, old=None, runner=gone)
+    assert next(c for c in waiting["conditions"] if c["type"] == "RunnerAlive")["reason"] == "WaitingForDecision"
+    decided = status_from_store(ctx("WaitingForApproval"), pending, generation=2, old=None, runner=gone, decided={"call-1-0": "approve"})
+    assert next(c for c in decided["conditions"] if c["type"] == "RunnerAlive")["reason"] == "DecidedResumeNeeded"
+    assert all(c["type"] != "RunnerAlive" for c in status_from_store(ctx("Running"), None, generation=1, old=None)["conditions"])

@@ -341,7 +341,7 @@ def test_a_zombie_runner_cannot_act_after_a_takeover(tmp_path: Path, dsn: str, s
     call = wait_for_approval(store, dsn)
     old_epoch = store.get_run(RUN_ID).epoch
 
-    successor = spawn_cli("resume", "refund-demo", dsn=dsn)  # takes the lease while the first still waits
+    successor = spawn_cli("resume", "refund-demo", "--force", dsn=dsn)  # takes the lease while the first still waits
     wait_until(lambda: store.get_run(RUN_ID).epoch == old_epoch + 1, what="the takeover")
     wait_until(lambda: listeners(dsn) >= 2, timeout=15, what="both runners waiting")
     before = epochs_by_table(dsn)

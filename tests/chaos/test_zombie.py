@@ -101,7 +101,7 @@ def test_a_zombie_frozen_at_a_random_moment_cannot_act_after_it_thaws(pg_server,
                 in_flight = {k for (k,) in db.query(
                     "SELECT idempotency_key FROM agentfast_tool_calls WHERE run_id = %s AND state = 'started'", run.run_id)}
 
-                successor = spawn_cli("resume", run.run_name, dsn=dsn)
+                successor = spawn_cli("resume", run.run_name, "--force", dsn=dsn)
                 _tick_until(run, successor, time.monotonic() + 30,
                             lambda: (poll_state(db, run.run_id).epoch or 0) > frozen_epoch)
                 if (poll_state(db, run.run_id).epoch or 0) <= frozen_epoch and successor.poll() is None:
@@ -194,7 +194,7 @@ def test_a_zombie_frozen_inside_a_transaction_does_not_block_the_takeover(pg_ser
         assert state == "idle in transaction", state
         frozen_epoch = poll_state(db, run.run_id).epoch
 
-        successor = spawn_cli("resume", run.run_name, dsn=dsn)
+        successor = spawn_cli("resume", run.run_name, "--force", dsn=dsn)
         t0 = time.monotonic()
         _tick_until(run, successor, t0 + 60, lambda: (poll_state(db, run.run_id).epoch or 0) > frozen_epoch)
         took = time.monotonic() - t0

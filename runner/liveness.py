@@ -1,0 +1,372 @@
+"""Is a run's runner alive? A fact that dies with the runner process, not the last phase written.
+
+A runner holds, for its run's whole life, a **session-level advisory lock** keyed by the run on a
+dedicated Postgres connection (never a pooled one: a pooled connection could be handed to other
+work, and a lock on it would outlive the run). The lock dies with that connection: a SIGKILLed
+or OOM-killed process, a deleted pod, a closed laptop lid all close the socket, Postgres ends the
+session and frees the lock at once, so a replacement takes over without waiting.
+
+Next to the lock the runner keeps a **heartbeat row** (``agentfast_runners``: runner id, pid,
+host, its backend pid, last beat, every ``HEARTBEAT_S``) so a human can be told who holds the run
+and how recently it was heard from. The row alone proves nothing (a killed runner leaves it
+behind); the lock alone cannot name the holder.
+
+The one case the lock cannot see at once is a **half-open connection**: the runner's node
+vanished (power, network partition) without closing the TCP connection. Postgres then keeps the
+session, and the lock, until TCP keepalives declare the peer dead; the runner's connection asks
+for server-side keepalives of ``10 s idle + 3 x 5 s`` (about 25 s), and the client side uses the
+same values. A frozen process (SIGSTOP, a stuck VM) keeps its socket open but stops beating: a
+holder whose heartbeat is older than ``STALE_AFTER_S`` (30 s) counts as gone, and the taker ends
+its session (``pg_terminate_backend``, allowed for the same role) before taking the lock. So a
+lost runner is taken over after at most about 30 s, a dead one at once. The fencing epoch (G6)
+stays the safety net: the lock is about not stealing a run, the epoch about a zombie never
+committing after it lost it.
+
+Needs a session-mode connection to Postgres (direct, or a pooler in session mode): with a
+transaction-mode pooler (PgBouncer ``pool_mode=transaction``) session locks do not work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping, Sequence
+
+import psycopg
+from psycopg.rows import dict_row
+
+from .store import PROGRESS_CHANNEL, Store, StoreError, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 2.0
+STALE_AFTER_S = 30.0
+TAKEOVER_WAIT_S = 5.0
+EXIT_GRACE_S = 1.0
+# libpq (client side) and server-side TCP keepalives: a half-open connection is declared dead
+# after about KEEPALIVE_IDLE_S + KEEPALIVE_COUNT * KEEPALIVE_INTERVAL_S seconds.
+KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 10, 5, 3
+
+
+class RunnerAlive(StoreError):
+    """A live runner owns the run; taking it over would run its work twice. ``holder`` says who."""
+
+    def __init__(self, run_id: str, holder: "RunnerInfo"):
+        self.run_id, self.holder = run_id, holder
+        super().__init__(
+            f"a live runner owns run {run_id}: {holder.describe()}. "
+            "Not taking it over (it would run the same work twice); wait for it to finish or pause, "
+            "or stop it, or use --force to take the run over anyway"
+        )
+
+
+@dataclass(frozen=True)
+class RunnerInfo:
+    """What the store knows about a run's runner.
+
+    ``alive``: it holds the run's lock and its heartbeat is fresh (a resume would be refused).
+    ``state``: ``alive``; ``starting`` (lock held, heartbeat not written yet: alive too);
+    ``stale`` (lock held, no heartbeat for ``STALE_AFTER_S``: frozen or unreachable, a resume
+    takes over); ``none`` (no runner). ``heartbeat_age_s``: seconds since the last beat, by the
+    Postgres server's clock (None without a heartbeat row). ``runner_id``, ``pid``, ``host``:
+    the holder's (or, when none is alive, the last runner's) identity.
+    """
+
+    alive: bool
+    state: str
+    heartbeat_age_s: float | None = None
+    runner_id: str | None = None
+    pid: int | None = None
+    host: str | None = None
+    backend_pid: int | None = None
+
+    def describe(self) -> str:
+        """One phrase naming the holder and its heartbeat age."""
+        who = f"runner {self.runner_id}" if self.runner_id else "a runner"
+        if self.pid is not None:
+            who += f" (pid {self.pid} on host {self.host})"
+        if self.heartbeat_age_s is None:
+            return f"{who}, starting (no heartbeat yet)"
+        return f"{who}, last heartbeat {self.heartbeat_age_s:.1f} s ago"
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``runner`` object of ``agentfast status -o json``."""
+        d = asdict(self)
+        if d["heartbeat_age_s"] is not None:
+            d["heartbeat_age_s"] = round(d["heartbeat_age_s"], 1)
+        return d
+
+
+def lock_key(run_id: str) -> int:
+    """The run's advisory-lock key: a signed 64-bit hash of its id (one key space for all runs)."""
+    digest = hashlib.blake2b(b"agentfast-runner\0" + run_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def _lock_parts(run_id: str) -> tuple[int, int]:
+    """``(classid, objid)`` of the key as ``pg_locks`` shows a one-bigint advisory lock."""
+    k = lock_key(run_id) & 0xFFFF_FFFF_FFFF_FFFF
+    return k >> 32, k & 0xFFFF_FFFF
+
+
+_STATE_SQL = """
+SELECT l.pid AS lock_pid, r.runner_id, r.pid, r.host, r.backend_pid,
+       extract(epoch FROM clock_timestamp() - r.beat_at)::float8 AS age
+FROM (SELECT 1) AS one
+LEFT JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+     AND l.classid = %(classid)s::oid AND l.objid = %(objid)s::oid
+LEFT JOIN agentfast_runners r ON r.run_id = %(run_id)s
+"""
+
+
+def _info(row: dict[str, Any] | None, stale_after_s: float) -> RunnerInfo:
+    if row is None:
+        return RunnerInfo(alive=False, state="none")
+    ident = {"runner_id": row["runner_id"], "pid": row["pid"], "host": row["host"], "backend_pid": row["backend_pid"]}
+    if row["lock_pid"] is None:  # nobody holds the lock: no runner, whatever the row says
+        return RunnerInfo(alive=False, state="none", heartbeat_age_s=row["age"], **ident)
+    if row["runner_id"] is None or row["backend_pid"] != row["lock_pid"]:
+        # The holder took the lock and has not written its row yet (the row, if any, is a predecessor's).
+        return RunnerInfo(alive=True, state="starting", backend_pid=row["lock_pid"])
+    if row["age"] is not None and row["age"] > stale_after_s:
+        return RunnerInfo(alive=False, state="stale", heartbeat_age_s=row["age"], **ident)
+    return RunnerInfo(alive=True, state="alive", heartbeat_age_s=row["age"], **ident)
+
+
+def runner_state(store: Store, run_id: str, *, stale_after_s: float = STALE_AFTER_S) -> RunnerInfo:
+    """Whether ``run_id`` has a live runner now, and who it is (one query; no lock is taken)."""
+    classid, objid = _lock_parts(run_id)
+    row = store._retry(lambda c: c.execute(_STATE_SQL, {"classid": classid, "objid": objid, "run_id": run_id}).fetchone())
+    return _info(row, stale_after_s)
+
+
+class RunnerClaim:
+    """The right to run a run, held by one process: the lock, its connection and the heartbeat.
+
+    Use :meth:`acquire`; call :meth:`release` when the run's process is done with the run (a
+    killed process needs no release: its connection closing frees the lock).
+    """
+
+    def __init__(self, store: Store, run_id: str, *, heartbeat_s: float = HEARTBEAT_S, stale_after_s: float = STALE_AFTER_S):
+        self.store, self.run_id = store, run_id
+        self.heartbeat_s, self.stale_after_s = heartbeat_s, stale_after_s
+        self.runner_id = uuid.uuid4().hex[:12]
+        self.key = lock_key(run_id)
+        self._conn: psycopg.Connection | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.locked = False
+
+    # -- connection -----------------------------------------------------------------------------
+
+    def _connect(self) -> psycopg.Connection:
+        conn = psycopg.connect(
+            self.store.dsn,
+            autocommit=True,
+            row_factory=dict_row,
+            connect_timeout=5,
+            keepalives=1,
+            keepalives_idle=KEEPALIVE_IDLE_S,
+            keepalives_interval=KEEPALIVE_INTERVAL_S,
+            keepalives_count=KEEPALIVE_COUNT,
+            application_name="agentfast runner",
+        )
+        # Server side: the backend notices a vanished client (half-open TCP) as quickly; these
+        # settings are ignored on a Unix socket, where a dead process always closes the socket.
+        conn.execute(
+            "SELECT set_config('tcp_keepalives_idle', %s, false), set_config('tcp_keepalives_interval', %s, false),"
+            " set_config('tcp_keepalives_count', %s, false)",
+            (str(KEEPALIVE_IDLE_S), str(KEEPALIVE_INTERVAL_S), str(KEEPALIVE_COUNT)),
+        )
+        return conn
+
+    def _connect_retrying(self) -> psycopg.Connection:
+        deadline = time.monotonic() + self.store.retry_for_s
+        delay = 0.1
+        while True:
+            try:
+                return self._connect()
+            except psycopg.OperationalError as err:
+                if time.monotonic() + delay > deadline:
+                    raise StoreUnavailable(f"Postgres unavailable for {self.store.retry_for_s:.0f}s: {err}") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _try_lock(self) -> bool:
+        assert self._conn is not None
+        return bool(self._conn.execute("SELECT pg_try_advisory_lock(%s) AS ok", (self.key,)).fetchone()["ok"])
+
+    def _state(self) -> RunnerInfo:
+        assert self._conn is not None
+        classid, objid = _lock_parts(self.run_id)
+        row = self._conn.execute(_STATE_SQL, {"classid": classid, "objid": objid, "run_id": self.run_id}).fetchone()
+        return _info(row, self.stale_after_s)
+
+    def _write_row(self) -> None:
+        assert self._conn is not None
+        self._conn.execute(
+            """INSERT INTO agentfast_runners (run_id, runner_id, pid, host, backend_pid, started_at, beat_at)
+               VALUES (%s, %s, %s, %s, pg_backend_pid(), now(), now())
+               ON CONFLICT (run_id) DO UPDATE SET runner_id = excluded.runner_id, pid = excluded.pid, host = excluded.host,
+                   backend_pid = excluded.backend_pid, started_at = excluded.started_at, beat_at = excluded.beat_at""",
+            (self.run_id, self.runner_id, os.getpid(), socket.gethostname()[:255]),
+        )
+        self._conn.execute("SELECT pg_notify(%s, %s)", (PROGRESS_CHANNEL, self.run_id))  # the operator republishes liveness
+
+    # -- acquire / release ----------------------------------------------------------------------
+
+    @classmethod
+    def acquire(cls, store: Store, run_id: str, *, force: bool = False, **kw: Any) -> "RunnerClaim":
+        """Take the run's lock and start heartbeating; returns the claim.
+
+        A holder that is alive (lock held, heartbeat fresh) makes this raise :class:`RunnerAlive`
+        unless ``force``. A stale holder (or any holder, with ``force``) has its session ended
+        first; if the lock still cannot be taken within ``TAKEOVER_WAIT_S`` (no privilege to end
+        it), the claim goes on without it and keeps trying at each heartbeat: the fencing epoch
+        keeps the old holder from committing. Raises StoreUnavailable.
+        """
+        claim = cls(store, run_id, **kw)
+        deadline = time.monotonic() + store.retry_for_s
+        delay = 0.1
+        while True:
+            claim._conn = claim._connect_retrying()
+            try:
+                claim._claim(force)
+                break
+            except psycopg.Error as err:
+                claim._conn.close()
+                sqlstate = getattr(err, "sqlstate", None)
+                if sqlstate == "42501":
+                    raise StoreUnavailable(f"Postgres refused the runner a privilege (nothing is lost; fix the grant, then resume): {err}") from None
+                if not (isinstance(err, psycopg.OperationalError) or sqlstate in ("25006", "25P03")):
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise StoreUnavailable(f"Postgres unavailable for {store.retry_for_s:.0f}s: {err}") from None
+            except BaseException:
+                claim._conn.close()
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+        claim._thread = threading.Thread(target=claim._beat, name=f"agentfast-heartbeat {run_id}", daemon=True)
+        claim._thread.start()
+        return claim
+
+    def _claim(self, force: bool) -> None:
+        self.locked = self._try_lock()
+        # A holder that was just killed frees the lock when Postgres sees its socket close, a few
+        # milliseconds later: look again for a moment before calling it alive.
+        grace_until = time.monotonic() + EXIT_GRACE_S
+        while not self.locked and time.monotonic() < grace_until:
+            time.sleep(0.05)
+            self.locked = self._try_lock()
+        if not self.locked:
+            holder = self._state()
+            if holder.alive and not force:
+                raise RunnerAlive(self.run_id, holder)
+            why = "--force" if holder.alive else f"its heartbeat is stale ({holder.describe()})"
+            log.warning("taking run %s over from %s: %s", self.run_id, holder.describe(), why)
+            if holder.backend_pid is not None:
+                try:
+                    assert self._conn is not None
+                    self._conn.execute("SELECT pg_terminate_backend(%s)", (holder.backend_pid,))
+                except psycopg.Error as err:  # not permitted: the epoch still fences the old holder
+                    log.warning("could not end the old runner's session (backend %s): %s", holder.backend_pid, err)
+            deadline = time.monotonic() + TAKEOVER_WAIT_S
+            while not self.locked and time.monotonic() < deadline:
+                time.sleep(0.1)
+                self.locked = self._try_lock()
+            if not self.locked:
+                log.warning("run %s: the old runner's lock is still held; continuing without it (fenced by the epoch)", self.run_id)
+        self._write_row()
+
+    def _beat(self) -> None:
+        """Heartbeat thread: beat every ``heartbeat_s``; on a lost connection, reconnect and re-lock."""
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = self._connect()
+                    self.locked = False
+                if not self.locked:
+                    self.locked = self._try_lock()
+                    if not self.locked:
+                        log.warning("run %s: another session holds the runner lock", self.run_id)
+                cur = self._conn.execute(
+                    "UPDATE agentfast_runners SET beat_at = now(), backend_pid = pg_backend_pid() WHERE run_id = %s AND runner_id = %s",
+                    (self.run_id, self.runner_id),
+                )
+                if cur.rowcount == 0:  # another runner took the run over (--force) or it was deleted
+                    log.warning("run %s: another runner took the heartbeat over; this one stops beating", self.run_id)
+                    return
+            except psycopg.Error as err:
+                log.warning("run %s: heartbeat failed (%s); reconnecting", self.run_id, err)
+                try:
+                    if self._conn is not None:
+                        self._conn.close()
+                except Exception:
+                    pass
+                self._conn = None
+
+    def release(self) -> None:
+        """Stop beating, delete the heartbeat row, free the lock and close the connection. Idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        conn, self._conn = self._conn, None
+        if conn is None or conn.closed:
+            return
+        try:
+            conn.execute("DELETE FROM agentfast_runners WHERE run_id = %s AND runner_id = %s", (self.run_id, self.runner_id))
+            conn.execute("SELECT pg_advisory_unlock_all(), pg_notify(%s, %s)", (PROGRESS_CHANNEL, self.run_id))
+        except psycopg.Error as err:
+            log.warning("run %s: could not delete the heartbeat row: %s", self.run_id, err)
+        finally:
+            conn.close()  # ends the session: the lock goes with it
+
+
+def batch_waits(call_ids: Sequence[str], decided: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """``(awaiting, decided)`` for :func:`runner_story` from a paused batch.
+
+    ``call_ids``: every call the batch awaits a decision on (model order); ``decided``: call id
+    -> decision already recorded. While any call is undecided, ``awaiting`` names those (comma
+    separated) and ``decided`` is None; once all are decided, ``awaiting`` names them all and
+    ``decided`` the decisions made (e.g. ``"approve, deny"``).
+    """
+    undecided = [c for c in call_ids if c not in decided]
+    if undecided:
+        return ", ".join(undecided), None
+    if not call_ids:
+        return None, None
+    return ", ".join(call_ids), ", ".join(sorted({decided[c] for c in call_ids}))
+
+
+def runner_story(info: RunnerInfo, phase: str, awaiting: str | None, decided: str | None) -> tuple[str, str]:
+    """What a reader of the run's status should be told about its runner: ``(state, sentence)``.
+
+    ``phase``: the latest checkpoint's phase; ``awaiting``: the call id it waits on (if any);
+    ``decided``: the decision already recorded for that call (``approve``/``deny``), if any.
+    ``state`` is one of ``alive``, ``ended`` (the run finished; no runner needed),
+    ``waiting_for_decision`` (paused with no runner: normal for a ``--no-wait`` run or one
+    released while waiting), ``decided_resume_needed`` (paused, decided, nobody to continue it) or
+    ``interrupted`` (unfinished and no live runner: it stopped or was killed; ``stale`` holders
+    included). The sentence never says what to type: CLI and operator add their own next step.
+    """
+    if info.alive:
+        extra = f"; it waits for a decision on {awaiting}" if phase == "WaitingForApproval" and awaiting and not decided else ""
+        return "alive", f"alive: {info.describe()}{extra}"
+    if phase in ("Succeeded", "Failed"):
+        return "ended", "none (the run has ended)"
+    if phase == "WaitingForApproval" and awaiting:
+        if decided:
+            return "decided_resume_needed", f"no runner: the decision on {awaiting} ({decided}) is recorded and nothing is running to act on it"
+        return "waiting_for_decision", f"no runner: waiting for a decision on {awaiting} (normal for a paused run)"
+    if info.state == "stale":
+        return "interrupted", f"no live runner: interrupted; {info.describe()} (frozen or unreachable; a resume takes it over)"
+    return "interrupted", "no runner: interrupted (its process stopped or was killed before the run finished)"
