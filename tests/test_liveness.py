@@ -26,6 +26,7 @@ from agentfast.runner.liveness import RunnerClaim, RunnerInfo, runner_state
 from agentfast.runner.loop import EXIT_LEASE_LOST, VanillaRunner, run_id_of
 from agentfast.runner.model import model_from_spec
 from agentfast.runner.store import Store
+from agentfast.runner.snapshot import SCHEMA_VERSION
 from agentfast.runner.tools import ToolRegistry
 
 from .conftest import EXAMPLES, agentrun_file, wait_until
@@ -336,7 +337,7 @@ def test_a_newer_schema_is_refused_by_every_reader(tmp_path: Path, dsn: str, sto
     store.decide(run_id, "call-1-0", "approve", decided_by="test")  # even approved, nothing may run
     for args in (["resume", "case10-unreadable"], ["status", "case10-unreadable"], ["status", "case10-unreadable", "-o", "json"],
                  ["history", "case10-unreadable"], ["list"], ["run", "agentrun.yaml"]):
-        _assert_refused(case.cli(*args), run_id, "agentfast_checkpoints", "schema_version 99", "up to 1")
+        _assert_refused(case.cli(*args), run_id, "agentfast_checkpoints", "schema_version 99", f"up to {SCHEMA_VERSION}")
     assert case.executions() == 0
     assert store.get_run(run_id).epoch == epoch  # not even taken over
 
@@ -353,7 +354,7 @@ def test_a_corrupt_checkpoint_or_message_row_is_refused(tmp_path: Path, dsn: str
 
     _tamper(dsn, run_id, f"UPDATE agentfast_checkpoints SET context = '{{\"session\": 5}}' WHERE run_id = %s AND {LATEST}", run_id, run_id)
     for args in (["status", "case10-unreadable"], ["resume", "case10-unreadable"]):
-        _assert_refused(case.cli(*args), run_id, "agentfast_checkpoints", "corrupt", "schema_version 1")
+        _assert_refused(case.cli(*args), run_id, "agentfast_checkpoints", "corrupt", f"schema_version {SCHEMA_VERSION}")
     assert case.executions() == 0
 
 
