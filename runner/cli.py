@@ -19,27 +19,31 @@ import signal
 import sys
 import threading
 import uuid
-from typing import Optional
+from datetime import datetime, timezone
+from typing import Any, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from . import output
 from .loop import EXIT_BAD_INPUT, Outcome, ProgressEvent, VanillaRunner, preflight, run_id_of
+from .output import err, out, styled
+from .snapshot import StateSnapshot
 from .spec import AgentRun, SpecError, load_agentrun, parse_agentrun
-from .store import DecisionConflict, Store, StoreUnavailable, UnknownCall
+from .storable import storable
+from .store import CheckpointInfo, DecisionConflict, JournalEntry, Store, StoreUnavailable, UnknownCall
 
 EXIT_NO_POSTGRES = 3
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Durable execution for AI agent runs.")
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+# out, err: runner/output.py's consoles. Every str printed is data (no markup, no control
+# characters) and a failed write never raises; style only through output.styled(...).
 
 DsnOption = typer.Option(None, "--dsn", envvar="AGENTFAST_DSN", help="Postgres DSN; default: the embedded server under the user's data dir")
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> "typer.Exit":
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    err.print(styled(("error:", "bold red"), " ", message))
     return typer.Exit(code)
 
 
@@ -78,37 +82,57 @@ class _Progress:
 
     def __call__(self, ev: ProgressEvent) -> None:
         c, u = ev.context.counters, ev.context.usage
-        head = f"[dim]iter {c.iterations:>3} · tokens {u.total_tokens:>6}[/]"
+        head = (f"iter {c.iterations:>3} · tokens {u.total_tokens:>6}", "dim")
         if ev.kind == "started":
             cl = ev.context.classification
             extra = f" · resumed (#{c.resumes})" if c.resumes else ""
             if cl:
                 b = cl.applied
                 extra += f" · budget {cl.label}: {b.max_iterations} iterations, {b.max_tokens} tokens, {b.max_duration_ms} ms"
-            out.print(f"{head} started {self.run_id}{extra}")
+            out.print(styled(head, f" started {self.run_id}{extra}"))
         elif ev.kind == "model_call":
-            out.print(f"{head} asking the model ({ev.detail})")
+            out.print(styled(head, f" asking the model ({ev.detail})"))
         elif ev.kind == "tool_result":
-            out.print(f"{head} tool done: {ev.detail}")
+            out.print(styled(head, " tool done: ", output.one_line(ev.detail)))
         elif ev.kind == "waiting" and ev.pending is not None:
             self._waiting(ev)
 
     def _waiting(self, ev: ProgressEvent) -> None:
         p = ev.pending
         name = self.run_id.removeprefix("default/")
-        out.print(f"[bold yellow]waiting for approval[/] of [bold]{p.call_id}[/]: {p.tool_call.name}({p.tool_call.arguments})")
+        out.print(styled(("waiting for approval", "bold yellow"), " of ", (p.call_id, "bold"), ": ",
+                         output.one_line(f"{p.tool_call.name}({p.tool_call.arguments})")))
         if p.reason == "in_flight_not_idempotent":
             out.print("  this non-idempotent call was in flight when a runner died: it may already have run")
         for r in p.executed_sibling_results:
-            out.print(f"  sibling already done: {r.call_id} {r.tool_name} -> {r.content[:120]}")
-        out.print(f"  approve: [bold]agentfast approve {name} {p.call_id}[/]   deny: agentfast deny {name} {p.call_id} --reason '...'")
+            out.print(f"  sibling already done: {r.call_id} {r.tool_name} -> {output.one_line(r.content, 120)}")
+        out.print(styled("  approve: ", (f"agentfast approve {name} {p.call_id}", "bold"),
+                         f"   deny: agentfast deny {name} {p.call_id} --reason '...'"))
         if self.interactive:
+            self._ask(p.call_id)
+
+    def _ask(self, call_id: str) -> None:
+        """The decision prompt on a terminal. Best effort: a prompt that cannot be shown or
+        answered (closed terminal, end of input, Ctrl-C) leaves the run waiting for a decision
+        made elsewhere (`agentfast approve/deny`), never stops it."""
+        import click
+
+        try:
             answer = typer.prompt("Approve now? [y]es / [n]o / [w]ait", default="w").strip().lower()
             if answer.startswith("y"):
-                self.store.decide(self.run_id, p.call_id, "approve", decided_by=_who())
+                self.store.decide(self.run_id, call_id, "approve", decided_by=_who())
             elif answer.startswith("n"):
                 reason = typer.prompt("Reason for the model", default="declined by the operator")
-                self.store.decide(self.run_id, p.call_id, "deny", reason=reason, decided_by=_who())
+                self.store.decide(self.run_id, call_id, "deny", reason=reason, decided_by=_who())
+        except (click.exceptions.Abort, EOFError, OSError):
+            out.print("  no answer here; waiting for a decision (agentfast approve / deny)")
+        except (DecisionConflict, UnknownCall) as e:
+            err.print(styled(("error:", "bold red"), " ", str(e)))
+
+
+def _interactive(wait: bool) -> bool:
+    """Ask for decisions at a prompt only when a person is at both ends: stdin and stdout are a terminal."""
+    return wait and sys.stdin is not None and sys.stdin.isatty() and sys.stdout is not None and sys.stdout.isatty()
 
 
 def _who() -> str:
@@ -130,7 +154,7 @@ def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool) -> Out
     stop = threading.Event()
 
     def on_term(signum: int, frame: object) -> None:
-        err.print("[yellow]SIGTERM: no new tool call will start; committing and exiting (resume to continue)[/]")
+        err.print(styled(("SIGTERM: no new tool call will start; committing and exiting (resume to continue)", "yellow")))
         stop.set()
 
     signal.signal(signal.SIGTERM, on_term)
@@ -147,7 +171,7 @@ def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool) -> Out
     finally:
         model.close()
     style = {"Succeeded": "green", "WaitingForApproval": "yellow"}.get(outcome.phase, "red")
-    out.print(f"[bold {style}]{outcome.phase}[/]: {outcome.message}", highlight=False)
+    out.print(styled((outcome.phase, f"bold {style}"), ": ", outcome.message))
     return outcome
 
 
@@ -167,9 +191,9 @@ def run(
     run_id = run_id_of(agentrun)
     doc = agentrun.model_dump(mode="json", exclude_none=True, exclude={"status"})
     record = store.create_run(run_id, agentrun.metadata.uid or str(uuid.uuid4()), doc)
-    if record.spec.get("spec") != doc.get("spec"):
+    if record.spec.get("spec") != storable(doc).get("spec"):  # the store keeps the spec in its storable form
         raise _fail(f"a run named {run_id} exists with a different spec; rename metadata.name or `agentfast delete {run_id}`")
-    outcome = _drive(store, agentrun, wait=wait, interactive=wait and sys.stdin.isatty())
+    outcome = _drive(store, agentrun, wait=wait, interactive=_interactive(wait))
     raise typer.Exit(outcome.exit_code)
 
 
@@ -179,7 +203,7 @@ def resume(run: str = typer.Argument(..., help="run name"), dsn: Optional[str] =
     """Continue a run from its last checkpoint, at the exact step it stopped."""
     store = _open_store(dsn)
     agentrun = _load_registered(store, run)
-    outcome = _drive(store, agentrun, wait=wait, interactive=wait and sys.stdin.isatty())
+    outcome = _drive(store, agentrun, wait=wait, interactive=_interactive(wait))
     raise typer.Exit(outcome.exit_code)
 
 
@@ -273,38 +297,112 @@ def status(run: str, dsn: Optional[str] = DsnOption, output: str = typer.Option(
 
 
 @app.command()
-def history(run: str, dsn: Optional[str] = DsnOption) -> None:
-    """The transcript, the tool-call journal and the kept checkpoints of a run."""
+def history(run: str, dsn: Optional[str] = DsnOption,
+            output_format: str = typer.Option("text", "-o", "--output", help="text, or json: transcript, journal, decisions and checkpoints")) -> None:
+    """The transcript (every part of every message), the tool-call journal, the decisions and the kept checkpoints of a run."""
+    if output_format not in ("text", "json"):
+        raise _fail(f"-o must be text or json, not {output_format!r}")
     store = _open_store(dsn)
     key = _run_key(run)
     snap = store.load_snapshot(key)
     if snap is None:
         raise _fail(f"no run named {run!r} has a checkpoint")
+    journal = store.journal(key)
+    decisions = store.decision_log(key)
+    checkpoints = store.list_checkpoints(key)
+    if output_format == "json":
+        out.print_json(data=_history_json(key, snap, journal, decisions, checkpoints))
+        return
+    by_position = {(e.iteration, e.position): e for e in journal}
     out.rule(f"transcript of {key}")
+    iteration = 0
     for i, m in enumerate(snap.messages):
-        if m.tool_calls:
-            calls = ", ".join(f"{c.name}({c.arguments})" for c in m.tool_calls)
-            out.print(f"[dim]{i:>3}[/] [bold]{m.role}[/] calls {calls}", highlight=False)
-        else:
-            label = f"{m.role} ({m.name})" if m.name else m.role
-            out.print(f"[dim]{i:>3}[/] [bold]{label}[/]: {m.content}", highlight=False)
-    j = Table("call", "tool", "state", "attempts", "idempotency key", title="tool-call journal")
-    for e in store.journal(key):
-        j.add_row(e.call_id, e.tool_call.name, e.state + (" (error)" if e.result and e.result.is_error else ""), str(e.attempts), e.idempotency_key)
-    out.print(j)
-    cp = Table("checkpoint", "iteration", "messages", "phase", "epoch", title="checkpoints (latest kept)")
-    for c in store.list_checkpoints(key):
-        cp.add_row(str(c.checkpoint_id), str(c.iteration), str(c.message_count), c.phase, str(c.epoch))
+        label = m.role + (f" {m.name}" if m.name else "") + (f" (tool-call id {m.tool_call_id})" if m.tool_call_id else "")
+        parts: list = [(f"{i:>3}", "dim"), " ", (label, "bold")]
+        if m.content is not None:
+            parts += [": ", m.content]
+        out.print(styled(*parts))
+        if m.role == "assistant":
+            iteration += 1  # iteration N appends the N-th assistant message
+        if m.refusal is not None and m.refusal != m.content:
+            out.print(styled("      ", ("refusal", "bold"), ": ", m.refusal))
+        for pos, c in enumerate(m.tool_calls):
+            e = by_position.get((iteration, pos))
+            name = e.call_id if e is not None and e.tool_call.id == c.id else "call"
+            ids = f"tool-call id {c.id}" + (f"; the provider sent {c.provider_id!r}" if c.provider_id is not None else "")
+            out.print(styled("      ", (name, "bold"), f" {c.name}({c.arguments})  ", (f"({ids})", "dim")))
+    out.rule("tool-call journal")
+    for e in journal:
+        flags = [f for f, on in (("gated", e.gated), ("not idempotent", not e.idempotent)) if on]
+        state = e.state + (f" ({e.result.error_kind or 'error'})" if e.result and e.result.is_error else "")
+        out.print(styled((e.call_id, "bold"), f"  {e.tool_call.name}  {state}  attempts {e.attempts}",
+                         f"  {', '.join(flags)}" if flags else "", f"  idempotency key {e.idempotency_key}"))
+    if not journal:
+        out.print("(no tool calls)")
+    if decisions:
+        out.rule("decisions")
+        for d in decisions:
+            out.print(styled((d["call_id"], "bold"), f"  {d['decision']}  by {d.get('decided_by') or '?'}  at {_when(d.get('decided_at'))}",
+                             f"  reason: {d['reason']}" if d.get("reason") else ""))
+    cp = Table("checkpoint", "iteration", "messages", "phase", "epoch", "saved at", title="checkpoints (latest kept)")
+    for c in checkpoints:
+        cp.add_row(str(c.checkpoint_id), str(c.iteration), str(c.message_count), c.phase, str(c.epoch), _when(c.saved_at))
     out.print(cp)
+
+
+def _history_json(key: str, snap: StateSnapshot, journal: list[JournalEntry], decisions: list[dict[str, Any]],
+                  checkpoints: list[CheckpointInfo]) -> dict[str, Any]:
+    """``history -o json``: the whole record of a run, machine-readable (times as ISO 8601 UTC)."""
+    return {
+        "run": key,
+        "status": snap.context.status.model_dump(mode="json"),
+        "transcript": [m.model_dump(mode="json") for m in snap.messages],
+        "journal": [
+            {
+                "call_id": e.call_id, "iteration": e.iteration, "position": e.position, "tool": e.tool_call.name,
+                "tool_call_id": e.tool_call.id, "arguments": e.tool_call.arguments, "gated": e.gated,
+                "idempotent": e.idempotent, "state": e.state, "attempts": e.attempts,
+                "idempotency_key": e.idempotency_key, "result": e.result.model_dump(mode="json") if e.result else None,
+            }
+            for e in journal
+        ],
+        "decisions": [{k: _iso(v) for k, v in d.items() if k != "run_id"} for d in decisions],
+        "checkpoints": [
+            {"checkpoint_id": c.checkpoint_id, "iteration": c.iteration, "messages": c.message_count, "phase": c.phase,
+             "epoch": c.epoch, "saved_at": _iso(c.saved_at)}
+            for c in checkpoints
+        ],
+    }
+
+
+def _when(value: Any) -> str:
+    """A time for people: ``2025-11-30 19:42:03 +0000`` in the local zone. ``value``: ms since the
+    Unix epoch or a datetime; anything else as it is, ``-`` for None."""
+    if value is None:
+        return "-"
+    if isinstance(value, (int, float)):
+        value = datetime.fromtimestamp(value / 1000, tz=timezone.utc)
+    if isinstance(value, datetime):
+        return value.astimezone().strftime("%Y-%m-%d %H:%M:%S %z")
+    return str(value)
+
+
+def _iso(value: Any) -> Any:
+    """A time for machines (ISO 8601, UTC, ms); other values unchanged. ``value``: ms since the Unix epoch or a datetime."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = datetime.fromtimestamp(value / 1000, tz=timezone.utc)
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return value
 
 
 @app.command("list")
 def list_runs(dsn: Optional[str] = DsnOption) -> None:
-    """Every run in the store with its phase and iteration."""
+    """Every run in the store with its phase, iteration and the time of its latest checkpoint."""
     store = _open_store(dsn)
-    t = Table("run", "phase", "iteration", "checkpoints at")
+    t = Table("run", "phase", "iteration", "latest checkpoint")
     for rec, info in store.list_runs():
-        t.add_row(rec.run_id, info.phase if info else "-", str(info.iteration) if info else "-", str(info.saved_at) if info else "-")
+        t.add_row(rec.run_id, info.phase if info else "-", str(info.iteration) if info else "-", _when(info.saved_at) if info else "-")
     out.print(t)
 
 
@@ -318,6 +416,14 @@ def delete(run: str, dsn: Optional[str] = DsnOption) -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point.
+
+    Output is best effort (runner/output.py): a closed or full stdout/stderr or a terminal that
+    cannot encode a character never changes what a command does or its exit code.
+    """
+    output.install()
     logging.basicConfig(level=os.environ.get("AGENTFAST_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
-    app()
+    try:
+        app()
+    finally:
+        output.finish()

@@ -15,7 +15,7 @@ import logging
 
 from . import faults
 from .snapshot import ToolResult
-from .store import JournalEntry, Lease, Store
+from .store import JournalEntry, Lease, LeaseLost, Store, StoreUnavailable
 from .tools import ToolArgumentsError, ToolContext, ToolRegistry
 
 log = logging.getLogger(__name__)
@@ -58,9 +58,7 @@ class CallExecutor:
             position=entry.position,
             tool_call_id=entry.tool_call.id,
             tool_name=entry.tool_call.name,
-            # Postgres text/jsonb cannot hold U+0000: stored as is, the result could never be
-            # persisted, and every resume would re-run the tool and fail the same way.
-            content=content.replace("\x00", "\ufffd"),
+            content=content,  # made storable by the store (runner/storable.py), which hands back what it stored
             is_error=error_kind is not None,
             error_kind=error_kind,
             idempotency_key=entry.idempotency_key,
@@ -78,14 +76,12 @@ class CallExecutor:
         tool = self.tools.get(name)
         if tool is None:
             result = self._result(entry, f"error: unknown tool {name!r}; available tools: {', '.join(self.tools.names)}", "malformed")
-            self.store.record_result(self.lease, entry.iteration, entry.position, result)
-            return result
+            return self._persist(entry, result)
         try:
             args = tool.parse_arguments(entry.tool_call.arguments)
         except ToolArgumentsError as err:
             result = self._result(entry, f"error: {err}. Call {name} again with valid JSON arguments.", "malformed")
-            self.store.record_result(self.lease, entry.iteration, entry.position, result)
-            return result
+            return self._persist(entry, result)
 
         self.store.mark_started(self.lease, entry.iteration, entry.position)  # write-ahead intent
         faults.point("tool.before_call", name)
@@ -105,13 +101,34 @@ class CallExecutor:
             log.warning("tool %s raised: %r", name, err)
             result = self._result(entry, f"error: {name} failed: {type(err).__name__}: {err}", "tool_raised")
         faults.point("tool.after_call", name)
-        self.store.record_result(self.lease, entry.iteration, entry.position, result)
+        result = self._persist(entry, result)
         faults.point("tool.after_persist", name)
         return result
+
+    def _persist(self, entry: JournalEntry, result: ToolResult) -> ToolResult:
+        """Record ``result`` as the call's; returns it as stored.
+
+        A call whose tool has run must end ``done``, or a resume would run it again. So when the
+        result itself cannot be written (anything but a lost lease or an unavailable Postgres,
+        which leave the call ``started`` for G4 to handle on resume: say a value over Postgres's
+        size limits), an error result saying so is recorded in its place, for the model to read.
+        """
+        try:
+            return self.store.record_result(self.lease, entry.iteration, entry.position, result)
+        except (LeaseLost, StoreUnavailable):
+            raise
+        except Exception as err:
+            log.error("the result of %s (%s) could not be stored: %r", entry.call_id, entry.tool_call.name, err)
+            why = f"{type(err).__name__}: {err}"[:500]
+            substitute = self._result(
+                entry,
+                f"error: {entry.tool_call.name} ran (its effect, if any, happened), but its result could not be stored: {why}",
+                "tool_raised",
+            )
+            return self.store.record_result(self.lease, entry.iteration, entry.position, substitute)
 
     def deny(self, entry: JournalEntry, reason: str | None) -> ToolResult:
         """Persist a human's denial as the call's result; the tool does not run."""
         why = f": {reason}" if reason else ""
         result = self._result(entry, f"denied: a human reviewer declined this {entry.tool_call.name} call{why}. It was not run.", "denied")
-        self.store.record_result(self.lease, entry.iteration, entry.position, result)
-        return result
+        return self._persist(entry, result)

@@ -27,7 +27,7 @@ from typing import Callable
 from . import faults
 from .budget import check_budget, get_classifier
 from .journal import CallExecutor
-from .model import ChatModel, ModelError
+from .model import ChatModel, ModelError, distinct_tool_call_ids
 from .snapshot import (
     TERMINAL_PHASES,
     Message,
@@ -191,8 +191,10 @@ class RunnerBase:
             self._emit("model_call", f"iteration {it}")
             reply = self.model.complete(messages, self.tools.schemas)
             self.snap.context.counters.model_calls += 1
-            turn = Turn(it, reply.message, reply.prompt_tokens, reply.completion_tokens)
-            self.store.save_turn(self.lease, turn, self._plan(it, turn.message))
+            # Ids a provider repeated are made unique before they are stored or sent back (the wire).
+            message = distinct_tool_call_ids(reply.message, messages, it)
+            turn = Turn(it, message, reply.prompt_tokens, reply.completion_tokens)
+            turn = self.store.save_turn(self.lease, turn, self._plan(it, turn.message))  # as stored: see runner/storable.py
         self._account(turn)
         return turn
 

@@ -128,7 +128,7 @@ class AgentRunSpec(_Spec):
 class Metadata(_Spec):
     model_config = ConfigDict(extra="allow")
     name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-    namespace: str = "default"
+    namespace: str = Field("default", min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     uid: str | None = None
 
 
