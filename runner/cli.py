@@ -23,14 +23,13 @@ from datetime import datetime, timezone
 from typing import Any, Optional
 
 import typer
-from rich.table import Table
+from rich.table import Column, Table
 
 from . import output
 from .loop import EXIT_BAD_INPUT, Outcome, ProgressEvent, VanillaRunner, preflight, run_id_of
 from .output import err, out, styled
 from .snapshot import StateSnapshot
 from .spec import AgentRun, SpecError, load_agentrun, parse_agentrun
-from .storable import storable
 from .store import CheckpointInfo, DecisionConflict, JournalEntry, Store, StoreUnavailable, UnknownCall
 
 EXIT_NO_POSTGRES = 3
@@ -191,7 +190,7 @@ def run(
     run_id = run_id_of(agentrun)
     doc = agentrun.model_dump(mode="json", exclude_none=True, exclude={"status"})
     record = store.create_run(run_id, agentrun.metadata.uid or str(uuid.uuid4()), doc)
-    if record.spec.get("spec") != storable(doc).get("spec"):  # the store keeps the spec in its storable form
+    if record.spec.get("spec") != doc.get("spec"):
         raise _fail(f"a run named {run_id} exists with a different spec; rename metadata.name or `agentfast delete {run_id}`")
     outcome = _drive(store, agentrun, wait=wait, interactive=_interactive(wait))
     raise typer.Exit(outcome.exit_code)
@@ -344,10 +343,10 @@ def history(run: str, dsn: Optional[str] = DsnOption,
         for d in decisions:
             out.print(styled((d["call_id"], "bold"), f"  {d['decision']}  by {d.get('decided_by') or '?'}  at {_when(d.get('decided_at'))}",
                              f"  reason: {d['reason']}" if d.get("reason") else ""))
-    cp = Table("checkpoint", "iteration", "messages", "phase", "epoch", "saved at", title="checkpoints (latest kept)")
+    out.rule("checkpoints (latest kept)")
     for c in checkpoints:
-        cp.add_row(str(c.checkpoint_id), str(c.iteration), str(c.message_count), c.phase, str(c.epoch), _when(c.saved_at))
-    out.print(cp)
+        out.print(styled((f"checkpoint {c.checkpoint_id}", "bold"), f"  iteration {c.iteration}  messages {c.message_count}"
+                         f"  {c.phase}  epoch {c.epoch}  saved {_when(c.saved_at)}"))
 
 
 def _history_json(key: str, snap: StateSnapshot, journal: list[JournalEntry], decisions: list[dict[str, Any]],
@@ -400,7 +399,7 @@ def _iso(value: Any) -> Any:
 def list_runs(dsn: Optional[str] = DsnOption) -> None:
     """Every run in the store with its phase, iteration and the time of its latest checkpoint."""
     store = _open_store(dsn)
-    t = Table("run", "phase", "iteration", "latest checkpoint")
+    t = Table(*(Column(h, overflow="fold") for h in ("run", "phase", "iteration", "latest checkpoint")))
     for rec, info in store.list_runs():
         t.add_row(rec.run_id, info.phase if info else "-", str(info.iteration) if info else "-", _when(info.saved_at) if info else "-")
     out.print(t)

@@ -324,7 +324,7 @@ class RunnerBase:
     def _emit(self, kind: str, detail: str = "", pending: PendingToolCall | None = None) -> None:
         try:
             self.on_event(ProgressEvent(kind, self.snap.context, detail, pending))
-        except Exception:  # a display problem must never stop a run
+        except (Exception, SystemExit):  # a display problem must never stop a run (rich exits 1 on a broken pipe)
             log.exception("progress callback failed")
 
 

@@ -93,10 +93,19 @@ class _ScriptModel(BaseModel):
 class ScriptToolCall(_ScriptModel):
     """One scripted tool call. ``arguments`` (a mapping) or ``arguments_raw`` (sent verbatim)."""
 
-    id: str = Field(min_length=1)
-    name: str = Field(min_length=1)
+    id: str
+    name: str
     arguments: dict[str, Any] | None = None
     arguments_raw: str | None = None
+
+    @field_validator("id", "name")
+    @classmethod
+    def _not_empty(cls, v: str) -> str:
+        # Checked here, not with min_length: pydantic cannot measure a string holding a lone
+        # surrogate, and a script may carry one to stand for a provider that sends it.
+        if not v:
+            raise ValueError("String should have at least 1 character")
+        return v
 
     @field_validator("arguments", mode="before")
     @classmethod

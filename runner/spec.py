@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .snapshot import Budget
+from .storable import storable
 
 API_VERSION = "agentfast.dev/v1alpha1"
 KIND = "AgentRun"
@@ -152,13 +153,17 @@ def _format_errors(err: ValidationError) -> str:
 
 
 def parse_agentrun(doc: Any, *, check_imports: bool = True) -> AgentRun:
-    """Validate one AgentRun document (a dict, as YAML or the API server gives it).
+    """Validate one AgentRun document (a dict, as YAML or the API server gives it), its text
+    made storable first (:func:`agentfast.runner.storable.storable`).
 
     With ``check_imports`` every ``spec.tools[i].ref`` (and ``spec.graph.ref``) is imported, so
     an unknown tool fails here, before anything runs. Raises SpecError.
     """
     if not isinstance(doc, dict):
         raise SpecError(f"(document): expected a mapping with apiVersion, kind, metadata, spec; got {type(doc).__name__}")
+    # NUL and lone surrogates (a YAML "\0" or "\udcff") become U+FFFD here, as the store would
+    # write them (runner/storable.py): pydantic cannot measure a string holding a lone surrogate.
+    doc = storable(doc)
     try:
         run = AgentRun.model_validate(doc)
     except ValidationError as err:
