@@ -166,7 +166,8 @@ def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool) -> Out
         runner = runner_class(
             store, run, model, tools, wait_for_approval=wait, stop=stop, on_event=_Progress(store, run_id_of(run), interactive)
         )
-        outcome = runner.run()
+        with output.detached_writes():  # a reader that stops reading must not hold up the run
+            outcome = runner.run()
     finally:
         model.close()
     style = {"Succeeded": "green", "WaitingForApproval": "yellow"}.get(outcome.phase, "red")

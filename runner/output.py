@@ -23,12 +23,15 @@ prompts, logging and tracebacks), see :func:`install`.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import io
 import json
 import os
 import re
 import sys
-from typing import Any, Callable, Optional, Union
+import threading
+from typing import Any, Callable, Iterator, Optional, Union
 
 from rich.console import Console
 from rich.style import Style
@@ -36,7 +39,11 @@ from rich.text import Text
 
 from .storable import storable, storable_text
 
-__all__ = ["BestEffortStream", "err", "finish", "install", "json_text", "one_line", "out", "printable", "styled"]
+__all__ = ["BestEffortStream", "detached_writes", "err", "finish", "install", "json_text", "one_line", "out", "printable", "styled"]
+
+#: Text queued by a detached stream beyond this (characters) is dropped, not waited for.
+MAX_PENDING_CHARS = 4 * 1024 * 1024
+_DETACHED = threading.Event()
 
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 but \t and \n, DEL, C1
 _JSON_UNSAFE = re.compile("[\x7f-\x9f]")  # json.dumps escapes C0 itself, not DEL and C1
@@ -90,12 +97,23 @@ class BestEffortStream(io.TextIOBase):
     the stream broken: later writes are dropped, and the target's file descriptor is pointed
     at ``/dev/null`` so that nothing else (Python's flush at exit) fails on it. A write that
     would block on a non-blocking descriptor is dropped without breaking the stream.
+
+    Inside :func:`detached_writes` (the CLI uses it while a runner works) a write never waits
+    for the reader either: it is queued and written by a daemon thread, and dropped when more
+    than :data:`MAX_PENDING_CHARS` are waiting (a pipe nobody reads, ``| less`` on a page).
+    Outside it, writes wait for the queue first, so the order is kept; :func:`finish` waits for
+    it at exit. A stream whose target is itself a BestEffortStream passes everything on.
     """
 
     def __init__(self, target: Union[Any, Callable[[], Any]]):
         super().__init__()
         self._get: Callable[[], Any] = target if callable(target) and not hasattr(target, "write") else (lambda: target)
         self.broken = False
+        self.dropped = 0  # writes dropped because the detached queue was full
+        self._pending: collections.deque[str] = collections.deque()
+        self._pending_chars = 0
+        self._cond = threading.Condition()
+        self._thread: Optional[threading.Thread] = None
 
     @property
     def target(self) -> Any:
@@ -129,8 +147,61 @@ class BestEffortStream(io.TextIOBase):
 
     def write(self, s: str) -> int:
         target = self.target
+        if isinstance(target, BestEffortStream):
+            return target.write(s)
         if self.broken or target is None or not s:
             return len(s)
+        with self._cond:
+            if _DETACHED.is_set():
+                if self._pending_chars + len(s) > MAX_PENDING_CHARS:
+                    self.dropped += 1
+                else:
+                    self._pending.append(s)
+                    self._pending_chars += len(s)
+                    self._start_writer()
+                    self._cond.notify_all()
+                return len(s)
+            while self._pending and not self.broken:
+                self._cond.wait(0.5)
+        self._write_now(target, s)
+        return len(s)
+
+    def wait_drained(self) -> None:
+        """Block until every queued write has been written (or dropped by a broken stream)."""
+        target = self.target
+        if isinstance(target, BestEffortStream):
+            target.wait_drained()
+            return
+        with self._cond:
+            while self._pending and not self.broken:
+                self._cond.wait(0.5)
+
+    def _start_writer(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._drain, name="agentfast-output", daemon=True)
+            self._thread.start()
+
+    def _drain(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending:
+                    self._cond.wait()
+                s = self._pending[0]
+            target = self.target
+            if target is not None and not self.broken:
+                try:
+                    self._write_now(target, s)
+                    self._flush_now(target)
+                except Exception:  # never let the writer die with text queued behind it
+                    pass
+            with self._cond:
+                self._pending.popleft()
+                self._pending_chars -= len(s)
+                self._cond.notify_all()
+
+    def _write_now(self, target: Any, s: str) -> None:
+        if self.broken:
+            return
         try:
             try:
                 target.write(s)
@@ -141,11 +212,19 @@ class BestEffortStream(io.TextIOBase):
             pass  # a non-blocking descriptor that is full: drop this write, keep the stream
         except (OSError, ValueError):
             self._break(target)
-        return len(s)
 
     def flush(self) -> None:
         target = self.target
-        if self.broken or target is None:
+        if isinstance(target, BestEffortStream):
+            target.flush()
+            return
+        if self.broken or target is None or _DETACHED.is_set():
+            return  # detached: the writer thread flushes after each write
+        self.wait_drained()
+        self._flush_now(target)
+
+    def _flush_now(self, target: Any) -> None:
+        if self.broken:
             return
         try:
             target.flush()
@@ -216,9 +295,26 @@ def install() -> None:
             setattr(sys, name, BestEffortStream(current))
 
 
+@contextlib.contextmanager
+def detached_writes() -> Iterator[None]:
+    """While inside, no write to a BestEffortStream waits for its reader (see the class).
+
+    The CLI drives a runner inside it: a terminal scrolled back, a pager or a pipe that nobody
+    reads must not hold up a durable run. Leaving it does not wait; the next ordinary write or
+    :func:`finish` does.
+    """
+    _DETACHED.set()
+    try:
+        yield
+    finally:
+        _DETACHED.clear()
+
+
 def finish() -> None:
-    """Flush both streams, never raising (call before the process exits)."""
-    for stream in (sys.stdout, sys.stderr):
+    """Write what is queued and flush both streams, never raising (call before the process
+    exits). Waits for a reader that is slow, as any program writing to it would."""
+    _DETACHED.clear()
+    for stream in (sys.stdout, sys.stderr, out.file, err.file):
         if stream is None:
             continue
         try:

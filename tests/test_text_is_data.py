@@ -368,3 +368,36 @@ def test_strict_mode_rejects_what_openai_rejects() -> None:
     assert "duplicate tool_call id 'a'" in strict_violation([user, asst("a"), tool("a"), asst("a"), tool("a")])
     assert "did not have response messages: b" in strict_violation([user, asst("a", "b"), tool("a"), user])
     assert "must be a response" in strict_violation([user, tool("a")])
+
+
+def test_detached_writes_never_wait_for_a_reader() -> None:
+    """While a runner works, a pipe nobody reads (a pager, a stuck consumer) must not hold it up."""
+    import threading
+    import time
+
+    r, w = os.pipe()
+    target = os.fdopen(w, "w")
+    stream = output.BestEffortStream(target)
+    line = "x" * 99 + "\n"
+    started = time.monotonic()
+    with output.detached_writes():
+        for _ in range(2000):  # 200 kB: three times what a pipe holds
+            stream.write(line)
+            stream.flush()
+    assert time.monotonic() - started < 5  # nothing waited for the reader
+    received = bytearray()
+    reader = threading.Thread(target=lambda: received.extend(iter_read(r)), daemon=True)
+    reader.start()
+    stream.write("end\n")  # an ordinary write waits for the queue: the order is kept
+    stream.flush()
+    target.close()
+    reader.join(10)
+    assert bytes(received) == (line * 2000 + "end\n").encode()
+
+
+def iter_read(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
