@@ -112,13 +112,6 @@ class AgentRunSpec(_Spec):
             raise ValueError(f"tool names must be unique, repeated: {', '.join(dupes)}")
         return tools
 
-    @field_validator("input", "systemPrompt")
-    @classmethod
-    def _no_nul(cls, v: str) -> str:
-        if "\x00" in v:  # Postgres text and jsonb cannot store U+0000: the run could never checkpoint
-            raise ValueError("must not contain NUL (U+0000) characters")
-        return v
-
     @model_validator(mode="after")
     def _adapter_needs(self) -> "AgentRunSpec":
         if self.adapter == "langgraph" and self.graph is None:
