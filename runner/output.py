@@ -287,8 +287,21 @@ def install() -> None:
     """Make ``sys.stdout`` and ``sys.stderr`` best effort for the whole process (idempotent).
 
     For what does not go through :data:`out`/:data:`err`: click's messages and prompts, logging,
-    a traceback. Called by the CLI's ``main``.
+    a traceback. Called by the CLI's ``main``. A standard descriptor (0, 1, 2) that was closed
+    when the process started is opened on ``/dev/null`` first, so that no file or socket opened
+    later (a Postgres connection) takes its number and receives what is meant for the terminal.
     """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            try:
+                null = os.open(os.devnull, os.O_RDWR)
+                if null != fd:
+                    os.dup2(null, fd)
+                    os.close(null)
+            except OSError:
+                pass
     for name in ("stdout", "stderr"):
         current = getattr(sys, name)
         if current is not None and not isinstance(current, BestEffortStream):
