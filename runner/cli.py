@@ -19,23 +19,24 @@ import signal
 import sys
 import threading
 import uuid
+from datetime import datetime, timezone
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+from rich.table import Column, Table
 
+from . import output
 from .loop import EXIT_BAD_INPUT, Outcome, ProgressEvent, VanillaRunner, preflight, run_id_of
-from .snapshot import AwaitedCall, PendingToolCall, RunContext
+from .output import err, out, styled
+from .snapshot import AwaitedCall, PendingToolCall, RunContext, StateSnapshot
 from .spec import AgentRun, InvalidDecision, SpecError, check_decision, load_agentrun, parse_agentrun
-from .store import DecisionConflict, Store, StoreUnavailable, UnknownCall, UnreadableState
+from .store import CheckpointInfo, DecisionConflict, JournalEntry, Store, StoreUnavailable, UnknownCall, UnreadableState
 
 EXIT_NO_POSTGRES = 3
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Durable execution for AI agent runs.")
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+# out, err: runner/output.py's consoles. Every str printed is data (no markup, no control
+# characters) and a failed write never raises; style only through output.styled(...).
 
 DsnOption = typer.Option(None, "--dsn", envvar="AGENTFAST_DSN", help="Postgres DSN; default: the embedded server under the user's data dir")
 ForceOption = typer.Option(
@@ -45,7 +46,7 @@ ForceOption = typer.Option(
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> "typer.Exit":
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    err.print(styled(("error:", "bold red"), " ", message))
     return typer.Exit(code)
 
 
@@ -84,22 +85,22 @@ class _Progress:
 
     def __call__(self, ev: ProgressEvent) -> None:
         c, u = ev.context.counters, ev.context.usage
-        head = f"[dim]iter {c.iterations:>3} · tokens {u.total_tokens:>6}[/]"
+        head = (f"iter {c.iterations:>3} · tokens {u.total_tokens:>6}", "dim")
         if ev.kind == "started":
             cl = ev.context.classification
             extra = f" · resumed (#{c.resumes})" if c.resumes else ""
             if cl:
                 b = cl.applied
                 extra += f" · budget {cl.label}: {b.max_iterations} iterations, {b.max_tokens} tokens, {b.max_duration_ms} ms"
-            out.print(f"{head} started {self.run_id}{extra}")
+            out.print(styled(head, f" started {self.run_id}{extra}"))
         elif ev.kind == "model_call":
-            out.print(f"{head} asking the model ({ev.detail})")
+            out.print(styled(head, f" asking the model ({ev.detail})"))
         elif ev.kind == "tool_result":
-            out.print(f"{head} tool done: {ev.detail}")
+            out.print(styled(head, " tool done: ", output.one_line(ev.detail)))
         elif ev.kind == "tool_denied":
-            out.print(Text.from_markup(head).append(f" denied, not run: {ev.detail}"), highlight=False)
+            out.print(styled(head, " denied, not run: ", output.one_line(ev.detail)))
         elif ev.kind == "tool_completed":
-            out.print(Text.from_markup(head).append(f" recorded as done, not run: {ev.detail}"), highlight=False)
+            out.print(styled(head, " recorded as done, not run: ", output.one_line(ev.detail)))
         elif ev.kind == "waiting" and ev.pending is not None:
             self._waiting(ev)
 
@@ -109,34 +110,48 @@ class _Progress:
         calls = p.awaiting
         if len(calls) == 1:
             a = calls[0]
-            out.print(Text.assemble(("waiting for approval", "bold yellow"), " of ", (a.call_id, "bold"),
-                                    f": {a.tool_call.name}({a.tool_call.arguments})"), highlight=False)
+            out.print(styled(("waiting for approval", "bold yellow"), " of ", (a.call_id, "bold"), ": ",
+                             output.one_line(f"{a.tool_call.name}({a.tool_call.arguments})")))
         else:
-            out.print(f"[bold yellow]waiting for decisions on {len(calls)} calls[/] (decide each, in any order; the run goes on when all are):")
+            out.print(styled((f"waiting for decisions on {len(calls)} calls", "bold yellow"),
+                             " (decide each, in any order; the run goes on when all are):"))
             for a in calls:
-                out.print(Text.assemble("  ", (a.call_id, "bold"), f": {a.tool_call.name}({a.tool_call.arguments})"), highlight=False)
+                out.print(styled("  ", (a.call_id, "bold"), ": ", output.one_line(f"{a.tool_call.name}({a.tool_call.arguments})")))
         for a in calls:
             if a.reason == "in_flight_not_idempotent":
-                out.print(Text(f"  {a.call_id}: this non-idempotent call was in flight when a runner died: it may already have run"))
+                out.print(f"  {a.call_id}: this non-idempotent call was in flight when a runner died: it may already have run")
         for r in p.executed_sibling_results:
-            out.print(Text(f"  sibling already done: {r.call_id} {r.tool_name} -> {r.content[:120]}"), highlight=False)
+            out.print(f"  sibling already done: {r.call_id} {r.tool_name} -> {output.one_line(r.content, 120)}")
         cid = calls[0].call_id if len(calls) == 1 else "CALL_ID"
-        out.print(Text(f"  approve: agentfast approve {name} {cid}   deny: agentfast deny {name} {cid} --reason '...'"
-                       f"   already happened: agentfast complete {name} {cid} --result 'JSON'"), highlight=False)
+        out.print(styled("  approve: ", (f"agentfast approve {name} {cid}", "bold"),
+                         f"   deny: agentfast deny {name} {cid} --reason '...'"
+                         f"   already happened: agentfast complete {name} {cid} --result 'JSON'"))
         if self.interactive:
             for a in calls:
                 self._ask(a)
 
     def _ask(self, a: AwaitedCall) -> None:
-        answer = typer.prompt(f"Approve {a.call_id} ({a.tool_call.name}) now? [y]es / [n]o / [w]ait", default="w").strip().lower()
+        """The decision prompt on a terminal, for one awaited call. Best effort: a prompt that
+        cannot be shown or answered (closed terminal, end of input, Ctrl-C) leaves the run
+        waiting for a decision made elsewhere (`agentfast approve/deny/complete`), never stops it."""
+        import click
+
         try:
+            answer = typer.prompt(f"Approve {a.call_id} ({a.tool_call.name}) now? [y]es / [n]o / [w]ait", default="w").strip().lower()
             if answer.startswith("y"):
                 self.store.decide(self.run_id, a.call_id, "approve", decided_by=_who())
             elif answer.startswith("n"):
                 reason = typer.prompt("Reason for the model", default="declined by the operator")
                 self.store.decide(self.run_id, a.call_id, "deny", reason=reason, decided_by=_who())
+        except (click.exceptions.Abort, EOFError, OSError):
+            out.print("  no answer here; waiting for a decision (agentfast approve / deny / complete)")
         except (UnknownCall, DecisionConflict, InvalidDecision) as e:  # decided meanwhile elsewhere, or a blank reason
-            err.print(f"{a.call_id}: not recorded: {e}", highlight=False, markup=False)
+            err.print(styled(("error:", "bold red"), " ", f"{a.call_id}: not recorded: {e}"))
+
+
+def _interactive(wait: bool) -> bool:
+    """Ask for decisions at a prompt only when a person is at both ends: stdin and stdout are a terminal."""
+    return wait and sys.stdin is not None and sys.stdin.isatty() and sys.stdout is not None and sys.stdout.isatty()
 
 
 def _who() -> str:
@@ -158,7 +173,7 @@ def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool, force:
     stop = threading.Event()
 
     def on_term(signum: int, frame: object) -> None:
-        err.print("[yellow]SIGTERM: no new tool call will start; committing and exiting (resume to continue)[/]")
+        err.print(styled(("SIGTERM: no new tool call will start; committing and exiting (resume to continue)", "yellow")))
         stop.set()
 
     signal.signal(signal.SIGTERM, on_term)
@@ -172,11 +187,12 @@ def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool, force:
             store, run, model, tools, wait_for_approval=wait, stop=stop, on_event=_Progress(store, run_id_of(run), interactive),
             force=force,
         )
-        outcome = runner.run()
+        with output.detached_writes():  # a reader that stops reading must not hold up the run
+            outcome = runner.run()
     finally:
         model.close()
     style = {"Succeeded": "green", "WaitingForApproval": "yellow"}.get(outcome.phase, "red")
-    out.print(f"[bold {style}]{outcome.phase}[/]: {outcome.message}", highlight=False)
+    out.print(styled((outcome.phase, f"bold {style}"), ": ", outcome.message))
     return outcome
 
 
@@ -199,7 +215,7 @@ def run(
     record = store.create_run(run_id, agentrun.metadata.uid or str(uuid.uuid4()), doc)
     if record.spec.get("spec") != doc.get("spec"):
         raise _fail(f"a run named {run_id} exists with a different spec; rename metadata.name or `agentfast delete {run_id}`")
-    outcome = _drive(store, agentrun, wait=wait, interactive=wait and sys.stdin.isatty(), force=force)
+    outcome = _drive(store, agentrun, wait=wait, interactive=_interactive(wait), force=force)
     raise typer.Exit(outcome.exit_code)
 
 
@@ -212,7 +228,7 @@ def resume(run: str = typer.Argument(..., help="run name"), dsn: Optional[str] =
     """
     store = _open_store(dsn)
     agentrun = _load_registered(store, run)
-    outcome = _drive(store, agentrun, wait=wait, interactive=wait and sys.stdin.isatty(), force=force)
+    outcome = _drive(store, agentrun, wait=wait, interactive=_interactive(wait), force=force)
     raise typer.Exit(outcome.exit_code)
 
 
@@ -404,44 +420,118 @@ def status(run: str, dsn: Optional[str] = DsnOption, output: str = typer.Option(
     t.add_row("resumes", str(c.resumes))
     for a in view["awaiting"]:
         note = " (in flight when a runner died: may already have run)" if a["reason"] == "in_flight_not_idempotent" else ""
-        t.add_row("awaiting", Text(f"{a['call_id']} {a['tool']}({a['arguments']}){note}"))
+        t.add_row("awaiting", output.one_line(f"{a['call_id']} {a['tool']}({a['arguments']}){note}"))
     for d in view["decided"]:
-        t.add_row("decided", Text(f"{d['call_id']}: {d['decision']}" + (f" ({d['reason']})" if d["reason"] else "")
+        t.add_row("decided", output.one_line(f"{d['call_id']}: {d['decision']}" + (f" ({d['reason']})" if d["reason"] else "")
                                   + (f" by {d['decided_by']}" if d["decided_by"] else "")))
     out.print(t, highlight=False)
 
 
 @app.command()
-def history(run: str, dsn: Optional[str] = DsnOption) -> None:
-    """The transcript, the tool-call journal and the kept checkpoints of a run."""
+def history(run: str, dsn: Optional[str] = DsnOption,
+            output_format: str = typer.Option("text", "-o", "--output", help="text, or json: transcript, journal, decisions and checkpoints")) -> None:
+    """The transcript (every part of every message), the tool-call journal, the decisions and the kept checkpoints of a run."""
+    if output_format not in ("text", "json"):
+        raise _fail(f"-o must be text or json, not {output_format!r}")
     store = _open_store(dsn)
     key = _run_key(run)
     snap = store.load_snapshot(key)
     if snap is None:
         raise _fail(f"no run named {run!r} has a checkpoint")
+    journal = store.journal(key)
+    decisions = store.decision_log(key)
+    checkpoints = store.list_checkpoints(key)
+    if output_format == "json":
+        out.print_json(data=_history_json(key, snap, journal, decisions, checkpoints))
+        return
+    by_position = {(e.iteration, e.position): e for e in journal}
     out.rule(f"transcript of {key}")
+    iteration = 0
     for i, m in enumerate(snap.messages):
-        if m.tool_calls:
-            calls = ", ".join(f"{c.name}({c.arguments})" for c in m.tool_calls)
-            out.print(f"[dim]{i:>3}[/] [bold]{m.role}[/] calls {calls}", highlight=False)
-        else:
-            label = f"{m.role} ({m.name})" if m.name else m.role
-            out.print(f"[dim]{i:>3}[/] [bold]{label}[/]: {m.content}", highlight=False)
-    j = Table("call", "tool", "state", "attempts", "idempotency key", title="tool-call journal")
-    for e in store.journal(key):
-        j.add_row(e.call_id, e.tool_call.name, e.state + (" (error)" if e.result and e.result.is_error else ""), str(e.attempts), e.idempotency_key)
-    out.print(j)
-    cp = Table("checkpoint", "iteration", "messages", "phase", "epoch", title="checkpoints (latest kept)")
-    for c in store.list_checkpoints(key):
-        cp.add_row(str(c.checkpoint_id), str(c.iteration), str(c.message_count), c.phase, str(c.epoch))
-    out.print(cp)
+        label = m.role + (f" {m.name}" if m.name else "") + (f" (tool-call id {m.tool_call_id})" if m.tool_call_id else "")
+        parts: list = [(f"{i:>3}", "dim"), " ", (label, "bold")]
+        if m.content is not None:
+            parts += [": ", m.content]
+        out.print(styled(*parts))
+        if m.role == "assistant":
+            iteration += 1  # iteration N appends the N-th assistant message
+        if m.refusal is not None and m.refusal != m.content:
+            out.print(styled("      ", ("refusal", "bold"), ": ", m.refusal))
+        for pos, c in enumerate(m.tool_calls):
+            e = by_position.get((iteration, pos))
+            name = e.call_id if e is not None and e.tool_call.id == c.id else "call"
+            ids = f"tool-call id {c.id}" + (f"; the provider sent {c.provider_id!r}" if c.provider_id is not None else "")
+            out.print(styled("      ", (name, "bold"), f" {c.name}({c.arguments})  ", (f"({ids})", "dim")))
+    out.rule("tool-call journal")
+    for e in journal:
+        flags = [f for f, on in (("gated", e.gated), ("not idempotent", not e.idempotent)) if on]
+        state = e.state + (f" ({e.result.error_kind or 'error'})" if e.result and e.result.is_error else "")
+        out.print(styled((e.call_id, "bold"), f"  {e.tool_call.name}  {state}  attempts {e.attempts}",
+                         f"  {', '.join(flags)}" if flags else "", f"  idempotency key {e.idempotency_key}"))
+    if not journal:
+        out.print("(no tool calls)")
+    if decisions:
+        out.rule("decisions")
+        for d in decisions:
+            out.print(styled((d["call_id"], "bold"), f"  {d['decision']}  by {d.get('decided_by') or '?'}  at {_when(d.get('decided_at'))}",
+                             f"  reason: {d['reason']}" if d.get("reason") else ""))
+    out.rule("checkpoints (latest kept)")
+    for c in checkpoints:
+        out.print(styled((f"checkpoint {c.checkpoint_id}", "bold"), f"  iteration {c.iteration}  messages {c.message_count}"
+                         f"  {c.phase}  epoch {c.epoch}  saved {_when(c.saved_at)}"))
+
+
+def _history_json(key: str, snap: StateSnapshot, journal: list[JournalEntry], decisions: list[dict[str, Any]],
+                  checkpoints: list[CheckpointInfo]) -> dict[str, Any]:
+    """``history -o json``: the whole record of a run, machine-readable (times as ISO 8601 UTC)."""
+    return {
+        "run": key,
+        "status": snap.context.status.model_dump(mode="json"),
+        "transcript": [m.model_dump(mode="json") for m in snap.messages],
+        "journal": [
+            {
+                "call_id": e.call_id, "iteration": e.iteration, "position": e.position, "tool": e.tool_call.name,
+                "tool_call_id": e.tool_call.id, "arguments": e.tool_call.arguments, "gated": e.gated,
+                "idempotent": e.idempotent, "state": e.state, "attempts": e.attempts,
+                "idempotency_key": e.idempotency_key, "result": e.result.model_dump(mode="json") if e.result else None,
+            }
+            for e in journal
+        ],
+        "decisions": [{k: _iso(v) for k, v in d.items() if k != "run_id"} for d in decisions],
+        "checkpoints": [
+            {"checkpoint_id": c.checkpoint_id, "iteration": c.iteration, "messages": c.message_count, "phase": c.phase,
+             "epoch": c.epoch, "saved_at": _iso(c.saved_at)}
+            for c in checkpoints
+        ],
+    }
+
+
+def _when(value: Any) -> str:
+    """A time for people: ``2025-11-30 19:42:03 +0000`` in the local zone. ``value``: ms since the
+    Unix epoch or a datetime; anything else as it is, ``-`` for None."""
+    if value is None:
+        return "-"
+    if isinstance(value, (int, float)):
+        value = datetime.fromtimestamp(value / 1000, tz=timezone.utc)
+    if isinstance(value, datetime):
+        return value.astimezone().strftime("%Y-%m-%d %H:%M:%S %z")
+    return str(value)
+
+
+def _iso(value: Any) -> Any:
+    """A time for machines (ISO 8601, UTC, ms); other values unchanged. ``value``: ms since the Unix epoch or a datetime."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = datetime.fromtimestamp(value / 1000, tz=timezone.utc)
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return value
 
 
 @app.command("list")
 def list_runs(dsn: Optional[str] = DsnOption) -> None:
-    """Every run in the store with its phase and iteration."""
+    """Every run in the store with its phase, iteration and the time of its latest checkpoint."""
     store = _open_store(dsn)
-    t = Table("run", "phase", "iteration", "checkpoints at")
+    t = Table(*(Column(h, overflow="fold") for h in ("run", "phase", "iteration", "latest checkpoint")))
     unreadable = []
     for rec, info in store.list_runs():
         if info is not None and not info.readable:  # a newer release's row: its phase may not mean what ours does
@@ -449,11 +539,11 @@ def list_runs(dsn: Optional[str] = DsnOption) -> None:
                                               "written by a newer or unknown release", found_version=info.schema_version))
             t.add_row(rec.run_id, f"unreadable (schema_version {info.schema_version})", "-", "-")
             continue
-        t.add_row(rec.run_id, info.phase if info else "-", str(info.iteration) if info else "-", str(info.saved_at) if info else "-")
+        t.add_row(rec.run_id, info.phase if info else "-", str(info.iteration) if info else "-", _when(info.saved_at) if info else "-")
     out.print(t)
     if unreadable:
         for e in unreadable:
-            print(f"error: {e}", file=sys.stderr)
+            err.print(f"error: {e}")
         raise typer.Exit(EXIT_BAD_INPUT)
 
 
@@ -467,10 +557,17 @@ def delete(run: str, dsn: Optional[str] = DsnOption) -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point.
+
+    Output is best effort (runner/output.py): a closed or full stdout/stderr or a terminal that
+    cannot encode a character never changes what a command does or its exit code.
+    """
+    output.install()
     logging.basicConfig(level=os.environ.get("AGENTFAST_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
     try:
         app()
     except UnreadableState as e:  # any command that read state this release cannot interpret
-        print(f"error: {e}", file=sys.stderr)
+        err.print(f"error: {e}")
         sys.exit(EXIT_BAD_INPUT)
+    finally:
+        output.finish()

@@ -19,7 +19,7 @@ import logging
 
 from . import faults
 from .snapshot import ToolResult
-from .store import JournalEntry, Lease, Store
+from .store import JournalEntry, Lease, LeaseLost, Store, StoreUnavailable
 from .tools import ToolArgumentsError, ToolContext, ToolRegistry, render_result
 
 log = logging.getLogger(__name__)
@@ -74,9 +74,7 @@ class CallExecutor:
             position=entry.position,
             tool_call_id=entry.tool_call.id,
             tool_name=entry.tool_call.name,
-            # Postgres text/jsonb cannot hold U+0000: stored as is, the result could never be
-            # persisted, and every resume would re-run the tool and fail the same way.
-            content=content.replace("\x00", "\ufffd"),
+            content=content,  # made storable by the store (runner/storable.py), which hands back what it stored
             is_error=error_kind is not None,
             error_kind=error_kind,
             idempotency_key=entry.idempotency_key,
@@ -95,14 +93,12 @@ class CallExecutor:
         tool = self.tools.get(name)
         if tool is None:
             result = self._result(entry, f"error: unknown tool {name!r}; available tools: {', '.join(self.tools.names)}", "malformed")
-            self.store.record_result(self.lease, entry.iteration, entry.position, result)
-            return result
+            return self._persist(entry, result)
         try:
             args = tool.parse_arguments(entry.tool_call.arguments)
         except ToolArgumentsError as err:
             result = self._result(entry, f"error: {err}. Call {name} again with valid JSON arguments.", "malformed")
-            self.store.record_result(self.lease, entry.iteration, entry.position, result)
-            return result
+            return self._persist(entry, result)
 
         self.store.mark_started(self.lease, entry.iteration, entry.position)  # write-ahead intent
         faults.point("tool.before_call", name)
@@ -113,9 +109,31 @@ class CallExecutor:
             log.warning("tool %s raised: %r", name, err)
             result = self._result(entry, f"error: {name} failed: {type(err).__name__}: {err}", "tool_raised")
         faults.point("tool.after_call", name)
-        self.store.record_result(self.lease, entry.iteration, entry.position, result)
+        result = self._persist(entry, result)
         faults.point("tool.after_persist", name)
         return result
+
+    def _persist(self, entry: JournalEntry, result: ToolResult) -> ToolResult:
+        """Record ``result`` as the call's; returns it as stored.
+
+        A call whose tool has run must end ``done``, or a resume would run it again. So when the
+        result itself cannot be written (anything but a lost lease or an unavailable Postgres,
+        which leave the call ``started`` for G4 to handle on resume: say a value over Postgres's
+        size limits), an error result saying so is recorded in its place, for the model to read.
+        """
+        try:
+            return self.store.record_result(self.lease, entry.iteration, entry.position, result)
+        except (LeaseLost, StoreUnavailable):
+            raise
+        except Exception as err:
+            log.error("the result of %s (%s) could not be stored: %r", entry.call_id, entry.tool_call.name, err)
+            why = f"{type(err).__name__}: {err}"[:500]
+            substitute = self._result(
+                entry,
+                f"error: {entry.tool_call.name} ran (its effect, if any, happened), but its result could not be stored: {why}",
+                "tool_raised",
+            )
+            return self.store.record_result(self.lease, entry.iteration, entry.position, substitute)
 
     def recover(self, entry: JournalEntry) -> ToolResult | bool | None:
         """Ask the tool's recovery check about a call found in flight (``started``, not done).
@@ -139,9 +157,7 @@ class CallExecutor:
         except Exception as err:  # a check that fails knows nothing: the safe answer is "ask"
             log.warning("recovery check of %s (%s) raised: %r", entry.call_id, entry.tool_call.name, err)
             return None
-        result = self._result(entry, content, recorded_by="recovery_check")
-        self.store.record_result(self.lease, entry.iteration, entry.position, result)
-        return result
+        return self._persist(entry, self._result(entry, content, recorded_by="recovery_check"))
 
     def deny(self, entry: JournalEntry, reason: str | None) -> ToolResult:
         """Persist a human's denial as the call's result; the tool does not run (again).
@@ -156,13 +172,9 @@ class CallExecutor:
                     "An earlier attempt was interrupted and may have taken effect.")
         else:
             text = f"denied: a human reviewer declined this {name} call{why}. It was not run."
-        result = self._result(entry, text, "denied")
-        self.store.record_result(self.lease, entry.iteration, entry.position, result)
-        return result
+        return self._persist(entry, self._result(entry, text, "denied"))
 
     def complete(self, entry: JournalEntry, result_text: str, decided_by: str) -> ToolResult:
         """Persist a human's record that the call's effect already happened, with ``result_text``
         (what the model reads, verbatim); the tool body never runs again."""
-        result = self._result(entry, result_text, recorded_by=f"human:{decided_by}" if decided_by else "human")
-        self.store.record_result(self.lease, entry.iteration, entry.position, result)
-        return result
+        return self._persist(entry, self._result(entry, result_text, recorded_by=f"human:{decided_by}" if decided_by else "human"))

@@ -29,7 +29,7 @@ from typing import Callable
 from . import faults
 from .budget import check_budget, get_classifier
 from .journal import CallExecutor
-from .model import ChatModel, ModelError
+from .model import ChatModel, ModelError, distinct_tool_call_ids
 from .snapshot import (
     TERMINAL_PHASES,
     AwaitedCall,
@@ -227,8 +227,10 @@ class RunnerBase:
             faults.point("model.before_call")
             reply = self.model.complete(messages, self.tools.schemas)
             faults.point("model.after_call")
-            turn = Turn(it, reply.message, reply.prompt_tokens, reply.completion_tokens)
-            self.store.save_turn(self.lease, turn, self._plan(it, turn.message))
+            # Ids a provider repeated are made unique before they are stored or sent back (the wire).
+            message = distinct_tool_call_ids(reply.message, messages, it)
+            turn = Turn(it, message, reply.prompt_tokens, reply.completion_tokens)
+            turn = self.store.save_turn(self.lease, turn, self._plan(it, turn.message))  # as stored: see runner/storable.py
         self._account(turn)
         return turn
 
@@ -415,7 +417,7 @@ class RunnerBase:
     def _emit(self, kind: str, detail: str = "", pending: PendingToolCall | None = None) -> None:
         try:
             self.on_event(ProgressEvent(kind, self.snap.context, detail, pending))
-        except Exception:  # a display problem must never stop a run
+        except (Exception, SystemExit):  # a display problem must never stop a run (rich exits 1 on a broken pipe)
             log.exception("progress callback failed")
 
 

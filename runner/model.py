@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import openai
@@ -28,8 +29,9 @@ from pydantic import BaseModel, Field
 
 from .snapshot import Message, ToolCall
 from .spec import ModelSpec
+from .storable import storable_text
 
-__all__ = ["ChatModel", "ModelError", "ModelReply", "OpenAIChatModel", "model_from_spec"]
+__all__ = ["ChatModel", "ModelError", "ModelReply", "OpenAIChatModel", "distinct_tool_call_ids", "model_from_spec"]
 
 #: HTTP statuses the openai client retries; a call that still fails with one is retriable later.
 _RETRIED_STATUSES = frozenset({408, 409, 429})
@@ -197,14 +199,15 @@ class OpenAIChatModel(ChatModel):
                 args = "" if args is None else json.dumps(args)
             calls.append(ToolCall(id=getattr(tc, "id", None) or f"call_{position}", name=fn.name or "", arguments=args))
         content = getattr(msg, "content", None)
+        refusal = getattr(msg, "refusal", None) or None
         if content is None and not calls:
-            content = getattr(msg, "refusal", None)  # a refusal is the model's answer
+            content = refusal  # a refusal is the model's answer
         usage = getattr(response, "usage", None)
         prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
         completion = int(getattr(usage, "completion_tokens", 0) or 0)
         total = int(getattr(usage, "total_tokens", 0) or 0) or prompt + completion
         return ModelReply(
-            message=Message(role="assistant", content=content, tool_calls=calls),
+            message=Message(role="assistant", content=content, tool_calls=calls, refusal=refusal),
             prompt_tokens=prompt,
             completion_tokens=completion,
             total_tokens=total,
@@ -227,6 +230,45 @@ class OpenAIChatModel(ChatModel):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: Longest tool-call id the runtime makes: OpenAI rejects ids longer than 40 characters.
+MAX_TOOL_CALL_ID = 40
+_ID_CHARS = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def distinct_tool_call_ids(message: Message, earlier: Iterable[Message], iteration: int) -> Message:
+    """``message`` with each tool-call id distinct from its other calls' and from every id in ``earlier``.
+
+    Some providers repeat a tool-call id within one response or across turns, or send none. The
+    whole transcript goes back to the provider on every request, and a strict endpoint (OpenAI's)
+    rejects a request whose messages hold one id twice, after the tools already ran. So an id that
+    is empty or already taken becomes ``<id>_<iteration>_<position>``: only ``[A-Za-z0-9_-]`` of
+    the provider's id, shortened so the whole is at most :data:`MAX_TOOL_CALL_ID` characters
+    (``_2``, ``_3``... appended in the unlikely case that is taken too); ``ToolCall.provider_id``
+    keeps the provider's. ``earlier``: the transcript the model was sent (assistant calls and
+    tool results). Deterministic, and a no-op (the same object) when every id is already distinct.
+    """
+    taken = {c.id for m in earlier for c in m.tool_calls} | {m.tool_call_id for m in earlier if m.tool_call_id}
+    calls: list[ToolCall] = []
+    changed = False
+    for position, call in enumerate(message.tool_calls):
+        cid = storable_text(call.id)
+        if cid and cid not in taken:
+            calls.append(call)
+            taken.add(cid)
+            continue
+        stem = _ID_CHARS.sub("", cid) or "call"
+        suffix, n = f"_{iteration}_{position}", 1
+        new = stem[: MAX_TOOL_CALL_ID - len(suffix)] + suffix
+        while new in taken:
+            n += 1
+            more = f"{suffix}_{n}"
+            new = stem[: MAX_TOOL_CALL_ID - len(more)] + more
+        calls.append(call.model_copy(update={"id": new, "provider_id": call.id}))
+        taken.add(new)
+        changed = True
+    return message.model_copy(update={"tool_calls": calls}) if changed else message
 
 
 def _error_detail(err: openai.APIStatusError) -> str:

@@ -26,8 +26,16 @@ Script format (YAML)::
             # an OpenAI-shaped error body; later requests for the turn succeed. The counters
             # belong to one server instance.
 
-A turn needs ``content`` or ``tool_calls`` (or both). A turn with tool calls finishes with
-``finish_reason: "tool_calls"``, otherwise ``"stop"``. Unknown keys are errors.
+A turn needs ``content``, ``tool_calls`` or ``refusal`` (any of them together). ``refusal``
+is sent as the message's ``refusal`` field, as OpenAI does when a model declines. A turn with
+tool calls finishes with ``finish_reason: "tool_calls"``, otherwise ``"stop"``. Unknown keys are
+errors.
+
+Strict mode (``strict: true`` at the top of a script, ``ScriptedModelServer(strict=True)`` or
+``--strict``) checks a request's ``messages`` as OpenAI does and answers HTTP 400
+(``invalid_request_error``) when a tool-call id appears twice among the assistant messages'
+``tool_calls``, when a ``tool`` message answers no call of the assistant message before it, or
+when an assistant message's call has no ``tool`` message answering it.
 
 Turn selection is stateless: the turn index is the number of ``assistant`` messages in the
 request's ``messages``. A process that resumes a run and asks again gets the same turn. A request
@@ -85,10 +93,19 @@ class _ScriptModel(BaseModel):
 class ScriptToolCall(_ScriptModel):
     """One scripted tool call. ``arguments`` (a mapping) or ``arguments_raw`` (sent verbatim)."""
 
-    id: str = Field(min_length=1)
-    name: str = Field(min_length=1)
+    id: str
+    name: str
     arguments: dict[str, Any] | None = None
     arguments_raw: str | None = None
+
+    @field_validator("id", "name")
+    @classmethod
+    def _not_empty(cls, v: str) -> str:
+        # Checked here, not with min_length: pydantic cannot measure a string holding a lone
+        # surrogate, and a script may carry one to stand for a provider that sends it.
+        if not v:
+            raise ValueError("String should have at least 1 character")
+        return v
 
     @field_validator("arguments", mode="before")
     @classmethod
@@ -123,6 +140,7 @@ class ScriptTurn(_ScriptModel):
 
     content: str | None = None
     tool_calls: list[ScriptToolCall] = Field(default_factory=list)
+    refusal: str | None = None
     usage: ScriptUsage | None = None
     fail: list[int] = Field(default_factory=list, description="HTTP statuses for the first requests of this turn")
 
@@ -136,8 +154,8 @@ class ScriptTurn(_ScriptModel):
 
     @model_validator(mode="after")
     def _has_reply(self) -> "ScriptTurn":
-        if self.content is None and not self.tool_calls:
-            raise ValueError("a turn needs content or tool_calls")
+        if self.content is None and not self.tool_calls and self.refusal is None:
+            raise ValueError("a turn needs content, tool_calls or refusal")
         return self
 
 
@@ -146,6 +164,7 @@ class Script(_ScriptModel):
 
     name: str = ""
     model: str = Field(min_length=1)
+    strict: bool = Field(False, description="check each request's messages as OpenAI does (duplicate tool-call ids, unanswered calls)")
     turns: list[ScriptTurn] = Field(min_length=1)
 
     @property
@@ -319,8 +338,12 @@ class ScriptedModelServer:
     iterations, measured in docs/benchmarks.md).
     """
 
-    def __init__(self, script: Script, host: str = "127.0.0.1", port: int = 0, keep_requests: int = 256) -> None:
+    def __init__(
+        self, script: Script, host: str = "127.0.0.1", port: int = 0, keep_requests: int = 256, strict: bool | None = None
+    ) -> None:
         self.script = script
+        #: Reject requests whose messages OpenAI would reject (see :func:`strict_violation`); default: the script's ``strict``.
+        self.strict = script.strict if strict is None else strict
         self.host = host
         self.port = port
         self.requests: collections.deque[Any] = collections.deque(maxlen=keep_requests)
@@ -408,6 +431,10 @@ class ScriptedModelServer:
         if body.get("stream"):
             return 400, _error_body("the scripted model does not stream; send stream: false", "invalid_request_error")
         messages = body["messages"]
+        if self.strict:
+            problem = strict_violation(messages)
+            if problem:
+                return 400, _error_body(problem, "invalid_request_error", "invalid_value")
         turn_index = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
         turns = self.script.turns
         if turn_index >= len(turns):
@@ -438,6 +465,8 @@ class ScriptedModelServer:
             )
 
         message: dict[str, Any] = {"role": "assistant", "content": turn.content}
+        if turn.refusal is not None:
+            message["refusal"] = turn.refusal
         if turn.tool_calls:
             message["tool_calls"] = [
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.wire_arguments()}}
@@ -467,6 +496,50 @@ class ScriptedModelServer:
         }
 
 
+def strict_violation(messages: list[Any]) -> str | None:
+    """Why OpenAI would reject a request with these ``messages`` (HTTP 400), or None.
+
+    Checked: a tool-call id used twice among the assistant messages' ``tool_calls`` (anywhere in
+    the request); a ``tool`` message whose ``tool_call_id`` answers no call of the assistant
+    message before it; an assistant message with calls not all answered by the ``tool`` messages
+    that follow it.
+    """
+    seen: dict[str, int] = {}
+    open_calls: set[str] | None = None  # ids of the last assistant message's calls not answered yet
+    open_at = -1
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            return f"Invalid value for 'messages[{i}]': expected an object"
+        role = m.get("role")
+        if role == "tool":
+            tcid = m.get("tool_call_id")
+            if open_calls is None or tcid not in open_calls:
+                return (f"Invalid parameter: messages with role 'tool' must be a response to a preceding message with"
+                        f" 'tool_calls' (messages[{i}].tool_call_id {tcid!r})")
+            open_calls.discard(tcid)
+            continue
+        if open_calls:
+            return (f"An assistant message with 'tool_calls' must be followed by tool messages responding to each"
+                    f" 'tool_call_id'. The following tool_call_ids did not have response messages: {', '.join(sorted(open_calls))}"
+                    f" (messages[{open_at}])")
+        open_calls = None
+        if role == "assistant" and m.get("tool_calls"):
+            open_calls, open_at = set(), i
+            for j, call in enumerate(m["tool_calls"]):
+                cid = call.get("id") if isinstance(call, dict) else None
+                if not cid:
+                    return f"Missing required parameter: 'messages[{i}].tool_calls[{j}].id'"
+                if cid in seen:
+                    return (f"Invalid parameter: duplicate tool_call id {cid!r} in messages[{i}].tool_calls[{j}]"
+                            f" (already used in messages[{seen[cid]}])")
+                seen[cid] = i
+                open_calls.add(cid)
+    if open_calls:
+        return (f"An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'."
+                f" The following tool_call_ids did not have response messages: {', '.join(sorted(open_calls))} (messages[{open_at}])")
+    return None
+
+
 # --------------------------------------------------------------------------------------------
 # python -m agentfast.runner.scripted
 # --------------------------------------------------------------------------------------------
@@ -478,6 +551,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--script", required=True, help="bundled script name (e.g. refund) or path to a script YAML")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 in a cluster); default 127.0.0.1")
     parser.add_argument("--port", type=int, default=8089, help="port to bind (0 picks a free one); default 8089")
+    parser.add_argument("--strict", action="store_true", default=None,
+                        help="reject requests OpenAI would reject (duplicate tool-call ids, unanswered calls); default: the script's strict")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -488,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    server = ScriptedModelServer(script, host=args.host, port=args.port)
+    server = ScriptedModelServer(script, host=args.host, port=args.port, strict=args.strict)
     try:
         url = server.start()
     except OSError as err:

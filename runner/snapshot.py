@@ -41,12 +41,16 @@ class ToolCall(_Model):
 
     ``id`` is the provider's tool-call id. It is *not* unique within a run (some providers reuse
     one across turns), so the runtime keys calls by ``(iteration, position)`` instead.
-    ``arguments`` is the raw JSON text the model produced; it may be malformed.
+    ``arguments`` is the raw JSON text the model produced; it may be malformed. An id the
+    provider repeated (within a response or across turns) or left empty is replaced before it is
+    stored or sent back (:func:`agentfast.runner.model.distinct_tool_call_ids`); ``provider_id``
+    then keeps the provider's.
     """
 
     id: str
     name: str
     arguments: str = "{}"
+    provider_id: str | None = Field(None, description="the id as the provider sent it, when the runtime had to make it unique")
 
 
 class Message(_Model):
@@ -57,6 +61,7 @@ class Message(_Model):
     tool_calls: list[ToolCall] = Field(default_factory=list)
     tool_call_id: str | None = None
     name: str | None = None
+    refusal: str | None = Field(None, description="an assistant's refusal as the provider sent it (also its content when it said nothing else)")
 
     def to_openai(self) -> dict[str, Any]:
         """Shape for the ``messages`` parameter of ``chat.completions.create``."""

@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .snapshot import Budget
+from .storable import storable
 
 API_VERSION = "agentfast.dev/v1alpha1"
 KIND = "AgentRun"
@@ -169,13 +170,6 @@ class AgentRunSpec(_Spec):
             raise ValueError(f"tool names must be unique, repeated: {', '.join(dupes)}")
         return tools
 
-    @field_validator("input", "systemPrompt")
-    @classmethod
-    def _no_nul(cls, v: str) -> str:
-        if "\x00" in v:  # Postgres text and jsonb cannot store U+0000: the run could never checkpoint
-            raise ValueError("must not contain NUL (U+0000) characters")
-        return v
-
     @model_validator(mode="after")
     def _adapter_needs(self) -> "AgentRunSpec":
         if self.adapter == "langgraph" and self.graph is None:
@@ -186,7 +180,7 @@ class AgentRunSpec(_Spec):
 class Metadata(_Spec):
     model_config = ConfigDict(extra="allow")
     name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-    namespace: str = "default"
+    namespace: str = Field("default", min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     uid: str | None = None
 
 
@@ -210,13 +204,17 @@ def _format_errors(err: ValidationError) -> str:
 
 
 def parse_agentrun(doc: Any, *, check_imports: bool = True) -> AgentRun:
-    """Validate one AgentRun document (a dict, as YAML or the API server gives it).
+    """Validate one AgentRun document (a dict, as YAML or the API server gives it), its text
+    made storable first (:func:`agentfast.runner.storable.storable`).
 
     With ``check_imports`` every ``spec.tools[i].ref`` (and ``spec.graph.ref``) is imported, so
     an unknown tool fails here, before anything runs. Raises SpecError.
     """
     if not isinstance(doc, dict):
         raise SpecError(f"(document): expected a mapping with apiVersion, kind, metadata, spec; got {type(doc).__name__}")
+    # NUL and lone surrogates (a YAML "\0" or "\udcff") become U+FFFD here, as the store would
+    # write them (runner/storable.py): pydantic cannot measure a string holding a lone surrogate.
+    doc = storable(doc)
     try:
         run = AgentRun.model_validate(doc)
     except ValidationError as err:

@@ -10,6 +10,12 @@ exponential backoff for up to ``retry_for_s`` seconds; every retried write is id
 checkpoint carries a client-chosen key; journal updates are absolute). After that the store raises
 :class:`StoreUnavailable`, which the runner turns into a "retry me" exit.
 
+Content: every ``str`` and ``jsonb`` parameter of the store's connections passes through
+:func:`agentfast.runner.storable.storable` (NUL and lone surrogates become U+FFFD), so no write
+fails on what a model, a tool or a user wrote. The write methods whose values the runner keeps
+using (:meth:`Store.save_turn`, :meth:`Store.record_result`, :meth:`Store.commit_checkpoint`)
+hand back the stored form, so memory and a later resume agree.
+
 Notifications (LISTEN/NOTIFY): ``agentfast_progress`` (payload: run_id) after every checkpoint,
 ``agentfast_approval`` (payload: run_id) after every decision. A notification is only a wake-up:
 listeners always re-read the tables, since one sent while a listener was disconnected is lost.
@@ -26,8 +32,10 @@ from typing import Any, Callable, Literal, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Jsonb, set_json_dumps
+from psycopg.types.string import StrBinaryDumper, StrDumperUnknown
 from psycopg_pool import ConnectionPool
+from pydantic import BaseModel
 
 from .migrations import MIGRATIONS
 import pydantic
@@ -37,6 +45,7 @@ from .snapshot import (
     ToolResult,
 )
 from .spec import InvalidDecision, check_decision  # noqa: F401  (InvalidDecision: raised by Store.decide)
+from .storable import storable, storable_text
 
 PROGRESS_CHANNEL = "agentfast_progress"
 APPROVAL_CHANNEL = "agentfast_approval"
@@ -44,6 +53,7 @@ FENCE_SQLSTATE = "AF001"
 _MIGRATION_LOCK = 0x61_66_5F_6D_69_67  # "af_mig": the advisory-lock key of schema migrations
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 
 class StoreError(Exception):
@@ -407,10 +417,15 @@ class Store:
 
         Inserts only ``snapshot.messages[stored_messages:]`` (the ones not yet stored), then one
         small checkpoint row, prunes superseded checkpoints beyond the retention setting, and
-        notifies ``agentfast_progress``. Raises LeaseLost, StoreUnavailable.
+        notifies ``agentfast_progress``. The new messages, the context and the pending call of
+        ``snapshot`` are replaced in place by their stored form (:mod:`.storable`), so the runner
+        continues with exactly what a resume would read. Raises LeaseLost, StoreUnavailable.
         """
         key = uuid.uuid4()
         iteration = snapshot.context.counters.iterations
+        snapshot.messages[stored_messages:] = [_stored_form(m) for m in snapshot.messages[stored_messages:]]
+        snapshot.context = _stored_form(snapshot.context)
+        snapshot.pending = _stored_form(snapshot.pending) if snapshot.pending else None
         new = snapshot.messages[stored_messages:]
         context = snapshot.context.model_dump(mode="json")
         pending = snapshot.pending.model_dump(mode="json") if snapshot.pending else None
@@ -508,12 +523,14 @@ class Store:
 
     # -- turns and the tool-call journal ------------------------------------------------------
 
-    def save_turn(self, lease: Lease, turn: Turn, planned: list[JournalEntry]) -> None:
+    def save_turn(self, lease: Lease, turn: Turn, planned: list[JournalEntry]) -> Turn:
         """Persist the model's reply of an iteration and the intent of each call it asked for.
 
         One transaction, before any tool runs: a resume reuses this reply instead of asking the
         model again, so the calls (and their idempotency keys) can never change under a retry.
+        Returns the turn as stored (text made storable: see :mod:`.storable`).
         """
+        turn = Turn(turn.iteration, _stored_form(turn.message), turn.prompt_tokens, turn.completion_tokens)
 
         def op(conn: psycopg.Connection) -> None:
             conn.execute(
@@ -535,6 +552,7 @@ class Store:
                 )
 
         self._retry(op, lease=lease)
+        return turn
 
     def load_turn(self, run_id: str, iteration: int) -> Turn | None:
         row = self._retry(
@@ -592,8 +610,12 @@ class Store:
 
         self._retry(op, lease=lease)
 
-    def record_result(self, lease: Lease, iteration: int, position: int, result: ToolResult) -> None:
-        """Persist a call's result; from now on it is never run again (G3)."""
+    def record_result(self, lease: Lease, iteration: int, position: int, result: ToolResult) -> ToolResult:
+        """Persist a call's result; from now on it is never run again (G3).
+
+        Returns the result as stored (text made storable: see :mod:`.storable`).
+        """
+        result = _stored_form(result)
 
         def op(conn: psycopg.Connection) -> None:
             conn.execute(
@@ -603,6 +625,7 @@ class Store:
             )
 
         self._retry(op, lease=lease)
+        return result
 
     # -- approvals ------------------------------------------------------------------------------
 
@@ -659,6 +682,14 @@ class Store:
             "a decision is write-once" + (" (this is the same decision)" if same else ", so this one was not recorded"),
             existing,
             same,
+        )
+
+    def decision_log(self, run_id: str) -> list[dict[str, Any]]:
+        """Every decision recorded for a run, oldest first: one dict per row of
+        ``agentfast_approvals`` (``call_id``, ``decision``, ``reason``, ``result``, ``decided_by``,
+        ``decided_at`` as a datetime, and any column a later schema adds)."""
+        return self._retry(
+            lambda c: c.execute("SELECT * FROM agentfast_approvals WHERE run_id = %s ORDER BY decided_at, call_id", (run_id,)).fetchall()
         )
 
     @staticmethod
@@ -757,8 +788,42 @@ class Store:
         return None
 
 
+class _StorableStrDumper(StrDumperUnknown):
+    """The default ``str`` dumper (text format, unknown oid), after :func:`storable_text`."""
+
+    def dump(self, obj: str) -> bytes | bytearray | memoryview | None:
+        return super().dump(storable_text(obj))
+
+
+class _StorableStrBinaryDumper(StrBinaryDumper):
+    """The binary ``str`` dumper (text oid), after :func:`storable_text`."""
+
+    def dump(self, obj: str) -> bytes | bytearray | memoryview | None:
+        return super().dump(storable_text(obj))
+
+
+def _storable_json_dumps(obj: Any) -> str:
+    return json.dumps(storable(obj))
+
+
+def _stored_form(model: M) -> M:
+    """``model`` as the store writes it: the same object if nothing in it needs replacing,
+    else a copy whose strings are made storable (:func:`storable`)."""
+    dumped = model.model_dump(mode="json")
+    clean = storable(dumped)
+    return model if clean is dumped else type(model).model_validate(clean)
+
+
 def _configure(conn: psycopg.Connection, idle_in_transaction_timeout_s: float) -> None:
-    """Session settings of every pooled connection (the pool's ``configure`` hook)."""
+    """Session settings of every pooled connection (the pool's ``configure`` hook).
+
+    Registers the storable dumpers: every ``str`` parameter and every ``Json``/``Jsonb`` value
+    this connection sends has NUL and lone surrogates replaced (:mod:`.storable`).
+    """
+    conn.adapters.register_dumper(str, _StorableStrDumper)
+    conn.adapters.register_dumper(str, _StorableStrBinaryDumper)
+    conn.adapters.register_dumper(str, _StorableStrDumper)  # the last one registered is the default (text format)
+    set_json_dumps(_storable_json_dumps, context=conn)
     conn.autocommit = True
     conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
                  (str(max(1, int(idle_in_transaction_timeout_s * 1000))),))

@@ -34,6 +34,7 @@ from typing import Any, Callable, Literal
 from pydantic import ValidationError, create_model
 
 from .spec import AgentRun, SpecError, resolve_ref
+from .storable import storable
 
 
 @dataclass(frozen=True)
@@ -124,9 +125,14 @@ class Tool:
         return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": params}}
 
     def parse_arguments(self, raw: str) -> dict[str, Any]:
-        """Parse and validate the model's raw JSON arguments. Raises ToolArgumentsError."""
+        """Parse and validate the model's raw JSON arguments. Raises ToolArgumentsError.
+
+        The parsed values are made storable (:func:`agentfast.runner.storable.storable`): a JSON
+        escape of NUL or of a lone surrogate (``\\u0000``, ``\\udcff``) reaches the tool as
+        U+FFFD, so a tool never receives text the store could not hold.
+        """
         try:
-            data = json.loads(raw or "{}")
+            data = storable(json.loads(raw or "{}"))
         except json.JSONDecodeError as err:
             raise ToolArgumentsError(f"arguments are not valid JSON ({err.msg} at char {err.pos}): {raw[:200]!r}") from None
         if not isinstance(data, dict):

@@ -260,3 +260,34 @@ def test_malformed_arguments_go_back_to_the_model(tmp_path: Path, dsn: str, stor
     first_result = [m for m in snap.messages if m.role == "tool"][0]
     assert first_result.content.startswith("error: arguments are not valid JSON")
     assert invocations(dsn, "lookup_order") == 1  # the broken call never reached the tool
+
+
+def test_repeated_tool_call_ids_pass_a_strict_endpoint(tmp_path: Path, dsn: str, store: Store, adapter: Adapter) -> None:
+    """A provider that gives every call the same id, within a response and across turns: the ids
+    are made unique before they are stored or sent back, so an endpoint that rejects duplicate
+    ids as OpenAI does (the scripted model's strict mode) accepts every later request."""
+    import yaml
+
+    from .conftest import REPO
+
+    script = yaml.safe_load((REPO / "runner" / "scripts" / "refund.yaml").read_text())
+    script["strict"] = True
+    for turn in script["turns"]:
+        for call in turn.get("tool_calls", []):
+            call["id"] = "call_1"
+    script_path = tmp_path / "strict-refund.yaml"
+    script_path.write_text(yaml.safe_dump(script))
+    path = agentrun_file(tmp_path, adapter.example, model={"name": script["model"], "script": str(script_path)})
+    first = run_cli("run", str(path), "--no-wait", dsn=dsn)
+    assert first.returncode == 0, first.stdout
+    assert store.load_context(adapter.run_id)[1].call_id == "call-2-0"
+    store.decide(adapter.run_id, "call-2-0", "approve", decided_by="test")
+    done = run_cli("resume", adapter.run_name, dsn=dsn)
+    assert done.returncode == 0, done.stdout
+    snap = store.load_snapshot(adapter.run_id)
+    assert snap.context.status.phase == "Succeeded", snap.context.status
+    ids = [c.id for m in snap.messages for c in m.tool_calls]
+    assert len(ids) == len(set(ids)) == 3 and ids[0] == "call_1"
+    answered = [m.tool_call_id for m in snap.messages if m.role == "tool"]
+    assert sorted(answered) == sorted(ids)
+    assert refunds(dsn) == 1

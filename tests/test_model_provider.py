@@ -210,7 +210,7 @@ def test_model_from_spec_endpoint_and_missing_key():
         ({"turns": [{"content": "x"}]}, "model: Field required"),
         ({"model": "m", "turns": []}, "turns: List should have at least 1 item"),
         ({"model": "m", "turns": [{"content": "a"}, {"usage": {"prompt_tokens": 1, "completion_tokens": 1}}]},
-         "turns[1]: a turn needs content or tool_calls"),
+         "turns[1]: a turn needs content, tool_calls or refusal"),
         ({"model": "m", "turns": [{"tool_calls": [{"id": "c", "arguments": {}}]}]}, "turns[0].tool_calls[0].name: Field required"),
         ({"model": "m", "turns": [{"tool_calls": [{"id": "c", "name": "n", "arguments": "{}"}]}]},
          "turns[0].tool_calls[0].arguments: must be a mapping"),

@@ -271,7 +271,8 @@ def test_a_reused_provider_id_still_gives_distinct_call_ids_and_keys(store: Stor
     assert outcome.phase == "Succeeded", outcome
     journal = store.journal(RUN_ID)
     uid = run.metadata.uid
-    assert [(e.call_id, e.tool_call.id) for e in journal] == [("call-1-0", "call_1"), ("call-2-0", "call_1"), ("call-2-1", "call_2")]
+    # the provider reused call_1 across turns: the second is renamed (item 9), so the ids sent back stay unique
+    assert [(e.call_id, e.tool_call.id) for e in journal] == [("call-1-0", "call_1"), ("call-2-0", "call_1_2_0"), ("call-2-1", "call_2")]
     assert [e.idempotency_key for e in journal] == [f"{uid}:1:0", f"{uid}:2:0", f"{uid}:2:1"]
     # the refund was made under its own call's key, not under the earlier call with the same provider id
     assert count_rows(dsn, "SELECT count(*) FROM demo_refund_ledger WHERE idempotency_key = %s", f"{uid}:2:0") == 1
