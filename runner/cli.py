@@ -27,7 +27,7 @@ from rich.table import Column, Table
 
 from . import output
 from .loop import EXIT_BAD_INPUT, Outcome, ProgressEvent, VanillaRunner, preflight, run_id_of
-from .output import err, out, styled
+from .output import err, one_line, out, styled
 from .snapshot import AwaitedCall, PendingToolCall, RunContext, StateSnapshot
 from .spec import AgentRun, InvalidDecision, SpecError, check_decision, load_agentrun, parse_agentrun
 from .store import CheckpointInfo, DecisionConflict, JournalEntry, Store, StoreUnavailable, UnknownCall, UnreadableState
@@ -96,11 +96,11 @@ class _Progress:
         elif ev.kind == "model_call":
             out.print(styled(head, f" asking the model ({ev.detail})"))
         elif ev.kind == "tool_result":
-            out.print(styled(head, " tool done: ", output.one_line(ev.detail)))
+            out.print(styled(head, " tool done: ", one_line(ev.detail)))
         elif ev.kind == "tool_denied":
-            out.print(styled(head, " denied, not run: ", output.one_line(ev.detail)))
+            out.print(styled(head, " denied, not run: ", one_line(ev.detail)))
         elif ev.kind == "tool_completed":
-            out.print(styled(head, " recorded as done, not run: ", output.one_line(ev.detail)))
+            out.print(styled(head, " recorded as done, not run: ", one_line(ev.detail)))
         elif ev.kind == "waiting" and ev.pending is not None:
             self._waiting(ev)
 
@@ -111,17 +111,17 @@ class _Progress:
         if len(calls) == 1:
             a = calls[0]
             out.print(styled(("waiting for approval", "bold yellow"), " of ", (a.call_id, "bold"), ": ",
-                             output.one_line(f"{a.tool_call.name}({a.tool_call.arguments})")))
+                             one_line(f"{a.tool_call.name}({a.tool_call.arguments})")))
         else:
             out.print(styled((f"waiting for decisions on {len(calls)} calls", "bold yellow"),
                              " (decide each, in any order; the run goes on when all are):"))
             for a in calls:
-                out.print(styled("  ", (a.call_id, "bold"), ": ", output.one_line(f"{a.tool_call.name}({a.tool_call.arguments})")))
+                out.print(styled("  ", (a.call_id, "bold"), ": ", one_line(f"{a.tool_call.name}({a.tool_call.arguments})")))
         for a in calls:
             if a.reason == "in_flight_not_idempotent":
                 out.print(f"  {a.call_id}: this non-idempotent call was in flight when a runner died: it may already have run")
         for r in p.executed_sibling_results:
-            out.print(f"  sibling already done: {r.call_id} {r.tool_name} -> {output.one_line(r.content, 120)}")
+            out.print(f"  sibling already done: {r.call_id} {r.tool_name} -> {one_line(r.content, 120)}")
         cid = calls[0].call_id if len(calls) == 1 else "CALL_ID"
         out.print(styled("  approve: ", (f"agentfast approve {name} {cid}", "bold"),
                          f"   deny: agentfast deny {name} {cid} --reason '...'"
@@ -420,9 +420,9 @@ def status(run: str, dsn: Optional[str] = DsnOption, output: str = typer.Option(
     t.add_row("resumes", str(c.resumes))
     for a in view["awaiting"]:
         note = " (in flight when a runner died: may already have run)" if a["reason"] == "in_flight_not_idempotent" else ""
-        t.add_row("awaiting", output.one_line(f"{a['call_id']} {a['tool']}({a['arguments']}){note}"))
+        t.add_row("awaiting", one_line(f"{a['call_id']} {a['tool']}({a['arguments']}){note}"))
     for d in view["decided"]:
-        t.add_row("decided", output.one_line(f"{d['call_id']}: {d['decision']}" + (f" ({d['reason']})" if d["reason"] else "")
+        t.add_row("decided", one_line(f"{d['call_id']}: {d['decision']}" + (f" ({d['reason']})" if d["reason"] else "")
                                   + (f" by {d['decided_by']}" if d["decided_by"] else "")))
     out.print(t, highlight=False)
 
