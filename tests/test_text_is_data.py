@@ -267,8 +267,12 @@ def test_storable_text() -> None:
 
 def test_the_store_writes_unstorable_text_from_any_caller(store: Store) -> None:
     store.create_run("default/x", "uid", {"spec": {"input": "a\x00\udcff"}})
-    d = store.decide("default/x", "c\x00", "deny", reason="no \udcff\x00", decided_by="cli:\ud800", require_known_call=False)
-    assert (d.call_id, d.reason, d.decided_by) == (f"c{R}", f"no {R}{R}", f"cli:{R}")
+    # Any SQL through the store's connections, not only the methods that exist today.
+    store._retry(lambda c: c.execute(
+        "INSERT INTO agentfast_approvals (run_id, call_id, decision, reason, decided_by) VALUES (%s, %s, 'deny', %s, %s)",
+        ("default/x", "c\x00", "no \udcff\x00", "cli:\ud800")))
+    d = store.get_decision("default/x", f"c{R}")
+    assert d is not None and (d.call_id, d.reason, d.decided_by) == (f"c{R}", f"no {R}{R}", f"cli:{R}")
     assert store.get_run("default/x").spec == {"spec": {"input": f"a{R}{R}"}}
 
 
