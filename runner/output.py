@@ -146,6 +146,10 @@ class BestEffortStream(io.TextIOBase):
         return target.fileno()
 
     def write(self, s: str) -> int:
+        # click probes a stream with write(b"") and, if that works, writes bytes to it (its
+        # --help does): bytes are decoded rather than passed to a text target that refuses them.
+        if isinstance(s, (bytes, bytearray)):
+            s = bytes(s).decode(self.encoding, "replace")
         target = self.target
         if isinstance(target, BestEffortStream):
             return target.write(s)

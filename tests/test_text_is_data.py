@@ -405,3 +405,14 @@ def iter_read(fd: int) -> bytes:
         chunks.append(chunk)
     os.close(fd)
     return b"".join(chunks)
+
+
+def test_help_to_a_pipe_and_bytes_written_by_click() -> None:
+    """click probes a stream with ``write(b"")`` and then writes bytes to it (``--help`` does):
+    the best-effort stream must take them, or ``agentfast --help | cat`` exits 1."""
+    proc = subprocess.run([sys.executable, "-m", "agentfast.runner", "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "Usage" in proc.stdout, proc.stderr
+    sink = io.StringIO()
+    stream = output.BestEffortStream(sink)
+    assert stream.write(b"caf\xc3\xa9 \xff") == len("café \ufffd")
+    assert sink.getvalue() == "café \ufffd"
