@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -37,16 +38,16 @@ import kubernetes
 import psycopg
 from kubernetes.client.rest import ApiException
 
-from agentfast.runner.loop import preflight
+from agentfast.runner.scripted import bundled_scripts
 from agentfast.runner.snapshot import TERMINAL_PHASES
-from agentfast.runner.spec import SpecError, parse_agentrun
+from agentfast.runner.spec import CALL_ID_PATTERN, DEFAULT_ALLOWED_MODULES, SpecError, allowed_modules_from_env, check_cluster_policy, parse_agentrun
 from agentfast.runner.liveness import runner_state
 from agentfast.runner.store import (
     PROGRESS_CHANNEL, DecisionConflict, InvalidDecision, Store, StoreUnavailable, UnknownCall, UnreadableState,
 )
 
 from .status import status_from_store
-from .workload import LABEL_RUN, RunnerConfig, build_job, job_name
+from .workload import ANNOTATION_RUN, LABEL_RUN, RunnerConfig, build_job, job_name
 
 GROUP, VERSION, PLURAL = "agentfast.dev", "v1alpha1", "agentruns"
 log = logging.getLogger("agentfast.operator")
@@ -62,6 +63,16 @@ class Settings:
     # Namespaces to resync; empty: all (the chart sets it with the kopf --namespace flags).
     namespaces: list[str] = field(default_factory=lambda: [n for n in os.environ.get("AGENTFAST_WATCH_NAMESPACES", "").split(",") if n])
     runner: RunnerConfig = field(default_factory=RunnerConfig.from_env)
+    # Module prefixes refs may name (the chart's runner.allowedModules); never imported here (G12).
+    allowed_modules: tuple[str, ...] = field(default_factory=lambda: _allowed_modules())  # [AGENTFAST_ALLOWED_MODULES]
+    # Copy the runner's own text (the final answer, a model's error) into status.message/result
+    # and Events (the chart's operator.statusSummary); off: only our own sentences, ids and counts.
+    status_summary: bool = field(default_factory=lambda: os.environ.get("AGENTFAST_STATUS_SUMMARY", "false").lower() == "true")
+
+
+def _allowed_modules() -> tuple[str, ...]:
+    found = allowed_modules_from_env()
+    return DEFAULT_ALLOWED_MODULES if found is None else found
 
 
 SETTINGS = Settings()
@@ -126,7 +137,10 @@ def on_agentrun(body: kopf.Body, **_: Any) -> None:
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_RUN: kopf.PRESENT})
 def on_runner_job(body: kopf.Body, **_: Any) -> None:
     """A runner Job changed (a pod was lost, replaced, or the Job ended): reconcile its run."""
-    run = _get_agentrun(body["metadata"]["namespace"], body["metadata"]["labels"][LABEL_RUN])
+    meta = body["metadata"]
+    # The label holds the name only when it fits a label (63 characters); the annotation always does.
+    name = (meta.get("annotations") or {}).get(ANNOTATION_RUN) or meta["labels"][LABEL_RUN]
+    run = _get_agentrun(meta["namespace"], name)
     if run is not None:
         reconcile(run)
 
@@ -156,7 +170,9 @@ def reconcile(body: dict[str, Any]) -> None:
         "spec": {k: v for k, v in body.get("spec", {}).items() if k != "approvals"},
     }
     try:
-        preflight(parse_agentrun(doc, check_imports=True))
+        # G12: the shape and the admin's allow-list only; nothing the spec names is imported or
+        # read here. Whether its refs resolve is learned in the runner pod (Failed/InvalidSpec).
+        check_cluster_policy(parse_agentrun(doc, check_imports=False), SETTINGS.allowed_modules, bundled_scripts())
     except SpecError as err:  # permanent: nothing to run, nothing to retry
         publish_status(body, None, None, override=("Failed", "InvalidSpec", str(err)))
         return
@@ -197,31 +213,40 @@ def _load_status(run_id: str) -> tuple[Any, Any, dict[str, Any]]:
     return ctx, pending, {"runner": runner_state(STATE.store, run_id), "decided": {c: d.decision for c, d in found.items()}}
 
 
-_warned: set[tuple[str, str, str]] = set()
+_warned: set[tuple[str, str]] = set()
 
 
 def _record_approvals(body: dict[str, Any], run_id: str) -> None:
     """Record ``spec.approvals`` in the store, whose rules decide (Store.decide): only for a call
     awaiting a decision now, once. Replays of a recorded decision (every reconcile) are no-ops;
-    a refused entry gets one Warning Event per operator process."""
+    a refused entry gets at most one Warning Event per (run, key) in an operator's life, whatever
+    the reason and however many reconciles see it. A key that is not a call id is never sent to
+    the store (the CRD's maxProperties bounds how many there can be)."""
     for call_id, d in (body.get("spec", {}).get("approvals") or {}).items():
+        if not re.match(CALL_ID_PATTERN, call_id):
+            _warn_once(body, call_id, "InvalidCallId", f"spec.approvals: {call_id[:48]!r} is not a call id (e.g. call-2-0); ignored")
+            continue
         try:
             STATE.store.decide(run_id, call_id, d.get("decision", ""), reason=d.get("reason"), result=d.get("result"),  # type: ignore[union-attr]
                                decided_by="kubernetes:spec.approvals")
         except DecisionConflict as err:
             if not err.same:
-                _warn_once(body, run_id, call_id, "DecisionConflict", str(err))
+                _warn_once(body, call_id, "DecisionConflict", str(err))
         except UnknownCall as err:
-            _warn_once(body, run_id, call_id, "NotAwaitingDecision", str(err))
+            _warn_once(body, call_id, "NotAwaitingDecision", str(err))
         except InvalidDecision as err:
-            _warn_once(body, run_id, call_id, "InvalidDecision", f"{call_id}: {err}")
+            _warn_once(body, call_id, "InvalidDecision", f"{call_id}: {err}")
 
 
-def _warn_once(body: dict[str, Any], run_id: str, call_id: str, reason: str, message: str) -> None:
-    key = (f"{body['metadata'].get('uid')}/{run_id}", call_id, reason)
-    if key not in _warned:
-        _warned.add(key)
-        _event(body, "Warning", reason, message[:1024])
+def _warn_once(body: dict[str, Any], call_id: str, reason: str, message: str) -> bool:
+    """Post a Warning Event for approval key ``call_id`` of this AgentRun (by uid) unless one was
+    posted already; returns whether it posted."""
+    key = (str(body["metadata"].get("uid")), call_id)
+    if key in _warned:
+        return False
+    _warned.add(key)
+    _event(body, "Warning", reason, message[:1024])
+    return True
 
 
 def _get_job(namespace: str, name: str) -> Any:
@@ -241,7 +266,7 @@ def _job_failed(job: Any) -> str | None:
 
 
 def _create_job(body: dict[str, Any]) -> None:
-    job = build_job(body, SETTINGS.runner)
+    job = build_job(body, SETTINGS.runner, allowed_modules=SETTINGS.allowed_modules)
     kopf.adopt(job, owner=body, nested="spec.template")
     try:
         STATE.batch.create_namespaced_job(body["metadata"]["namespace"], job)
@@ -279,7 +304,8 @@ def publish_status(body: dict[str, Any], ctx: Any, pending: Any, *, override: tu
     """Patch ``status`` (merge patch on the status subresource) and post an Event on a transition."""
     meta = body["metadata"]
     old = body.get("status") or {}
-    new = status_from_store(ctx, pending, generation=meta.get("generation", 1), old=old, override=override, runner=runner, decided=decided)
+    new = status_from_store(ctx, pending, generation=meta.get("generation", 1), old=old, override=override, runner=runner, decided=decided,
+                            run_id=f"{meta['namespace']}/{meta['name']}", summary=SETTINGS.status_summary)
     new["runnerJob"] = job_name(meta["name"])
     if all(old.get(k) == v for k, v in new.items()):
         return

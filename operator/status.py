@@ -27,6 +27,31 @@ _RUNNER_REASONS = {
 SUMMARY_CHARS = 1024
 ARGUMENTS_CHARS = 512
 MAX_PENDING = 128  # awaited calls listed in status (G9: the resource stays small); a batch is rarely larger
+# Reasons whose runner message is a sentence of our own (counts, limits, ids, field paths): copied.
+# Any other message may quote foreign text (a model's answer, an endpoint's error body) and stays
+# in Postgres unless the admin opts in (the chart's operator.statusSummary).
+OWN_SENTENCE_REASONS = frozenset({"Started", "Decided", "BudgetExceeded", "InvalidSpec", "RunnerStarting"})
+
+
+def public_message(phase: str, reason: str, message: str, ctx: RunContext | None, pending: PendingToolCall | None,
+                   run_id: str, summary: bool) -> str:
+    """What ``status.message`` (and ``result``, conditions, Events) may say about a run (G12).
+
+    Our own sentences as they are; for a message that may carry foreign text (the final answer,
+    a model endpoint's error) one of ours with ids and counts instead, unless ``summary`` (the
+    admin's opt-in) allows the runner's text (still cut to 1024 characters). ``run_id``: NS/NAME.
+    """
+    if summary or reason in OWN_SENTENCE_REASONS:
+        return message
+    if reason == "AwaitingApproval" and pending is not None:
+        calls = ", ".join(f"{a.call_id} {a.tool_call.name}" for a in pending.awaiting[:MAX_PENDING])
+        return f"{len(pending.awaiting)} call(s) await a decision: {calls}"
+    counts = f"after {ctx.counters.iterations} iterations and {ctx.usage.total_tokens} tokens" if ctx is not None else ""
+    if phase == "Succeeded":
+        return f"finished {counts}; the answer is kept in Postgres (agentfast history {run_id})"
+    if reason == "ModelError":
+        return f"the model endpoint refused the request {counts}; its answer is kept in Postgres (agentfast status {run_id})"
+    return f"{phase} ({reason}) {counts}; details are kept in Postgres (agentfast status {run_id})"
 
 
 def _now() -> str:
@@ -67,6 +92,8 @@ def status_from_store(
     override: tuple[str, str, str] | None = None,
     runner: RunnerInfo | None = None,
     decided: Mapping[str, str] | None = None,
+    run_id: str = "",
+    summary: bool = False,
 ) -> dict[str, Any]:
     """The ``status`` of an AgentRun whose latest checkpoint holds ``ctx`` and ``pending``.
 
@@ -78,7 +105,8 @@ def status_from_store(
     ``liveness.runner_state``) adds the condition ``RunnerAlive``: True while a runner holds the
     run, else False with why (ended, waiting for a decision, decided but not resumed,
     interrupted), the same story ``agentfast status`` tells. Its message names the holder but not
-    the heartbeat age, so the condition changes only when liveness does.
+    the heartbeat age, so the condition changes only when liveness does. Messages go through
+    :func:`public_message` (``run_id``, ``summary``): no foreign text unless opted in.
     """
     old = old or {}
     decided = decided or {}
@@ -88,6 +116,7 @@ def status_from_store(
         phase, reason, message = "Pending", "RunnerStarting", "waiting for the runner pod to start"
     else:
         phase, reason, message = ctx.status.phase, ctx.status.reason or ctx.status.phase, ctx.status.message
+        message = public_message(phase, reason, message, ctx, pending, run_id, summary)
     status: dict[str, Any] = {
         "observedGeneration": generation,
         "phase": phase,

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LABEL_RUN = "agentfast.dev/run"
+#: The AgentRun's full name on its Job (a name over 63 characters does not fit the label).
+ANNOTATION_RUN = "agentfast.dev/run-name"
 RUNNER_CONTAINER = "runner"
 
 
@@ -59,17 +61,37 @@ class RunnerConfig:
         )
 
 
+def _fit63(text: str, key: str) -> str:
+    """``text`` if at most 63 characters, else its first 54 (no trailing - or .) plus ``-`` and 8
+    hex digits of sha256(``key``): deterministic, distinct for distinct keys, a valid DNS label
+    and label value (begins and ends alphanumeric)."""
+    if len(text) <= 63:
+        return text
+    digest = hashlib.sha256(key.encode()).hexdigest()[:8]
+    return f"{text[:54].rstrip('-.')}-{digest}"
+
+
 def job_name(run_name: str) -> str:
-    """A deterministic Job name (so a retried create gets 409, never a duplicate), ≤ 63 chars."""
-    base = f"agentrun-{run_name}"
-    if len(base) <= 63:
-        return base
-    digest = hashlib.sha256(run_name.encode()).hexdigest()[:8]
-    return f"{base[:54].rstrip('-.')}-{digest}"
+    """A deterministic Job name (so a retried create gets 409, never a duplicate), ≤ 63 chars.
+
+    AgentRun names may be up to 253 characters; a Job's name must fit a label (its pods carry
+    it), so a long one is cut and made unique with a hash of the whole name."""
+    return _fit63(f"agentrun-{run_name}", run_name)
 
 
-def build_job(body: dict[str, Any], cfg: RunnerConfig) -> dict[str, Any]:
-    """The Job manifest for an AgentRun ``body`` (ownerReference is added by kopf.adopt)."""
+def run_label(run_name: str) -> str:
+    """The value of the ``agentfast.dev/run`` label: the AgentRun's name when it fits a label
+    value (63 characters), else a cut of it plus a hash of the whole (the annotation
+    ``agentfast.dev/run-name`` always holds the full name)."""
+    return _fit63(run_name, run_name)
+
+
+def build_job(body: dict[str, Any], cfg: RunnerConfig, *, allowed_modules: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The Job manifest for an AgentRun ``body`` (ownerReference is added by kopf.adopt).
+
+    ``allowed_modules`` reaches the runner as ``AGENTFAST_ALLOWED_MODULES``: the runner checks
+    the refs against it again before importing anything. The model key's variable comes after
+    ours, and the spec's ``apiKeyEnv`` cannot name one of ours (``runner/spec.py``)."""
     meta, spec = body["metadata"], body["spec"]
     name, namespace = meta["name"], meta.get("namespace", "default")
     env: list[dict[str, Any]] = [
@@ -77,6 +99,7 @@ def build_job(body: dict[str, Any], cfg: RunnerConfig) -> dict[str, Any]:
         {"name": "HOME", "value": "/tmp"},
         {"name": "AGENTFAST_LOG_LEVEL", "value": "INFO"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {"name": "AGENTFAST_ALLOWED_MODULES", "value": ",".join(allowed_modules)},
     ]
     model = spec.get("model", {})
     if model.get("apiKeySecretRef"):
@@ -114,7 +137,8 @@ def build_job(body: dict[str, Any], cfg: RunnerConfig) -> dict[str, Any]:
         "metadata": {
             "name": job_name(name),
             "namespace": namespace,
-            "labels": {LABEL_RUN: name, "app.kubernetes.io/managed-by": "agentfast", "app.kubernetes.io/component": "runner"},
+            "labels": {LABEL_RUN: run_label(name), "app.kubernetes.io/managed-by": "agentfast", "app.kubernetes.io/component": "runner"},
+            "annotations": {ANNOTATION_RUN: name},
         },
         "spec": {
             "backoffLimit": cfg.restart_limit,
@@ -129,7 +153,8 @@ def build_job(body: dict[str, Any], cfg: RunnerConfig) -> dict[str, Any]:
                 ]
             },
             "template": {
-                "metadata": {"labels": {LABEL_RUN: name, "app.kubernetes.io/component": "runner"}},
+                "metadata": {"labels": {LABEL_RUN: run_label(name), "app.kubernetes.io/component": "runner"},
+                             "annotations": {ANNOTATION_RUN: name}},
                 "spec": pod_spec,
             },
         },

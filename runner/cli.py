@@ -26,10 +26,10 @@ import typer
 from rich.table import Column, Table
 
 from . import output
-from .loop import EXIT_BAD_INPUT, Outcome, ProgressEvent, VanillaRunner, preflight, run_id_of
+from .loop import EXIT_BAD_INPUT, Outcome, ProgressEvent, VanillaRunner, fail_invalid_spec, preflight, run_id_of
 from .output import err, one_line, out, styled
 from .snapshot import AwaitedCall, PendingToolCall, RunContext, StateSnapshot
-from .spec import AgentRun, InvalidDecision, SpecError, check_decision, load_agentrun, parse_agentrun
+from .spec import AgentRun, InvalidDecision, SpecError, check_decision, import_refs, load_agentrun, parse_agentrun
 from .store import CheckpointInfo, DecisionConflict, JournalEntry, Store, StoreUnavailable, UnknownCall, UnreadableState
 
 EXIT_NO_POSTGRES = 3
@@ -74,7 +74,11 @@ def _load_registered(store: Store, run: str) -> AgentRun:
     record = store.get_run(_run_key(run))
     if record is None:
         raise _fail(f"no run named {run!r} (see `agentfast list`)")
-    return parse_agentrun(record.spec)
+    try:
+        # Imports wait for _drive: after the admin's allow-list, and a failure there ends the run (InvalidSpec).
+        return parse_agentrun(record.spec, check_imports=False)
+    except SpecError as e:
+        raise _fail(f"run {run} cannot run:\n{e}") from None
 
 
 class _Progress:
@@ -158,16 +162,32 @@ def _who() -> str:
     return f"cli:{os.environ.get('USER', 'unknown')}"
 
 
+def _check_admin_policy(run: AgentRun) -> None:
+    """Where an admin set ``AGENTFAST_ALLOWED_MODULES`` (the operator does, in every runner pod):
+    refs only from those module prefixes, and only bundled model scripts, checked before anything
+    is imported (spec.check_cluster_policy). Unset (a local CLI): no list. Raises SpecError."""
+    from .scripted import bundled_scripts
+    from .spec import allowed_modules_from_env, check_cluster_policy
+
+    allowed = allowed_modules_from_env()
+    if allowed is not None:
+        check_cluster_policy(run, allowed, bundled_scripts())
+
+
 def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool, force: bool = False) -> Outcome:
     from .model import ModelError, model_from_spec
     from .tools import ToolRegistry
 
     try:
+        _check_admin_policy(run)
         preflight(run)  # a registered run's tool may have stopped importing since it was created
         tools = ToolRegistry.from_agentrun(run)
         model = model_from_spec(run.spec.model)
     except SpecError as e:
-        raise _fail(f"run {run_id_of(run)} cannot run:\n{e}") from None
+        # Recorded as the run's ending (Failed/InvalidSpec): the operator shows it and nothing retries it.
+        ended = fail_invalid_spec(store, run, str(e), force=force)
+        code = EXIT_BAD_INPUT if ended.phase == "Failed" else ended.exit_code
+        raise _fail(f"run {run_id_of(run)} cannot run:\n{e}", code) from None
     except ModelError as e:
         raise _fail(str(e)) from None
     stop = threading.Event()
@@ -205,7 +225,9 @@ def run(
 ) -> None:
     """Run an AgentRun locally; continues it if a run of that name exists and is unfinished."""
     try:
-        agentrun = load_agentrun(file)
+        agentrun = load_agentrun(file, check_imports=False)
+        _check_admin_policy(agentrun)  # before anything it names is imported
+        import_refs(agentrun)
         preflight(agentrun)
     except SpecError as e:
         raise _fail(f"{file} is not a valid AgentRun:\n{e}") from None

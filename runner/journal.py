@@ -105,7 +105,7 @@ class CallExecutor:
         ctx = self._context(entry)
         try:
             result = self._result(entry, tool.invoke(ctx, args))
-        except Exception as err:  # a tool that raises is a result the model can reason about
+        except (Exception, SystemExit) as err:  # a tool that raises (or calls sys.exit) is a result the model can reason about
             log.warning("tool %s raised: %r", name, err)
             result = self._result(entry, f"error: {name} failed: {type(err).__name__}: {err}", "tool_raised")
         faults.point("tool.after_call", name)

@@ -24,15 +24,16 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from . import faults
 from .budget import check_budget, get_classifier
 from .journal import CallExecutor
-from .model import ChatModel, ModelError, distinct_tool_call_ids
+from .model import ChatModel, ModelError, ModelReply, distinct_tool_call_ids
 from .snapshot import (
     TERMINAL_PHASES,
     AwaitedCall,
+    Budget,
     Message,
     PendingToolCall,
     RunContext,
@@ -96,6 +97,28 @@ def preflight(run: AgentRun) -> None:
             load_script(run.spec.model.script)
         except ValueError as e:
             raise SpecError(f"spec.model.script: {e}") from None
+
+
+def fail_invalid_spec(store: Store, run: AgentRun, message: str, *, force: bool = False) -> Outcome:
+    """End a registered run as ``Failed`` / ``InvalidSpec`` with ``message``, running nothing of it.
+
+    For a spec the runner cannot resolve (a ref that does not import or raises, a tool's gate
+    removed, a module or script the cluster does not allow): the failure is committed like any
+    ending, so the operator shows it in status (its reason and our short message) and nothing
+    retries it. A run already finished keeps its ending. Returns the Outcome (exit code 2 when
+    recorded; 76 when a live runner owns the run; 75 when Postgres is unavailable).
+    """
+    return _InvalidSpecRunner(store, run, _NoModel(), ToolRegistry([]), wait_for_approval=False, force=force, message=message).run()
+
+
+class _NoModel:
+    """The model of a run refused before it starts: never asked."""
+
+    def complete(self, messages: list[Message], tools: list[dict]) -> ModelReply:  # pragma: no cover - never called
+        raise ModelError("a run refused before it starts has no model", retriable=False)
+
+    def close(self) -> None:
+        pass
 
 
 def run_id_of(run: AgentRun) -> str:
@@ -206,6 +229,10 @@ class RunnerBase:
             if err.retriable:
                 return self._retry_exit(f"model unavailable: {err}")
             return self._finish("Failed", "ModelError", f"the model rejected the request: {err}")
+        except SpecError as err:  # user code named by the spec (a classifier, a graph factory) failed: G12
+            if not hasattr(self, "snap"):
+                self.snap = self._initial_snapshot(record.run_uid, classify=False)
+            return self._finish("Failed", "InvalidSpec", str(err), exit_code=EXIT_BAD_INPUT)
 
     def _drive(self) -> Outcome:
         raise NotImplementedError
@@ -369,11 +396,23 @@ class RunnerBase:
 
     # -- commits and endings ---------------------------------------------------------------------
 
-    def _initial_snapshot(self, run_uid: str) -> StateSnapshot:
-        classification = get_classifier(self.spec.budget.classifier)(self.spec)
+    def _initial_snapshot(self, run_uid: str, *, classify: bool = True) -> StateSnapshot:
+        """The first snapshot of a run. ``classify``: let the spec's classifier set the budget
+        (user code: anything it raises, BaseException included, becomes SpecError); False keeps
+        the declared budget (a run refused before it starts)."""
+        classification = None
+        budget = Budget(**self.spec.budget.model_dump(include={"max_iterations", "max_tokens", "max_duration_ms"}))
+        if classify:
+            classifier = get_classifier(self.spec.budget.classifier)
+            try:
+                classification = classifier(self.spec)
+            except BaseException as err:  # noqa: BLE001 - user code must not end the runner's process
+                log.warning("classifier %s raised %s", self.spec.budget.classifier, type(err).__name__, exc_info=True)
+                raise SpecError(f"spec.budget.classifier: calling {self.spec.budget.classifier} raised {type(err).__name__}") from None
+            budget = classification.applied
         ctx = RunContext(
             session=Session(run_uid=run_uid, adapter=self.adapter, model=self.spec.model.name),
-            budget=classification.applied,
+            budget=budget,
             classification=classification,
             status=RunStatus(phase="Running", reason="Started"),
         )
@@ -400,12 +439,14 @@ class RunnerBase:
         faults.point("checkpoint.after_commit")
         self._emit("checkpoint")
 
-    def _finish(self, phase: str, reason: str, message: str) -> Outcome:
+    def _finish(self, phase: str, reason: str, message: str, *, exit_code: int | None = None) -> Outcome:
         self.snap.pending = None
         self.snap.context.status = RunStatus(phase=phase, reason=reason, message=message[:1000])
         self._commit()
         self._emit("finished", message)
-        return Outcome(phase, EXIT_OK if phase == "Succeeded" else EXIT_FAILED, message)
+        if exit_code is None:
+            exit_code = EXIT_OK if phase == "Succeeded" else EXIT_FAILED
+        return Outcome(phase, exit_code, message)
 
     def _outcome_of_terminal(self) -> Outcome:
         st = self.snap.context.status
@@ -482,3 +523,18 @@ class VanillaRunner(RunnerBase):
             ctx.status = RunStatus(phase="Running")
         self._commit()
         return None
+
+
+class _InvalidSpecRunner(RunnerBase):
+    """Claims a run only to end it as Failed/InvalidSpec (see :func:`fail_invalid_spec`)."""
+
+    def __init__(self, *args: Any, message: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.message = message
+        self.adapter = self.spec.adapter  # the session records the run's own adapter
+
+    def _initial_snapshot(self, run_uid: str, *, classify: bool = True) -> StateSnapshot:
+        return super()._initial_snapshot(run_uid, classify=False)  # the classifier is user code too
+
+    def _drive(self) -> Outcome:
+        return self._finish("Failed", "InvalidSpec", self.message, exit_code=EXIT_BAD_INPUT)

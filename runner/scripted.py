@@ -226,12 +226,14 @@ def load_script(name_or_path: str) -> Script:
         "/" in name_or_path or "\\" in name_or_path or name_or_path.endswith((".yaml", ".yml"))
         or not _BUNDLED_NAME.match(name_or_path)
     )
+    from .safeyaml import UnsafeYaml, load_all, read_text
+
     if looks_like_path or Path(name_or_path).is_file():
         path = Path(name_or_path)
         try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as err:
-            raise ValueError(f"script {name_or_path!r}: cannot read: {err.strerror}") from None
+            text = read_text(path)  # bounded: at most 1 MiB, so /dev/zero or a FIFO cannot fill memory
+        except UnsafeYaml as err:
+            raise ValueError(f"script {err}") from None
         name = path.stem
     else:
         res = _bundled_dir().joinpath(f"{name_or_path}.yaml")
@@ -242,9 +244,10 @@ def load_script(name_or_path: str) -> Script:
             raise ValueError(f"script {name_or_path!r}: no such file and no bundled script of that name (bundled: {known})") from None
         name = name_or_path
     try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ValueError(f"script {name!r}: not valid YAML: {err}") from None
+        docs = load_all(text, f"script {name!r}")
+    except UnsafeYaml as err:
+        raise ValueError(str(err)) from None
+    doc = docs[0] if len(docs) == 1 else docs
     return parse_script(doc, name=name)
 
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
+import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .snapshot import Budget
@@ -22,6 +24,31 @@ from .storable import storable
 
 API_VERSION = "agentfast.dev/v1alpha1"
 KIND = "AgentRun"
+
+
+log = logging.getLogger("agentfast.spec")
+
+#: Largest AgentRun file the CLI reads (a Kubernetes object is capped near 1.5 MiB anyway).
+MAX_FILE_BYTES = 1024 * 1024
+#: ``module:attr``, both dotted Python identifiers: nothing else is ever imported.
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+REF_PATTERN = rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*$"
+#: The call id a run gives each tool call (``runner/journal.py``): the keys of ``spec.approvals``.
+CALL_ID_PATTERN = r"^call-[0-9]+-[0-9]+(-rerun[0-9]+)?$"
+#: Decisions one AgentRun can carry in ``spec.approvals`` over its life (the CRD's maxProperties).
+MAX_APPROVALS = 128
+#: Environment variable names a spec may name for the model key: ``..._API_KEY`` or ``..._TOKEN``,
+#: never one of ours (``AGENTFAST_*``): a spec must not be able to set LD_PRELOAD, PYTHONPATH,
+#: AGENTFAST_DSN... in the runner pod, nor send one of them to a model endpoint as a key.
+API_KEY_ENV_PATTERN = r"^[A-Z][A-Z0-9_]{0,54}_(API_KEY|TOKEN)$"
+#: A Secret name: a DNS-1123 subdomain (a bad one would make the runner Job fail for ever).
+DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+#: A bundled script's name (``runner/scripts/NAME.yaml``): what a cluster accepts in ``spec.model.script``.
+SCRIPT_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+#: Module prefixes a cluster allows in refs when its admin configured none (the chart's default).
+DEFAULT_ALLOWED_MODULES = ("agentfast.runner.examples",)
+ALLOWED_MODULES_ENV = "AGENTFAST_ALLOWED_MODULES"
 
 
 class SpecError(ValueError):
@@ -35,8 +62,8 @@ class _Spec(BaseModel):
 class SecretKeyRef(_Spec):
     """A key of a Kubernetes Secret in the AgentRun's namespace."""
 
-    name: str = Field(min_length=1)
-    key: str = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN)
+    key: str = Field(min_length=1, max_length=253, pattern=SECRET_KEY_PATTERN)
 
 
 class ModelSpec(_Spec):
@@ -48,12 +75,20 @@ class ModelSpec(_Spec):
 
     name: str = Field(min_length=1, description="model name sent to the endpoint")
     baseURL: str | None = Field(None, description="e.g. https://api.openai.com/v1 or http://vllm:8000/v1")
-    apiKeyEnv: str = Field("OPENAI_API_KEY", description="environment variable holding the API key (from a Secret in the cluster)")
+    apiKeyEnv: str = Field("OPENAI_API_KEY", max_length=64, pattern=API_KEY_ENV_PATTERN,
+                           description="environment variable holding the API key (from a Secret in the cluster): NAME_API_KEY or NAME_TOKEN, not AGENTFAST_*")
     apiKeySecretRef: SecretKeyRef | None = Field(None, description="in a cluster: the Secret key the operator exposes to the runner as apiKeyEnv")
-    script: str | None = Field(None, description="name of a bundled script or path to a script YAML for the scripted model")
-    timeoutSeconds: float = Field(60.0, gt=0)
-    maxRetries: int = Field(4, ge=0, description="retries on 429, 5xx and connection errors, with exponential backoff")
-    temperature: float | None = None
+    script: str | None = Field(None, max_length=4096, description="name of a bundled script (in a cluster, only that) or, locally, path to a script YAML")
+    timeoutSeconds: float = Field(60.0, gt=0, le=3600)
+    maxRetries: int = Field(4, ge=0, le=20, description="retries on 429, 5xx and connection errors, with exponential backoff")
+    temperature: float | None = Field(None, ge=0, le=2)
+
+    @field_validator("apiKeyEnv")
+    @classmethod
+    def _not_ours(cls, v: str) -> str:
+        if v.startswith("AGENTFAST_"):
+            raise ValueError(f"{v} is one of agentfast's own variables; name the key's variable e.g. OPENAI_API_KEY")
+        return v
 
     @model_validator(mode="after")
     def _one_endpoint(self) -> "ModelSpec":
@@ -66,22 +101,33 @@ class ToolSpec(_Spec):
     """A tool the agent may call: a Python callable importable as ``module:attr``."""
 
     name: str = Field(min_length=1, pattern=r"^[a-zA-Z0-9_-]{1,64}$")
-    ref: str = Field(description="module:attr of a function decorated with @agentfast.runner.tools.tool")
-    requiresApproval: bool | None = Field(None, description="gate every call on a human decision; default: the tool's own declaration")
+    ref: str = Field(max_length=512, description="module:attr of a function decorated with @agentfast.runner.tools.tool")
+    requiresApproval: bool | None = Field(
+        None, description="gate every call on a human decision; default: the tool's own declaration. A spec can add a gate, never remove one")
     idempotent: bool | None = Field(None, description="safe to re-run with the same idempotency key; default: the tool's own declaration")
 
     @field_validator("ref")
     @classmethod
     def _ref_shape(cls, v: str) -> str:
-        if ":" not in v or not all(v.split(":", 1)):
-            raise ValueError(f"must be module:attr, got {v!r}")
-        return v
+        return _check_ref_shape(v)
 
 
 class GraphSpec(_Spec):
     """For the LangGraph adapter: a compiled graph, or a factory returning one."""
 
-    ref: str = Field(description="module:attr of a StateGraph builder or a factory")
+    ref: str = Field(max_length=512, description="module:attr of a StateGraph builder or a factory")
+
+    @field_validator("ref")
+    @classmethod
+    def _ref_shape(cls, v: str) -> str:
+        return _check_ref_shape(v)
+
+
+def _check_ref_shape(v: str) -> str:
+    if not re.match(REF_PATTERN, v):
+        shown = v if len(v) <= 80 else v[:80] + "..."
+        raise ValueError(f"must be module:attr, both dotted Python names (e.g. pkg.tools:refund), got {shown!r}")
+    return v
 
 
 REASON_MAX_CHARS = 1024
@@ -148,7 +194,16 @@ class ApprovalDecision(_Spec):
 
 class BudgetSpec(Budget):
     model_config = ConfigDict(extra="forbid")
-    classifier: str = Field("heuristic", description="'heuristic', 'none', or module:attr of a classifier")
+    # The same limits as Budget, with maxima (the CRD's): a spec cannot ask for an unbounded run.
+    max_iterations: int = Field(50, gt=0, le=10_000, description="model calls allowed in the run")
+    max_tokens: int = Field(150_000, gt=0, le=100_000_000, description="prompt + completion tokens allowed")
+    max_duration_ms: int = Field(300_000, gt=0, le=604_800_000, description="active run time allowed, ms (at most 7 days)")
+    classifier: str = Field("heuristic", max_length=512, description="'heuristic', 'none', or module:attr of a classifier")
+
+    @field_validator("classifier")
+    @classmethod
+    def _classifier_shape(cls, v: str) -> str:
+        return v if v in ("heuristic", "none") else _check_ref_shape(v)
 
 
 class AgentRunSpec(_Spec):
@@ -159,7 +214,16 @@ class AgentRunSpec(_Spec):
     tools: list[ToolSpec] = Field(default_factory=list)
     graph: GraphSpec | None = None
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
-    approvals: dict[str, ApprovalDecision] = Field(default_factory=dict)
+    approvals: dict[str, ApprovalDecision] = Field(default_factory=dict, max_length=MAX_APPROVALS)
+
+    @field_validator("approvals")
+    @classmethod
+    def _call_ids(cls, approvals: dict[str, ApprovalDecision]) -> dict[str, ApprovalDecision]:
+        bad = [k for k in approvals if not re.match(CALL_ID_PATTERN, k)]
+        if bad:
+            shown = ", ".join(repr(k[:48]) for k in bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+            raise ValueError(f"keys must be call ids as status.pendingApprovals shows them (e.g. call-2-0, call-1-0-rerun1), not {shown}")
+        return approvals
 
     @field_validator("tools")
     @classmethod
@@ -207,8 +271,10 @@ def parse_agentrun(doc: Any, *, check_imports: bool = True) -> AgentRun:
     """Validate one AgentRun document (a dict, as YAML or the API server gives it), its text
     made storable first (:func:`agentfast.runner.storable.storable`).
 
-    With ``check_imports`` every ``spec.tools[i].ref`` (and ``spec.graph.ref``) is imported, so
-    an unknown tool fails here, before anything runs. Raises SpecError.
+    With ``check_imports`` every ``spec.tools[i].ref`` (and ``spec.graph.ref``) is imported
+    (:func:`import_refs`), so an unknown tool fails here, before anything runs. The operator
+    passes False: it checks refs only syntactically and against the admin's allow-list
+    (:func:`check_cluster_policy`). Raises SpecError.
     """
     if not isinstance(doc, dict):
         raise SpecError(f"(document): expected a mapping with apiVersion, kind, metadata, spec; got {type(doc).__name__}")
@@ -220,47 +286,112 @@ def parse_agentrun(doc: Any, *, check_imports: bool = True) -> AgentRun:
     except ValidationError as err:
         raise SpecError(_format_errors(err)) from None
     if check_imports:
-        problems = []
-        for i, t in enumerate(run.spec.tools):
-            try:
-                resolve_ref(t.ref)
-            except (ImportError, AttributeError) as err:
-                problems.append(f"spec.tools[{i}].ref: unknown tool {t.name!r}: {err}")
-        if run.spec.graph is not None:
-            try:
-                resolve_ref(run.spec.graph.ref)
-            except (ImportError, AttributeError) as err:
-                problems.append(f"spec.graph.ref: {err}")
-        if problems:
-            raise SpecError("\n".join(problems))
+        import_refs(run)
     return run
 
 
+def import_refs(run: AgentRun) -> None:
+    """Import every ``spec.tools[i].ref`` and ``spec.graph.ref``, so an unknown tool fails before
+    anything runs. User code runs here: never call it in the operator (G12). Raises SpecError."""
+    problems = []
+    for i, t in enumerate(run.spec.tools):
+        try:
+            resolve_ref(t.ref)
+        except (ImportError, AttributeError) as err:
+            problems.append(f"spec.tools[{i}].ref: unknown tool {t.name!r}: {err}")
+    if run.spec.graph is not None:
+        try:
+            resolve_ref(run.spec.graph.ref)
+        except (ImportError, AttributeError) as err:
+            problems.append(f"spec.graph.ref: {err}")
+    if problems:
+        raise SpecError("\n".join(problems))
+
+
 def load_agentrun(path: str | Path, *, check_imports: bool = True) -> AgentRun:
-    """Read and validate an AgentRun YAML file (one document). Raises SpecError."""
-    p = Path(path)
+    """Read and validate an AgentRun YAML file (one document). Raises SpecError.
+
+    Refused before parsing (:mod:`agentfast.runner.safeyaml`): a file over 1 MiB
+    (:data:`MAX_FILE_BYTES`) and YAML anchors or aliases (an alias bomb never expands).
+    """
+    from .safeyaml import UnsafeYaml, load_all, read_text
+
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as err:
-        raise SpecError(f"{path}: cannot read: {err.strerror}") from None
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as err:
-        raise SpecError(f"{path}: not valid YAML: {err}") from None
+        docs = load_all(read_text(path, max_bytes=MAX_FILE_BYTES), str(path))
+    except UnsafeYaml as err:
+        raise SpecError(str(err)) from None
     if len(docs) != 1:
         raise SpecError(f"{path}: expected exactly one AgentRun document, found {len(docs)}")
     return parse_agentrun(docs[0], check_imports=check_imports)
 
 
 def resolve_ref(ref: str) -> Any:
-    """Import ``module:attr`` (attr may be dotted). Raises ImportError or AttributeError."""
+    """Import ``module:attr`` (attr may be dotted). Raises ImportError or AttributeError.
+
+    Called only where user code may run (the CLI, the runner pod), never in the operator (G12).
+    Anything the module raises while it is imported or an attribute is read, BaseException
+    included (SystemExit, KeyboardInterrupt, GeneratorExit...), becomes an ImportError whose
+    message names the module and the exception's type only (its text, which may quote files or
+    remote answers, goes to the log): the run fails with InvalidSpec, the process lives on.
+    """
     module_name, _, attr = ref.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
         raise ImportError(f"cannot import module {module_name!r} ({err.msg})") from None
+    except BaseException as err:  # noqa: BLE001 - user code: nothing it raises may end the process
+        log.warning("importing %s raised %s", module_name, type(err).__name__, exc_info=True)
+        raise ImportError(f"importing module {module_name!r} raised {type(err).__name__}") from None
     for part in attr.split("."):
-        if not hasattr(obj, part):
+        try:
+            found = hasattr(obj, part)
+            if found:
+                obj = getattr(obj, part)
+        except BaseException as err:  # noqa: BLE001 - a module __getattr__ or a property is user code too
+            log.warning("reading %s from %s raised %s", attr, module_name, type(err).__name__, exc_info=True)
+            raise ImportError(f"reading {attr!r} of module {module_name!r} raised {type(err).__name__}") from None
+        if not found:
             raise AttributeError(f"module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
     return obj
+
+
+def allowed_modules_from_env(env: dict[str, str] | None = None) -> tuple[str, ...] | None:
+    """The admin's allow-list of module prefixes (``AGENTFAST_ALLOWED_MODULES``, comma-separated),
+    or None when the variable is unset (the local CLI: no list). Set but empty: nothing allowed."""
+    value = (os.environ if env is None else env).get(ALLOWED_MODULES_ENV)
+    if value is None:
+        return None
+    return tuple(p.strip() for p in value.split(",") if p.strip())
+
+
+def module_allowed(module: str, allowed: tuple[str, ...]) -> bool:
+    """True when ``module`` is one of ``allowed`` or inside one (``a.b`` allows ``a.b.c``, not ``a.bc``)."""
+    return any(module == p or module.startswith(p + ".") for p in allowed)
+
+
+def check_cluster_policy(run: AgentRun, allowed_modules: tuple[str, ...], bundled_scripts: list[str]) -> None:
+    """The checks a cluster makes on an AgentRun without importing or reading anything it names (G12).
+
+    Every ref (tools, graph, classifier) must already have the ``module:attr`` shape (the model
+    checks that) and its module must be inside ``allowed_modules`` (the chart's
+    ``runner.allowedModules``); ``spec.model.script`` must be one of ``bundled_scripts`` (names,
+    never paths: file paths are a local-CLI feature). Whether a ref resolves is learned only in
+    the runner pod. Raises SpecError, one line per problem.
+    """
+    problems = []
+    refs = [(f"spec.tools[{i}].ref", t.ref) for i, t in enumerate(run.spec.tools)]
+    if run.spec.graph is not None:
+        refs.append(("spec.graph.ref", run.spec.graph.ref))
+    if run.spec.budget.classifier not in ("heuristic", "none"):
+        refs.append(("spec.budget.classifier", run.spec.budget.classifier))
+    allowed_text = ", ".join(allowed_modules) or "none"
+    for where, ref in refs:
+        module = ref.partition(":")[0]
+        if not module_allowed(module, allowed_modules):
+            problems.append(f"{where}: module {module!r} is not in the modules this cluster allows (runner.allowedModules: {allowed_text})")
+    script = run.spec.model.script
+    if script is not None and (not re.match(SCRIPT_NAME_PATTERN, script) or script not in bundled_scripts):
+        shown = script if len(script) <= 64 else script[:64] + "..."
+        problems.append(f"spec.model.script: {shown!r} is not a bundled script; in a cluster only these are: {', '.join(bundled_scripts) or 'none'}")
+    if problems:
+        raise SpecError("\n".join(problems))

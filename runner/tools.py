@@ -188,7 +188,12 @@ class ToolRegistry:
 
     @classmethod
     def from_agentrun(cls, run: AgentRun) -> "ToolRegistry":
-        """Import every ``spec.tools[i].ref``. Raises SpecError naming the field."""
+        """Import every ``spec.tools[i].ref``. Raises SpecError naming the field.
+
+        A tool's own ``requires_approval=True`` (its author's declaration) can be added by a spec,
+        never removed (G10): ``requiresApproval: false`` on such a tool is refused, so an AgentRun
+        cannot opt a gated call (a refund) out of its human decision.
+        """
         tools = []
         for i, spec in enumerate(run.spec.tools):
             try:
@@ -197,6 +202,11 @@ class ToolRegistry:
                 raise SpecError(f"spec.tools[{i}].ref: unknown tool {spec.name!r}: {err}") from None
             if not isinstance(obj, Tool):
                 raise SpecError(f"spec.tools[{i}].ref: {spec.ref} is not decorated with @agentfast.runner.tools.tool")
+            if obj.requires_approval and spec.requiresApproval is False:
+                raise SpecError(
+                    f"spec.tools[{i}].requiresApproval: tool {spec.name!r} ({spec.ref}) is declared requires_approval=True by its"
+                    " author; a spec can add a gate, never remove one: drop requiresApproval or set it to true"
+                )
             tools.append(
                 Tool(
                     name=spec.name,

@@ -75,3 +75,36 @@ def test_printer_columns_and_names() -> None:
     assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Phase", "Iteration", "Tokens", "Restarts", "Awaiting", "Age"]
     assert version["subresources"] == {"status": {}}
     assert doc["spec"]["names"]["shortNames"] == ["ar"] and "agentfast" in doc["spec"]["names"]["categories"]
+
+
+def test_every_number_has_a_maximum() -> None:
+    def walk(schema: dict[str, Any], path: str) -> list[str]:
+        missing = [path] if schema.get("type") in ("integer", "number") and "maximum" not in schema else []
+        for name, prop in schema.get("properties", {}).items():
+            missing += walk(prop, f"{path}.{name}")
+        for key in ("items", "additionalProperties"):
+            if isinstance(schema.get(key), dict):
+                missing += walk(schema[key], f"{path}[]")
+        return missing
+
+    [version] = crd()["spec"]["versions"]
+    assert walk(version["schema"]["openAPIV3Schema"], "") == []
+
+
+def test_patterns_and_limits_are_the_runners() -> None:
+    from agentfast.runner import spec as s
+
+    props = spec_schema()["properties"]
+    model = props["model"]["properties"]
+    assert model["apiKeyEnv"]["pattern"] == s.API_KEY_ENV_PATTERN
+    assert model["apiKeySecretRef"]["properties"]["name"]["pattern"] == s.DNS1123_SUBDOMAIN
+    assert model["script"]["pattern"] == s.SCRIPT_NAME_PATTERN  # a cluster: bundled names only, never paths
+    assert props["tools"]["items"]["properties"]["ref"]["pattern"] == s.REF_PATTERN
+    assert props["graph"]["properties"]["ref"]["pattern"] == s.REF_PATTERN
+    assert props["approvals"]["maxProperties"] == s.MAX_APPROVALS
+    for name, prop in props["budget"]["properties"].items():
+        if name != "classifier":
+            assert prop["maximum"] == next(m.le for m in BudgetSpec.model_fields[name].metadata if hasattr(m, "le")), name
+    assert model["maxRetries"]["maximum"] == next(m.le for m in ModelSpec.model_fields["maxRetries"].metadata if hasattr(m, "le"))
+    rules = [r["rule"] for r in props["approvals"]["x-kubernetes-validations"]]
+    assert not any("matches(" in r for r in rules), "a regex over map keys has an unbounded estimated cost"

@@ -186,13 +186,13 @@ def test_malformed_arguments_arrive_unchanged():
 
 
 def test_model_from_spec_endpoint_and_missing_key():
-    spec = ModelSpec(name="gpt-x", baseURL="http://127.0.0.1:9/v1", apiKeyEnv="AGENTFAST_TEST_KEY")
+    spec = ModelSpec(name="gpt-x", baseURL="http://127.0.0.1:9/v1", apiKeyEnv="AFTEST_MISSING_API_KEY")
     with pytest.raises(ModelError) as exc:
         model_from_spec(spec, env={})
     assert exc.value.retriable is False
-    assert "AGENTFAST_TEST_KEY" in str(exc.value) and "spec.model.apiKeyEnv" in str(exc.value)
+    assert "AFTEST_MISSING_API_KEY" in str(exc.value) and "spec.model.apiKeyEnv" in str(exc.value)
 
-    model = model_from_spec(spec, env={"AGENTFAST_TEST_KEY": "sk-test"})
+    model = model_from_spec(spec, env={"AFTEST_MISSING_API_KEY": "sk-test"})
     try:
         assert isinstance(model, OpenAIChatModel)
         assert (model.base_url, model.model, model.max_retries, model.timeout_s) == ("http://127.0.0.1:9/v1", "gpt-x", 4, 60.0)

@@ -10,7 +10,7 @@ BODY = {
     "apiVersion": "agentfast.dev/v1alpha1",
     "kind": "AgentRun",
     "metadata": {"name": "refund-demo", "namespace": "team-a", "uid": "u1"},
-    "spec": {"model": {"name": "m", "baseURL": "http://x/v1", "apiKeyEnv": "KEY", "apiKeySecretRef": {"name": "s", "key": "k"}}, "input": "hi"},
+    "spec": {"model": {"name": "m", "baseURL": "http://x/v1", "apiKeyEnv": "LLM_API_KEY", "apiKeySecretRef": {"name": "s", "key": "k"}}, "input": "hi"},
 }
 
 
@@ -23,7 +23,7 @@ def test_job_runs_the_runner_without_credentials_as_non_root() -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True and c["securityContext"]["readOnlyRootFilesystem"] is True
     env = {e["name"]: e for e in c["env"]}
     assert env["AGENTFAST_DSN"]["valueFrom"]["secretKeyRef"]["name"] == "agentfast-postgres"
-    assert env["KEY"]["valueFrom"]["secretKeyRef"] == {"name": "s", "key": "k"}
+    assert env["LLM_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "s", "key": "k"}
     assert job["spec"]["backoffLimit"] == 3
     rules = job["spec"]["podFailurePolicy"]["rules"]
     assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
@@ -59,7 +59,7 @@ def test_condition_transition_time_changes_only_with_status() -> None:
     old = {**first, "conditions": [{**c, "lastTransitionTime": "2020-01-01T00:00:00Z"} for c in first["conditions"]]}
     again = status_from_store(ctx("Running"), None, generation=1, old=old)
     assert all(c["lastTransitionTime"] == "2020-01-01T00:00:00Z" for c in again["conditions"])
-    done = status_from_store(ctx("Succeeded", "refunded"), None, generation=1, old=old)
+    done = status_from_store(ctx("Succeeded", "refunded"), None, generation=1, old=old, summary=True)
     ready = next(c for c in done["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "True" and ready["lastTransitionTime"] != "2020-01-01T00:00:00Z"
     assert done["result"] == "refunded" and done["awaiting"] == ""
@@ -115,3 +115,96 @@ def test_runner_alive_condition_tells_the_same_story_as_the_cli() -> None:
     decided = status_from_store(ctx("WaitingForApproval"), pending, generation=2, old=None, runner=gone, decided={"call-1-0": "approve"})
     assert next(c for c in decided["conditions"] if c["type"] == "RunnerAlive")["reason"] == "DecidedResumeNeeded"
     assert all(c["type"] != "RunnerAlive" for c in status_from_store(ctx("Running"), None, generation=1, old=None)["conditions"])
+
+
+# -- issue 12: trust boundaries ---------------------------------------------------------------------
+
+
+def test_long_agentrun_names_fit_job_names_and_labels() -> None:
+    from agentfast.operator.workload import ANNOTATION_RUN, LABEL_RUN, run_label
+
+    name = "a" * 120 + "." + "b" * 132  # 253 characters: the longest AgentRun name
+    body = {**BODY, "metadata": {**BODY["metadata"], "name": name}}
+    job = build_job(body, RunnerConfig())
+    for meta in (job["metadata"], job["spec"]["template"]["metadata"]):
+        label = meta["labels"][LABEL_RUN]
+        assert len(label) <= 63 and label[0].isalnum() and label[-1].isalnum() and label == run_label(name)
+        assert meta["annotations"][ANNOTATION_RUN] == name  # how the operator finds the run from its Job
+    assert len(job["metadata"]["name"]) <= 63 and run_label(name) != run_label(name[:-1] + "c")
+    assert run_label("refund-demo") == "refund-demo"  # short names stay readable (and selectable)
+
+
+def test_the_runner_gets_the_allow_list_and_our_variables_come_first() -> None:
+    job = build_job(BODY, RunnerConfig(), allowed_modules=("agentfast.runner.examples", "acme.tools"))
+    env = job["spec"]["template"]["spec"]["containers"][0]["env"]
+    names = [e["name"] for e in env]
+    assert {e["name"]: e.get("value") for e in env}["AGENTFAST_ALLOWED_MODULES"] == "agentfast.runner.examples,acme.tools"
+    assert names[-1] == "LLM_API_KEY" and len(names) == len(set(names))
+
+
+def test_status_carries_no_foreign_text_unless_opted_in() -> None:
+    leaked = "model call to http://169.254.169.254 failed: HTTP 401: ami-id\ninstance-id\nSECRET-TOKEN"
+    c = ctx("Failed", leaked)
+    c.status.reason = "ModelError"
+    s = status_from_store(c, None, generation=1, old=None, run_id="team-a/r")
+    text = str(s)
+    assert "SECRET-TOKEN" not in text and "169.254" not in text
+    assert "refused the request" in s["message"] and "team-a/r" in s["message"] and s["result"] == s["message"]
+    answer = ctx("Succeeded", "the root password is hunter2")
+    s = status_from_store(answer, None, generation=1, old=None, run_id="team-a/r")
+    assert "hunter2" not in str(s) and "2 iterations and 562 tokens" in s["message"]
+    assert "hunter2" in status_from_store(answer, None, generation=1, old=None, summary=True)["result"]
+    budget = ctx("Failed", "max_iterations reached: 10 of 10")
+    budget.status.reason = "BudgetExceeded"  # our own sentence: copied
+    assert status_from_store(budget, None, generation=1, old=None)["message"] == "max_iterations reached: 10 of 10"
+    pending = PendingToolCall(call_id="call-2-0", iteration=2, position=0,
+                              tool_call=ToolCall(id="c", name="issue_refund", arguments='{"x": "IGNORE PREVIOUS"}'), idempotency_key="k")
+    w = ctx("WaitingForApproval", 'call-2-0: issue_refund({"x": "IGNORE PREVIOUS"})')
+    w.status.reason = "AwaitingApproval"
+    s = status_from_store(w, pending, generation=1, old=None)
+    assert s["message"] == "1 call(s) await a decision: call-2-0 issue_refund"
+
+
+def test_warnings_are_posted_once_per_run_and_key(monkeypatch) -> None:
+    from agentfast.operator import main
+
+    posted = []
+    monkeypatch.setattr(main, "_event", lambda body, kind, reason, message: posted.append((reason, message)))
+    monkeypatch.setattr(main, "_warned", set())
+    body = {"metadata": {"name": "r", "namespace": "n", "uid": "u-1"}}
+    for _ in range(3):  # three reconciles, the reason changing between them
+        for reason in ("NotAwaitingDecision", "DecisionConflict"):
+            main._warn_once(body, "call-9-9", reason, "x")
+    main._warn_once(body, "call-9-8", "NotAwaitingDecision", "x")
+    main._warn_once({"metadata": {**body["metadata"], "uid": "u-2"}}, "call-9-9", "NotAwaitingDecision", "x")  # a new run of that name
+    assert len(posted) == 3
+
+
+def test_the_operator_never_imports_or_reads_what_a_spec_names(tmp_path, monkeypatch) -> None:
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    from agentfast.runner.scripted import bundled_scripts
+    from agentfast.runner.spec import SpecError, check_cluster_policy, parse_agentrun
+
+    (tmp_path / "evil_at_import.py").write_text("raise SystemExit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    doc = {**BODY, "spec": {"model": {"name": "m", "script": "refund"}, "input": "hi",
+                            "tools": [{"name": "t", "ref": "evil_at_import:tool"}], "budget": {"classifier": "evil_at_import:c"}}}
+    run = parse_agentrun(doc, check_imports=False)
+    check_cluster_policy(run, ("evil_at_import",), bundled_scripts())  # allowed: accepted, still not imported
+    with pytest.raises(SpecError) as err:
+        check_cluster_policy(run, ("agentfast.runner.examples",), bundled_scripts())
+    assert "spec.tools[0].ref" in str(err.value) and "spec.budget.classifier" in str(err.value)
+    assert "evil_at_import" not in sys.modules
+    for path in ("/dev/zero", "/etc/passwd", "../../etc/passwd", "refund.yaml", "nosuch"):
+        bad = parse_agentrun({**doc, "spec": {**doc["spec"], "tools": [], "budget": {}, "model": {"name": "m", "script": path}}}, check_imports=False)
+        with pytest.raises(SpecError) as err:
+            check_cluster_policy(bad, ("agentfast.runner.examples",), bundled_scripts())
+        assert "not a bundled script" in str(err.value) and "root:" not in str(err.value)
+    # The operator's module has no path to user code: no import, preflight, script loading.
+    source = (Path(__file__).resolve().parent.parent / "operator" / "main.py").read_text()
+    for name in ("preflight", "import_refs", "resolve_ref", "load_script", "check_imports=True", "importlib"):
+        assert name not in source, name

@@ -146,7 +146,20 @@ def test_unicode_input_is_fine(tmp_path: Path) -> None:
     assert again.spec.input == text
 
 
-def test_a_2mb_input_is_rejected_naming_spec_input(tmp_path: Path) -> None:
+def test_an_input_over_its_limit_is_rejected_naming_spec_input(tmp_path: Path) -> None:
+    doc = _good_doc()
+    doc["spec"]["input"] = "refund please " * (300 * 1024 // 14 + 1)  # 300 KiB: under the file limit, over spec.input's
+    path = tmp_path / "huge.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(SpecError) as err:
+        load_agentrun(path)
+    message = str(err.value)
+    assert message.startswith("spec.input:"), message
+    assert "262144" in message
+    assert len(message) < 500, "the error must not echo the input back"
+
+
+def test_a_file_over_1_mib_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
     doc = _good_doc()
     doc["spec"]["input"] = "refund please " * (2 * 1024 * 1024 // 14 + 1)
     path = tmp_path / "huge.yaml"
@@ -155,9 +168,7 @@ def test_a_2mb_input_is_rejected_naming_spec_input(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as err:
         load_agentrun(path)
     message = str(err.value)
-    assert message.startswith("spec.input:"), message
-    assert "262144" in message
-    assert len(message) < 500, "the error must not echo the 2 MB input back"
+    assert "larger than 1048576 bytes" in message and "huge.yaml" in message and len(message) < 500
 
 
 def test_input_at_the_limit_is_accepted() -> None:
@@ -175,7 +186,7 @@ def test_status_in_a_file_is_ignored_not_an_error() -> None:
 def test_cli_run_of_a_bad_file_exits_2_and_registers_nothing(tmp_path: Path, dsn: str, store) -> None:
     huge = _good_doc()
     huge["metadata"]["name"] = "bad-huge-input"
-    huge["spec"]["input"] = "x" * (2 * 1024 * 1024)
+    huge["spec"]["input"] = "x" * (300 * 1024)
     huge_path = tmp_path / "huge-input.yaml"
     huge_path.write_text(yaml.safe_dump(huge))
 
@@ -198,3 +209,97 @@ def test_cli_run_of_a_bad_file_exits_2_and_registers_nothing(tmp_path: Path, dsn
             failures.append(f"{name}: traceback:\n{out}")
     assert not failures, "\n\n".join(failures)
     assert [rec.run_id for rec, _ in store.list_runs()] == [], "a bad AgentRun was registered"
+
+
+# -- issue 12: what a spec may name -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("env", ["LD_PRELOAD", "PYTHONPATH", "AGENTFAST_DSN", "AGENTFAST_FAULT", "AGENTFAST_API_KEY", "PATH", "HOME", "openai_api_key", ""])
+def test_api_key_env_cannot_name_a_variable_that_changes_the_runner(env: str) -> None:
+    doc = _good_doc()
+    doc["spec"]["model"] = {"name": "m", "baseURL": "http://x/v1", "apiKeyEnv": env}
+    with pytest.raises(SpecError) as err:
+        parse_agentrun(doc, check_imports=False)
+    assert str(err.value).startswith("spec.model.apiKeyEnv:")
+
+
+def test_api_key_env_accepts_key_names() -> None:
+    for env in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "HF_TOKEN", "VLLM_2_API_KEY"):
+        doc = _good_doc()
+        doc["spec"]["model"] = {"name": "m", "baseURL": "http://x/v1", "apiKeyEnv": env}
+        parse_agentrun(doc, check_imports=False)
+
+
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (lambda s: s["model"].update(baseURL="http://x/v1", script=None, apiKeySecretRef={"name": "Bad_Name", "key": "k"}), "spec.model.apiKeySecretRef.name"),
+        (lambda s: s["model"].update(baseURL="http://x/v1", script=None, apiKeySecretRef={"name": "a" * 254, "key": "k"}), "spec.model.apiKeySecretRef.name"),
+        (lambda s: s["model"].update(timeoutSeconds=10**9), "spec.model.timeoutSeconds"),
+        (lambda s: s["model"].update(maxRetries=10**6), "spec.model.maxRetries"),
+        (lambda s: s["model"].update(temperature=1e300), "spec.model.temperature"),
+        (lambda s: s["budget"].update(max_tokens=10**18), "spec.budget.max_tokens"),
+        (lambda s: s["budget"].update(max_iterations=10**9), "spec.budget.max_iterations"),
+        (lambda s: s["budget"].update(classifier="os.system; rm -rf /"), "spec.budget.classifier"),
+        (lambda s: s["tools"][0].update(ref="os:system:x"), "spec.tools[0].ref"),
+        (lambda s: s["tools"][0].update(ref="../../etc/passwd:x"), "spec.tools[0].ref"),
+        (lambda s: s.update(approvals={"x" * 300: {"decision": "approve"}}), "spec.approvals"),
+        (lambda s: s.update(approvals={"call-2-0; drop": {"decision": "approve"}}), "spec.approvals"),
+        (lambda s: s.update(approvals={f"call-{i}-0": {"decision": "approve"} for i in range(129)}), "spec.approvals"),
+    ],
+)
+def test_issue_12_limits_name_the_field(mutate, field: str) -> None:
+    doc = _good_doc()
+    mutate(doc["spec"])
+    doc["spec"]["model"] = {k: v for k, v in doc["spec"]["model"].items() if v is not None}
+    with pytest.raises(SpecError) as err:
+        parse_agentrun(doc, check_imports=False)
+    assert any(line.startswith(field) for line in str(err.value).splitlines()), str(err.value)
+
+
+def test_call_id_keys_and_long_names_are_accepted() -> None:
+    doc = _good_doc()
+    doc["metadata"]["name"] = "a" * 253
+    doc["spec"]["approvals"] = {"call-2-0": {"decision": "approve"}, "call-1-0-rerun1": {"decision": "deny", "reason": "no"}}
+    assert len(parse_agentrun(doc).spec.approvals) == 2
+
+
+def test_a_gate_can_be_added_never_removed() -> None:
+    from agentfast.runner.loop import preflight
+    from agentfast.runner.tools import ToolRegistry
+
+    doc = _good_doc()
+    doc["spec"]["tools"][1]["requiresApproval"] = False  # issue_refund is declared requires_approval=True
+    with pytest.raises(SpecError) as err:
+        preflight(parse_agentrun(doc))
+    assert str(err.value).startswith("spec.tools[1].requiresApproval:") and "never remove" in str(err.value)
+    doc = _good_doc()
+    doc["spec"]["tools"][0]["requiresApproval"] = True
+    assert ToolRegistry.from_agentrun(parse_agentrun(doc)).get("lookup_order").requires_approval is True
+
+
+def test_yaml_aliases_are_refused_before_they_expand(tmp_path: Path) -> None:
+    lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 20)]  # 10**20 strings once expanded
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(SpecError) as err:
+        load_agentrun(path)
+    assert "anchors and aliases are not accepted" in str(err.value) and "line 1" in str(err.value)
+    one = tmp_path / "one-alias.yaml"
+    doc = yaml.safe_dump(_good_doc()).replace("input:", "x-base: &base {}\ninput:", 1)
+    one.write_text(doc)
+    with pytest.raises(SpecError):
+        load_agentrun(one)
+
+
+def test_resolve_ref_turns_any_base_exception_into_import_error(tmp_path: Path, monkeypatch) -> None:
+    from agentfast.runner.spec import resolve_ref
+
+    for i, exc in enumerate(("SystemExit(0)", "KeyboardInterrupt()", "GeneratorExit()", "MemoryError('x' * 100)")):
+        (tmp_path / f"raises_{i}.py").write_text(f"raise {exc}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for i, name in enumerate(("SystemExit", "KeyboardInterrupt", "GeneratorExit", "MemoryError")):
+        with pytest.raises(ImportError) as err:
+            resolve_ref(f"raises_{i}:x")
+        assert str(err.value) == f"importing module 'raises_{i}' raised {name}"

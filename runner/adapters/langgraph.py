@@ -273,8 +273,14 @@ def build_graph(ref: str, rt: GraphRuntime, checkpointer: SnapshotSaver) -> Any:
 
     Raises SpecError when the ref does not give a StateGraph (or a compiled one).
     """
-    factory = resolve_ref(ref)
-    graph = factory(rt) if callable(factory) and not hasattr(factory, "compile") and not hasattr(factory, "builder") else factory
+    try:
+        factory = resolve_ref(ref)
+    except (ImportError, AttributeError) as err:
+        raise SpecError(f"spec.graph.ref: {err}") from None
+    try:
+        graph = factory(rt) if callable(factory) and not hasattr(factory, "compile") and not hasattr(factory, "builder") else factory
+    except BaseException as err:  # noqa: BLE001 - user code: it ends this run (InvalidSpec), never the process
+        raise SpecError(f"spec.graph.ref: calling {ref} raised {type(err).__name__}") from None
     builder = getattr(graph, "builder", graph)  # a compiled graph is recompiled with our checkpointer
     if not hasattr(builder, "compile"):
         raise SpecError(f"spec.graph.ref: {ref} returned {type(graph).__name__}, not a LangGraph StateGraph")

@@ -41,6 +41,26 @@ BAD = [
     ("deny with a blank reason", lambda s: s.update(approvals={"call-1-0": {"decision": "deny", "reason": "  "}}), "a deny decision needs a reason"),
     ("complete without result", lambda s: s.update(approvals={"call-1-0": {"decision": "complete"}}), "a complete decision needs result"),
     ("result on approve", lambda s: s.update(approvals={"call-1-0": {"decision": "approve", "result": "{}"}}), "result is given only with decision complete"),
+    # issue 12, item 5
+    ("apiKeyEnv LD_PRELOAD", lambda s: s["model"].update(apiKeyEnv="LD_PRELOAD"), "spec.model.apiKeyEnv"),
+    ("apiKeyEnv PYTHONPATH", lambda s: s["model"].update(apiKeyEnv="PYTHONPATH"), "spec.model.apiKeyEnv"),
+    ("apiKeyEnv AGENTFAST_DSN", lambda s: s["model"].update(apiKeyEnv="AGENTFAST_DSN"), "spec.model.apiKeyEnv"),
+    ("apiKeyEnv AGENTFAST_*_API_KEY", lambda s: s["model"].update(apiKeyEnv="AGENTFAST_API_KEY"), "cannot name one of agentfast's own variables"),
+    ("secret name not DNS-1123", lambda s: (s["model"].pop("script"), s["model"].update(baseURL="http://x/v1", apiKeySecretRef={"name": "Bad_Name", "key": "k"})),
+     "spec.model.apiKeySecretRef.name"),
+    ("model script is a path", lambda s: s["model"].update(script="/dev/zero"), "spec.model.script"),
+    ("model script is /etc/passwd", lambda s: s["model"].update(script="/etc/passwd"), "spec.model.script"),
+    ("tool ref with a path", lambda s: s["tools"][0].update(ref="../../etc/passwd:x"), "spec.tools[0].ref"),
+    ("classifier not a ref", lambda s: s["budget"].update(classifier="os.system('id')"), "spec.budget.classifier"),
+    ("max_tokens without bound", lambda s: s["budget"].update(max_tokens=10**12), "spec.budget.max_tokens"),
+    ("max_iterations without bound", lambda s: s["budget"].update(max_iterations=10**9), "spec.budget.max_iterations"),
+    ("max_duration_ms without bound", lambda s: s["budget"].update(max_duration_ms=10**15), "spec.budget.max_duration_ms"),
+    ("timeoutSeconds without bound", lambda s: s["model"].update(timeoutSeconds=1e12), "spec.model.timeoutSeconds"),
+    ("maxRetries without bound", lambda s: s["model"].update(maxRetries=10**6), "spec.model.maxRetries"),
+    ("temperature without bound", lambda s: s["model"].update(temperature=1e300), "spec.model.temperature"),
+    ("approval key not a call id", lambda s: s.update(approvals={"junk": {"decision": "approve"}}), "approval keys are call ids"),
+    ("approval key too long", lambda s: s.update(approvals={"call-" + "1" * 100 + "-0": {"decision": "approve"}}), "approval keys are call ids"),
+    ("too many approval keys", lambda s: s.update(approvals={f"call-{i}-0": {"decision": "approve"} for i in range(129)}), "spec.approvals: Too many"),
 ]
 
 
@@ -66,3 +86,12 @@ def test_spec_is_immutable_but_approvals_are_writable_once(kube: Kube) -> None:
     assert removed.returncode != 0 and "cannot be removed" in removed.stderr
     explain = kube.run("explain", "agentrun.spec.budget", namespaced=False)
     assert "max_iterations" in explain.stdout and "exceeding one ends the run as" in explain.stdout.replace("\n", " ").replace("  ", " ")
+
+
+def test_the_crd_installs_within_the_cel_cost_budget_and_long_names_are_accepted(kube: Kube) -> None:
+    # The CRD above was accepted (its CEL rules' estimated cost is within the API server's
+    # budget), and a 253-character AgentRun name is a valid object name.
+    doc = variant(lambda s: None)
+    doc["metadata"]["name"] = ("n" + uuid.uuid4().hex)[:12] + "-" + "x" * 240
+    proc = kube.run("apply", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False)
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,129 @@
+"""Issue 12, items 2, 3 and 5 on the real runtime: each attack performed, each refused.
+
+- A spec cannot remove a tool's own gate: ``requiresApproval: false`` on the refund tool is
+  refused by ``agentfast run`` (exit 2, nothing registered) and, for a run registered as the
+  operator registers one, by the runner (``agentfast resume``, what a runner pod runs): the run
+  ends Failed/InvalidSpec and the refund never runs.
+- A module that raises SystemExit (or KeyboardInterrupt) at import ends its run as
+  Failed/InvalidSpec with a short message; the process exits 2 on its own terms, never killed by
+  the module, and the message carries the exception's type, not its text.
+- With ``AGENTFAST_ALLOWED_MODULES`` set (every runner pod has it), a ref outside the list is
+  refused before anything is imported, and model scripts are bundled names only.
+- A 20-line YAML alias bomb and a file over 1 MiB are refused by ``agentfast run`` at once.
+
+Real Postgres, real processes (``spawn_cli``), the scripted model over HTTP.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import yaml
+
+from .conftest import EXAMPLES, count_rows, run_cli
+
+EVIL = '''
+import sys
+open(sys.argv[0] + ".imported-" + __name__, "w").close() if False else None
+raise {exc}("secret-file-line: root:x:0:0")
+'''
+
+
+def _refund_doc(name: str, **tool_overrides: dict) -> dict:
+    doc = yaml.safe_load((EXAMPLES / "refund.yaml").read_text())
+    doc["metadata"] = {"name": name, "namespace": "default", "uid": str(uuid.uuid4())}
+    for tool in doc["spec"]["tools"]:
+        tool.update(tool_overrides.get(tool["name"], {}))
+    return doc
+
+
+def _register(store, doc: dict) -> str:
+    """Register a run the way the operator does (no import, no preflight): the runner meets it first."""
+    run_id = f"{doc['metadata']['namespace']}/{doc['metadata']['name']}"
+    store.create_run(run_id, doc["metadata"]["uid"], doc)
+    return run_id
+
+
+def _refunds(dsn: str) -> int:
+    return count_rows(dsn, "SELECT count(*) FROM demo_refund_ledger")
+
+
+def test_a_spec_cannot_remove_a_tools_own_gate_cli(tmp_path: Path, dsn: str, store) -> None:
+    path = tmp_path / "opt-out.yaml"
+    path.write_text(yaml.safe_dump(_refund_doc("opt-out", issue_refund={"requiresApproval": False})))
+    proc = run_cli("run", str(path), "--no-wait", dsn=dsn, timeout=90)
+    assert proc.returncode == 2, proc.stdout
+    assert "spec.tools[1].requiresApproval" in proc.stdout and "never remove one" in proc.stdout
+    assert [r.run_id for r, _ in store.list_runs()] == [] and _refunds(dsn) == 0
+
+
+def test_a_spec_cannot_remove_a_tools_own_gate_in_the_runner(dsn: str, store) -> None:
+    # As in a cluster: the operator registered the run without importing anything; the runner pod
+    # runs `agentfast resume`. The run ends Failed/InvalidSpec; the refund never runs.
+    run_id = _register(store, _refund_doc("opt-out-pod", issue_refund={"requiresApproval": False}))
+    proc = run_cli("resume", run_id, "--no-wait", dsn=dsn, timeout=90)
+    assert proc.returncode == 2, proc.stdout
+    ctx, pending = store.load_context(run_id)
+    assert (ctx.status.phase, ctx.status.reason) == ("Failed", "InvalidSpec") and pending is None
+    assert "requiresApproval" in ctx.status.message
+    assert store.journal(run_id) == [] and _refunds(dsn) == 0
+    # Adding a gate is fine: lookup_order gated by the spec waits for a decision.
+    run_id = _register(store, _refund_doc("gate-added", lookup_order={"requiresApproval": True}))
+    proc = run_cli("resume", run_id, "--no-wait", dsn=dsn, timeout=90)
+    assert proc.returncode == 0, proc.stdout
+    ctx, pending = store.load_context(run_id)
+    assert ctx.status.phase == "WaitingForApproval" and pending.awaiting[0].tool_call.name == "lookup_order"
+
+
+def test_a_module_raising_base_exceptions_at_import_ends_only_its_run(tmp_path: Path, dsn: str, store) -> None:
+    for exc in ("SystemExit", "KeyboardInterrupt"):
+        mod = f"evil_{exc.lower()}_{uuid.uuid4().hex[:6]}"
+        (tmp_path / f"{mod}.py").write_text(EVIL.format(exc=exc))
+        run_id = _register(store, _refund_doc(f"evil-{exc.lower()}", lookup_order={"ref": f"{mod}:lookup_order"}))
+        started = time.monotonic()
+        proc = run_cli("resume", run_id, "--no-wait", dsn=dsn, timeout=90, env={"PYTHONPATH": str(tmp_path)})
+        assert proc.returncode == 2, proc.stdout  # not 0 (SystemExit's code), not 130 (SIGINT)
+        ctx, _ = store.load_context(run_id)
+        assert (ctx.status.phase, ctx.status.reason) == ("Failed", "InvalidSpec"), ctx.status
+        assert exc in ctx.status.message and mod in ctx.status.message
+        assert "root:x:0:0" not in ctx.status.message  # the exception's text stays in the log
+        assert time.monotonic() - started < 60
+    assert _refunds(dsn) == 0
+
+
+def test_the_admin_allow_list_is_checked_before_any_import(tmp_path: Path, dsn: str, store) -> None:
+    mod = f"evil_allow_{uuid.uuid4().hex[:6]}"
+    marker = tmp_path / "imported"
+    (tmp_path / f"{mod}.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    env = {"PYTHONPATH": str(tmp_path), "AGENTFAST_ALLOWED_MODULES": "agentfast.runner.examples"}
+    run_id = _register(store, _refund_doc("not-allowed", lookup_order={"ref": f"{mod}:lookup_order"}))
+    proc = run_cli("resume", run_id, "--no-wait", dsn=dsn, timeout=90, env=env)
+    assert proc.returncode == 2, proc.stdout
+    assert not marker.exists(), "a module outside the allow-list was imported"
+    ctx, _ = store.load_context(run_id)
+    assert ctx.status.reason == "InvalidSpec" and "not in the modules this cluster allows" in ctx.status.message
+    # Under a policy a model script is a bundled name, never a path (/dev/zero is never read).
+    doc = _refund_doc("script-path")
+    doc["spec"]["model"]["script"] = "/dev/zero"
+    run_id = _register(store, doc)
+    proc = run_cli("resume", run_id, "--no-wait", dsn=dsn, timeout=90, env=env)
+    assert proc.returncode == 2 and "not a bundled script" in proc.stdout, proc.stdout
+
+
+def test_an_alias_bomb_and_a_huge_file_are_refused_at_once(tmp_path: Path, dsn: str, store) -> None:
+    doc = _refund_doc("bomb")
+    lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 19)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(yaml.safe_dump(doc) .replace("spec:\n", "x-bomb:\n" + "\n".join("  " + l for l in lines) + "\nspec:\n", 1))
+    assert len(bomb.read_text().splitlines()) < 60
+    huge = tmp_path / "huge.yaml"
+    huge.write_text(yaml.safe_dump(doc) + "#" + "x" * (1024 * 1024) + "\n")
+    started = time.monotonic()
+    for path, needle in ((bomb, "anchors and aliases are not accepted"), (huge, "larger than 1048576 bytes")):
+        proc = run_cli("run", str(path), "--no-wait", dsn=dsn, timeout=60)
+        assert proc.returncode == 2 and needle in proc.stdout, proc.stdout
+    assert time.monotonic() - started < 30
+    assert [r.run_id for r, _ in store.list_runs()] == []
