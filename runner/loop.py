@@ -440,7 +440,7 @@ class VanillaRunner(RunnerBase):
         if not turn.message.tool_calls:
             self.snap.messages.append(turn.message)
             self.snap.context.counters.iterations = it
-            return self._finish("Succeeded", "Completed", turn.message.content or "")
+            return self._finish("Succeeded", "Completed", turn.message.answer_text())
         return self._run_batch(it, turn)
 
     def _run_batch(self, it: int, turn: Turn) -> Outcome | None:

@@ -323,7 +323,7 @@ class LangGraphRunner(RunnerBase):
                 continue
             if not state.next:
                 last = self.snap.messages[-1] if self.snap.messages else None
-                return self._finish("Succeeded", "Completed", (last.content if last else "") or "")
+                return self._finish("Succeeded", "Completed", last.answer_text() if last else "")
 
     def _step_done(self, thread_id: str, config: dict[str, Any]) -> None:
         """After a superstep: mirror the transcript, store LangGraph's state opaquely, commit.

@@ -1,0 +1,58 @@
+"""Issue 11, each kind of fault tried again with new inputs (docs/reliability.md, "Issue 11: kinds
+tried again with new inputs"). Every input here misbehaved once; each test drives the real CLI as
+a process against the real Postgres (the ``dsn`` fixture) and the scripted model over HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .test_text_is_data import cli, ok
+
+CASE = Path(__file__).resolve().parent / "cases" / "breaker"
+TOOLS = ("echo", "boom", "gated", "send", "slow")
+
+
+def make_case(tmp_path: Path, name: str, turns: list[dict], *, adapter: str = "vanilla", strict: bool = False,
+              **spec: object) -> Path:
+    """A case folder in tmp_path: AgentRun ``name`` with every tool of breaker_tools.py and a script of ``turns``."""
+    d = tmp_path / name
+    d.mkdir()
+    (d / "breaker_tools.py").write_bytes((CASE / "breaker_tools.py").read_bytes())
+    script = {"model": f"{name}-scripted", **({"strict": True} if strict else {}), "turns": turns}
+    (d / "script.yaml").write_text(yaml.safe_dump(script, sort_keys=False))
+    doc = {
+        "apiVersion": "agentfast.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": name},
+        "spec": {
+            "model": {"name": f"{name}-scripted", "script": "script.yaml"},
+            "systemPrompt": "You help.", "input": "hello",
+            "tools": [{"name": t, "ref": f"breaker_tools:{t}"} for t in TOOLS],
+            "budget": {"max_iterations": 8, "max_tokens": 50000, "max_duration_ms": 120000, "classifier": "none"},
+            **({"adapter": "langgraph", "graph": {"ref": "agentfast.runner.examples.refund_graph:build"}} if adapter == "langgraph" else {}),
+            **spec,
+        },
+    }
+    (d / "agentrun.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return d
+
+
+# -- kind 02: every part of a message in every transcript view ------------------------------------------------
+
+
+@pytest.mark.parametrize("adapter", ["vanilla", "langgraph"])
+@pytest.mark.parametrize("content", ["", "Here is what I can do."])
+def test_a_final_answer_with_a_refusal_shows_the_refusal_in_the_outcome_and_status(tmp_path: Path, dsn: str, adapter: str,
+                                                                                  content: str) -> None:
+    refusal = "I will not disclose the password."
+    d = make_case(tmp_path, "refuses", [{"content": content, "refusal": refusal}], adapter=adapter)
+    run = ok(cli(d, "run", "agentrun.yaml", dsn=dsn)).stdout
+    assert refusal in run.splitlines()[-1] or refusal in run.split("Succeeded:", 1)[1], run
+    doc = json.loads(ok(cli(d, "status", "refuses", "-o", "json", dsn=dsn)).stdout)
+    message = doc["context"]["status"]["message"]
+    assert refusal in message and content in message, message
+    assert refusal in ok(cli(d, "status", "refuses", dsn=dsn)).stdout
