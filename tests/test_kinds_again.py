@@ -15,7 +15,7 @@ import yaml
 from .test_text_is_data import cli, ok
 
 CASE = Path(__file__).resolve().parent / "cases" / "breaker"
-TOOLS = ("echo", "boom", "gated", "send", "slow")
+TOOLS = ("echo", "boom", "gated", "send", "slow", "badexc", "gated_bad")
 
 
 def make_case(tmp_path: Path, name: str, turns: list[dict], *, adapter: str = "vanilla", strict: bool = False,
@@ -56,3 +56,30 @@ def test_a_final_answer_with_a_refusal_shows_the_refusal_in_the_outcome_and_stat
     message = doc["context"]["status"]["message"]
     assert refusal in message and content in message, message
     assert refusal in ok(cli(d, "status", "refuses", dsn=dsn)).stdout
+
+
+def effects(d: Path) -> list[str]:
+    """The "ran TOOL CALL_ID KEY" lines breaker_tools.py wrote, in order."""
+    log = d / "effects.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+# -- kind 03: unstorable characters, in places of the LangGraph adapter ---------------------------------------
+
+
+def test_json_escapes_of_unstorable_characters_in_arguments_do_not_stop_a_langgraph_run(tmp_path: Path, dsn: str) -> None:
+    # The arguments are valid JSON text, but they decode to a NUL and lone surrogates, which
+    # LangGraph's checkpointer (msgpack) cannot serialize: the run crashed with a traceback, for good.
+    d = make_case(tmp_path, "lgsurrogates", [
+        {"tool_calls": [
+            {"id": "a1", "name": "echo", "arguments": {"text": "v\ud800al\0"}},
+            {"id": "a0", "name": "echo", "arguments": {"text": "t", "k\udfff\0": "x"}},  # a key: msgpack refuses it
+            {"id": "a2", "name": "gated", "arguments": {"what": "\udfff"}},
+            {"id": "a3", "name": "echo", "arguments_raw": '{"text": "\\ud83d\\u0000"}'},
+        ]},
+        {"content": "done"},
+    ], adapter="langgraph")
+    ok(cli(d, "run", "agentrun.yaml", "--no-wait", dsn=dsn))
+    ok(cli(d, "approve", "lgsurrogates", "call-1-2", dsn=dsn))
+    assert "Succeeded: done" in ok(cli(d, "resume", "lgsurrogates", dsn=dsn)).stdout
+    assert sorted(line.split()[1] for line in effects(d)) == ["echo", "echo", "gated"]  # the one with the bad key is refused by validation

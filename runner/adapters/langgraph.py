@@ -44,6 +44,7 @@ from pydantic import ConfigDict
 from ..loop import Outcome, RunnerBase
 from ..snapshot import Message, RunStatus, ToolCall, ToolResult
 from ..spec import SpecError, resolve_ref
+from ..storable import storable
 
 SDK_STATE_FORMAT = "agentfast.langgraph-saver/1"
 
@@ -157,7 +158,10 @@ def to_langchain_message(m: Message, msg_id: str | None = None, *, keep_original
     valid, invalid = [], []
     for c in m.tool_calls:
         try:
-            args = json.loads(c.arguments or "{}")
+            # JSON escapes in the model's text (\\u0000, a lone \\ud800) decode to characters no
+            # checkpointer can serialize; the graph gets them made storable (the runtime runs the
+            # call from the journal's raw text, so this changes nothing the tool receives).
+            args = storable(json.loads(c.arguments or "{}"))
             if not isinstance(args, dict):
                 raise ValueError("not an object")
             valid.append({"id": c.id, "name": c.name, "args": args, "type": "tool_call"})

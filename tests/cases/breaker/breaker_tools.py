@@ -31,3 +31,13 @@ def send(ctx: ToolContext, to: str = "") -> dict:
 def slow(ctx: ToolContext, secs: float = 5) -> dict:
     """Sleeps."""
     _rec("slow", ctx); time.sleep(secs); return {"slept": secs}
+
+@tool
+def badexc(ctx: ToolContext, what: str = "") -> str:
+    """Raises with unstorable text."""
+    _rec("badexc", ctx); raise ValueError("bad \x00 byte \udcff here " + what)
+
+@tool(requires_approval=True)
+def gated_bad(ctx: ToolContext, what: str = "") -> str:
+    """Gated, returns unstorable text."""
+    _rec("gated_bad", ctx); return "res\x00ult \ud800 " + what
