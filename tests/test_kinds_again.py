@@ -83,3 +83,68 @@ def test_json_escapes_of_unstorable_characters_in_arguments_do_not_stop_a_langgr
     ok(cli(d, "approve", "lgsurrogates", "call-1-2", dsn=dsn))
     assert "Succeeded: done" in ok(cli(d, "resume", "lgsurrogates", dsn=dsn)).stdout
     assert sorted(line.split()[1] for line in effects(d)) == ["echo", "echo", "gated"]  # the one with the bad key is refused by validation
+
+
+# -- kind 04: a display failure never stops a run: the waiting prompt on a terminal -----------------------
+
+
+def _read_until(fd: int, needle: bytes, seconds: float) -> bytes:
+    import select
+    import time
+
+    buf, deadline = b"", time.monotonic() + seconds
+    while needle not in buf and time.monotonic() < deadline:
+        if select.select([fd], [], [], 0.5)[0]:
+            try:
+                buf += os.read(fd, 4096)
+            except OSError:
+                break
+    return buf
+
+
+@pytest.mark.parametrize("adapter", ["vanilla", "langgraph"])
+def test_the_prompt_shows_its_question_and_a_terminal_that_goes_away_does_not_end_the_run(tmp_path: Path, dsn: str,
+                                                                                          adapter: str) -> None:
+    import pty
+    import sys
+    import time
+
+    from .test_text_is_data import env_for
+
+    d = make_case(tmp_path, "hangup", [
+        {"tool_calls": [{"id": "w1", "name": "gated", "arguments": {"what": "x"}}, {"id": "w2", "name": "echo", "arguments": {"text": "y"}}]},
+        {"content": "done"},
+    ], adapter=adapter)
+    env = env_for(d, dsn)
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: agentfast run on a terminal (stdin and stdout a tty: the prompt is asked)
+        os.chdir(d)
+        os.execve(sys.executable, [sys.executable, "-m", "agentfast.runner", "run", "agentrun.yaml"], env)
+    try:
+        seen = _read_until(fd, b"[w]: ", 60)
+        # The question was written as bytes into a text stream and dropped: the user saw a blank line.
+        assert b"Approve call-1-0 (gated) now?" in seen, seen[-400:]
+        os.close(fd)  # the terminal goes away while the prompt waits (SIGHUP, then end of input)
+        fd = -1
+        status = ok(cli(d, "status", "hangup", "-o", "json", dsn=dsn))
+        assert json.loads(status.stdout)["runner"]["alive"] is True, status.stdout  # it died on SIGHUP
+        ok(cli(d, "approve", "hangup", "call-1-0", dsn=dsn))
+        deadline = time.monotonic() + 60
+        while True:
+            done, code = os.waitpid(pid, os.WNOHANG)
+            if done or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert done, "the runner did not finish after the approval"
+        assert os.waitstatus_to_exitcode(code) == 0
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        try:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+    doc = json.loads(ok(cli(d, "status", "hangup", "-o", "json", dsn=dsn)).stdout)
+    assert doc["context"]["status"]["phase"] == "Succeeded"
+    assert sorted(line.split()[1] for line in effects(d)) == ["echo", "gated"]
