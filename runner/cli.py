@@ -99,6 +99,8 @@ class _Progress:
             out.print(styled(head, " tool done: ", one_line(ev.detail)))
         elif ev.kind == "tool_denied":
             out.print(styled(head, " denied, not run: ", one_line(ev.detail)))
+        elif ev.kind == "tool_denied_rerun":  # never "not run": its interrupted attempt may have taken effect
+            out.print(styled(head, " denied, not run again (an earlier attempt may have taken effect): ", one_line(ev.detail)))
         elif ev.kind == "tool_completed":
             out.print(styled(head, " recorded as done, not run: ", one_line(ev.detail)))
         elif ev.kind == "waiting" and ev.pending is not None:

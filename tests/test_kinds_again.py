@@ -148,3 +148,25 @@ def test_the_prompt_shows_its_question_and_a_terminal_that_goes_away_does_not_en
     doc = json.loads(ok(cli(d, "status", "hangup", "-o", "json", dsn=dsn)).stdout)
     assert doc["context"]["status"]["phase"] == "Succeeded"
     assert sorted(line.split()[1] for line in effects(d)) == ["echo", "gated"]
+
+
+# -- kinds 05 and 08: a denial's words, for a call that may have run ---------------------------------------------
+
+
+@pytest.mark.parametrize("adapter", ["vanilla", "langgraph"])
+def test_denying_the_rerun_of_an_interrupted_call_never_says_it_was_not_run(tmp_path: Path, dsn: str, adapter: str) -> None:
+    d = make_case(tmp_path, "rerun", [
+        {"tool_calls": [{"id": "r1", "name": "echo", "arguments": {"text": "a"}}, {"id": "r2", "name": "send", "arguments": {"to": "bob"}},
+                        {"id": "r3", "name": "gated", "arguments": {"what": "g"}}]},
+        {"content": "done"},
+    ], adapter=adapter)
+    killed = cli(d, "run", "agentrun.yaml", "--no-wait", dsn=dsn, AGENTFAST_FAULT="tool.after_call:send")
+    assert killed.returncode == -9, killed.returncode
+    assert "call-1-1-rerun1" in ok(cli(d, "resume", "rerun", "--no-wait", dsn=dsn)).stdout
+    ok(cli(d, "deny", "rerun", "call-1-1-rerun1", "--reason", "customer said no", dsn=dsn))
+    ok(cli(d, "deny", "rerun", "call-1-2", "--reason", "not now", dsn=dsn))
+    out = ok(cli(d, "resume", "rerun", dsn=dsn)).stdout
+    assert [e.split()[1:3] for e in effects(d)].count(["send", "call-1-1"]) == 1  # it ran once: before the kill
+    rerun_line = next(line for line in out.splitlines() if "call-1-1" in line)
+    assert "not run:" not in rerun_line and "may have taken effect" in rerun_line and "call-1-1-rerun1" in rerun_line, rerun_line
+    assert "denied, not run: call-1-2 gated: not now" in out, out
