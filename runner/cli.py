@@ -103,6 +103,8 @@ class _Progress:
             out.print(styled(head, " tool done: ", one_line(ev.detail)))
         elif ev.kind == "tool_denied":
             out.print(styled(head, " denied, not run: ", one_line(ev.detail)))
+        elif ev.kind == "tool_denied_rerun":  # never "not run": its interrupted attempt may have taken effect
+            out.print(styled(head, " denied, not run again (an earlier attempt may have taken effect): ", one_line(ev.detail)))
         elif ev.kind == "tool_completed":
             out.print(styled(head, " recorded as done, not run: ", one_line(ev.detail)))
         elif ev.kind == "waiting" and ev.pending is not None:
@@ -141,13 +143,15 @@ class _Progress:
         import click
 
         try:
-            answer = typer.prompt(f"Approve {a.call_id} ({a.tool_call.name}) now? [y]es / [n]o / [w]ait", default="w").strip().lower()
+            with output.attached_writes():  # each question in order, before input() reads the answer
+                answer = typer.prompt(f"Approve {a.call_id} ({a.tool_call.name}) now? [y]es / [n]o / [w]ait", default="w").strip().lower()
+                reason = typer.prompt("Reason for the model", default="declined by the operator") if answer.startswith("n") else None
             if answer.startswith("y"):
                 self.store.decide(self.run_id, a.call_id, "approve", decided_by=_who())
-            elif answer.startswith("n"):
-                reason = typer.prompt("Reason for the model", default="declined by the operator")
+            elif reason is not None:
                 self.store.decide(self.run_id, a.call_id, "deny", reason=reason, decided_by=_who())
-        except (click.exceptions.Abort, EOFError, OSError):
+        # typer.prompt raises typer's own Abort (not click's) on end of input or Ctrl-C
+        except (typer.Abort, click.exceptions.Abort, EOFError, OSError):
             out.print("  no answer here; waiting for a decision (agentfast approve / deny / complete)")
         except (UnknownCall, DecisionConflict, InvalidDecision) as e:  # decided meanwhile elsewhere, or a blank reason
             err.print(styled(("error:", "bold red"), " ", f"{a.call_id}: not recorded: {e}"))
@@ -197,6 +201,9 @@ def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool, force:
         stop.set()
 
     signal.signal(signal.SIGTERM, on_term)
+    # A terminal that went away (ssh dropped, window closed) is a display failure: the run goes on
+    # (its output to /dev/null, a prompt reads end of input) instead of dying on SIGHUP.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         runner_class = VanillaRunner
         if run.spec.adapter == "langgraph":

@@ -71,7 +71,8 @@ class Outcome:
 @dataclass
 class ProgressEvent:
     """Sent to ``on_event`` as the run moves: kind is one of started, model_call, tool_result
-    (a tool body ran), tool_denied (a human denied the call; detail ends with the reason),
+    (a tool body ran), tool_denied (a human denied the call; detail ends with the reason; the
+    kind is tool_denied_rerun when an earlier attempt was interrupted and may have taken effect),
     tool_completed (recorded done without running: by a human, or by the tool's recovery check),
     checkpoint, waiting (``pending`` lists every awaited call), finished."""
 
@@ -390,8 +391,10 @@ class RunnerBase:
             result = self.executor.complete(e, d.result or "", d.decided_by)
             self._emit("tool_completed", f"{e.call_id} {name}: recorded as already done by {d.decided_by or 'a human'}")
         else:
+            attempted = e.attempts > 0  # the denial of an unsafe re-run: it ran, or may have
+            decided_id = self.executor.decision_id(e)
             result = self.executor.deny(e, d.reason)
-            self._emit("tool_denied", f"{e.call_id} {name}: {d.reason or ''}")
+            self._emit("tool_denied_rerun" if attempted else "tool_denied", f"{decided_id} {name}: {d.reason or ''}")
         return result
 
     # -- commits and endings ---------------------------------------------------------------------
@@ -481,7 +484,7 @@ class VanillaRunner(RunnerBase):
         if not turn.message.tool_calls:
             self.snap.messages.append(turn.message)
             self.snap.context.counters.iterations = it
-            return self._finish("Succeeded", "Completed", turn.message.content or "")
+            return self._finish("Succeeded", "Completed", turn.message.answer_text())
         return self._run_batch(it, turn)
 
     def _run_batch(self, it: int, turn: Turn) -> Outcome | None:

@@ -31,6 +31,7 @@ import os
 import re
 import sys
 import threading
+import time
 from typing import Any, Callable, Iterator, Optional, Union
 
 from rich.console import Console
@@ -39,7 +40,7 @@ from rich.text import Text
 
 from .storable import storable, storable_text
 
-__all__ = ["BestEffortStream", "detached_writes", "err", "finish", "install", "json_text", "one_line", "out", "printable", "styled"]
+__all__ = ["BestEffortStream", "detached_writes", "err", "finish", "install", "json_text", "one_line", "out", "printable", "styled", "attached_writes"]
 
 #: Text queued by a detached stream beyond this (characters) is dropped, not waited for.
 MAX_PENDING_CHARS = 4 * 1024 * 1024
@@ -146,8 +147,9 @@ class BestEffortStream(io.TextIOBase):
         return target.fileno()
 
     def write(self, s: str) -> int:
-        # click probes a stream with write(b"") and, if that works, writes bytes to it (its
-        # --help does): bytes are decoded rather than passed to a text target that refuses them.
+        # click (typer's echo, prompt and --help) probes a stream with write(b"") and, if that
+        # works, writes bytes to it: they are decoded and written, never passed to a text target
+        # that refuses them, nor dropped (the approval prompt's question must reach the terminal).
         if isinstance(s, (bytes, bytearray)):
             s = bytes(s).decode(self.encoding, "replace")
         target = self.target
@@ -170,15 +172,20 @@ class BestEffortStream(io.TextIOBase):
         self._write_now(target, s)
         return len(s)
 
-    def wait_drained(self) -> None:
-        """Block until every queued write has been written (or dropped by a broken stream)."""
+    def wait_drained(self, timeout: Optional[float] = None) -> bool:
+        """Block until every queued write has been written (or dropped by a broken stream), or
+        ``timeout`` seconds passed (None: no limit). True when nothing is left queued."""
         target = self.target
         if isinstance(target, BestEffortStream):
-            target.wait_drained()
-            return
+            return target.wait_drained(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while self._pending and not self.broken:
-                self._cond.wait(0.5)
+                left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
 
     def _start_writer(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -325,6 +332,21 @@ def detached_writes() -> Iterator[None]:
         yield
     finally:
         _DETACHED.clear()
+
+
+@contextlib.contextmanager
+def attached_writes() -> Iterator[None]:
+    """Inside :func:`detached_writes`, write in order again for a while: each write waits for
+    what is queued before it. For a prompt: its question is written through ``sys.stdout`` while
+    ``input()`` writes the prompt's end to the terminal itself, so a queued question would come
+    after it, or not at all. Use it only while a person is at the terminal (both ends a tty)."""
+    was = _DETACHED.is_set()
+    _DETACHED.clear()
+    try:
+        yield
+    finally:
+        if was:
+            _DETACHED.set()
 
 
 def finish() -> None:

@@ -63,6 +63,18 @@ class Message(_Model):
     name: str | None = None
     refusal: str | None = Field(None, description="an assistant's refusal as the provider sent it (also its content when it said nothing else)")
 
+    def answer_text(self) -> str:
+        """Every text part of this message as one string, for a one-line summary of a final answer
+        (the run's outcome line, ``status``, the AgentRun's ``status.message``/``result``).
+
+        The content, then the refusal on its own line when there is one the content does not
+        already say (``"Sure.\nrefusal: I will not ..."``); ``""`` when the message has neither.
+        """
+        text = self.content or ""
+        if self.refusal and self.refusal != self.content:
+            text = f"{text}\nrefusal: {self.refusal}" if text else f"refusal: {self.refusal}"
+        return text
+
     def to_openai(self) -> dict[str, Any]:
         """Shape for the ``messages`` parameter of ``chat.completions.create``."""
         out: dict[str, Any] = {"role": self.role, "content": self.content}

@@ -44,6 +44,7 @@ from pydantic import ConfigDict
 from ..loop import Outcome, RunnerBase
 from ..snapshot import Message, RunStatus, ToolCall, ToolResult
 from ..spec import SpecError, resolve_ref
+from ..storable import storable
 
 SDK_STATE_FORMAT = "agentfast.langgraph-saver/1"
 
@@ -157,7 +158,10 @@ def to_langchain_message(m: Message, msg_id: str | None = None, *, keep_original
     valid, invalid = [], []
     for c in m.tool_calls:
         try:
-            args = json.loads(c.arguments or "{}")
+            # JSON escapes in the model's text (\\u0000, a lone \\ud800) decode to characters no
+            # checkpointer can serialize; the graph gets them made storable (the runtime runs the
+            # call from the journal's raw text, so this changes nothing the tool receives).
+            args = storable(json.loads(c.arguments or "{}"))
             if not isinstance(args, dict):
                 raise ValueError("not an object")
             valid.append({"id": c.id, "name": c.name, "args": args, "type": "tool_call"})
@@ -329,7 +333,7 @@ class LangGraphRunner(RunnerBase):
                 continue
             if not state.next:
                 last = self.snap.messages[-1] if self.snap.messages else None
-                return self._finish("Succeeded", "Completed", (last.content if last else "") or "")
+                return self._finish("Succeeded", "Completed", last.answer_text() if last else "")
 
     def _step_done(self, thread_id: str, config: dict[str, Any]) -> None:
         """After a superstep: mirror the transcript, store LangGraph's state opaquely, commit.
