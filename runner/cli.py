@@ -20,7 +20,7 @@ import sys
 import threading
 import uuid
 from datetime import datetime, timezone
-from typing import Any, Optional
+from typing import Any, Optional, get_args
 
 import typer
 from rich.table import Column, Table
@@ -28,7 +28,7 @@ from rich.table import Column, Table
 from . import output
 from .loop import EXIT_BAD_INPUT, Outcome, ProgressEvent, VanillaRunner, fail_invalid_spec, preflight, run_id_of
 from .output import err, one_line, out, styled
-from .snapshot import AwaitedCall, PendingToolCall, RunContext, StateSnapshot
+from .snapshot import AwaitedCall, PendingToolCall, Phase, RunContext, StateSnapshot
 from .spec import AgentRun, InvalidDecision, SpecError, check_decision, import_refs, load_agentrun, parse_agentrun
 from .store import CheckpointInfo, DecisionConflict, JournalEntry, Store, StoreUnavailable, UnknownCall, UnreadableState
 
@@ -565,8 +565,9 @@ def list_runs(dsn: Optional[str] = DsnOption) -> None:
     for rec, info in store.list_runs():
         if info is not None and not info.readable:  # a newer release's row: its phase may not mean what ours does
             unreadable.append(UnreadableState(rec.run_id, "agentfast_checkpoints", f"checkpoint {info.checkpoint_id} (iteration {info.iteration})",
-                                              "written by a newer or unknown release", found_version=info.schema_version))
-            t.add_row(rec.run_id, f"unreadable (schema_version {info.schema_version})", "-", "-")
+                                              "written by a newer or unknown release" + ("" if info.phase in get_args(Phase) else f" (phase {info.phase!r})"),
+                                              found_version=info.schema_version))
+            t.add_row(rec.run_id, f"unreadable (schema_version {info.schema_version}, phase {info.phase})", "-", "-")
             continue
         t.add_row(rec.run_id, info.phase if info else "-", str(info.iteration) if info else "-", _when(info.saved_at) if info else "-")
     out.print(t)

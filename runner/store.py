@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, TypeVar
+from typing import Any, Callable, Literal, TypeVar, get_args
 
 import psycopg
 from psycopg.rows import dict_row
@@ -41,7 +41,7 @@ from .migrations import MIGRATIONS
 import pydantic
 
 from .snapshot import (
-    SCHEMA_VERSION, TERMINAL_PHASES, AwaitedCall, Message, PendingToolCall, RunContext, StateSnapshot, ToolCall,
+    SCHEMA_VERSION, TERMINAL_PHASES, AwaitedCall, Phase, Message, PendingToolCall, RunContext, StateSnapshot, ToolCall,
     ToolResult,
 )
 from .spec import InvalidDecision, check_decision  # noqa: F401  (InvalidDecision: raised by Store.decide)
@@ -224,8 +224,9 @@ class CheckpointInfo:
 
     @property
     def readable(self) -> bool:
-        """Whether this release can read the checkpoint (its schema is not newer)."""
-        return 0 <= self.schema_version <= SCHEMA_VERSION
+        """Whether this release can read the checkpoint: its schema is not newer and its phase is
+        one this release knows (a phase it does not know means another release wrote the row)."""
+        return 0 <= self.schema_version <= SCHEMA_VERSION and self.phase in get_args(Phase)
 
 
 # Errors after which the same work can succeed on a new connection, though psycopg does not class
@@ -704,11 +705,18 @@ class Store:
     @classmethod
     def _awaiting(cls, conn: psycopg.Connection, run_id: str) -> list[AwaitedCall]:
         row = conn.execute(
-            "SELECT phase, pending FROM agentfast_checkpoints WHERE run_id = %s ORDER BY checkpoint_id DESC LIMIT 1", (run_id,)
+            """SELECT checkpoint_id, iteration, schema_version, context, pending, saved_at FROM agentfast_checkpoints
+               WHERE run_id = %s ORDER BY checkpoint_id DESC LIMIT 1""",
+            (run_id,),
         ).fetchone()
-        if row is None or row["pending"] is None or row["phase"] in TERMINAL_PHASES:
+        if row is None:
             return []
-        pending = PendingToolCall.model_validate(row["pending"])
+        # Decoded as every reader decodes a checkpoint: a decision is never accepted on the word
+        # of a row this release cannot read (raises UnreadableState, not a traceback).
+        snap = decode_snapshot(run_id, row, [])
+        pending = snap.pending
+        if pending is None or snap.context.status.phase in TERMINAL_PHASES:
+            return []
         decided = cls._decisions(conn, run_id, pending.call_ids)
         return [a for a in pending.awaiting if a.call_id not in decided]
 

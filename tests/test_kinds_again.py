@@ -170,3 +170,37 @@ def test_denying_the_rerun_of_an_interrupted_call_never_says_it_was_not_run(tmp_
     rerun_line = next(line for line in out.splitlines() if "call-1-1" in line)
     assert "not run:" not in rerun_line and "may have taken effect" in rerun_line and "call-1-1-rerun1" in rerun_line, rerun_line
     assert "denied, not run: call-1-2 gated: not now" in out, out
+
+
+# -- kind 10: state this release cannot read: every reader refuses it, a decision too --------------------------
+
+
+def _corrupt_latest_checkpoint(dsn: str, run: str, assignment: str) -> None:
+    """UPDATE the run's latest checkpoint (the fence trigger needs the run's epoch in agentfast.epoch)."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        conn.execute("SELECT set_config('agentfast.epoch', (SELECT epoch::text FROM agentfast_runs WHERE run_id = %s), true)", (run,))
+        n = conn.execute(f"""UPDATE agentfast_checkpoints SET {assignment} WHERE run_id = %s AND checkpoint_id =
+                             (SELECT max(checkpoint_id) FROM agentfast_checkpoints WHERE run_id = %s)""", (run, run)).rowcount
+    assert n == 1
+
+
+@pytest.mark.parametrize("assignment", [
+    "pending = '[1, 2]'",  # approve crashed with a traceback (exit 1)
+    "phase = 'Exploded', context = jsonb_set(context, '{status,phase}', '\"Exploded\"')",  # approve accepted; list showed it
+    "schema_version = 3",
+    "context = '\"truncated\"'",
+])
+def test_no_reader_and_no_decision_acts_on_a_checkpoint_it_cannot_read(tmp_path: Path, dsn: str, assignment: str) -> None:
+    d = make_case(tmp_path, "unreadable", [{"tool_calls": [{"id": "u1", "name": "gated", "arguments": {"what": "x"}}]}, {"content": "done"}])
+    ok(cli(d, "run", "agentrun.yaml", "--no-wait", dsn=dsn))
+    _corrupt_latest_checkpoint(dsn, "default/unreadable", assignment)
+    commands = [["approve", "unreadable", "call-1-0"], ["status", "unreadable"], ["resume", "unreadable", "--no-wait"]]
+    if "Exploded" in assignment or "schema_version" in assignment:
+        commands.append(["list"])  # list reads the summary columns: the phase and the version
+    for args in commands:
+        p = cli(d, *args, dsn=dsn)
+        assert p.returncode == 2 and "Traceback" not in p.stderr, (args, p.returncode, p.stderr[-600:])
+        assert "cannot read run default/unreadable" in p.stderr, (args, p.stderr)
+    assert effects(d) == []
