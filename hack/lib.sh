@@ -21,6 +21,10 @@ e2e_helm_install() {
     echo "e2e: charts/agentfast/Chart.yaml not present; skipping helm install" >&2
     return 0
   fi
+  # Helm installs a chart's crds/ once and never upgrades them (helm.sh/docs/chart_best_practices/custom_resource_definitions):
+  # apply them first, so a cluster kept from an earlier run gets this checkout's schema and CEL rules.
+  "${KUBECTL:-kubectl}" apply --server-side --force-conflicts -f "$root/charts/agentfast/crds/"
+  "${KUBECTL:-kubectl}" wait --for condition=established --timeout=60s -f "$root/charts/agentfast/crds/"
   "$helm" upgrade --install "$E2E_RELEASE" "$root/charts/agentfast" \
     --namespace "$E2E_NAMESPACE" --create-namespace \
     --set image.repository="$repo" --set image.tag="$tag" --set image.pullPolicy=IfNotPresent \
