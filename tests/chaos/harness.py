@@ -526,30 +526,36 @@ class ChaosRun:
 
     # The human.
     def _human(self, st: RunState, now: float) -> None:
-        if st.phase != "WaitingForApproval" or not st.pending_id:
+        """Decide every call the run awaits a decision on (a batch can await several at once: a
+        gated call and an interrupted re-run, say), each after its own random delay."""
+        if st.phase != "WaitingForApproval":
             return
+        for a in self.store.awaiting(self.run_id):
+            self._decide(a.call_id, a.reason, a.idempotency_key, now)
+
+    def _decide(self, call_id: str, reason: str, key: str, now: float) -> None:
         if self.immediate_human:
-            self._decide_at.setdefault(st.pending_id, now)
-        if st.pending_id not in self._decide_at:
+            self._decide_at.setdefault(call_id, now)
+        if call_id not in self._decide_at:
             # Sometimes at once, sometimes after the runner settled into waiting (or died).
-            self._decide_at[st.pending_id] = now + self.rng.choice([0.0, self.rng.uniform(0, 0.4), self.rng.uniform(0.3, 1.2)])
+            self._decide_at[call_id] = now + self.rng.choice([0.0, self.rng.uniform(0, 0.4), self.rng.uniform(0.3, 1.2)])
             return
-        if now < self._decide_at[st.pending_id]:
+        if now < self._decide_at[call_id]:
             return
-        if self.store.get_decision(self.run_id, st.pending_id) is not None:
+        if self.store.get_decision(self.run_id, call_id) is not None:
             return
-        if st.pending_reason == "in_flight_not_idempotent":
-            it, pos = (int(x) for x in st.pending_id.split("-")[1:3])
-            if outbox_has(self.db, self.scenario.ledger, st.pending_key):
-                self.store.decide(self.run_id, st.pending_id, "deny", reason="the effect is already there; do not repeat it",
+        if reason == "in_flight_not_idempotent":
+            it, pos = (int(x) for x in call_id.split("-")[1:3])
+            if outbox_has(self.db, self.scenario.ledger, key):
+                self.store.decide(self.run_id, call_id, "deny", reason="the effect is already there; do not repeat it",
                                   decided_by="chaos")
                 self.denied_reruns.add((it, pos))
                 self.counts["reruns_denied"] += 1
             else:
-                self.store.decide(self.run_id, st.pending_id, "approve", decided_by="chaos")
+                self.store.decide(self.run_id, call_id, "approve", decided_by="chaos")
                 self.counts["reruns_approved"] += 1
         else:
-            self.store.decide(self.run_id, st.pending_id, "approve", decided_by="chaos")
+            self.store.decide(self.run_id, call_id, "approve", decided_by="chaos")
             self.counts["approvals"] += 1
 
     def _choose(self) -> tuple[str | None, float | None, bool]:
@@ -652,9 +658,10 @@ class ChaosRun:
             first = self.store.get_run(self.run_id) is None  # `run FILE` until the run is registered
             st = poll_state(self.db, self.run_id)
             if not first and st.phase == "WaitingForApproval" and self.rng.random() < 0.5:
-                self._decide_at.setdefault(st.pending_id, 0.0)
-                self._decide_at[st.pending_id] = min(self._decide_at[st.pending_id], time.monotonic())
-                self._human(st, time.monotonic())
+                now = time.monotonic()
+                for a in self.store.awaiting(self.run_id):  # decide them all before the next process
+                    self._decide_at[a.call_id] = min(self._decide_at.get(a.call_id, 0.0), now)
+                self._human(st, now)
             fault, kill_after, wait = self._choose()
             ex = self._process(first, fault, kill_after, wait)
             self.counts["processes"] += 1
