@@ -25,7 +25,7 @@ import pytest
 from agentfast.runner.liveness import RunnerClaim, RunnerInfo, runner_state
 from agentfast.runner.loop import EXIT_LEASE_LOST, VanillaRunner, run_id_of
 from agentfast.runner.model import model_from_spec
-from agentfast.runner.store import Store
+from agentfast.runner.store import Store, UnreadableState
 from agentfast.runner.snapshot import SCHEMA_VERSION
 from agentfast.runner.tools import ToolRegistry
 
@@ -332,9 +332,11 @@ def test_a_newer_schema_is_refused_by_every_reader(tmp_path: Path, dsn: str, sto
     case = Case("10", tmp_path, dsn)
     assert case.cli("run", "agentrun.yaml", "--no-wait").returncode == 0
     run_id = "default/case10-unreadable"
+    store.decide(run_id, "call-1-0", "approve", decided_by="test")  # even approved, nothing may run
     _tamper(dsn, run_id, f"UPDATE agentfast_checkpoints SET schema_version = 99 WHERE run_id = %s AND {LATEST}", run_id, run_id)
     epoch = store.get_run(run_id).epoch
-    store.decide(run_id, "call-1-0", "approve", decided_by="test")  # even approved, nothing may run
+    with pytest.raises(UnreadableState):  # and no decision is taken on the word of an unreadable row
+        store.decide(run_id, "call-1-1", "approve", decided_by="test")
     for args in (["resume", "case10-unreadable"], ["status", "case10-unreadable"], ["status", "case10-unreadable", "-o", "json"],
                  ["history", "case10-unreadable"], ["list"], ["run", "agentrun.yaml"]):
         _assert_refused(case.cli(*args), run_id, "agentfast_checkpoints", "schema_version 99", f"up to {SCHEMA_VERSION}")
