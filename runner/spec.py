@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .snapshot import Budget
-from .storable import storable
+from .storable import storable, storable_text
 
 API_VERSION = "agentfast.dev/v1alpha1"
 KIND = "AgentRun"
@@ -139,11 +139,6 @@ class InvalidDecision(ValueError):
     """A decision that cannot be recorded as given (``str(err)`` says why and what to give)."""
 
 
-def _storable(text: str) -> str:
-    # Postgres text cannot hold U+0000 and UTF-8 cannot encode a lone surrogate: each becomes U+FFFD.
-    return "".join("\ufffd" if ch == "\x00" or "\ud800" <= ch <= "\udfff" else ch for ch in text)
-
-
 def check_decision(decision: str, reason: str | None, result: str | None) -> tuple[str | None, str | None]:
     """Validate one human decision; returns ``(reason, result)`` as they are to be stored.
 
@@ -157,7 +152,7 @@ def check_decision(decision: str, reason: str | None, result: str | None) -> tup
     if decision not in DECISIONS:
         raise InvalidDecision(f"decision must be one of {', '.join(DECISIONS)}, got {decision!r}")
     if reason is not None:
-        reason = _storable(reason)
+        reason = storable_text(reason)
         if not reason.strip():
             reason = None
         elif len(reason) > REASON_MAX_CHARS:
@@ -173,7 +168,7 @@ def check_decision(decision: str, reason: str | None, result: str | None) -> tup
             json.loads(result)
         except ValueError as err:
             raise InvalidDecision(f"the result must be JSON text (an object, array, string in quotes, number...): {err}") from None
-        result = _storable(result)
+        result = storable_text(result)
     elif result is not None:
         raise InvalidDecision(f"a result is given only with complete, not with {decision}")
     return reason, result
