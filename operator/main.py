@@ -46,7 +46,7 @@ from agentfast.runner.store import (
     PROGRESS_CHANNEL, DecisionConflict, InvalidDecision, Store, StoreUnavailable, UnknownCall, UnreadableState,
 )
 
-from .status import status_from_store
+from .status import MAX_DECISIONS, status_from_store
 from .workload import ANNOTATION_RUN, LABEL_RUN, RunnerConfig, build_job, job_name
 
 GROUP, VERSION, PLURAL = "agentfast.dev", "v1alpha1", "agentruns"
@@ -210,10 +210,14 @@ def _load_status(run_id: str) -> tuple[Any, Any, dict[str, Any]]:
         return None, None, {}
     ctx, pending = loaded
     found = STATE.store.get_decisions(run_id, pending.call_ids) if pending is not None else {}
-    return ctx, pending, {"runner": runner_state(STATE.store, run_id), "decided": {c: d.decision for c, d in found.items()}}
+    return ctx, pending, {"runner": runner_state(STATE.store, run_id), "decided": {c: d.decision for c, d in found.items()},
+                          "decisions": STATE.store.decision_log(run_id, last=MAX_DECISIONS)}
 
 
 _warned: set[tuple[str, str]] = set()
+#: How a decision made through spec.approvals is attributed in the store: this prefix and the
+#: user name the admission policy checked against the requesting user (``kubernetes:alice``).
+KUBE_DECIDER_PREFIX = "kubernetes:"
 
 
 def _record_approvals(body: dict[str, Any], run_id: str) -> None:
@@ -226,9 +230,16 @@ def _record_approvals(body: dict[str, Any], run_id: str) -> None:
         if not re.match(CALL_ID_PATTERN, call_id):
             _warn_once(body, call_id, "InvalidCallId", f"spec.approvals: {call_id[:48]!r} is not a call id (e.g. call-2-0); ignored")
             continue
+        decider = d.get("decidedBy")
+        if not isinstance(decider, str) or not decider:
+            # The CRD requires decidedBy and the admission policy checks it against the requesting
+            # user; an entry without one was written past both, so it is nobody's decision.
+            _warn_once(body, call_id, "UnattributedDecision", f"spec.approvals: {call_id} has no decidedBy; ignored")
+            continue
         try:
-            STATE.store.decide(run_id, call_id, d.get("decision", ""), reason=d.get("reason"), result=d.get("result"),  # type: ignore[union-attr]
-                               decided_by="kubernetes:spec.approvals")
+            made = STATE.store.decide(run_id, call_id, d.get("decision", ""), reason=d.get("reason"), result=d.get("result"),  # type: ignore[union-attr]
+                                      decided_by=f"{KUBE_DECIDER_PREFIX}{decider}")
+            _event(body, "Normal", "Decided", f"{call_id} ({made.decision}) decided by {decider}"[:1024])
         except DecisionConflict as err:
             if not err.same:
                 _warn_once(body, call_id, "DecisionConflict", str(err))
@@ -300,12 +311,12 @@ def _lock_for(key: str) -> threading.Lock:
 
 
 def publish_status(body: dict[str, Any], ctx: Any, pending: Any, *, override: tuple[str, str, str] | None = None,
-                   runner: Any = None, decided: dict[str, str] | None = None) -> None:
+                   runner: Any = None, decided: dict[str, str] | None = None, decisions: list[dict[str, Any]] | None = None) -> None:
     """Patch ``status`` (merge patch on the status subresource) and post an Event on a transition."""
     meta = body["metadata"]
     old = body.get("status") or {}
     new = status_from_store(ctx, pending, generation=meta.get("generation", 1), old=old, override=override, runner=runner, decided=decided,
-                            run_id=f"{meta['namespace']}/{meta['name']}", summary=SETTINGS.status_summary)
+                            decisions=decisions, run_id=f"{meta['namespace']}/{meta['name']}", summary=SETTINGS.status_summary)
     new["runnerJob"] = job_name(meta["name"])
     if all(old.get(k) == v for k, v in new.items()):
         return

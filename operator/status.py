@@ -26,6 +26,7 @@ _RUNNER_REASONS = {
 }
 SUMMARY_CHARS = 1024
 ARGUMENTS_CHARS = 512
+MAX_DECISIONS = 16  # the run's latest decisions listed in status, with who made them (G10); all are in Postgres
 MAX_PENDING = 128  # awaited calls listed in status (G9: the resource stays small); a batch is rarely larger
 # Reasons whose runner message is a sentence of our own (counts, limits, ids, field paths): copied.
 # Any other message may quote foreign text (a model's answer, an endpoint's error body) and stays
@@ -92,6 +93,7 @@ def status_from_store(
     override: tuple[str, str, str] | None = None,
     runner: RunnerInfo | None = None,
     decided: Mapping[str, str] | None = None,
+    decisions: list[dict[str, Any]] | None = None,
     run_id: str = "",
     summary: bool = False,
 ) -> dict[str, Any]:
@@ -100,6 +102,9 @@ def status_from_store(
     ``override`` = (phase, reason, message) for what only the operator knows (an invalid spec,
     the restart limit reached). A run without a checkpoint yet is ``Pending``.
     ``decided``: call id -> decision already recorded, for calls of the paused batch.
+    ``decisions``: the run's latest decisions, rows of ``Store.decision_log`` (oldest first);
+    ``status.decisions`` lists the last :data:`MAX_DECISIONS` as ``{callId, decision,
+    decidedBy}``, so who decided is visible with kubectl (G10).
     ``pendingApprovals`` lists every other awaited call of the batch (all at once, model order);
     ``awaiting`` is their ids, comma-separated (the printer column). ``runner`` (from
     ``liveness.runner_state``) adds the condition ``RunnerAlive``: True while a runner holds the
@@ -131,6 +136,9 @@ def status_from_store(
         status["restarts"] = ctx.counters.resumes
     if phase in ("Succeeded", "Failed"):
         status["result"] = message[:SUMMARY_CHARS]
+    if decisions:
+        status["decisions"] = [{"callId": d["call_id"], "decision": d["decision"], "decidedBy": d["decided_by"] or "unknown"}
+                               for d in decisions[-MAX_DECISIONS:]]
     if pending is not None and phase == "WaitingForApproval":
         calls = [a for a in pending.awaiting if a.call_id not in decided][:MAX_PENDING]
         status["pendingApprovals"] = [

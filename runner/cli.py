@@ -238,6 +238,9 @@ def run(
         preflight(agentrun)
     except SpecError as e:
         raise _fail(f"{file} is not a valid AgentRun:\n{e}") from None
+    if agentrun.spec.approvals:  # no pre-approval (G10): a decision is made for a call that awaits one
+        raise _fail(f"{file}: spec.approvals is never read from a file: a call is decided once it awaits a decision "
+                    "(agentfast approve RUN CALL_ID), not before it exists")
     store = _open_store(dsn)
     run_id = run_id_of(agentrun)
     doc = agentrun.model_dump(mode="json", exclude_none=True, exclude={"status"})
@@ -287,6 +290,20 @@ def _kube_api(namespace: Optional[str]) -> tuple[Any, str]:
     return kubernetes.client.CustomObjectsApi(), ns
 
 
+def _kube_user() -> str:
+    """The user name the API server authenticates this client as (a SelfSubjectReview, the API of
+    ``kubectl auth whoami``; authentication.k8s.io/v1, GA in Kubernetes 1.28): what decidedBy must
+    say, since the admission policy compares it with the requesting user. Raises typer.Exit (2)."""
+    import kubernetes
+    from kubernetes.client.rest import ApiException
+
+    try:
+        review = kubernetes.client.AuthenticationV1Api().create_self_subject_review(kubernetes.client.V1SelfSubjectReview())
+    except ApiException as e:
+        raise _fail(f"cannot learn who you are from the API server (kubectl auth whoami): {e.reason}") from None
+    return review.status.user_info.username
+
+
 def _patch_approval(run: str, call_id: str, decision: str, reason: Optional[str], result: Optional[str],
                     namespace: Optional[str]) -> None:
     """``kubectl patch agentrun RUN --type merge -p '{"spec":{"approvals":{CALL_ID:{...}}}}'``, made
@@ -294,6 +311,9 @@ def _patch_approval(run: str, call_id: str, decision: str, reason: Optional[str]
 
     Refused (exit 2) before patching when the AgentRun's status does not list the call as
     pending, or spec.approvals already holds a decision for it (the operator would refuse it).
+    ``decidedBy`` is the caller's own user name (:func:`_kube_user`); the API server's admission
+    policy refuses the patch, and this exits 2 with its message, when the caller lacks the
+    approval right (verb approve on agentruns/approval) or the call no longer awaits a decision.
     """
     from kubernetes.client.rest import ApiException
 
@@ -311,13 +331,15 @@ def _patch_approval(run: str, call_id: str, decision: str, reason: Optional[str]
     if call_id not in pending:
         now = f"awaiting a decision now: {', '.join(pending)}" if pending else "no call of this run awaits a decision now"
         raise _fail(f"{call_id} of agentrun {ns}/{name} does not await a decision (status.pendingApprovals); {now}")
-    entry = {"decision": decision, **({"reason": reason} if reason else {}), **({"result": result} if result is not None else {})}
+    entry = {"decision": decision, **({"reason": reason} if reason else {}), **({"result": result} if result is not None else {}),
+             "decidedBy": _kube_user()}
     try:
         api.patch_namespaced_custom_object("agentfast.dev", "v1alpha1", ns, "agentruns", name, {"spec": {"approvals": {call_id: entry}}})
     except ApiException as e:
         detail = json.loads(e.body).get("message", e.reason) if e.body else e.reason
         raise _fail(f"the API server refused the patch: {detail}") from None
-    out.print(f"agentrun.agentfast.dev/{name} patched: {call_id} {decision}" + (f" ({reason})" if reason else ""), highlight=False, markup=False)
+    out.print(f"agentrun.agentfast.dev/{name} patched: {call_id} {decision}" + (f" ({reason})" if reason else "") + f" by {entry['decidedBy']}",
+              highlight=False, markup=False)
 
 
 def _decide(run: str, call_id: str, decision: str, reason: Optional[str], dsn: Optional[str],

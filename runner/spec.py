@@ -180,6 +180,7 @@ class ApprovalDecision(_Spec):
     decision: Literal["approve", "deny", "complete"]
     reason: str | None = Field(None, max_length=REASON_MAX_CHARS)
     result: str | None = Field(None, max_length=RESULT_MAX_CHARS, description="complete: the call's result as JSON text")
+    decidedBy: str = Field(min_length=1, max_length=512, description="the decider's own user name; in a cluster the admission policy checks it against the requesting user")
 
     @model_validator(mode="after")
     def _valid(self) -> "ApprovalDecision":

@@ -685,13 +685,18 @@ class Store:
             same,
         )
 
-    def decision_log(self, run_id: str) -> list[dict[str, Any]]:
-        """Every decision recorded for a run, oldest first: one dict per row of
-        ``agentfast_approvals`` (``call_id``, ``decision``, ``reason``, ``result``, ``decided_by``,
-        ``decided_at`` as a datetime, and any column a later schema adds)."""
-        return self._retry(
-            lambda c: c.execute("SELECT * FROM agentfast_approvals WHERE run_id = %s ORDER BY decided_at, call_id", (run_id,)).fetchall()
-        )
+    def decision_log(self, run_id: str, *, last: int | None = None) -> list[dict[str, Any]]:
+        """Every decision recorded for a run (only the ``last`` N when given), oldest first: one
+        dict per row of ``agentfast_approvals`` (``call_id``, ``decision``, ``reason``,
+        ``result``, ``decided_by``, ``decided_at`` as a datetime, and any column a later schema
+        adds)."""
+        if last is None:
+            query, params = "SELECT * FROM agentfast_approvals WHERE run_id = %s ORDER BY decided_at, call_id", (run_id,)
+        else:
+            query = """SELECT * FROM (SELECT * FROM agentfast_approvals WHERE run_id = %s
+                       ORDER BY decided_at DESC, call_id DESC LIMIT %s) newest ORDER BY decided_at, call_id"""
+            params = (run_id, last)  # type: ignore[assignment]
+        return self._retry(lambda c: c.execute(query, params).fetchall())
 
     @staticmethod
     def _decisions(conn: psycopg.Connection, run_id: str, call_ids: list[str]) -> dict[str, Decision]:

@@ -260,7 +260,8 @@ def test_issue_12_limits_name_the_field(mutate, field: str) -> None:
 def test_call_id_keys_and_long_names_are_accepted() -> None:
     doc = _good_doc()
     doc["metadata"]["name"] = "a" * 253
-    doc["spec"]["approvals"] = {"call-2-0": {"decision": "approve"}, "call-1-0-rerun1": {"decision": "deny", "reason": "no"}}
+    doc["spec"]["approvals"] = {"call-2-0": {"decision": "approve", "decidedBy": "alice"},
+                                "call-1-0-rerun1": {"decision": "deny", "reason": "no", "decidedBy": "alice"}}
     assert len(parse_agentrun(doc).spec.approvals) == 2
 
 

@@ -1,4 +1,4 @@
-"""Issue 12, items 2, 3 and 5 on the real runtime: each attack performed, each refused.
+"""Issue 12 on the real runtime: each attack performed, each refused.
 
 - A spec cannot remove a tool's own gate: ``requiresApproval: false`` on the refund tool is
   refused by ``agentfast run`` (exit 2, nothing registered) and, for a run registered as the
@@ -10,6 +10,8 @@
 - With ``AGENTFAST_ALLOWED_MODULES`` set (every runner pod has it), a ref outside the list is
   refused before anything is imported, and model scripts are bundled names only.
 - A 20-line YAML alias bomb and a file over 1 MiB are refused by ``agentfast run`` at once.
+- No pre-approval from a file; the decider the API server checked (``decidedBy``) is the one the
+  store, ``status.decisions`` and ``agentfast history`` name, and an entry without one is ignored.
 
 Real Postgres, real processes (``spawn_cli``), the scripted model over HTTP.
 """
@@ -127,3 +129,51 @@ def test_an_alias_bomb_and_a_huge_file_are_refused_at_once(tmp_path: Path, dsn: 
         assert proc.returncode == 2 and needle in proc.stdout, proc.stdout
     assert time.monotonic() - started < 30
     assert [r.run_id for r, _ in store.list_runs()] == []
+
+
+# -- issue 12 item 1: a decision is an authorized, attributed act (G10) ------------------------------
+# Who may decide, and that decidedBy is the requesting user, is the API server's to check (the
+# chart's admission policy; tests/e2e/test_approval_policy.py performs those attacks there). Here:
+# what reaches the runtime. No decision can be written before its call exists, and the decider
+# the API server checked is the one the store, status and history name.
+
+
+def test_a_file_cannot_pre_approve_its_calls(tmp_path: Path, dsn: str, store) -> None:
+    doc = _refund_doc("pre-approved")
+    doc["spec"]["approvals"] = {"call-2-0": {"decision": "approve", "decidedBy": "mallory"}}  # the id is predictable
+    path = tmp_path / "pre.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    proc = run_cli("run", str(path), "--no-wait", dsn=dsn, timeout=90)
+    assert proc.returncode == 2 and "spec.approvals is never read from a file" in proc.stdout, proc.stdout
+    assert [r.run_id for r, _ in store.list_runs()] == [] and _refunds(dsn) == 0
+
+
+def test_the_decider_the_api_server_checked_reaches_store_status_and_history(tmp_path: Path, dsn: str, store, monkeypatch) -> None:
+    from agentfast.operator import main
+    from agentfast.operator.status import status_from_store
+
+    path = tmp_path / "refund.yaml"
+    path.write_text(yaml.safe_dump(_refund_doc("attributed")))
+    proc = run_cli("run", str(path), "--no-wait", dsn=dsn, timeout=90)
+    assert proc.returncode == 0 and store.awaiting("default/attributed"), proc.stdout
+    posted: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(main, "_event", lambda body, kind, reason, message: posted.append((kind, reason, message)))
+    monkeypatch.setattr(main, "_warned", set())
+    monkeypatch.setattr(main.STATE, "store", store)
+    body = {"metadata": {"name": "attributed", "namespace": "default", "uid": "u-1"},
+            "spec": {"approvals": {"call-2-0": {"decision": "approve"}}}}  # written past the CRD and the policy
+    main._record_approvals(body, "default/attributed")
+    assert store.get_decision("default/attributed", "call-2-0") is None  # nobody's decision is not recorded
+    assert [r for _, r, _ in posted] == ["UnattributedDecision"]
+
+    body["spec"]["approvals"]["call-2-0"]["decidedBy"] = "system:serviceaccount:team:bob"
+    for _ in range(2):  # every reconcile replays spec.approvals: one decision, one Event
+        main._record_approvals(body, "default/attributed")
+    assert store.get_decision("default/attributed", "call-2-0").decided_by == "kubernetes:system:serviceaccount:team:bob"
+    assert posted[1:] == [("Normal", "Decided", "call-2-0 (approve) decided by system:serviceaccount:team:bob")]
+
+    ctx, pending, extra = main._load_status("default/attributed")
+    status = status_from_store(ctx, pending, generation=1, old=None, **extra)
+    assert status["decisions"] == [{"callId": "call-2-0", "decision": "approve", "decidedBy": "kubernetes:system:serviceaccount:team:bob"}]
+    history = run_cli("history", "default/attributed", dsn=dsn)
+    assert "by kubernetes:system:serviceaccount:team:bob" in history.stdout, history.stdout
