@@ -82,3 +82,36 @@ def test_plain_manifests_are_rendered_from_the_chart(helm: str, tmp_path: Path) 
     fresh = (REPO / "manifests" / "install.yaml").read_text()
     (REPO / "manifests" / "install.yaml").write_text(committed)
     assert fresh == committed, "manifests/install.yaml is stale: run hack/gen-manifests.sh"
+
+
+def test_deciding_is_a_right_of_its_own_that_edit_does_not_carry(helm: str) -> None:
+    docs = render(helm)
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
+
+    def grants(role: dict) -> set[tuple[str, str]]:
+        return {(r, v) for rule in role.get("rules") or [] for r in rule["resources"] for v in rule["verbs"]}
+
+    approver = roles["agentfast-approver"]
+    assert approver["aggregationRule"]["clusterRoleSelectors"] == [{"matchLabels": {"agentfast.dev/aggregate-to-approver": "true"}}]
+    base = [r for r in roles.values() if r["metadata"]["labels"].get("agentfast.dev/aggregate-to-approver") == "true"]
+    assert len(base) == 1 and ("agentruns/approval", "approve") in grants(base[0])
+    for name, role in roles.items():  # the right is carried by the approver role alone
+        if role is not base[0]:
+            assert not any(r == "agentruns/approval" for r, _ in grants(role)), name
+    edit = roles["agentfast-edit"]
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert ("agentruns", "create") in grants(edit)
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert {("ValidatingAdmissionPolicy", "agentfast-approvals"), ("ValidatingAdmissionPolicyBinding", "agentfast-approvals")} <= kinds
+
+
+def test_forbid_self_approval_adds_the_creator_rules_only_when_asked(helm: str) -> None:
+    def policy(*sets: str) -> dict:
+        return next(d for d in render(helm, *sets) if d["kind"] == "ValidatingAdmissionPolicy")
+
+    default, strict = policy(), policy("approval.forbidSelfApproval=true")
+    text = lambda p: " ".join(v.get("expression", "") for v in p["spec"]["validations"])  # noqa: E731
+    assert "created-by" not in text(default) and "variables.creator != variables.user" in text(strict)
+    assert "check('approve')" in text(default) and "decidedBy == variables.user" in text(default)
+    binding = next(d for d in render(helm) if d["kind"] == "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["validationActions"] == ["Deny"] and default["spec"]["failurePolicy"] == "Fail"

@@ -89,6 +89,10 @@ class Kube:
             )
         return proc
 
+    def whoami(self) -> str:
+        """The user name the API server authenticates this kubeconfig as (``kubectl auth whoami``)."""
+        return self.run("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}", namespaced=False).stdout.strip()
+
     def apply(self, obj: dict[str, Any]) -> None:
         self.run("apply", "-f", "-", input=json.dumps(obj))
 

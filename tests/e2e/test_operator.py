@@ -88,7 +88,8 @@ def wait_awaiting(k: Kube, name: str, timeout: float = 180) -> str:
 
 
 def approve(k: Kube, name: str, call_id: str) -> None:
-    patch = json.dumps({"spec": {"approvals": {call_id: {"decision": "approve"}}}})
+    """``kubectl patch`` as a human approver would (the admin holds the approval right)."""
+    patch = json.dumps({"spec": {"approvals": {call_id: {"decision": "approve", "decidedBy": k.whoami()}}}})
     k.run("patch", "agentrun", name, "--type", "merge", "-p", patch)
 
 
@@ -150,7 +151,7 @@ def test_operator_killed_while_run_waits(release: Kube) -> None:
     assert plugin, "kubectl-agentfast (the agentfast console script) is not on PATH"
     env = {**os.environ, "KUBECONFIG": k.kubeconfig}
     subprocess.run([plugin, "approve", name, call, "-n", k.namespace], check=True, env=env, capture_output=True, timeout=60)
-    assert k.get("agentrun", name)["spec"]["approvals"] == {call: {"decision": "approve"}}
+    assert k.get("agentrun", name)["spec"]["approvals"] == {call: {"decision": "approve", "decidedBy": k.whoami()}}
     assert_succeeded_once(k, name, uid, min_restarts=0)
 
 
