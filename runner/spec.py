@@ -104,7 +104,9 @@ class ToolSpec(_Spec):
     ref: str = Field(max_length=512, description="module:attr of a function decorated with @agentfast.runner.tools.tool")
     requiresApproval: bool | None = Field(
         None, description="gate every call on a human decision; default: the tool's own declaration. A spec can add a gate, never remove one")
-    idempotent: bool | None = Field(None, description="safe to re-run with the same idempotency key; default: the tool's own declaration")
+    idempotent: bool | None = Field(
+        None, description="safe to re-run with the same idempotency key; default: the tool's own declaration. false can be added, "
+                          "true on a tool declared idempotent=False is refused")
 
     @field_validator("ref")
     @classmethod

@@ -190,9 +190,12 @@ class ToolRegistry:
     def from_agentrun(cls, run: AgentRun) -> "ToolRegistry":
         """Import every ``spec.tools[i].ref``. Raises SpecError naming the field.
 
-        A tool's own ``requires_approval=True`` (its author's declaration) can be added by a spec,
-        never removed (G10): ``requiresApproval: false`` on such a tool is refused, so an AgentRun
-        cannot opt a gated call (a refund) out of its human decision.
+        A spec can make a tool more careful than its author declared it, never less (G4, G10):
+        ``requiresApproval: false`` on a tool declared ``requires_approval=True`` is refused (an
+        AgentRun cannot opt a refund out of its human decision), and so is ``idempotent: true``
+        on a tool declared ``idempotent=False`` (an interrupted call would re-run blindly instead
+        of going to a human). The opposite overrides (add a gate, declare a tool not idempotent)
+        are accepted.
         """
         tools = []
         for i, spec in enumerate(run.spec.tools):
@@ -206,6 +209,11 @@ class ToolRegistry:
                 raise SpecError(
                     f"spec.tools[{i}].requiresApproval: tool {spec.name!r} ({spec.ref}) is declared requires_approval=True by its"
                     " author; a spec can add a gate, never remove one: drop requiresApproval or set it to true"
+                )
+            if not obj.idempotent and spec.idempotent is True:
+                raise SpecError(
+                    f"spec.tools[{i}].idempotent: tool {spec.name!r} ({spec.ref}) is declared idempotent=False by its author"
+                    " (re-running it may repeat its effect); a spec cannot declare it safe to re-run: drop idempotent or set it to false"
                 )
             tools.append(
                 Tool(

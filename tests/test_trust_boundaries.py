@@ -79,6 +79,26 @@ def test_a_spec_cannot_remove_a_tools_own_gate_in_the_runner(dsn: str, store) ->
     assert ctx.status.phase == "WaitingForApproval" and pending.awaiting[0].tool_call.name == "lookup_order"
 
 
+def test_a_spec_cannot_declare_a_non_idempotent_tool_safe_to_re_run(tmp_path: Path, dsn: str, store) -> None:
+    # chaos_notify is declared idempotent=False: an interrupted call goes to a human (G4). A spec
+    # saying idempotent: true would make it re-run blindly, sending the notification twice.
+    notify = {"ref": "agentfast.runner.examples.chaos_tools:chaos_notify", "idempotent": True}
+    path = tmp_path / "unsafe.yaml"
+    path.write_text(yaml.safe_dump(_refund_doc("unsafe", add_case_note=notify)))
+    proc = run_cli("run", str(path), "--no-wait", dsn=dsn, timeout=90)
+    assert proc.returncode == 2 and "spec.tools[2].idempotent" in proc.stdout and "idempotent=False" in proc.stdout, proc.stdout
+    assert [r.run_id for r, _ in store.list_runs()] == []
+    run_id = _register(store, _refund_doc("unsafe-pod", add_case_note=notify))  # as the operator registers it
+    assert run_cli("resume", run_id, "--no-wait", dsn=dsn, timeout=90).returncode == 2
+    ctx, _ = store.load_context(run_id)
+    assert (ctx.status.phase, ctx.status.reason) == ("Failed", "InvalidSpec") and "spec.tools[2].idempotent" in ctx.status.message
+    assert store.journal(run_id) == []
+    # The careful direction is accepted: an idempotent tool declared not idempotent by the spec.
+    run_id = _register(store, _refund_doc("careful", lookup_order={"idempotent": False}))
+    assert run_cli("resume", run_id, "--no-wait", dsn=dsn, timeout=90).returncode == 0
+    assert store.load_context(run_id)[0].status.phase == "WaitingForApproval"
+
+
 def test_a_module_raising_base_exceptions_at_import_ends_only_its_run(tmp_path: Path, dsn: str, store) -> None:
     for exc in ("SystemExit", "KeyboardInterrupt"):
         mod = f"evil_{exc.lower()}_{uuid.uuid4().hex[:6]}"
