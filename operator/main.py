@@ -238,7 +238,7 @@ def _record_approvals(body: dict[str, Any], run_id: str) -> None:
             continue
         try:
             made = STATE.store.decide(run_id, call_id, d.get("decision", ""), reason=d.get("reason"), result=d.get("result"),  # type: ignore[union-attr]
-                                      decided_by=f"{KUBE_DECIDER_PREFIX}{decider}")
+                                      decided_by=f"{KUBE_DECIDER_PREFIX}{decider}", once=True)
             _event(body, "Normal", "Decided", f"{call_id} ({made.decision}) decided by {decider}"[:1024])
         except DecisionConflict as err:
             if not err.same:

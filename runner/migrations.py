@@ -16,7 +16,10 @@ Tables (all keyed by ``run_id``, deleted with the run by ``ON DELETE CASCADE``):
   so a resume never asks the model again for a turn whose tools may have acted.
 - ``agentfast_tool_calls``: the tool-call journal (G3, G4): intent, idempotency key, result.
 - ``agentfast_approvals``: human decisions, write-once.
-- ``agentfast_runners`` (2): the live runner of a run, if any: who (runner id, pid, host, its
+- ``agentfast_void_decisions`` (4): decisions from ``spec.approvals`` refused because their
+  call did not await one: void for good, so an entry written before its call exists (against a
+  forged status) is never applied when the call later pauses (``Store.decide(once=True)``).
+- ``agentfast_runners`` (3): the live runner of a run, if any: who (runner id, pid, host, its
   Postgres backend) and its last heartbeat. Only a hint for humans: liveness itself is the
   session advisory lock the runner holds (``runner/liveness.py``), which dies with its connection.
 
@@ -150,6 +153,17 @@ MIGRATIONS: list[str] = [
         backend_pid  integer NOT NULL,
         started_at   timestamptz NOT NULL DEFAULT now(),
         beat_at      timestamptz NOT NULL DEFAULT now()
+    );
+    """,
+    # 4: a decision from spec.approvals refused as "not awaiting" is void for good (issue 12: a
+    # pre-approval written against a forged status must not fire when the call later pauses)
+    """
+    CREATE TABLE agentfast_void_decisions (
+        run_id     text NOT NULL REFERENCES agentfast_runs ON DELETE CASCADE,
+        call_id    text NOT NULL,
+        why        text NOT NULL,
+        voided_at  timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (run_id, call_id)
     );
     """,
 ]

@@ -639,6 +639,7 @@ class Store:
         reason: str | None = None,
         result: str | None = None,
         decided_by: str = "",
+        once: bool = False,
     ) -> Decision:
         """Record a human decision on a call that awaits one now, and wake the waiting runner.
 
@@ -648,11 +649,24 @@ class Store:
         denial needs a reason, complete needs JSON ``result``), DecisionConflict when the call
         was already decided (``err.same`` tells a replay of the same decision), UnknownCall
         when it does not await a decision now.
+
+        ``once`` (the operator, for ``spec.approvals``, which it replays on every reconcile): a
+        refusal is final. A decision refused because its call did not await one is recorded
+        void (``agentfast_void_decisions``) and refused again even once the call does await one,
+        so an entry written before its call existed never fires later. (The admission policy
+        admits entries only for calls status lists as pending; this holds when status was
+        forged.) The CLI's direct decisions are not blocked by a void entry.
         """
         reason, result = check_decision(decision, reason, result)
 
         def op(conn: psycopg.Connection) -> Decision:
             self._refuse_if_decided(conn, run_id, call_id, decision, reason, result)
+            if once:
+                void = conn.execute("SELECT why FROM agentfast_void_decisions WHERE run_id = %s AND call_id = %s",
+                                    (run_id, call_id)).fetchone()
+                if void is not None:
+                    raise UnknownCall(f"{call_id} of run {run_id}: this decision was written before its call awaited one"
+                                      f" ({void['why']}); it is void for good and never applied")
             if conn.execute("SELECT 1 FROM agentfast_runs WHERE run_id = %s", (run_id,)).fetchone() is None:
                 raise UnknownCall(f"no run {run_id}")
             awaiting = self._awaiting(conn, run_id)
@@ -669,7 +683,16 @@ class Store:
             conn.execute("SELECT pg_notify(%s, %s)", (APPROVAL_CHANNEL, run_id))
             return Decision(**row)
 
-        return self._retry(op)
+        try:
+            return self._retry(op)
+        except UnknownCall as err:
+            if once:
+                self._retry(lambda c: c.execute(
+                    """INSERT INTO agentfast_void_decisions (run_id, call_id, why)
+                       SELECT %s, %s, %s WHERE EXISTS (SELECT 1 FROM agentfast_runs WHERE run_id = %s)
+                       ON CONFLICT (run_id, call_id) DO NOTHING""",
+                    (run_id, call_id, str(err)[:1024], run_id)))
+            raise
 
     def _refuse_if_decided(self, conn: psycopg.Connection, run_id: str, call_id: str, decision: str,
                            reason: str | None, result: str | None) -> None:

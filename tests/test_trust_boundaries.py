@@ -197,3 +197,26 @@ def test_the_decider_the_api_server_checked_reaches_store_status_and_history(tmp
     assert status["decisions"] == [{"callId": "call-2-0", "decision": "approve", "decidedBy": "kubernetes:system:serviceaccount:team:bob"}]
     history = run_cli("history", "default/attributed", dsn=dsn)
     assert "by kubernetes:system:serviceaccount:team:bob" in history.stdout, history.stdout
+
+
+def test_a_decision_written_before_its_call_awaits_one_never_fires(dsn: str, store, monkeypatch) -> None:
+    # The admission policy admits an entry only for a call status lists as pending; were status
+    # forged (by whoever holds the operator's identity), the entry would sit in spec.approvals,
+    # refused, and be replayed every reconcile: it must not fire when the call pauses later.
+    from agentfast.operator import main
+
+    monkeypatch.setattr(main, "_event", lambda *a: None)
+    monkeypatch.setattr(main, "_warned", set())
+    monkeypatch.setattr(main.STATE, "store", store)
+    run_id = _register(store, _refund_doc("armed"))  # registered, not started: call-2-0 does not exist yet
+    body = {"metadata": {"name": "armed", "namespace": "default", "uid": "u-armed"},
+            "spec": {"approvals": {"call-2-0": {"decision": "approve", "decidedBy": "mallory"}}}}
+    main._record_approvals(body, run_id)
+    assert run_cli("resume", run_id, "--no-wait", dsn=dsn, timeout=90).returncode == 0
+    assert [a.call_id for a in store.awaiting(run_id)] == ["call-2-0"]
+    for _ in range(2):  # reconciles after the call paused
+        main._record_approvals(body, run_id)
+    assert store.get_decision(run_id, "call-2-0") is None and _refunds(dsn) == 0
+    # A human on the store itself (the local CLI) still decides it.
+    approved = run_cli("approve", run_id, "call-2-0", dsn=dsn)
+    assert approved.returncode == 0 and store.get_decision(run_id, "call-2-0").decided_by.startswith("cli:"), approved.stdout
