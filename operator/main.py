@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from dataclasses import dataclass, field
@@ -68,6 +69,9 @@ class Settings:
     # Copy the runner's own text (the final answer, a model's error) into status.message/result
     # and Events (the chart's operator.statusSummary); off: only our own sentences, ids and counts.
     status_summary: bool = field(default_factory=lambda: os.environ.get("AGENTFAST_STATUS_SUMMARY", "false").lower() == "true")
+    # The ValidatingAdmissionPolicy that checks who decides (the chart's <release>-approvals): a
+    # spec.approvals entry is recorded only while it exists and a binding enforces it (Deny).
+    approval_policy: str = field(default_factory=lambda: os.environ.get("AGENTFAST_APPROVAL_POLICY", "agentfast-approvals"))
 
 
 def _allowed_modules() -> tuple[str, ...]:
@@ -81,6 +85,7 @@ SETTINGS = Settings()
 class _State:
     store: Store | None = None
     custom: kubernetes.client.CustomObjectsApi
+    admission: kubernetes.client.AdmissionregistrationV1Api
     batch: kubernetes.client.BatchV1Api
     core: kubernetes.client.CoreV1Api
     stop = threading.Event()
@@ -108,6 +113,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     STATE.custom = kubernetes.client.CustomObjectsApi()
     STATE.batch = kubernetes.client.BatchV1Api()
     STATE.core = kubernetes.client.CoreV1Api()
+    STATE.admission = kubernetes.client.AdmissionregistrationV1Api()
     if not SETTINGS.dsn:
         raise kopf.PermanentError("AGENTFAST_DSN is not set: the operator needs the runs' Postgres")
     try:
@@ -220,13 +226,56 @@ _warned: set[tuple[str, str]] = set()
 KUBE_DECIDER_PREFIX = "kubernetes:"
 
 
+_policy_checked: dict[str, Any] = {"at": -1e9, "missing": None}
+POLICY_RECHECK_S = 10.0
+
+
+def approval_policy_missing() -> str | None:
+    """Why decisions from ``spec.approvals`` cannot be trusted now, or None when the admission
+    policy ``SETTINGS.approval_policy`` exists and a binding enforces it (validationActions has
+    Deny; a binding with matchResources is assumed to cover the run's namespace). Only the
+    policy checks the approval right and that decidedBy is the requesting user; without it, an
+    entry is whatever its writer claimed. Checked at most every :data:`POLICY_RECHECK_S` s.
+    Raises kubernetes ApiException on an API error other than 404 (a transient error must not
+    void decisions).
+    """
+    now = time.monotonic()
+    if now - _policy_checked["at"] < POLICY_RECHECK_S:
+        return _policy_checked["missing"]
+    name = SETTINGS.approval_policy
+    try:
+        STATE.admission.read_validating_admission_policy(name)
+        bindings = STATE.admission.list_validating_admission_policy_binding().items
+    except ApiException as err:
+        if err.status != 404:
+            raise
+        missing: str | None = f"the admission policy {name} is not installed"
+    else:
+        enforcing = [b for b in bindings if b.spec and b.spec.policy_name == name and "Deny" in (b.spec.validation_actions or [])]
+        missing = None if enforcing else f"no binding enforces the admission policy {name} (validationActions: [Deny])"
+    _policy_checked.update(at=now, missing=missing)
+    return missing
+
+
 def _record_approvals(body: dict[str, Any], run_id: str) -> None:
     """Record ``spec.approvals`` in the store, whose rules decide (Store.decide): only for a call
     awaiting a decision now, once. Replays of a recorded decision (every reconcile) are no-ops;
     a refused entry gets at most one Warning Event per (run, key) in an operator's life, whatever
     the reason and however many reconciles see it. A key that is not a call id is never sent to
-    the store (the CRD's maxProperties bounds how many there can be)."""
-    for call_id, d in (body.get("spec", {}).get("approvals") or {}).items():
+    the store (the CRD's maxProperties bounds how many there can be).
+
+    While the admission policy is missing or not enforced (:func:`approval_policy_missing`), no
+    entry is recorded and every undecided one is voided for good (``Store.void_decision``): it
+    was admitted without the check of who wrote it, and must not fire once the policy is back."""
+    approvals = body.get("spec", {}).get("approvals") or {}
+    if approvals and (missing := approval_policy_missing()):
+        for call_id in approvals:
+            if re.match(CALL_ID_PATTERN, call_id) and STATE.store.get_decision(run_id, call_id) is None:  # type: ignore[union-attr]
+                STATE.store.void_decision(run_id, call_id, f"written while {missing}")  # type: ignore[union-attr]
+                _warn_once(body, call_id, "ApprovalPolicyMissing",
+                           f"spec.approvals: {call_id} is void: {missing}, so who wrote it was not checked; it is never recorded")
+        return
+    for call_id, d in approvals.items():
         if not re.match(CALL_ID_PATTERN, call_id):
             _warn_once(body, call_id, "InvalidCallId", f"spec.approvals: {call_id[:48]!r} is not a call id (e.g. call-2-0); ignored")
             continue

@@ -269,6 +269,7 @@ KubeOption = typer.Option(
     help="patch the AgentRun in the cluster (default when run as `kubectl agentfast`) or write to the local store",
 )
 NamespaceOption = typer.Option(None, "-n", "--namespace", help="the AgentRun's namespace (--kube); default: the kubeconfig's")
+UidOption = typer.Option(None, "--uid", help="(--kube) decide only if the AgentRun still has this metadata.uid: the one you reviewed")
 
 
 def _as_kubectl_plugin() -> bool:
@@ -305,7 +306,7 @@ def _kube_user() -> str:
 
 
 def _patch_approval(run: str, call_id: str, decision: str, reason: Optional[str], result: Optional[str],
-                    namespace: Optional[str]) -> None:
+                    namespace: Optional[str], uid: Optional[str] = None) -> None:
     """``kubectl patch agentrun RUN --type merge -p '{"spec":{"approvals":{CALL_ID:{...}}}}'``, made
     with the Kubernetes client; the operator records it in Postgres and the runner resumes.
 
@@ -314,6 +315,9 @@ def _patch_approval(run: str, call_id: str, decision: str, reason: Optional[str]
     ``decidedBy`` is the caller's own user name (:func:`_kube_user`); the API server's admission
     policy refuses the patch, and this exits 2 with its message, when the caller lacks the
     approval right (verb approve on agentruns/approval) or the call no longer awaits a decision.
+    The patch carries the AgentRun's ``metadata.uid`` (``uid`` when given: the one the caller
+    reviewed), so the API server refuses it if the AgentRun was deleted and re-created under the
+    same name, with other input, in between. It prints the call's tool and arguments as decided.
     """
     from kubernetes.client.rest import ApiException
 
@@ -323,34 +327,42 @@ def _patch_approval(run: str, call_id: str, decision: str, reason: Optional[str]
         body = api.get_namespaced_custom_object("agentfast.dev", "v1alpha1", ns, "agentruns", name)
     except ApiException as e:
         raise _fail(f"cannot read agentrun {ns}/{name}: {e.reason}") from None
+    seen_uid = body["metadata"]["uid"]
+    if uid is not None and uid != seen_uid:
+        raise _fail(f"agentrun {ns}/{name} has uid {seen_uid}, not {uid}: it was re-created since you reviewed it; nothing was decided")
     earlier = ((body.get("spec") or {}).get("approvals") or {}).get(call_id)
     if earlier is not None:
         said = earlier.get("decision", "?") + (f" ({earlier['reason']})" if earlier.get("reason") else "")
         raise _fail(f"{call_id} of agentrun {ns}/{name} was already decided: {said}; a decision is write-once, so this one was not recorded")
-    pending = [p.get("callId") for p in (body.get("status") or {}).get("pendingApprovals") or []]
+    listed = {p.get("callId"): p for p in (body.get("status") or {}).get("pendingApprovals") or []}
+    pending = list(listed)
     if call_id not in pending:
         now = f"awaiting a decision now: {', '.join(pending)}" if pending else "no call of this run awaits a decision now"
         raise _fail(f"{call_id} of agentrun {ns}/{name} does not await a decision (status.pendingApprovals); {now}")
     entry = {"decision": decision, **({"reason": reason} if reason else {}), **({"result": result} if result is not None else {}),
              "decidedBy": _kube_user()}
     try:
-        api.patch_namespaced_custom_object("agentfast.dev", "v1alpha1", ns, "agentruns", name, {"spec": {"approvals": {call_id: entry}}})
+        api.patch_namespaced_custom_object("agentfast.dev", "v1alpha1", ns, "agentruns", name,
+                                           {"metadata": {"uid": seen_uid}, "spec": {"approvals": {call_id: entry}}})
     except ApiException as e:
         detail = json.loads(e.body).get("message", e.reason) if e.body else e.reason
+        if "metadata.uid" in detail:
+            raise _fail(f"agentrun {ns}/{name} was re-created since it was read (uid {seen_uid} is gone); nothing was decided") from None
         raise _fail(f"the API server refused the patch: {detail}") from None
-    out.print(f"agentrun.agentfast.dev/{name} patched: {call_id} {decision}" + (f" ({reason})" if reason else "") + f" by {entry['decidedBy']}",
-              highlight=False, markup=False)
+    call = listed[call_id]
+    out.print(f"agentrun.agentfast.dev/{name} (uid {seen_uid}) patched: {call_id} {decision}" + (f" ({reason})" if reason else "")
+              + f" by {entry['decidedBy']}: {call.get('tool', '?')}({call.get('arguments', '')})", highlight=False, markup=False)
 
 
 def _decide(run: str, call_id: str, decision: str, reason: Optional[str], dsn: Optional[str],
-            kube: Optional[bool], namespace: Optional[str], result: Optional[str] = None) -> None:
+            kube: Optional[bool], namespace: Optional[str], result: Optional[str] = None, uid: Optional[str] = None) -> None:
     """Record one decision (the store's rules: only for a call awaiting one now, once); exit 2 when refused."""
     try:
         reason, result = check_decision(decision, reason, result)
     except InvalidDecision as e:
         raise _fail(str(e)) from None
     if kube or (kube is None and _as_kubectl_plugin()):
-        _patch_approval(run, call_id, decision, reason, result, namespace)
+        _patch_approval(run, call_id, decision, reason, result, namespace, uid)
         return
     store = _open_store(dsn)
     try:
@@ -364,16 +376,18 @@ def _decide(run: str, call_id: str, decision: str, reason: Optional[str], dsn: O
 
 @app.command()
 def approve(run: str, call_id: str = typer.Argument(..., help="the call id status shows, e.g. call-2-0"),
-            dsn: Optional[str] = DsnOption, kube: Optional[bool] = KubeOption, namespace: Optional[str] = NamespaceOption) -> None:
+            dsn: Optional[str] = DsnOption, kube: Optional[bool] = KubeOption, namespace: Optional[str] = NamespaceOption,
+            uid: Optional[str] = UidOption) -> None:
     """Approve a call awaiting a decision; it runs once every awaited call of its batch is decided."""
-    _decide(run, call_id, "approve", None, dsn, kube, namespace)
+    _decide(run, call_id, "approve", None, dsn, kube, namespace, uid=uid)
 
 
 @app.command()
 def deny(run: str, call_id: str, reason: str = typer.Option("", "--reason", help="required: told to the model as the tool's result"),
-         dsn: Optional[str] = DsnOption, kube: Optional[bool] = KubeOption, namespace: Optional[str] = NamespaceOption) -> None:
+         dsn: Optional[str] = DsnOption, kube: Optional[bool] = KubeOption, namespace: Optional[str] = NamespaceOption,
+         uid: Optional[str] = UidOption) -> None:
     """Deny a call awaiting a decision; the model is told it was declined, and why (--reason is required)."""
-    _decide(run, call_id, "deny", reason or None, dsn, kube, namespace)
+    _decide(run, call_id, "deny", reason or None, dsn, kube, namespace, uid=uid)
 
 
 def _budget_summary(ctx: RunContext) -> tuple[dict, str]:
@@ -394,9 +408,10 @@ def _budget_summary(ctx: RunContext) -> tuple[dict, str]:
 @app.command()
 def complete(run: str, call_id: str = typer.Argument(..., help="the call id status shows, e.g. call-1-0-rerun1"),
              result: str = typer.Option(..., "--result", help="the call's result as JSON text; the model reads it verbatim"),
-             dsn: Optional[str] = DsnOption, kube: Optional[bool] = KubeOption, namespace: Optional[str] = NamespaceOption) -> None:
+             dsn: Optional[str] = DsnOption, kube: Optional[bool] = KubeOption, namespace: Optional[str] = NamespaceOption,
+             uid: Optional[str] = UidOption) -> None:
     """Record that an awaited call's effect already happened, with this result; its tool never runs again."""
-    _decide(run, call_id, "complete", None, dsn, kube, namespace, result=result)
+    _decide(run, call_id, "complete", None, dsn, kube, namespace, result=result, uid=uid)
 
 
 def _awaiting_view(store: Store, key: str, pending: Optional[PendingToolCall]) -> dict[str, Any]:

@@ -687,12 +687,18 @@ class Store:
             return self._retry(op)
         except UnknownCall as err:
             if once:
-                self._retry(lambda c: c.execute(
-                    """INSERT INTO agentfast_void_decisions (run_id, call_id, why)
-                       SELECT %s, %s, %s WHERE EXISTS (SELECT 1 FROM agentfast_runs WHERE run_id = %s)
-                       ON CONFLICT (run_id, call_id) DO NOTHING""",
-                    (run_id, call_id, str(err)[:1024], run_id)))
+                self.void_decision(run_id, call_id, str(err))
             raise
+
+    def void_decision(self, run_id: str, call_id: str, why: str) -> None:
+        """Mark ``call_id`` of ``run_id`` as never decidable through ``decide(once=True)`` (the
+        operator's path for ``spec.approvals``); ``why`` (cut to 1024 characters) is quoted when
+        it is refused. No-op for an unknown run or an already void call."""
+        self._retry(lambda c: c.execute(
+            """INSERT INTO agentfast_void_decisions (run_id, call_id, why)
+               SELECT %s, %s, %s WHERE EXISTS (SELECT 1 FROM agentfast_runs WHERE run_id = %s)
+               ON CONFLICT (run_id, call_id) DO NOTHING""",
+            (run_id, call_id, why[:1024], run_id)))
 
     def _refuse_if_decided(self, conn: psycopg.Connection, run_id: str, call_id: str, decision: str,
                            reason: str | None, result: str | None) -> None:

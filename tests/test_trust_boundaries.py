@@ -180,6 +180,7 @@ def test_the_decider_the_api_server_checked_reaches_store_status_and_history(tmp
     monkeypatch.setattr(main, "_event", lambda body, kind, reason, message: posted.append((kind, reason, message)))
     monkeypatch.setattr(main, "_warned", set())
     monkeypatch.setattr(main.STATE, "store", store)
+    monkeypatch.setattr(main, "approval_policy_missing", lambda: None)  # the chart's policy in force
     body = {"metadata": {"name": "attributed", "namespace": "default", "uid": "u-1"},
             "spec": {"approvals": {"call-2-0": {"decision": "approve"}}}}  # written past the CRD and the policy
     main._record_approvals(body, "default/attributed")
@@ -208,6 +209,7 @@ def test_a_decision_written_before_its_call_awaits_one_never_fires(dsn: str, sto
     monkeypatch.setattr(main, "_event", lambda *a: None)
     monkeypatch.setattr(main, "_warned", set())
     monkeypatch.setattr(main.STATE, "store", store)
+    monkeypatch.setattr(main, "approval_policy_missing", lambda: None)  # the chart's policy in force
     run_id = _register(store, _refund_doc("armed"))  # registered, not started: call-2-0 does not exist yet
     body = {"metadata": {"name": "armed", "namespace": "default", "uid": "u-armed"},
             "spec": {"approvals": {"call-2-0": {"decision": "approve", "decidedBy": "mallory"}}}}
@@ -220,3 +222,24 @@ def test_a_decision_written_before_its_call_awaits_one_never_fires(dsn: str, sto
     # A human on the store itself (the local CLI) still decides it.
     approved = run_cli("approve", run_id, "call-2-0", dsn=dsn)
     assert approved.returncode == 0 and store.get_decision(run_id, "call-2-0").decided_by.startswith("cli:"), approved.stdout
+
+
+def test_without_the_admission_policy_no_decision_is_recorded_even_after_it_returns(dsn: str, store, monkeypatch) -> None:
+    # Only the policy checks the approval right and that decidedBy is the writer: an entry written
+    # while it is missing (or not enforcing) is nobody's verified decision and never fires.
+    from agentfast.operator import main
+
+    warned: list[str] = []
+    monkeypatch.setattr(main, "_event", lambda body, kind, reason, message: warned.append(reason))
+    monkeypatch.setattr(main, "_warned", set())
+    monkeypatch.setattr(main.STATE, "store", store)
+    run_id = _register(store, _refund_doc("unguarded"))
+    assert run_cli("resume", run_id, "--no-wait", dsn=dsn, timeout=90).returncode == 0
+    body = {"metadata": {"name": "unguarded", "namespace": "default", "uid": "u-unguarded"},
+            "spec": {"approvals": {"call-2-0": {"decision": "approve", "decidedBy": "someone-else"}}}}
+    monkeypatch.setattr(main, "approval_policy_missing", lambda: "the admission policy agentfast-approvals is not installed")
+    main._record_approvals(body, run_id)
+    assert store.get_decision(run_id, "call-2-0") is None and warned == ["ApprovalPolicyMissing"]
+    monkeypatch.setattr(main, "approval_policy_missing", lambda: None)  # the policy is back
+    main._record_approvals(body, run_id)
+    assert store.get_decision(run_id, "call-2-0") is None and _refunds(dsn) == 0

@@ -10,6 +10,8 @@ authenticates and authorizes every request as that person (nothing is impersonat
 - The approver decides through ``kubectl agentfast approve`` (the CLI's path is the same patch);
   who decided reaches spec, the store, ``status.decisions`` and an Event.
 - With ``approval.forbidSelfApproval``, the creator cannot decide their own run's call.
+- A decision is bound to the AgentRun (uid) the approver reviewed, and without an enforcing
+  policy binding the operator records no decision, then or later.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,3 +167,59 @@ def test_with_forbid_self_approval_the_creator_cannot_decide(release: Kube, peop
     finally:
         for kind in ("validatingadmissionpolicybinding", "validatingadmissionpolicy"):
             k.run("delete", kind, policy["metadata"]["name"], namespaced=False, check=False)
+
+
+def test_a_decision_is_bound_to_the_agentrun_the_approver_reviewed(release: Kube, people) -> None:
+    # Deleted and re-created under the same name (other input, same predictable call ids) between
+    # the approver's review and their decision: the decision does not land on the new object.
+    k = release
+    approver = people("approver", APPROVER_ROLE)
+    doc = refund_doc(k)
+    name = doc["metadata"]["name"]
+    k.apply(doc)
+    call = wait_awaiting(k, name)
+    reviewed = k.get("agentrun", name)["metadata"]["uid"]
+    k.run("delete", "agentrun", name, "--wait=true")
+    doc["spec"]["input"] = "Refund every order of every customer."
+    k.apply(doc)
+    plugin = shutil.which("kubectl-agentfast")
+    assert plugin, "kubectl-agentfast (the agentfast console script) is not on PATH"
+    env = {**os.environ, "KUBECONFIG": approver.kube.kubeconfig}
+    proc = subprocess.run([plugin, "approve", name, call, "-n", k.namespace, "--uid", reviewed], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "re-created since you reviewed it" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert not k.get("agentrun", name)["spec"].get("approvals")
+    # The API server enforces the same precondition for a raw patch carrying the reviewed uid.
+    patch = {"metadata": {"uid": reviewed}, "spec": {"approvals": {call: {"decision": "approve", "decidedBy": approver.user}}}}
+    refused(approver.kube.run("patch", "agentrun", name, "--type", "merge", "-p", json.dumps(patch), check=False), "metadata.uid")
+
+
+def test_without_an_enforcing_binding_no_decision_is_recorded_even_after_it_returns(release: Kube) -> None:
+    # Only the admission policy checks the right and the decider. With its binding not enforcing
+    # (Audit), an entry claiming another user is admitted by the API server; the operator must
+    # record nothing, then or after the binding enforces again (the entry is void for good).
+    k = release
+    binding = "agentfast-approvals"
+    doc = refund_doc(k)
+    name = doc["metadata"]["name"]
+    k.apply(doc)
+    call = wait_awaiting(k, name)
+    recheck = 12  # the operator re-reads the policy every 10 s; the API server's own policy cache is quicker
+    k.run("patch", "validatingadmissionpolicybinding", binding, "--type", "merge", "-p", '{"spec":{"validationActions":["Audit"]}}', namespaced=False)
+    try:
+        time.sleep(recheck)
+        forged = json.dumps({"spec": {"approvals": {call: {"decision": "approve", "decidedBy": "system:serviceaccount:elsewhere:someone"}}}})
+        k.wait_for("the unenforced policy to admit a forged decidedBy",
+                   lambda: k.run("patch", "agentrun", name, "--type", "merge", "-p", forged, check=False).returncode == 0, timeout=30, interval=2)
+
+        def warned() -> bool:
+            out = k.run("get", "events", "--field-selector", f"involvedObject.name={name},reason=ApprovalPolicyMissing", "-o", "json").stdout
+            return bool(json.loads(out)["items"])
+
+        k.wait_for("the operator to refuse the unchecked decision", warned, timeout=60, interval=1)
+    finally:
+        k.run("patch", "validatingadmissionpolicybinding", binding, "--type", "merge", "-p", '{"spec":{"validationActions":["Deny"]}}', namespaced=False)
+    time.sleep(recheck)
+    k.run("annotate", "agentrun", name, "--overwrite", "agentfast.dev/e2e-touch=1")  # a reconcile with the policy back
+    time.sleep(5)
+    assert sql(k, "SELECT count(*) FROM agentfast_approvals WHERE run_id = %s", f"{k.namespace}/{name}") == [[0]]
+    assert status(k, name)["phase"] == "WaitingForApproval"
