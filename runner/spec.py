@@ -1,8 +1,10 @@
-"""The AgentRun resource as the runner reads it: the same YAML a user would ``kubectl apply``.
+"""The AgentRun and ModelConfig resources as the runner reads them: the same YAML a user would ``kubectl apply``.
 
 ``load_agentrun(path)`` parses and validates a file before anything runs; a bad file raises
 :class:`SpecError` whose message names the offending field (``spec.budget.max_tokens: ...``).
-The CRD schema in ``manifests/`` mirrors these models; field names are camelCase as Kubernetes
+A run on a real endpoint names a ModelConfig (an admin's: URL, key Secret, models, limits,
+prices); :func:`resolve_model_config` copies its non-secret part into the run's ``modelConfig``.
+The CRD schemas in ``charts/agentfast/crds/`` mirror these models; field names are camelCase as Kubernetes
 API conventions ask, except the budget keys, which keep the product's names (``max_iterations``,
 ``max_tokens``, ``max_duration_ms``).
 """
