@@ -51,20 +51,26 @@ def write_script(path: Path, iterations: int) -> Path:
 
 
 def write_agentrun(path: Path, name: str, script: Path, iterations: int, adapter: str = "vanilla", base_url: str | None = None) -> Path:
-    model = {"name": "scripted-bench", "baseURL": base_url, "apiKeyEnv": "BENCH_MODEL_KEY"} if base_url else \
-        {"name": "scripted-bench", "script": str(script)}
+    """An AgentRun file on the script (the runner serves it itself) or, with ``base_url``, on a
+    scripted server already running there, through a ModelConfig document beside the AgentRun
+    (the local single-file form; the endpoint needs no key)."""
+    model = {"name": "scripted-bench", "config": "bench"} if base_url else {"name": "scripted-bench", "script": str(script)}
     spec: dict = {
         "adapter": adapter,
         "model": model,
         "systemPrompt": "You are a support agent. Look every order up.",
         "input": "Please check all my recent orders for duplicate charges.",
         "tools": [{"name": "lookup", "ref": "bench.tools:lookup"}],
-        "budget": {"max_iterations": iterations + 10, "max_tokens": 10**9, "max_duration_ms": 3_600_000, "classifier": "none"},
+        "budget": {"max_iterations": iterations + 10, "max_tokens": 100_000_000, "max_duration_ms": 3_600_000, "classifier": "none"},
     }
     if adapter == "langgraph":
         spec["graph"] = {"ref": "agentfast.runner.examples.refund_graph:build"}
     doc = {"apiVersion": "agentfast.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": name}, "spec": spec}
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    docs = [doc]
+    if base_url:
+        docs.append({"apiVersion": "agentfast.dev/v1alpha1", "kind": "ModelConfig", "metadata": {"name": "bench"},
+                     "spec": {"baseURL": base_url, "models": ["scripted-bench"]}})
+    path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
     return path
 
 
@@ -80,7 +86,7 @@ class Proc:
     """A runner process whose output goes to a file and whose rusage is collected by wait4."""
 
     def __init__(self, args: list[str], dsn: str, workdir: Path, tag: str):
-        env = {**os.environ, "AGENTFAST_DSN": dsn, "PYTHONPATH": str(REPO), "BENCH_MODEL_KEY": "bench"}
+        env = {**os.environ, "AGENTFAST_DSN": dsn, "PYTHONPATH": str(REPO)}
         env.pop("AGENTFAST_FAULT", None)
         self.log_path = workdir / f"{tag}-{uuid.uuid4().hex[:6]}.log"
         self._log = open(self.log_path, "w")

@@ -42,15 +42,17 @@ from kubernetes.client.rest import ApiException
 from agentfast.runner.scripted import bundled_scripts
 from agentfast.runner.snapshot import TERMINAL_PHASES
 from agentfast.runner.spec import CALL_ID_PATTERN, DEFAULT_ALLOWED_MODULES, SpecError, allowed_modules_from_env, check_cluster_policy, parse_agentrun
+from agentfast.runner.spec import AgentRun, parse_modelconfig, resolve_model_config
 from agentfast.runner.liveness import runner_state
 from agentfast.runner.store import (
     PROGRESS_CHANNEL, DecisionConflict, InvalidDecision, Store, StoreUnavailable, UnknownCall, UnreadableState,
 )
 
 from .status import MAX_DECISIONS, status_from_store
-from .workload import ANNOTATION_RUN, LABEL_RUN, RunnerConfig, build_job, job_name
+from .workload import ANNOTATION_RUN, LABEL_RUN, EgressPolicy, RunnerConfig, build_job, build_network_policy, job_name
 
 GROUP, VERSION, PLURAL = "agentfast.dev", "v1alpha1", "agentruns"
+MODELCONFIGS = "modelconfigs"
 log = logging.getLogger("agentfast.operator")
 
 
@@ -72,6 +74,8 @@ class Settings:
     # The ValidatingAdmissionPolicy that checks who decides (the chart's <release>-approvals): a
     # spec.approvals entry is recorded only while it exists and a binding enforces it (Deny).
     approval_policy: str = field(default_factory=lambda: os.environ.get("AGENTFAST_APPROVAL_POLICY", "agentfast-approvals"))
+    # A NetworkPolicy per runner pod (the chart's networkPolicy.enabled); None: none.
+    egress: EgressPolicy | None = field(default_factory=EgressPolicy.from_env)  # [AGENTFAST_NETWORK_POLICY]
 
 
 def _allowed_modules() -> tuple[str, ...]:
@@ -88,6 +92,7 @@ class _State:
     admission: kubernetes.client.AdmissionregistrationV1Api
     batch: kubernetes.client.BatchV1Api
     core: kubernetes.client.CoreV1Api
+    networking: kubernetes.client.NetworkingV1Api
     stop = threading.Event()
 
 
@@ -114,6 +119,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     STATE.batch = kubernetes.client.BatchV1Api()
     STATE.core = kubernetes.client.CoreV1Api()
     STATE.admission = kubernetes.client.AdmissionregistrationV1Api()
+    STATE.networking = kubernetes.client.NetworkingV1Api()
     if not SETTINGS.dsn:
         raise kopf.PermanentError("AGENTFAST_DSN is not set: the operator needs the runs' Postgres")
     try:
@@ -178,16 +184,23 @@ def reconcile(body: dict[str, Any]) -> None:
     try:
         # G12: the shape and the admin's allow-list only; nothing the spec names is imported or
         # read here. Whether its refs resolve is learned in the runner pod (Failed/InvalidSpec).
-        check_cluster_policy(parse_agentrun(doc, check_imports=False), SETTINGS.allowed_modules, bundled_scripts())
+        run = parse_agentrun(doc, check_imports=False)
+        check_cluster_policy(run, SETTINGS.allowed_modules, bundled_scripts())
+        doc = _with_model_config(run, doc, run_id, uid)
+    except ModelConfigNotFound as err:  # an admin may still create it: the resync retries
+        publish_status(body, None, None, override=("Pending", "ModelConfigNotFound", str(err)))
+        return
     except SpecError as err:  # permanent: nothing to run, nothing to retry
         publish_status(body, None, None, override=("Failed", "InvalidSpec", str(err)))
         return
+    except StoreUnavailable as err:
+        raise kopf.TemporaryError(f"Postgres unavailable: {err}", delay=10) from None
     try:
         record = STATE.store.create_run(run_id, uid, doc)
         if record.run_uid != uid:
             # An AgentRun of this name was deleted with its data kept; this is a new run.
             STATE.store.delete_run(run_id)
-            STATE.store.create_run(run_id, uid, doc)
+            record = STATE.store.create_run(run_id, uid, doc)
             _event(body, "Normal", "DataReplaced", f"rows of an earlier AgentRun named {name} (uid {record.run_uid}) were replaced")
         _record_approvals(body, run_id)
         ctx, pending, extra = _load_status(run_id)
@@ -200,10 +213,48 @@ def reconcile(body: dict[str, Any]) -> None:
     if ctx is None or ctx.status.phase not in TERMINAL_PHASES:
         job = _get_job(namespace, name)
         if job is None:
-            _create_job(body)
+            _create_job(body, (record.spec.get("modelConfig") or {}).get("apiKeySecretRef"))
         elif (failure := _job_failed(job)) is not None:
             override = ("Failed", "RunnerFailed", failure or "the runner Job failed")
     publish_status(body, ctx, pending, override=override, **extra)
+
+
+class ModelConfigNotFound(Exception):
+    """The ModelConfig an AgentRun names does not exist (yet) in its namespace. ``str(err)`` is
+    the sentence status shows."""
+
+
+def _with_model_config(run: AgentRun, doc: dict[str, Any], run_id: str, uid: str) -> dict[str, Any]:
+    """The document to register for ``run``: for a run already registered under this uid, the
+    registered one (a run keeps the ModelConfig it started with; see docs/architecture.md); for a
+    new run naming ``spec.model.config``, ``doc`` plus ``modelConfig``, the non-secret part of that
+    ModelConfig read now from the run's namespace (:func:`resolve_model_config`: nothing it names
+    is read or fetched, and the operator never reads a Secret); ``doc`` itself for a scripted run.
+
+    Raises ModelConfigNotFound (run stays Pending), SpecError (the model is not one the
+    ModelConfig allows, or it names the DSN's Secret key: Failed/InvalidSpec), StoreUnavailable.
+    """
+    if run.spec.model.config is None:
+        return doc
+    assert STATE.store is not None
+    existing = STATE.store.get_run(run_id)
+    if existing is not None and existing.run_uid == uid and existing.spec.get("modelConfig"):
+        return existing.spec
+    namespace, name = run.metadata.namespace, run.spec.model.config
+    try:
+        obj = STATE.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, MODELCONFIGS, name)
+    except ApiException as err:
+        if err.status == 404:
+            raise ModelConfigNotFound(
+                f"spec.model.config names ModelConfig {name!r}, which does not exist in namespace {namespace!r};"
+                " the run starts once an admin creates it (kubectl get modelconfigs)") from None
+        raise
+    resolved = resolve_model_config(run, parse_modelconfig(obj))
+    key = resolved.modelConfig.apiKeySecretRef if resolved.modelConfig else None
+    if key is not None and (key.name, key.key) == (SETTINGS.runner.dsn_secret, SETTINGS.runner.dsn_secret_key):
+        raise SpecError(f"spec.model.config: ModelConfig {name!r} names the Secret key holding the runs' Postgres DSN"
+                        f" ({key.name}/{key.key}) as its API key; refused")
+    return resolved.model_dump(mode="json", exclude_none=True, exclude={"status"})
 
 
 def _load_status(run_id: str) -> tuple[Any, Any, dict[str, Any]]:
@@ -325,8 +376,18 @@ def _job_failed(job: Any) -> str | None:
     return None
 
 
-def _create_job(body: dict[str, Any]) -> None:
-    job = build_job(body, SETTINGS.runner, allowed_modules=SETTINGS.allowed_modules)
+def _create_job(body: dict[str, Any], model_key: dict[str, str] | None) -> None:
+    """Create the runner Job (and first, when enabled, its NetworkPolicy, so the pod never runs
+    without it), owned by the AgentRun. ``model_key``: the registered ModelConfig's apiKeySecretRef."""
+    if SETTINGS.egress is not None:
+        policy = build_network_policy(body, SETTINGS.egress)
+        kopf.adopt(policy, owner=body)
+        try:
+            STATE.networking.create_namespaced_network_policy(body["metadata"]["namespace"], policy)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+    job = build_job(body, SETTINGS.runner, allowed_modules=SETTINGS.allowed_modules, model_key=model_key)
     kopf.adopt(job, owner=body, nested="spec.template")
     try:
         STATE.batch.create_namespaced_job(body["metadata"]["namespace"], job)

@@ -17,15 +17,23 @@ non-retriable pod failures with Pod failure policy", stable in 1.31):
 terminated; the fencing epoch in Postgres covers any overlap anyway (G6).
 
 The pod needs no Kubernetes credentials (no service-account token), runs as non-root with a
-read-only root filesystem, and reads the DSN and the model key from Secrets.
+read-only root filesystem, and reads the DSN and the model key from Secrets: the key only from the
+Secret key the run's ModelConfig names, as ``AGENTFAST_MODEL_API_KEY``; an AgentRun names no
+Secret and no variable.
+
+With the chart's ``networkPolicy.enabled``, :func:`build_network_policy` gives each runner pod a
+NetworkPolicy of its own: no ingress, egress only to DNS, Postgres and the admin's model peers.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
+
+from agentfast.runner.spec import MODEL_API_KEY_ENV
 
 LABEL_RUN = "agentfast.dev/run"
 #: The AgentRun's full name on its Job (a name over 63 characters does not fit the label).
@@ -86,13 +94,17 @@ def run_label(run_name: str) -> str:
     return _fit63(run_name, run_name)
 
 
-def build_job(body: dict[str, Any], cfg: RunnerConfig, *, allowed_modules: tuple[str, ...] = ()) -> dict[str, Any]:
+def build_job(body: dict[str, Any], cfg: RunnerConfig, *, allowed_modules: tuple[str, ...] = (),
+              model_key: dict[str, str] | None = None) -> dict[str, Any]:
     """The Job manifest for an AgentRun ``body`` (ownerReference is added by kopf.adopt).
 
     ``allowed_modules`` reaches the runner as ``AGENTFAST_ALLOWED_MODULES``: the runner checks
-    the refs against it again before importing anything. The model key's variable comes after
-    ours, and the spec's ``apiKeyEnv`` cannot name one of ours (``runner/spec.py``)."""
-    meta, spec = body["metadata"], body["spec"]
+    the refs against it again before importing anything. ``model_key`` is the ``apiKeySecretRef``
+    (``{"name", "key"}``) of the ModelConfig the run was registered with, or None (the scripted
+    model, an endpoint without a key): that one Secret key, and no other, becomes
+    ``AGENTFAST_MODEL_API_KEY``, a fixed name of ours; nothing in the AgentRun's spec reaches the
+    environment. Raises ValueError when ``model_key`` is the DSN's Secret key itself."""
+    meta = body["metadata"]
     name, namespace = meta["name"], meta.get("namespace", "default")
     env: list[dict[str, Any]] = [
         {"name": "AGENTFAST_DSN", "valueFrom": {"secretKeyRef": {"name": cfg.dsn_secret, "key": cfg.dsn_secret_key}}},
@@ -101,10 +113,10 @@ def build_job(body: dict[str, Any], cfg: RunnerConfig, *, allowed_modules: tuple
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         {"name": "AGENTFAST_ALLOWED_MODULES", "value": ",".join(allowed_modules)},
     ]
-    model = spec.get("model", {})
-    if model.get("apiKeySecretRef"):
-        ref = model["apiKeySecretRef"]
-        env.append({"name": model.get("apiKeyEnv", "OPENAI_API_KEY"), "valueFrom": {"secretKeyRef": {"name": ref["name"], "key": ref["key"]}}})
+    if model_key is not None:
+        if (model_key["name"], model_key["key"]) == (cfg.dsn_secret, cfg.dsn_secret_key):
+            raise ValueError(f"the model key would be the runs' Postgres DSN (Secret {cfg.dsn_secret!r}, key {cfg.dsn_secret_key!r})")
+        env.append({"name": MODEL_API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": model_key["name"], "key": model_key["key"]}}})
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -157,5 +169,88 @@ def build_job(body: dict[str, Any], cfg: RunnerConfig, *, allowed_modules: tuple
                              "annotations": {ANNOTATION_RUN: name}},
                 "spec": pod_spec,
             },
+        },
+    }
+
+
+#: Egress to the cluster DNS when the admin gives none: kube-system, port 53 over UDP and TCP.
+DEFAULT_DNS_EGRESS: tuple[dict[str, Any], ...] = (
+    {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}],
+     "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+)
+_RULE_KEYS = {"to", "ports"}
+_PEER_KEYS = {"ipBlock", "namespaceSelector", "podSelector"}
+_PORT_KEYS = {"port", "endPort", "protocol"}
+
+
+@dataclass(frozen=True)
+class EgressPolicy:
+    """Where runner pods may connect when the chart enables ``networkPolicy``: NetworkPolicy egress
+    rules (``{"to": [peers], "ports": [ports]}``, the Kubernetes shape: a NetworkPolicy names pods,
+    namespaces and IP blocks, never host names) for DNS, Postgres and the model endpoints."""
+
+    dns: tuple[dict[str, Any], ...] = DEFAULT_DNS_EGRESS
+    postgres: tuple[dict[str, Any], ...] = ()
+    model: tuple[dict[str, Any], ...] = ()
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "EgressPolicy | None":
+        """The policy in ``AGENTFAST_NETWORK_POLICY`` (JSON ``{"dns": [...], "postgres": [...],
+        "model": [...]}``, set by the chart when ``networkPolicy.enabled``), or None when unset or
+        empty (no NetworkPolicy). Raises ValueError on a malformed value or no Postgres rule (every
+        runner would be cut off from its store)."""
+        raw = (os.environ if env is None else env).get("AGENTFAST_NETWORK_POLICY", "").strip()
+        if not raw:
+            return None
+        try:
+            doc = json.loads(raw)
+        except ValueError as err:
+            raise ValueError(f"AGENTFAST_NETWORK_POLICY is not JSON: {err}") from None
+        if not isinstance(doc, dict) or set(doc) - {"dns", "postgres", "model"}:
+            raise ValueError("AGENTFAST_NETWORK_POLICY must be an object with keys dns, postgres, model")
+        parts = {k: tuple(_check_rules(doc.get(k) or [], k)) for k in ("dns", "postgres", "model")}
+        if not parts["postgres"]:
+            raise ValueError("AGENTFAST_NETWORK_POLICY has no postgres rule: runners could not reach their store (networkPolicy.postgresEgress)")
+        return cls(dns=parts["dns"] or DEFAULT_DNS_EGRESS, postgres=parts["postgres"], model=parts["model"])
+
+
+def _check_rules(rules: Any, where: str) -> list[dict[str, Any]]:
+    """``rules`` if it is a list of egress rules with only the keys a NetworkPolicy knows (the API
+    server checks the rest); raises ValueError naming ``where`` otherwise."""
+    if not isinstance(rules, list):
+        raise ValueError(f"AGENTFAST_NETWORK_POLICY.{where}: expected a list of egress rules")
+    for i, rule in enumerate(rules):
+        if not isinstance(rule, dict) or set(rule) - _RULE_KEYS:
+            raise ValueError(f"AGENTFAST_NETWORK_POLICY.{where}[{i}]: an egress rule has only 'to' and 'ports'")
+        for peer in rule.get("to") or []:
+            if not isinstance(peer, dict) or not peer or set(peer) - _PEER_KEYS:
+                raise ValueError(f"AGENTFAST_NETWORK_POLICY.{where}[{i}].to: a peer has ipBlock, namespaceSelector or podSelector")
+        for port in rule.get("ports") or []:
+            if not isinstance(port, dict) or set(port) - _PORT_KEYS:
+                raise ValueError(f"AGENTFAST_NETWORK_POLICY.{where}[{i}].ports: a port has port, endPort, protocol")
+    return rules
+
+
+def build_network_policy(body: dict[str, Any], policy: EgressPolicy) -> dict[str, Any]:
+    """The NetworkPolicy of one AgentRun's runner pods (ownerReference added by kopf.adopt, like
+    the Job's): it selects them by the Job's pod labels, allows no ingress, and allows egress only
+    by ``policy``'s rules, DNS first, then Postgres, then the model endpoints. A pod running the
+    scripted model talks to it over loopback, which no NetworkPolicy filters."""
+    meta = body["metadata"]
+    name, namespace = meta["name"], meta.get("namespace", "default")
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": job_name(name),
+            "namespace": namespace,
+            "labels": {LABEL_RUN: run_label(name), "app.kubernetes.io/managed-by": "agentfast", "app.kubernetes.io/component": "runner"},
+            "annotations": {ANNOTATION_RUN: name},
+        },
+        "spec": {
+            "podSelector": {"matchLabels": {LABEL_RUN: run_label(name), "app.kubernetes.io/component": "runner"}},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [],
+            "egress": [*policy.dns, *policy.postgres, *policy.model],
         },
     }

@@ -186,7 +186,7 @@ def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool, force:
         _check_admin_policy(run)
         preflight(run)  # a registered run's tool may have stopped importing since it was created
         tools = ToolRegistry.from_agentrun(run)
-        model = model_from_spec(run.spec.model)
+        model = model_from_spec(run.spec.model, run.modelConfig)  # the endpoint the run was registered with
     except SpecError as e:
         # Recorded as the run's ending (Failed/InvalidSpec): the operator shows it and nothing retries it.
         ended = fail_invalid_spec(store, run, str(e), force=force)
@@ -225,12 +225,16 @@ def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool, force:
 
 @app.command()
 def run(
-    file: str = typer.Argument(..., help="an AgentRun YAML file, the same one you would kubectl apply"),
+    file: str = typer.Argument(..., help="an AgentRun YAML file, the same one you would kubectl apply, and the ModelConfig it names (if any)"),
     dsn: Optional[str] = DsnOption,
     wait: bool = typer.Option(True, "--wait/--no-wait", help="wait for approvals (default) or exit when the run pauses"),
     force: bool = ForceOption,
 ) -> None:
-    """Run an AgentRun locally; continues it if a run of that name exists and is unfinished."""
+    """Run an AgentRun locally; continues it if a run of that name exists and is unfinished.
+
+    A run on a real endpoint names a ModelConfig (``spec.model.config``) given as another
+    document of the same file; its key, if it names one, is read from AGENTFAST_MODEL_API_KEY.
+    """
     try:
         agentrun = load_agentrun(file, check_imports=False)
         _check_admin_policy(agentrun)  # before anything it names is imported
@@ -247,6 +251,9 @@ def run(
     record = store.create_run(run_id, agentrun.metadata.uid or str(uuid.uuid4()), doc)
     if record.spec.get("spec") != doc.get("spec"):
         raise _fail(f"a run named {run_id} exists with a different spec; rename metadata.name or `agentfast delete {run_id}`")
+    if record.spec.get("modelConfig") != doc.get("modelConfig"):  # a run keeps the endpoint it was registered with
+        raise _fail(f"a run named {run_id} exists with a different ModelConfig ({_model_config_line(record.spec)});"
+                    f" rename metadata.name or `agentfast delete {run_id}`")
     outcome = _drive(store, agentrun, wait=wait, interactive=_interactive(wait), force=force)
     raise typer.Exit(outcome.exit_code)
 
@@ -433,6 +440,22 @@ def _awaiting_view(store: Store, key: str, pending: Optional[PendingToolCall]) -
     }
 
 
+def _model_config_line(doc: dict, prompt_tokens: int | None = None, completion_tokens: int | None = None) -> str:
+    """One line on the model of a registered run document: its ModelConfig (name, version, endpoint)
+    and, with token counts and prices, the cost so far; or the scripted model."""
+    from .spec import ResolvedModelConfig
+
+    model = (doc.get("spec") or {}).get("model") or {}
+    if not doc.get("modelConfig"):
+        return f"{model.get('name')} (scripted: {model.get('script')})" if model.get("script") else f"{model.get('name')} (no ModelConfig)"
+    mc = ResolvedModelConfig.model_validate(doc["modelConfig"])
+    line = f"{model.get('name')} via ModelConfig {mc.name}" + (f" (resourceVersion {mc.resourceVersion})" if mc.resourceVersion else "")
+    line += f" at {mc.baseURL}"
+    if mc.prices is not None and prompt_tokens is not None and completion_tokens is not None:
+        line += f"; cost so far {mc.prices.cost(prompt_tokens, completion_tokens):.4f} {mc.prices.currency}"
+    return line
+
+
 @app.command()
 def status(run: str, dsn: Optional[str] = DsnOption, output: str = typer.Option("text", "-o", help="text or json")) -> None:
     """Phase, whether a runner is alive, iteration, tokens, budget and any pending approval of a run.
@@ -440,8 +463,9 @@ def status(run: str, dsn: Optional[str] = DsnOption, output: str = typer.Option(
     ``-o json``: ``context``, ``pending``, ``runner`` (``alive``, ``state``, ``heartbeat_age_s``,
     ``runner_id``, ``pid``, ``host``), ``next`` (``state`` and ``message``: what the run waits
     for), ``awaiting`` (every call awaiting a decision now), ``decided`` (decisions recorded for
-    the paused batch, applied when the run goes on) and ``budget`` (applied, declared,
-    classifier, which limits it lowered).
+    the paused batch, applied when the run goes on), ``budget`` (applied, declared,
+    classifier, which limits it lowered) and ``modelConfig`` (the ModelConfig the run was
+    registered with: endpoint, limits, prices; null for the scripted model).
     """
     from .liveness import batch_waits, runner_state, runner_story
 
@@ -470,6 +494,7 @@ def status(run: str, dsn: Optional[str] = DsnOption, output: str = typer.Option(
             "runner": info.to_json(),
             "next": {"state": state, "message": story},
             "budget": budget_doc,
+            "modelConfig": (record.spec.get("modelConfig") if (record := store.get_run(key)) is not None else None),
         }
         out.print_json(json.dumps(doc))
         return
@@ -482,6 +507,9 @@ def status(run: str, dsn: Optional[str] = DsnOption, output: str = typer.Option(
     t.add_row("tokens", f"{u.total_tokens} of {b.max_tokens} (prompt {u.prompt_tokens}, completion {u.completion_tokens})")
     t.add_row("active time", f"{u.duration_ms} ms of {b.max_duration_ms} ms (time waiting for a decision is not counted)")
     t.add_row("budget", budget_line)
+    record = store.get_run(key)
+    if record is not None:
+        t.add_row("model", one_line(_model_config_line(record.spec, u.prompt_tokens, u.completion_tokens)))
     t.add_row("tool calls", f"{c.tool_calls} ({c.tool_errors} raised, {c.malformed_tool_calls} malformed)")
     t.add_row("resumes", str(c.resumes))
     for a in view["awaiting"]:

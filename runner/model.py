@@ -11,9 +11,11 @@ with exponential backoff (0.5 s doubling, at most 8 s, with jitter; a server's `
 is honoured). A call that still fails, or fails with another 4xx, raises :class:`ModelError`,
 whose ``retriable`` says whether asking again later could succeed.
 
-:func:`model_from_spec` builds the provider an AgentRun's ``spec.model`` asks for; with
-``spec.model.script`` it also starts the scripted model (:mod:`agentfast.runner.scripted`) on
-localhost and talks to it over HTTP like to any remote endpoint.
+:func:`model_from_spec` builds the provider an AgentRun's ``spec.model`` asks for: with
+``spec.model.config``, the endpoint and limits of the ModelConfig the run was registered with and
+the key from ``AGENTFAST_MODEL_API_KEY``; with ``spec.model.script`` it also starts the scripted
+model (:mod:`agentfast.runner.scripted`) on localhost and talks to it over HTTP like to any
+remote endpoint.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import openai
 from pydantic import BaseModel, Field
 
 from .snapshot import Message, ToolCall
-from .spec import ModelSpec
+from .spec import MODEL_API_KEY_ENV, NO_KEY, ModelSpec, ResolvedModelConfig, check_model_allowed
 from .storable import storable_text
 
 __all__ = ["ChatModel", "ModelError", "ModelReply", "OpenAIChatModel", "distinct_tool_call_ids", "model_from_spec"]
@@ -106,6 +108,8 @@ class OpenAIChatModel(ChatModel):
     ``timeout_s``: seconds allowed for one HTTP attempt (each retry gets its own).
     ``max_retries``: retries after the first attempt on connection errors, timeouts, 408, 409,
     429 and 5xx, with exponential backoff. ``temperature``: sent only when not None.
+    ``max_tokens``: the most completion tokens one request may produce, sent as
+    ``max_completion_tokens`` (OpenAI's name for it; vLLM and LiteLLM take it too) when not None.
     """
 
     def __init__(
@@ -117,6 +121,7 @@ class OpenAIChatModel(ChatModel):
         timeout_s: float = 60,
         max_retries: int = 4,
         temperature: float | None = None,
+        max_tokens: int | None = None,
     ) -> None:
         if not api_key:
             raise ModelError("model API key is empty", retriable=False)
@@ -124,6 +129,9 @@ class OpenAIChatModel(ChatModel):
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        self.max_tokens = max_tokens
         self.base_url = base_url
         self.model = model
         self.timeout_s = timeout_s
@@ -148,6 +156,8 @@ class OpenAIChatModel(ChatModel):
             kwargs["tools"] = tools
         if self.temperature is not None:
             kwargs["temperature"] = self.temperature
+        if self.max_tokens is not None:
+            kwargs["max_completion_tokens"] = self.max_tokens
         try:
             response = self._client.chat.completions.create(**kwargs)
         except openai.APIStatusError as err:
@@ -280,14 +290,19 @@ def _error_detail(err: openai.APIStatusError) -> str:
     return err.message
 
 
-def model_from_spec(spec: ModelSpec, env: Mapping[str, str] = os.environ) -> ChatModel:
+def model_from_spec(spec: ModelSpec, config: ResolvedModelConfig | None = None, env: Mapping[str, str] = os.environ) -> ChatModel:
     """The provider for an AgentRun's ``spec.model``.
 
     With ``spec.script``: loads the script, starts a :class:`ScriptedModelServer` on 127.0.0.1
-    (a free port) and returns an :class:`OpenAIChatModel` pointed at it (API key ``"scripted"``);
-    closing the model stops the server. Otherwise: ``spec.baseURL`` with the API key read from
-    ``env[spec.apiKeyEnv]``. Raises :class:`ModelError` (not retriable) when the key is missing
-    or the script cannot be loaded.
+    (a free port) and returns an :class:`OpenAIChatModel` pointed at it (API key ``"scripted"``,
+    the ModelConfig defaults: 60 s per attempt, 4 retries); closing the model stops the server.
+    With ``spec.config``: ``config`` is the run's resolved ModelConfig (``AgentRun.modelConfig``,
+    written when the run was registered): its ``baseURL``, ``timeoutSeconds``, ``maxRetries`` and
+    ``maxTokensPerRequest``; the key is ``env["AGENTFAST_MODEL_API_KEY"]`` when the ModelConfig
+    names a Secret (the operator sets that variable from it; locally the user does), else the
+    placeholder ``none``. Nothing else in ``env`` is read.
+    Raises :class:`ModelError` (not retriable) when the script cannot be loaded, the run has no
+    resolved ModelConfig, the model is not one it allows, or its key is missing.
     """
     if spec.script:
         from .scripted import ScriptedModelServer, load_script
@@ -298,10 +313,11 @@ def model_from_spec(spec: ModelSpec, env: Mapping[str, str] = os.environ) -> Cha
             raise ModelError(f"model script (spec.model.script): {err}", retriable=False) from err
         server = ScriptedModelServer(script, host="127.0.0.1", port=0)
         base_url = server.start()
+        defaults = ResolvedModelConfig.model_fields
         try:
             model = OpenAIChatModel(
-                base_url=base_url, api_key="scripted", model=spec.name, timeout_s=spec.timeoutSeconds,
-                max_retries=spec.maxRetries, temperature=spec.temperature,
+                base_url=base_url, api_key="scripted", model=spec.name, timeout_s=defaults["timeoutSeconds"].default,
+                max_retries=defaults["maxRetries"].default, temperature=spec.temperature,
             )
         except BaseException:
             server.stop()
@@ -310,13 +326,22 @@ def model_from_spec(spec: ModelSpec, env: Mapping[str, str] = os.environ) -> Cha
         model.server = server
         return model
 
-    name = spec.apiKeyEnv
-    api_key = env.get(name)
-    if not api_key:
-        raise ModelError(f"model API key: environment variable {name} is not set (spec.model.apiKeyEnv)", retriable=False)
-    if not spec.baseURL:  # ModelSpec validation guarantees one of baseURL / script
-        raise ModelError("model endpoint: set spec.model.baseURL or spec.model.script", retriable=False)
+    if config is None:
+        raise ModelError(f"spec.model.config: ModelConfig {spec.config!r} was not resolved when the run was registered;"
+                         " register the run again (agentfast run FILE with the ModelConfig beside it, or through the operator)",
+                         retriable=False)
+    try:
+        check_model_allowed(spec, config)
+    except ValueError as err:
+        raise ModelError(str(err), retriable=False) from None
+    api_key = NO_KEY
+    if config.apiKeySecretRef is not None:
+        api_key = env.get(MODEL_API_KEY_ENV, "")
+        if not api_key:
+            raise ModelError(f"model API key: {MODEL_API_KEY_ENV} is not set; ModelConfig {config.name!r} names a key (Secret"
+                             f" {config.apiKeySecretRef.name!r}, key {config.apiKeySecretRef.key!r}), which the operator mounts"
+                             f" there in a cluster; locally, export {MODEL_API_KEY_ENV}", retriable=False)
     return OpenAIChatModel(
-        base_url=spec.baseURL, api_key=api_key, model=spec.name, timeout_s=spec.timeoutSeconds,
-        max_retries=spec.maxRetries, temperature=spec.temperature,
+        base_url=config.baseURL, api_key=api_key, model=spec.name, timeout_s=config.timeoutSeconds,
+        max_retries=config.maxRetries, temperature=spec.temperature, max_tokens=config.maxTokensPerRequest,
     )

@@ -45,9 +45,14 @@ past the last turn gets HTTP 400 with an ``invalid_request_error`` body.
 ``agentfast.runner``; ``load_script("path/to/x.yaml")`` reads a file. A bad script raises
 ValueError naming the field (``script 'x': turns[1].tool_calls[0].name: Field required``).
 
+A server given an API key (``ScriptedModelServer(api_key=...)``, ``--require-key-env VAR``)
+answers HTTP 401 (``invalid_api_key``) to any request whose ``Authorization`` is not
+``Bearer <key>``, as a real provider does; without one it accepts any key.
+
 Serve one in the foreground (e.g. as a Service in a cluster; use ``--host 0.0.0.0`` there)::
 
     python -m agentfast.runner.scripted --script refund --port 8089
+    MODEL_KEY=s3cret python -m agentfast.runner.scripted --script refund --require-key-env MODEL_KEY
 """
 
 from __future__ import annotations
@@ -55,9 +60,11 @@ from __future__ import annotations
 import collections
 
 import argparse
+import hmac
 import json
 import logging
 import math
+import os
 import re
 import signal
 import socket
@@ -306,7 +313,25 @@ class _Handler(BaseHTTPRequestHandler):
     def _path(self) -> str:
         return self.path.split("?", 1)[0].rstrip("/")
 
+    def _authorized(self) -> bool:
+        """True when the server needs no key or the request carries it; else answers 401."""
+        owner = self.server.owner
+        got = self.headers.get("Authorization") or ""
+        with owner._lock:
+            owner.authorizations.append(got)
+        key = owner.api_key
+        if key is None:
+            return True
+        if hmac.compare_digest(got.encode("utf-8", "replace"), f"Bearer {key}".encode()):
+            return True
+        with self.server.owner._lock:
+            self.server.owner.unauthorized += 1
+        self._send(401, _error_body("Incorrect API key provided.", "invalid_request_error", "invalid_api_key"))
+        return False
+
     def do_GET(self) -> None:  # noqa: N802 - stdlib name
+        if not self._authorized():
+            return
         if self._path() in ("/v1/models", "/models"):
             self._send(200, self.server.owner.models_payload())
         else:
@@ -322,6 +347,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(413 if length > 0 else 400, _error_body("bad or too large Content-Length", "invalid_request_error"))
             return
         raw = self.rfile.read(length)
+        if not self._authorized():
+            return
         if self._path() not in ("/v1/chat/completions", "/chat/completions"):
             self._send(404, _error_body(f"no route POST {self._path() or '/'}", "invalid_request_error", "not_found"))
             return
@@ -334,7 +361,8 @@ class ScriptedModelServer:
 
     ``start()`` binds ``host:port`` (port 0 picks a free one) and returns the base URL
     (``"http://127.0.0.1:PORT/v1"``); ``stop()`` closes the listener and any open connections.
-    Usable as a context manager. ``requests`` holds the latest ``keep_requests`` (256)
+    Usable as a context manager. With ``api_key`` a request without ``Authorization: Bearer
+    <api_key>`` gets HTTP 401 (counted in ``unauthorized``, not kept in ``requests``). ``requests`` holds the latest ``keep_requests`` (256)
     chat-completions request bodies received, in arrival order (the parsed JSON, or the raw text
     when it was not JSON), failed ones included. Bounded: each body carries the whole transcript,
     and a runner hosting the server for a long run must not keep them all (1.5 GiB after 1,000
@@ -342,9 +370,18 @@ class ScriptedModelServer:
     """
 
     def __init__(
-        self, script: Script, host: str = "127.0.0.1", port: int = 0, keep_requests: int = 256, strict: bool | None = None
+        self, script: Script, host: str = "127.0.0.1", port: int = 0, keep_requests: int = 256, strict: bool | None = None,
+        api_key: str | None = None,
     ) -> None:
+        if api_key is not None and not api_key:
+            raise ValueError("api_key must be a non-empty string or None (no key checked)")
         self.script = script
+        #: The key every request must carry as ``Authorization: Bearer <key>`` (401 otherwise); None: any.
+        self.api_key = api_key
+        #: Requests answered 401 for a missing or wrong key.
+        self.unauthorized = 0
+        #: The ``Authorization`` header of the latest ``keep_requests`` requests ("" when absent), in arrival order.
+        self.authorizations: collections.deque[str] = collections.deque(maxlen=keep_requests)
         #: Reject requests whose messages OpenAI would reject (see :func:`strict_violation`); default: the script's ``strict``.
         self.strict = script.strict if strict is None else strict
         self.host = host
@@ -556,7 +593,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8089, help="port to bind (0 picks a free one); default 8089")
     parser.add_argument("--strict", action="store_true", default=None,
                         help="reject requests OpenAI would reject (duplicate tool-call ids, unanswered calls); default: the script's strict")
+    parser.add_argument("--require-key-env", metavar="VAR", default=None,
+                        help="answer 401 unless a request carries 'Authorization: Bearer' and the value of environment variable VAR"
+                             " (read from the environment, so the key is never on the command line)")
     args = parser.parse_args(argv)
+    api_key = None
+    if args.require_key_env is not None:
+        api_key = os.environ.get(args.require_key_env) or None
+        if api_key is None:
+            print(f"error: --require-key-env {args.require_key_env}: that environment variable is not set or empty", file=sys.stderr, flush=True)
+            return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         script = load_script(args.script)
@@ -566,13 +612,14 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    server = ScriptedModelServer(script, host=args.host, port=args.port, strict=args.strict)
+    server = ScriptedModelServer(script, host=args.host, port=args.port, strict=args.strict, api_key=api_key)
     try:
         url = server.start()
     except OSError as err:
         print(f"error: cannot bind {args.host}:{args.port}: {err.strerror}", file=sys.stderr, flush=True)
         return 1
-    print(f"scripted model {script.label!r} ({len(script.turns)} turns, model {script.model!r}) serving at {url}", flush=True)
+    keyed = ", key required" if api_key else ""
+    print(f"scripted model {script.label!r} ({len(script.turns)} turns, model {script.model!r}{keyed}) serving at {url}", flush=True)
     try:
         while not stop.wait(0.5):
             pass

@@ -1,8 +1,10 @@
-"""The AgentRun resource as the runner reads it: the same YAML a user would ``kubectl apply``.
+"""The AgentRun and ModelConfig resources as the runner reads them: the same YAML a user would ``kubectl apply``.
 
 ``load_agentrun(path)`` parses and validates a file before anything runs; a bad file raises
 :class:`SpecError` whose message names the offending field (``spec.budget.max_tokens: ...``).
-The CRD schema in ``manifests/`` mirrors these models; field names are camelCase as Kubernetes
+A run on a real endpoint names a ModelConfig (an admin's: URL, key Secret, models, limits,
+prices); :func:`resolve_model_config` copies its non-secret part into the run's ``modelConfig``.
+The CRD schemas in ``charts/agentfast/crds/`` mirror these models; field names are camelCase as Kubernetes
 API conventions ask, except the budget keys, which keep the product's names (``max_iterations``,
 ``max_tokens``, ``max_duration_ms``).
 """
@@ -37,10 +39,22 @@ REF_PATTERN = rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*$"
 CALL_ID_PATTERN = r"^call-[0-9]+-[0-9]+(-rerun[0-9]+)?$"
 #: Decisions one AgentRun can carry in ``spec.approvals`` over its life (the CRD's maxProperties).
 MAX_APPROVALS = 128
-#: Environment variable names a spec may name for the model key: ``..._API_KEY`` or ``..._TOKEN``,
-#: never one of ours (``AGENTFAST_*``): a spec must not be able to set LD_PRELOAD, PYTHONPATH,
-#: AGENTFAST_DSN... in the runner pod, nor send one of them to a model endpoint as a key.
-API_KEY_ENV_PATTERN = r"^[A-Z][A-Z0-9_]{0,54}_(API_KEY|TOKEN)$"
+#: The runner's variable holding the model key: the operator sets it from the Secret key the run's
+#: ModelConfig names (``apiKeySecretRef``), and the local CLI reads it from the environment. No
+#: spec names a variable: nothing a run's author writes reaches the runner's environment.
+MODEL_API_KEY_ENV = "AGENTFAST_MODEL_API_KEY"
+#: Sent as the key to an endpoint whose ModelConfig names no Secret (a local vLLM, Ollama): the
+#: ``openai`` client refuses an empty key, and a keyless endpoint ignores the header.
+NO_KEY = "none"
+#: A model name (``gpt-4o-mini``, ``meta-llama/Llama-3.1-8B-Instruct``, ``llama3:8b``, ``ft:gpt-4o:org:x:id``).
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][-A-Za-z0-9._:/@+]*$"
+#: An endpoint's base URL: http or https, a host name or [IPv6], an optional port and path; no
+#: user info, query or fragment. Which hosts a runner may reach is the egress NetworkPolicy's job.
+BASE_URL_PATTERN = r"^https?://([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?(/[^\s?#]*)?$"
+#: Model names one ModelConfig may allow.
+MAX_CONFIG_MODELS = 64
+#: spec.model fields an AgentRun had before ModelConfig: now an admin's (issue 12 item 4).
+MOVED_TO_MODELCONFIG = ("baseURL", "apiKeyEnv", "apiKeySecretRef", "timeoutSeconds", "maxRetries")
 #: A Secret name: a DNS-1123 subdomain (a bad one would make the runner Job fail for ever).
 DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
@@ -67,34 +81,90 @@ class SecretKeyRef(_Spec):
 
 
 class ModelSpec(_Spec):
-    """Which model to talk to, through an OpenAI-compatible Chat Completions endpoint.
+    """Which model a run talks to: ``name`` and exactly one of ``config`` or ``script``.
 
-    Exactly one of ``baseURL`` (a real endpoint) or ``script`` (the built-in scripted model,
-    served over HTTP on localhost by the runner itself) must be set.
+    ``config`` names a ModelConfig in the run's namespace (:class:`ModelConfig`, owned by an
+    admin): the endpoint, the Secret holding its key, the model names it allows and the request
+    limits are its, never the AgentRun's, so a run's author cannot choose a URL or a Secret.
+    ``script`` is the bundled scripted model, served over HTTP on localhost by the runner itself.
     """
 
-    name: str = Field(min_length=1, description="model name sent to the endpoint")
-    baseURL: str | None = Field(None, description="e.g. https://api.openai.com/v1 or http://vllm:8000/v1")
-    apiKeyEnv: str = Field("OPENAI_API_KEY", max_length=64, pattern=API_KEY_ENV_PATTERN,
-                           description="environment variable holding the API key (from a Secret in the cluster): NAME_API_KEY or NAME_TOKEN, not AGENTFAST_*")
-    apiKeySecretRef: SecretKeyRef | None = Field(None, description="in a cluster: the Secret key the operator exposes to the runner as apiKeyEnv")
+    name: str = Field(min_length=1, max_length=256, pattern=MODEL_NAME_PATTERN,
+                      description="model name sent to the endpoint; with config, one of the ModelConfig's models")
+    config: str | None = Field(None, min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN,
+                               description="name of a ModelConfig in the run's namespace (its endpoint, key and limits)")
     script: str | None = Field(None, max_length=4096, description="name of a bundled script (in a cluster, only that) or, locally, path to a script YAML")
-    timeoutSeconds: float = Field(60.0, gt=0, le=3600)
-    maxRetries: int = Field(4, ge=0, le=20, description="retries on 429, 5xx and connection errors, with exponential backoff")
     temperature: float | None = Field(None, ge=0, le=2)
 
-    @field_validator("apiKeyEnv")
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelSpec":
+        if bool(self.config) == bool(self.script):
+            raise ValueError("set exactly one of config (a ModelConfig's name: a real endpoint) or script (the scripted model)")
+        return self
+
+
+class ModelPrices(_Spec):
+    """What a model's tokens cost, per million, in ``currency`` (kept for cost accounting)."""
+
+    promptPerMillionTokens: float = Field(ge=0, le=1_000_000)
+    completionPerMillionTokens: float = Field(ge=0, le=1_000_000)
+    currency: str = Field("USD", min_length=3, max_length=3, pattern=r"^[A-Z]{3}$")
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        """What ``prompt_tokens`` and ``completion_tokens`` cost at these prices, in ``currency``."""
+        return (prompt_tokens * self.promptPerMillionTokens + completion_tokens * self.completionPerMillionTokens) / 1_000_000
+
+
+class ModelConfigSpec(_Spec):
+    """An OpenAI-compatible Chat Completions endpoint, as an admin configures it.
+
+    ``baseURL``: the API root (``https://api.openai.com/v1``, ``http://vllm.models:8000/v1``).
+    ``apiKeySecretRef``: the Secret key (in the ModelConfig's namespace) the operator mounts in
+    the runner as ``AGENTFAST_MODEL_API_KEY``; absent for an endpoint without a key.
+    ``models``: the model names an AgentRun may ask for (1 to 64, distinct). Limits per request:
+    ``timeoutSeconds`` (one HTTP attempt), ``maxRetries`` (on 408/409/429/5xx and connection
+    errors, with backoff), ``maxTokensPerRequest`` (sent as ``max_completion_tokens``).
+    ``prices``: per million tokens, carried into each run's registered document.
+    """
+
+    baseURL: str = Field(min_length=1, max_length=2048, description="pattern: BASE_URL_PATTERN")
+    apiKeySecretRef: SecretKeyRef | None = None
+    models: list[str] = Field(min_length=1, max_length=MAX_CONFIG_MODELS)
+    timeoutSeconds: float = Field(60.0, gt=0, le=3600)
+    maxRetries: int = Field(4, ge=0, le=20)
+    maxTokensPerRequest: int | None = Field(None, ge=1, le=1_000_000)
+    prices: ModelPrices | None = None
+
+    @field_validator("baseURL")
     @classmethod
-    def _not_ours(cls, v: str) -> str:
-        if v.startswith("AGENTFAST_"):
-            raise ValueError(f"{v} is one of agentfast's own variables; name the key's variable e.g. OPENAI_API_KEY")
+    def _url(cls, v: str) -> str:
+        if not re.fullmatch(BASE_URL_PATTERN, v):
+            shown = v if len(v) <= 80 else v[:80] + "..."
+            raise ValueError(f"must be an http or https URL with a host, no user info, query or fragment (e.g. https://api.openai.com/v1), not {shown!r}")
         return v
 
-    @model_validator(mode="after")
-    def _one_endpoint(self) -> "ModelSpec":
-        if bool(self.baseURL) == bool(self.script):
-            raise ValueError("set exactly one of baseURL (a real endpoint) or script (the scripted model)")
-        return self
+    @field_validator("models")
+    @classmethod
+    def _model_names(cls, models: list[str]) -> list[str]:
+        bad = [m for m in models if not (0 < len(m) <= 256 and re.match(MODEL_NAME_PATTERN, m))]
+        if bad:
+            raise ValueError(f"model names are 1 to 256 characters of letters, digits and -._:/@+ (first a letter or digit), not {bad[0][:64]!r}")
+        dupes = sorted({m for m in models if models.count(m) > 1})
+        if dupes:
+            raise ValueError(f"model names must be distinct, repeated: {', '.join(dupes)}")
+        return models
+
+
+class ResolvedModelConfig(ModelConfigSpec):
+    """The ModelConfig a run was registered with: its spec (no secret: the Secret's name and key,
+    never its value) and which object and version it came from. Written into the run's document
+    in Postgres by whoever registers the run (the operator, ``agentfast run``), so a resumed run
+    talks to the endpoint it started with; never accepted from an AgentRun file."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN)
+    uid: str | None = Field(None, max_length=128)
+    resourceVersion: str | None = Field(None, max_length=128)
+    generation: int | None = Field(None, ge=0)
 
 
 class ToolSpec(_Spec):
@@ -247,21 +317,100 @@ class Metadata(_Spec):
 
 
 class AgentRun(_Spec):
-    """A whole AgentRun document. ``status`` is ignored when read from a file."""
+    """A whole AgentRun document. ``status`` is ignored when read from a file.
+
+    ``modelConfig`` is not the author's: it is the ModelConfig ``spec.model.config`` named, as it
+    was when the run was registered (:func:`resolve_model_config`), kept in the run's document in
+    Postgres. A file or a custom resource never carries it (:func:`load_agentrun` refuses it; the
+    operator builds the document from ``spec`` alone).
+    """
 
     model_config = ConfigDict(extra="allow")
     apiVersion: Literal["agentfast.dev/v1alpha1"]
     kind: Literal["AgentRun"]
     metadata: Metadata
     spec: AgentRunSpec
+    modelConfig: ResolvedModelConfig | None = None
+
+    @model_validator(mode="after")
+    def _config_matches(self) -> "AgentRun":
+        if self.modelConfig is not None:
+            check_model_allowed(self.spec.model, self.modelConfig)
+        return self
 
 
-def _format_errors(err: ValidationError) -> str:
+class ModelConfig(_Spec):
+    """A whole ModelConfig document (``kind: ModelConfig``), as ``kubectl apply`` takes it."""
+
+    model_config = ConfigDict(extra="allow")
+    apiVersion: Literal["agentfast.dev/v1alpha1"]
+    kind: Literal["ModelConfig"]
+    metadata: Metadata
+    spec: ModelConfigSpec
+
+
+def check_model_allowed(model: ModelSpec, config: ModelConfigSpec | ResolvedModelConfig, config_name: str | None = None) -> None:
+    """Raise ValueError unless ``model`` (an AgentRun's ``spec.model``) may use ``config``: it names
+    that ModelConfig (``spec.model.config``) and asks for one of its ``models``. The message names
+    both the run's field and the ModelConfig. ``config_name``: the ModelConfig's name when ``config``
+    is a bare spec."""
+    name = config_name or getattr(config, "name", None)
+    if model.config != name:
+        raise ValueError(f"spec.model.config: names {model.config!r}, but the run's ModelConfig is {name!r}")
+    if model.name not in config.models:
+        shown = ", ".join(config.models[:10]) + (f" and {len(config.models) - 10} more" if len(config.models) > 10 else "")
+        raise ValueError(f"spec.model.name: model {model.name!r} is not one ModelConfig {name!r} allows (its spec.models: {shown})")
+
+
+def resolve_model_config(run: AgentRun, config: ModelConfig) -> AgentRun:
+    """``run`` with ``modelConfig`` set from ``config``, the ModelConfig its ``spec.model.config``
+    names (same name and namespace): its spec and ``metadata.uid``, ``resourceVersion``,
+    ``generation`` when present. Only data is copied: nothing it names is read or fetched.
+
+    Raises SpecError naming the field when the names differ or ``spec.model.name`` is not one of
+    the ModelConfig's ``models`` (``spec.model.name: model 'x' is not one ModelConfig 'y' allows ...``).
+    """
+    meta = config.metadata.model_extra or {}
+    if config.metadata.namespace != run.metadata.namespace:
+        raise SpecError(f"spec.model.config: ModelConfig {config.metadata.name!r} is in namespace {config.metadata.namespace!r},"
+                        f" the run in {run.metadata.namespace!r}: a run uses a ModelConfig of its own namespace")
+    try:
+        resolved = ResolvedModelConfig(
+            **config.spec.model_dump(), name=config.metadata.name, uid=config.metadata.uid,
+            resourceVersion=meta.get("resourceVersion"), generation=meta.get("generation"),
+        )
+        check_model_allowed(run.spec.model, resolved)
+    except ValidationError as err:
+        raise SpecError(_format_errors(err, prefix=f"ModelConfig {config.metadata.name!r}: ")) from None
+    except ValueError as err:
+        raise SpecError(str(err)) from None
+    return run.model_copy(update={"modelConfig": resolved})
+
+
+def parse_modelconfig(doc: Any) -> ModelConfig:
+    """Validate one ModelConfig document (a dict, as YAML or the API server gives it). Raises
+    SpecError whose lines start ``ModelConfig 'NAME': `` and name the field (``spec.baseURL: ...``)."""
+    if not isinstance(doc, dict):
+        raise SpecError(f"(document): expected a ModelConfig mapping, got {type(doc).__name__}")
+    doc = storable(doc)
+    try:
+        return ModelConfig.model_validate(doc)
+    except ValidationError as err:
+        name = (doc.get("metadata") or {}).get("name") if isinstance(doc.get("metadata"), dict) else None
+        raise SpecError(_format_errors(err, prefix=f"ModelConfig {str(name)[:64]!r}: ")) from None
+
+
+def _format_errors(err: ValidationError, prefix: str = "") -> str:
     lines = []
     for e in err.errors():
         where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".") or "(document)"
         msg = e["msg"].removeprefix("Value error, ")
-        lines.append(f"{where}: {msg}")
+        if e["type"] == "extra_forbidden" and tuple(e["loc"][-3:-1]) == ("spec", "model") and e["loc"][-1] in MOVED_TO_MODELCONFIG:
+            msg = ("not a field of an AgentRun: the endpoint, the Secret holding its key and the request limits belong to a"
+                   " ModelConfig, which an admin owns; name one in spec.model.config")
+        if msg.startswith("spec.model"):  # check_model_allowed's message names its field itself
+            where, _, msg = msg.partition(": ")
+        lines.append(f"{prefix}{where}: {msg}")
     return "\n".join(lines)
 
 
@@ -307,10 +456,15 @@ def import_refs(run: AgentRun) -> None:
 
 
 def load_agentrun(path: str | Path, *, check_imports: bool = True) -> AgentRun:
-    """Read and validate an AgentRun YAML file (one document). Raises SpecError.
+    """Read and validate an AgentRun file: one AgentRun document and, beside it, the ModelConfig
+    documents its ``spec.model.config`` may name (the local single-file form). Raises SpecError.
 
-    Refused before parsing (:mod:`agentfast.runner.safeyaml`): a file over 1 MiB
-    (:data:`MAX_FILE_BYTES`) and YAML anchors or aliases (an alias bomb never expands).
+    Refused before parsing (:mod:`agentfast.runner.safeyaml`, every document): a file over 1 MiB
+    (:data:`MAX_FILE_BYTES`) and YAML anchors or aliases (an alias bomb never expands). Then: a
+    document of another kind (a Secret: locally the key comes from ``AGENTFAST_MODEL_API_KEY``),
+    other than exactly one AgentRun, an AgentRun carrying ``modelConfig`` (agentfast writes it),
+    a ``spec.model.config`` naming no ModelConfig of the file, a model its ModelConfig does not
+    allow. The AgentRun returned has ``modelConfig`` resolved (:func:`resolve_model_config`).
     """
     from .safeyaml import UnsafeYaml, load_all, read_text
 
@@ -318,9 +472,31 @@ def load_agentrun(path: str | Path, *, check_imports: bool = True) -> AgentRun:
         docs = load_all(read_text(path, max_bytes=MAX_FILE_BYTES), str(path))
     except UnsafeYaml as err:
         raise SpecError(str(err)) from None
-    if len(docs) != 1:
-        raise SpecError(f"{path}: expected exactly one AgentRun document, found {len(docs)}")
-    return parse_agentrun(docs[0], check_imports=check_imports)
+    kinds = [d.get("kind") if isinstance(d, dict) else None for d in docs]
+    if len(docs) > 1:
+        others = [f"document {i + 1} (kind {k!r})" for i, k in enumerate(kinds) if k not in (KIND, "ModelConfig")]
+        if others:
+            raise SpecError(f"{path}: {', '.join(others[:3])}: an AgentRun file holds one AgentRun and the ModelConfigs it names,"
+                            f" nothing else (locally the model key comes from the environment variable {MODEL_API_KEY_ENV})")
+    runs = [d for d, k in zip(docs, kinds) if k == KIND] if len(docs) > 1 else docs
+    if len(runs) != 1:
+        raise SpecError(f"{path}: expected exactly one AgentRun document, found {len(runs)}")
+    doc = runs[0]
+    if isinstance(doc, dict) and "modelConfig" in doc:
+        raise SpecError("modelConfig: not a field of an AgentRun file: agentfast copies it from the ModelConfig spec.model.config names")
+    run = parse_agentrun(doc, check_imports=check_imports)
+    wanted = run.spec.model.config
+    if wanted is None:
+        return run
+    configs = [parse_modelconfig(d) for d, k in zip(docs, kinds) if k == "ModelConfig"]
+    found = [c for c in configs if c.metadata.name == wanted and c.metadata.namespace == run.metadata.namespace]
+    if not found:
+        have = ", ".join(repr(c.metadata.name) for c in configs) or "none"
+        raise SpecError(f"spec.model.config: names ModelConfig {wanted!r}, but {path} holds no ModelConfig of that name in"
+                        f" namespace {run.metadata.namespace!r} (it holds: {have}); put the ModelConfig document beside the AgentRun")
+    if len(found) > 1:
+        raise SpecError(f"spec.model.config: {path} holds {len(found)} ModelConfigs named {wanted!r}; keep one")
+    return resolve_model_config(run, found[0])
 
 
 def resolve_ref(ref: str) -> Any:

@@ -115,3 +115,64 @@ def test_forbid_self_approval_adds_the_creator_rules_only_when_asked(helm: str) 
     assert "check('approve')" in text(default) and "decidedBy == variables.user" in text(default)
     binding = next(d for d in render(helm) if d["kind"] == "ValidatingAdmissionPolicyBinding")
     assert binding["spec"]["validationActions"] == ["Deny"] and default["spec"]["failurePolicy"] == "Fail"
+
+
+def test_model_config_rights_teams_read_admins_write(helm: str) -> None:
+    # Issue 12 item 4: ModelConfigs are readable wherever a namespace is (aggregated to view, and
+    # so to edit and admin), writable only through a role cluster admins bind; the operator reads
+    # them and never gets Secrets.
+    docs = render(helm)
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
+    viewer = roles["agentfast-modelconfig-viewer"]
+    assert viewer["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert [(r["resources"], sorted(r["verbs"])) for r in viewer["rules"]] == [(["modelconfigs"], ["get", "list", "watch"])]
+    admin = roles["agentfast-model-admin"]
+    assert not any(k.startswith("rbac.authorization.k8s.io/aggregate-to") for k in admin["metadata"]["labels"])
+    assert {"create", "update", "patch", "delete"} <= set(admin["rules"][0]["verbs"]) and admin["rules"][0]["resources"] == ["modelconfigs"]
+    operator = roles["agentfast-operator"]
+    mc = [r for r in operator["rules"] if "modelconfigs" in r["resources"]]
+    assert len(mc) == 1 and sorted(mc[0]["verbs"]) == ["get", "list", "watch"]
+    writers = [n for n, role in roles.items() for r in role["rules"] if "modelconfigs" in r["resources"] and set(r["verbs"]) & {"create", "patch", "update"}]
+    assert writers == ["agentfast-model-admin"]
+    assert ("CustomResourceDefinition", "modelconfigs.agentfast.dev") in {(d["kind"], d["metadata"]["name"]) for d in docs}
+
+
+def test_network_policies_are_off_by_default_and_complete_when_on(helm: str) -> None:
+    import json
+
+    def operator_env(docs: list[dict]) -> dict:
+        op = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "agentfast-operator")
+        return {e["name"]: e.get("value") for e in op["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+    docs = render(helm)
+    assert not any(d["kind"] == "NetworkPolicy" for d in docs) and "AGENTFAST_NETWORK_POLICY" not in operator_env(docs)
+    docs = render(helm, "networkPolicy.enabled=true")
+    [pg_policy] = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    assert pg_policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "postgresql"
+    assert pg_policy["spec"]["policyTypes"] == ["Ingress"]
+    sources = pg_policy["spec"]["ingress"][0]["from"]
+    assert [s["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for s in sources] == ["operator", "runner"]
+    # what the operator puts in every runner pod's NetworkPolicy: its own parser accepts it
+    from agentfast.operator.workload import EgressPolicy
+
+    policy = EgressPolicy.from_env({"AGENTFAST_NETWORK_POLICY": operator_env(docs)["AGENTFAST_NETWORK_POLICY"]})
+    [pg] = policy.postgres
+    assert pg["to"][0]["podSelector"]["matchLabels"] == {"app.kubernetes.io/instance": "agentfast", "app.kubernetes.io/component": "postgresql"}
+    assert pg["ports"] == [{"port": 5432, "protocol": "TCP"}] and policy.model == ()
+    assert policy.dns[0]["ports"][0]["port"] == 53
+    # an external database needs its egress rules: a NetworkPolicy cannot name its host
+    proc = subprocess.run([helm, "template", "x", str(CHART), "--set", "networkPolicy.enabled=true", "--set", "postgresql.bundled=false",
+                           "--set", "externalDatabase.existingSecret=pg"], capture_output=True, text=True)
+    assert proc.returncode != 0 and "networkPolicy.postgresEgress" in proc.stderr
+    values = {"networkPolicy": {"enabled": True, "modelEgress": [{"to": [{"ipBlock": {"cidr": "10.9.0.0/16"}}], "ports": [{"protocol": "TCP", "port": 443}]}],
+                                "postgresEgress": [{"to": [{"ipBlock": {"cidr": "10.8.0.5/32"}}], "ports": [{"protocol": "TCP", "port": 5432}]}]},
+              "postgresql": {"bundled": False}, "externalDatabase": {"existingSecret": "pg"}}
+    out = subprocess.run([helm, "template", "x", str(CHART), "-f", "-"], input=json.dumps(values), check=True, capture_output=True, text=True).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    assert not any(d["kind"] == "NetworkPolicy" for d in docs)  # no bundled Postgres to protect
+    env = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    policy = EgressPolicy.from_env({"AGENTFAST_NETWORK_POLICY": next(e["value"] for e in env if e["name"] == "AGENTFAST_NETWORK_POLICY")})
+    assert policy.postgres[0]["to"] == [{"ipBlock": {"cidr": "10.8.0.5/32"}}] and policy.model[0]["ports"] == [{"protocol": "TCP", "port": 443}]
+    bad = subprocess.run([helm, "template", "x", str(CHART), "--set", "networkPolicy.modelEgress[0].to[0].host=api.openai.com"],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0  # the values schema: peers are ipBlock, namespaceSelector, podSelector

@@ -14,13 +14,26 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from agentfast.runner.spec import AgentRunSpec, ApprovalDecision, BudgetSpec, GraphSpec, ModelSpec, SecretKeyRef, ToolSpec
+from agentfast.runner.spec import (
+    AgentRunSpec, ApprovalDecision, BudgetSpec, GraphSpec, ModelConfigSpec, ModelPrices, ModelSpec, SecretKeyRef, ToolSpec,
+)
 
-CRD = Path(__file__).resolve().parent.parent / "charts" / "agentfast" / "crds" / "agentruns.agentfast.dev.yaml"
+CRDS = Path(__file__).resolve().parent.parent / "charts" / "agentfast" / "crds"
+CRD = CRDS / "agentruns.agentfast.dev.yaml"
+MC_CRD = CRDS / "modelconfigs.agentfast.dev.yaml"
 
 
-def crd() -> dict[str, Any]:
-    return yaml.safe_load(CRD.read_text())
+def crd(path: Path = CRD) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text())
+
+
+def mc_spec_schema() -> dict[str, Any]:
+    [version] = crd(MC_CRD)["spec"]["versions"]
+    return version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+def _le(model: type[BaseModel], name: str) -> Any:
+    return next(m.le for m in model.model_fields[name].metadata if hasattr(m, "le"))
 
 
 def spec_schema() -> dict[str, Any]:
@@ -39,7 +52,6 @@ def test_top_level_spec_fields_match() -> None:
 def test_nested_fields_match() -> None:
     props = spec_schema()["properties"]
     assert set(props["model"]["properties"]) == fields(ModelSpec)
-    assert set(props["model"]["properties"]["apiKeySecretRef"]["properties"]) == fields(SecretKeyRef)
     assert set(props["tools"]["items"]["properties"]) == fields(ToolSpec)
     assert set(props["graph"]["properties"]) == fields(GraphSpec)
     assert set(props["budget"]["properties"]) == fields(BudgetSpec)
@@ -51,7 +63,10 @@ def test_defaults_match() -> None:
     for name, prop in props["budget"]["properties"].items():
         assert prop["default"] == BudgetSpec.model_fields[name].default, name
     assert props["adapter"]["default"] == AgentRunSpec.model_fields["adapter"].default
-    assert props["model"]["properties"]["apiKeyEnv"]["default"] == ModelSpec.model_fields["apiKeyEnv"].default
+    mc = mc_spec_schema()["properties"]
+    for name in ("timeoutSeconds", "maxRetries"):
+        assert mc[name]["default"] == ModelConfigSpec.model_fields[name].default, name
+    assert mc["prices"]["properties"]["currency"]["default"] == ModelPrices.model_fields["currency"].default
 
 
 def test_every_spec_field_is_documented_for_kubectl_explain() -> None:
@@ -87,8 +102,9 @@ def test_every_number_has_a_maximum() -> None:
                 missing += walk(schema[key], f"{path}[]")
         return missing
 
-    [version] = crd()["spec"]["versions"]
-    assert walk(version["schema"]["openAPIV3Schema"], "") == []
+    for path in (CRD, MC_CRD):
+        [version] = crd(path)["spec"]["versions"]
+        assert walk(version["schema"]["openAPIV3Schema"], "") == [], path.name
 
 
 def test_patterns_and_limits_are_the_runners() -> None:
@@ -96,8 +112,8 @@ def test_patterns_and_limits_are_the_runners() -> None:
 
     props = spec_schema()["properties"]
     model = props["model"]["properties"]
-    assert model["apiKeyEnv"]["pattern"] == s.API_KEY_ENV_PATTERN
-    assert model["apiKeySecretRef"]["properties"]["name"]["pattern"] == s.DNS1123_SUBDOMAIN
+    assert set(model) == {"name", "config", "script", "temperature"}  # no URL, no Secret, no variable (issue 12 item 4)
+    assert model["config"]["pattern"] == s.DNS1123_SUBDOMAIN and model["name"]["pattern"] == s.MODEL_NAME_PATTERN
     assert model["script"]["pattern"] == s.SCRIPT_NAME_PATTERN  # a cluster: bundled names only, never paths
     assert props["tools"]["items"]["properties"]["ref"]["pattern"] == s.REF_PATTERN
     assert props["graph"]["properties"]["ref"]["pattern"] == s.REF_PATTERN
@@ -105,6 +121,43 @@ def test_patterns_and_limits_are_the_runners() -> None:
     for name, prop in props["budget"]["properties"].items():
         if name != "classifier":
             assert prop["maximum"] == next(m.le for m in BudgetSpec.model_fields[name].metadata if hasattr(m, "le")), name
-    assert model["maxRetries"]["maximum"] == next(m.le for m in ModelSpec.model_fields["maxRetries"].metadata if hasattr(m, "le"))
     rules = [r["rule"] for r in props["approvals"]["x-kubernetes-validations"]]
     assert not any("matches(" in r for r in rules), "a regex over map keys has an unbounded estimated cost"
+
+
+def test_modelconfig_crd_mirrors_the_runners_model() -> None:
+    doc = crd(MC_CRD)
+    assert doc["spec"]["scope"] == "Namespaced"  # the Secret it names must be in the run's namespace to be mounted
+    assert doc["spec"]["names"]["kind"] == "ModelConfig" and doc["spec"]["names"]["shortNames"] == ["mc"]
+    assert "agentfast" in doc["spec"]["names"]["categories"]
+    [version] = doc["spec"]["versions"]
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["BaseURL", "Models", "Age"]
+    spec = mc_spec_schema()
+    props = spec["properties"]
+    assert set(props) == fields(ModelConfigSpec)
+    assert set(spec["required"]) == {n for n, f in ModelConfigSpec.model_fields.items() if f.is_required()}
+    assert set(props["apiKeySecretRef"]["properties"]) == fields(SecretKeyRef)
+    assert set(props["prices"]["properties"]) == fields(ModelPrices)
+    assert set(props["prices"]["required"]) == {n for n, f in ModelPrices.model_fields.items() if f.is_required()}
+
+
+def test_modelconfig_patterns_and_limits_are_the_runners() -> None:
+    from agentfast.runner import spec as s
+
+    props = mc_spec_schema()["properties"]
+    assert props["baseURL"]["pattern"] == s.BASE_URL_PATTERN
+    assert props["baseURL"]["maxLength"] == next(m.max_length for m in ModelConfigSpec.model_fields["baseURL"].metadata if hasattr(m, "max_length"))
+    assert props["apiKeySecretRef"]["properties"]["name"]["pattern"] == s.DNS1123_SUBDOMAIN
+    assert props["apiKeySecretRef"]["properties"]["key"]["pattern"] == s.SECRET_KEY_PATTERN
+    assert props["models"]["maxItems"] == s.MAX_CONFIG_MODELS and props["models"]["minItems"] == 1
+    assert props["models"]["x-kubernetes-list-type"] == "set"  # distinct, as the runner checks
+    assert props["models"]["items"]["pattern"] == s.MODEL_NAME_PATTERN
+    for name in ("timeoutSeconds", "maxRetries", "maxTokensPerRequest"):
+        assert props[name]["maximum"] == _le(ModelConfigSpec, name), name
+    for name in ("promptPerMillionTokens", "completionPerMillionTokens"):
+        assert props["prices"]["properties"][name]["maximum"] == _le(ModelPrices, name), name
+
+
+def test_every_modelconfig_field_is_documented_for_kubectl_explain() -> None:
+    props = mc_spec_schema()["properties"]
+    assert all("description" in p for p in props.values()), [n for n, p in props.items() if "description" not in p]

@@ -15,7 +15,7 @@ import pytest
 from agentfast.runner.model import ChatModel, ModelError, ModelReply, OpenAIChatModel, model_from_spec
 from agentfast.runner.scripted import ScriptedModelServer, load_script, parse_script
 from agentfast.runner.snapshot import Message, ToolCall
-from agentfast.runner.spec import ModelSpec
+from agentfast.runner.spec import MODEL_API_KEY_ENV, ModelSpec, ResolvedModelConfig
 
 TOOLS = [
     {
@@ -168,7 +168,7 @@ def test_connection_refused_is_retriable():
 
 
 def test_malformed_arguments_arrive_unchanged():
-    spec = ModelSpec(name="scripted-malformed", script="malformed", maxRetries=0)
+    spec = ModelSpec(name="scripted-malformed", script="malformed")
     model = model_from_spec(spec, env={})
     try:
         r0 = model.complete(USER, TOOLS)
@@ -185,19 +185,63 @@ def test_malformed_arguments_arrive_unchanged():
     assert exc.value.retriable is True
 
 
-def test_model_from_spec_endpoint_and_missing_key():
-    spec = ModelSpec(name="gpt-x", baseURL="http://127.0.0.1:9/v1", apiKeyEnv="AFTEST_MISSING_API_KEY")
-    with pytest.raises(ModelError) as exc:
-        model_from_spec(spec, env={})
-    assert exc.value.retriable is False
-    assert "AFTEST_MISSING_API_KEY" in str(exc.value) and "spec.model.apiKeyEnv" in str(exc.value)
+def _resolved(base_url: str, **spec) -> ResolvedModelConfig:
+    return ResolvedModelConfig(name="llm", baseURL=base_url, models=["scripted-refund"], **spec)
 
-    model = model_from_spec(spec, env={"AFTEST_MISSING_API_KEY": "sk-test"})
+
+def test_model_from_a_model_config_sends_its_key_and_limits_over_http():
+    # Issue 12 item 4: the runner talks to the endpoint the run's ModelConfig names, with the key
+    # the operator mounted (AGENTFAST_MODEL_API_KEY) as a Bearer token the server checks, and the
+    # ModelConfig's limits; nothing else of the environment is read.
+    doc = {"model": "scripted-refund", "turns": [{"content": "ok", "fail": [500, 500]}]}
+    server = ScriptedModelServer(parse_script(doc, name="t"), api_key="sk-right")
+    server.start()
     try:
-        assert isinstance(model, OpenAIChatModel)
-        assert (model.base_url, model.model, model.max_retries, model.timeout_s) == ("http://127.0.0.1:9/v1", "gpt-x", 4, 60.0)
+        spec = ModelSpec(name="scripted-refund", config="llm")
+        config = _resolved(server.base_url, apiKeySecretRef={"name": "llm-key", "key": "api-key"}, timeoutSeconds=7,
+                           maxRetries=2, maxTokensPerRequest=321)
+        env = {MODEL_API_KEY_ENV: "sk-right", "OPENAI_API_KEY": "sk-wrong", "AGENTFAST_DSN": "postgresql://secret"}
+        with model_from_spec(spec, config, env=env) as model:
+            assert (model.base_url, model.timeout_s, model.max_retries, model.max_tokens) == (server.base_url, 7, 2, 321)
+            reply = model.complete(USER, [])  # two 500s, retried twice (maxRetries), then the answer
+        assert reply.message.content == "ok" and server.unauthorized == 0
+        assert len(server.requests) == 3 and all(r["max_completion_tokens"] == 321 for r in server.requests)
+        # a wrong key: the server's 401, not retried, not retriable
+        with model_from_spec(spec, config, env={MODEL_API_KEY_ENV: "sk-wrong"}) as model:
+            with pytest.raises(ModelError) as exc:
+                model.complete(USER, [])
+        assert exc.value.status_code == 401 and exc.value.retriable is False and server.unauthorized == 1
+        # maxRetries applies: with 1 retry the scripted failures (a fresh server) outlast it
+        fresh = ScriptedModelServer(parse_script(doc, name="t"), api_key="sk-right")
+        fresh.start()
+        try:
+            with model_from_spec(spec, _resolved(fresh.base_url, apiKeySecretRef={"name": "k", "key": "k"}, maxRetries=1),
+                                 env={MODEL_API_KEY_ENV: "sk-right"}) as model:
+                with pytest.raises(ModelError) as exc:
+                    model.complete(USER, [])
+            assert exc.value.status_code == 500 and exc.value.retriable is True and len(fresh.requests) == 2
+        finally:
+            fresh.stop()
     finally:
-        model.close()
+        server.stop()
+
+
+def test_model_from_a_model_config_without_a_key_or_missing_its_key():
+    spec = ModelSpec(name="scripted-refund", config="llm")
+    with ScriptedModelServer(parse_script({"model": "m", "turns": [{"content": "hi"}]}, name="t")) as server:
+        # no apiKeySecretRef (a local vLLM): no key needed, the placeholder is sent, the limits are the defaults
+        with model_from_spec(spec, _resolved(server.base_url), env={}) as model:
+            assert (model.timeout_s, model.max_retries, model.max_tokens) == (60.0, 4, None)
+            assert model.complete(USER, []).message.content == "hi"
+        assert "max_completion_tokens" not in server.requests[0]
+    keyed = _resolved("http://127.0.0.1:9/v1", apiKeySecretRef={"name": "llm-key", "key": "api-key"})
+    with pytest.raises(ModelError) as exc:
+        model_from_spec(spec, keyed, env={"OPENAI_API_KEY": "sk-not-this-one"})
+    assert exc.value.retriable is False and MODEL_API_KEY_ENV in str(exc.value) and "llm-key" in str(exc.value)
+    with pytest.raises(ModelError, match="spec.model.config: ModelConfig 'llm' was not resolved"):
+        model_from_spec(spec, None, env={MODEL_API_KEY_ENV: "k"})
+    with pytest.raises(ModelError, match="spec.model.name: model 'gpt-5' is not one ModelConfig 'llm' allows"):
+        model_from_spec(ModelSpec(name="gpt-5", config="llm"), keyed, env={MODEL_API_KEY_ENV: "k"})
 
     bad = ModelSpec(name="m", script="no-such-script")
     with pytest.raises(ModelError, match="no-such-script"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from agentfast.operator.status import status_from_store
 from agentfast.operator.workload import RunnerConfig, build_job, job_name
 from agentfast.runner.snapshot import AwaitedCall, PendingToolCall, RunContext, RunStatus, Session, ToolCall
@@ -10,12 +12,22 @@ BODY = {
     "apiVersion": "agentfast.dev/v1alpha1",
     "kind": "AgentRun",
     "metadata": {"name": "refund-demo", "namespace": "team-a", "uid": "u1"},
-    "spec": {"model": {"name": "m", "baseURL": "http://x/v1", "apiKeyEnv": "LLM_API_KEY", "apiKeySecretRef": {"name": "s", "key": "k"}}, "input": "hi"},
+    "spec": {"model": {"name": "m", "config": "llm"}, "input": "hi"},
 }
+#: The ModelConfig ``llm`` of team-a, as the API server returns it (an admin's).
+MODELCONFIG = {
+    "apiVersion": "agentfast.dev/v1alpha1",
+    "kind": "ModelConfig",
+    "metadata": {"name": "llm", "namespace": "team-a", "uid": "mc-uid", "resourceVersion": "7", "generation": 2},
+    "spec": {"baseURL": "http://vllm.models.svc:8000/v1", "apiKeySecretRef": {"name": "s", "key": "k"}, "models": ["m"],
+             "timeoutSeconds": 30, "maxRetries": 2, "maxTokensPerRequest": 512,
+             "prices": {"promptPerMillionTokens": 0.5, "completionPerMillionTokens": 1.5}},
+}
+KEY = {"name": "s", "key": "k"}
 
 
 def test_job_runs_the_runner_without_credentials_as_non_root() -> None:
-    job = build_job(BODY, RunnerConfig(image="agentfast:test", restart_limit=3))
+    job = build_job(BODY, RunnerConfig(image="agentfast:test", restart_limit=3), model_key=KEY)
     pod = job["spec"]["template"]["spec"]
     c = pod["containers"][0]
     assert c["command"] == ["agentfast", "resume", "team-a/refund-demo"]
@@ -23,7 +35,7 @@ def test_job_runs_the_runner_without_credentials_as_non_root() -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True and c["securityContext"]["readOnlyRootFilesystem"] is True
     env = {e["name"]: e for e in c["env"]}
     assert env["AGENTFAST_DSN"]["valueFrom"]["secretKeyRef"]["name"] == "agentfast-postgres"
-    assert env["LLM_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "s", "key": "k"}
+    assert env["AGENTFAST_MODEL_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "s", "key": "k"}
     assert job["spec"]["backoffLimit"] == 3
     rules = job["spec"]["podFailurePolicy"]["rules"]
     assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
@@ -135,11 +147,140 @@ def test_long_agentrun_names_fit_job_names_and_labels() -> None:
 
 
 def test_the_runner_gets_the_allow_list_and_our_variables_come_first() -> None:
-    job = build_job(BODY, RunnerConfig(), allowed_modules=("agentfast.runner.examples", "acme.tools"))
+    job = build_job(BODY, RunnerConfig(), allowed_modules=("agentfast.runner.examples", "acme.tools"), model_key=KEY)
     env = job["spec"]["template"]["spec"]["containers"][0]["env"]
     names = [e["name"] for e in env]
     assert {e["name"]: e.get("value") for e in env}["AGENTFAST_ALLOWED_MODULES"] == "agentfast.runner.examples,acme.tools"
-    assert names[-1] == "LLM_API_KEY" and len(names) == len(set(names))
+    assert names[-1] == "AGENTFAST_MODEL_API_KEY" and len(names) == len(set(names))
+
+
+def _secret_refs(job: dict) -> list[tuple[str, dict]]:
+    [c] = job["spec"]["template"]["spec"]["containers"]
+    refs = [(e["name"], e["valueFrom"]["secretKeyRef"]) for e in c["env"] if "secretKeyRef" in e.get("valueFrom", {})]
+    assert not c.get("envFrom") and not any(v.get("secret") for v in job["spec"]["template"]["spec"]["volumes"])
+    return refs
+
+
+def test_build_job_mounts_only_the_model_configs_secret_key_under_our_name() -> None:
+    # Issue 12 item 4: the DSN and the ModelConfig's one key; nothing the AgentRun's spec says
+    # reaches the environment, even a spec carrying the fields an AgentRun had before.
+    sneaky = {**BODY, "spec": {**BODY["spec"], "model": {**BODY["spec"]["model"], "apiKeyEnv": "LD_PRELOAD",
+                                                         "apiKeySecretRef": {"name": "agentfast-postgres", "key": "dsn"}}}}
+    job = build_job(sneaky, RunnerConfig(), model_key=KEY)
+    assert _secret_refs(job) == [("AGENTFAST_DSN", {"name": "agentfast-postgres", "key": "dsn"}),
+                                 ("AGENTFAST_MODEL_API_KEY", {"name": "s", "key": "k"})]
+    assert "LD_PRELOAD" not in str(job)
+    # the scripted model, or an endpoint without a key: the DSN only
+    assert _secret_refs(build_job(BODY, RunnerConfig())) == [("AGENTFAST_DSN", {"name": "agentfast-postgres", "key": "dsn"})]
+    # a ModelConfig naming the DSN's own Secret key as its API key: refused, never mounted twice
+    with pytest.raises(ValueError, match="Postgres DSN"):
+        build_job(BODY, RunnerConfig(), model_key={"name": "agentfast-postgres", "key": "dsn"})
+
+
+class _ModelConfigs:
+    """The one call the operator makes for ModelConfigs (a read by name), over a dict of objects."""
+
+    def __init__(self, objects: dict[tuple[str, str], dict]) -> None:
+        self.objects, self.reads = objects, []
+
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+        from kubernetes.client.rest import ApiException
+
+        self.reads.append((group, version, namespace, plural, name))
+        if (namespace, name) not in self.objects:
+            raise ApiException(status=404, reason="Not Found")
+        return self.objects[(namespace, name)]
+
+
+def _doc(body: dict) -> dict:
+    meta = body["metadata"]
+    return {"apiVersion": body["apiVersion"], "kind": body["kind"], "metadata": dict(meta), "spec": dict(body["spec"])}
+
+
+def test_the_registered_document_holds_the_resolved_endpoint_and_no_secret(store, monkeypatch) -> None:
+    from agentfast.operator import main
+    from agentfast.runner.spec import parse_agentrun
+
+    api = _ModelConfigs({("team-a", "llm"): MODELCONFIG})
+    monkeypatch.setattr(main.STATE, "store", store)
+    monkeypatch.setattr(main.STATE, "custom", api, raising=False)
+    run = parse_agentrun(_doc(BODY), check_imports=False)
+    doc = main._with_model_config(run, _doc(BODY), "team-a/refund-demo", "u1")
+    assert api.reads == [("agentfast.dev", "v1alpha1", "team-a", "modelconfigs", "llm")]
+    record = store.create_run("team-a/refund-demo", "u1", doc)
+    mc = record.spec["modelConfig"]
+    assert mc == {"name": "llm", "uid": "mc-uid", "resourceVersion": "7", "generation": 2, "baseURL": "http://vllm.models.svc:8000/v1",
+                  "apiKeySecretRef": {"name": "s", "key": "k"}, "models": ["m"], "timeoutSeconds": 30.0, "maxRetries": 2,
+                  "maxTokensPerRequest": 512, "prices": {"promptPerMillionTokens": 0.5, "completionPerMillionTokens": 1.5, "currency": "USD"}}
+    assert parse_agentrun(record.spec, check_imports=False).modelConfig.baseURL == "http://vllm.models.svc:8000/v1"
+    # Registered: the run keeps that endpoint; a changed (or deleted) ModelConfig is not read again.
+    api.objects.clear()
+    again = main._with_model_config(run, _doc(BODY), "team-a/refund-demo", "u1")
+    assert again["modelConfig"]["baseURL"] == "http://vllm.models.svc:8000/v1" and len(api.reads) == 1
+    # A new AgentRun of the same name (another uid) resolves afresh: here, its ModelConfig is gone.
+    with pytest.raises(main.ModelConfigNotFound, match="ModelConfig 'llm', which does not exist in namespace 'team-a'"):
+        main._with_model_config(run, _doc(BODY), "team-a/refund-demo", "u2")
+
+
+def test_a_model_the_config_does_not_allow_or_the_dsn_as_key_is_refused(store, monkeypatch) -> None:
+    from agentfast.operator import main
+    from agentfast.runner.spec import SpecError, parse_agentrun
+
+    dsn_key = {**MODELCONFIG, "spec": {**MODELCONFIG["spec"], "apiKeySecretRef": {"name": "agentfast-postgres", "key": "dsn"}}}
+    api = _ModelConfigs({("team-a", "llm"): MODELCONFIG, ("team-a", "dsn"): {**dsn_key, "metadata": {"name": "dsn", "namespace": "team-a"}}})
+    monkeypatch.setattr(main.STATE, "store", store)
+    monkeypatch.setattr(main.STATE, "custom", api, raising=False)
+    other = {**BODY, "spec": {**BODY["spec"], "model": {"name": "gpt-5", "config": "llm"}}}
+    with pytest.raises(SpecError) as err:
+        main._with_model_config(parse_agentrun(_doc(other), check_imports=False), _doc(other), "team-a/x", "u3")
+    assert str(err.value) == "spec.model.name: model 'gpt-5' is not one ModelConfig 'llm' allows (its spec.models: m)"
+    dsn_run = {**BODY, "spec": {**BODY["spec"], "model": {"name": "m", "config": "dsn"}}}
+    with pytest.raises(SpecError, match="Postgres DSN"):
+        main._with_model_config(parse_agentrun(_doc(dsn_run), check_imports=False), _doc(dsn_run), "team-a/y", "u4")
+    assert store.list_runs() == []  # nothing registered for a refused run
+    scripted = {**BODY, "spec": {**BODY["spec"], "model": {"name": "m", "script": "refund"}}}
+    assert main._with_model_config(parse_agentrun(_doc(scripted), check_imports=False), _doc(scripted), "team-a/z", "u5") == _doc(scripted)
+    assert len(api.reads) == 2  # a scripted run reads no ModelConfig
+
+
+def test_the_runner_network_policy_allows_dns_postgres_and_the_model_only() -> None:
+    import json
+
+    from agentfast.operator.workload import LABEL_RUN, EgressPolicy, build_network_policy
+
+    assert EgressPolicy.from_env({}) is None and EgressPolicy.from_env({"AGENTFAST_NETWORK_POLICY": " "}) is None
+    pg = {"to": [{"podSelector": {"matchLabels": {"app.kubernetes.io/component": "postgresql"}},
+                  "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "agentfast"}}}], "ports": [{"protocol": "TCP", "port": 5432}]}
+    model = {"to": [{"ipBlock": {"cidr": "10.1.2.0/24"}}], "ports": [{"protocol": "TCP", "port": 8000}]}
+    policy = EgressPolicy.from_env({"AGENTFAST_NETWORK_POLICY": json.dumps({"dns": [], "postgres": [pg], "model": [model]})})
+    job = build_job(BODY, RunnerConfig(), model_key=KEY)
+    np = build_network_policy(BODY, policy)
+    assert np["kind"] == "NetworkPolicy" and np["metadata"]["namespace"] == "team-a"
+    # it selects exactly the runner pods of this run (the Job's pod labels)
+    pod_labels = job["spec"]["template"]["metadata"]["labels"]
+    assert all(pod_labels.get(k) == v for k, v in np["spec"]["podSelector"]["matchLabels"].items())
+    assert np["spec"]["podSelector"]["matchLabels"][LABEL_RUN] == "refund-demo"
+    assert np["spec"]["policyTypes"] == ["Ingress", "Egress"] and np["spec"]["ingress"] == []
+    dns, *rest = np["spec"]["egress"]
+    assert dns["to"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}]
+    assert sorted(p["protocol"] for p in dns["ports"]) == ["TCP", "UDP"] and {p["port"] for p in dns["ports"]} == {53}
+    assert rest == [pg, model]
+    long = {**BODY, "metadata": {**BODY["metadata"], "name": "x" * 253}}
+    assert len(build_network_policy(long, policy)["metadata"]["name"]) <= 63
+
+
+@pytest.mark.parametrize("value, problem", [
+    ("{not json", "not JSON"),
+    ('{"model": []}', "no postgres rule"),
+    ('{"postgres": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}], "extra": 1}', "keys dns, postgres, model"),
+    ('{"postgres": [{"from": []}]}', "only 'to' and 'ports'"),
+    ('{"postgres": [{"to": [{"host": "db.example"}]}]}', "a peer has ipBlock"),
+])
+def test_a_malformed_network_policy_setting_is_refused(value: str, problem: str) -> None:
+    from agentfast.operator.workload import EgressPolicy
+
+    with pytest.raises(ValueError, match=problem):
+        EgressPolicy.from_env({"AGENTFAST_NETWORK_POLICY": value})
 
 
 def test_status_carries_no_foreign_text_unless_opted_in() -> None:

@@ -42,7 +42,7 @@ def agentrun(name: str, script: str, tools: list[dict], *, budget: dict | None =
         "apiVersion": "agentfast.dev/v1alpha1",
         "kind": "AgentRun",
         "metadata": {"name": name, "uid": str(uuid.uuid4())},
-        "spec": {"model": {"name": f"scripted-{script}", "script": script, "maxRetries": 0}, "input": input, "tools": tools,
+        "spec": {"model": {"name": f"scripted-{script}", "script": script}, "input": input, "tools": tools,
                  "budget": budget or {}},
     }
     return parse_agentrun(doc)

@@ -25,8 +25,13 @@ BAD: dict[str, list[str]] = {
     "unknown-tool-ref.yaml": ["spec.tools[0].ref", "unknown tool 'lookup_order'", "refnud"],
     "tool-ref-not-a-tool.yaml": ["spec.tools[0].ref", "os:getcwd", "not decorated"],
     "no-model.yaml": ["spec.model", "Field required"],
-    "model-baseurl-and-script.yaml": ["spec.model", "exactly one of baseURL", "script"],
-    "model-inline-api-key.yaml": ["spec.model.apiKey", "Extra inputs are not permitted"],
+    "model-baseurl-and-script.yaml": ["spec.model.baseURL", "not a field of an AgentRun", "ModelConfig", "spec.model.config"],
+    "model-inline-api-key.yaml": ["spec.model.apiKeySecretRef", "not a field of an AgentRun", "ModelConfig"],
+    "model-config-and-script.yaml": ["spec.model", "exactly one of config", "script"],
+    "model-config-missing.yaml": ["spec.model.config", "'no-such-config'", "holds no ModelConfig"],
+    "model-not-allowed.yaml": ["spec.model.name", "'gpt-4o'", "ModelConfig 'openai'", "gpt-4o-mini"],
+    "modelconfig-bad-url.yaml": ["ModelConfig 'openai': spec.baseURL", "http or https URL"],
+    "modelconfig-beside-a-secret.yaml": ["modelconfig-beside-a-secret.yaml", "kind 'Secret'", "AGENTFAST_MODEL_API_KEY"],
     "unknown-script.yaml": ["spec.model.script", "no-such-script"],
     "negative-budget.yaml": ["spec.budget.max_tokens", "greater than 0"],
     "zero-max-iterations.yaml": ["spec.budget.max_iterations", "greater than 0"],
@@ -106,6 +111,7 @@ def test_the_shipped_example_is_valid() -> None:
         (lambda d: d["spec"]["budget"].update(max_tokens="many"), "spec.budget.max_tokens"),
         (lambda d: d["spec"]["budget"].update(maxTokens=5), "spec.budget.maxTokens"),
         (lambda d: d["spec"]["model"].update(timeoutSeconds=0), "spec.model.timeoutSeconds"),
+        (lambda d: d["spec"]["model"].update(config="Bad_Name", script=None), "spec.model.config"),
         (lambda d: d["spec"]["model"].update(name=""), "spec.model.name"),
         (lambda d: d["spec"]["tools"][1].update(ref="no_colon_here"), "spec.tools[1].ref"),
         (lambda d: d["spec"]["tools"][2].update(requiresApproval="sometimes"), "spec.tools[2].requiresApproval"),
@@ -192,7 +198,8 @@ def test_cli_run_of_a_bad_file_exits_2_and_registers_nothing(tmp_path: Path, dsn
 
     # The ones load_agentrun passes (they used to register a run, then crash), and one of each
     # other kind; the whole table is checked in-process above.
-    names = sorted(PREFLIGHT_ONLY) + ["unknown-tool-ref.yaml", "negative-budget.yaml", "not-yaml.yaml", "two-documents.yaml"]
+    names = sorted(PREFLIGHT_ONLY) + ["unknown-tool-ref.yaml", "negative-budget.yaml", "not-yaml.yaml", "two-documents.yaml",
+                                      "model-baseurl-and-script.yaml", "model-config-missing.yaml", "model-not-allowed.yaml"]
     cases = {str(BAD_DIR / name): BAD[name][0] for name in names}
     cases[str(huge_path)] = "spec.input"
     # All at once: each is a separate real process; they share the (empty) database.
@@ -214,29 +221,128 @@ def test_cli_run_of_a_bad_file_exits_2_and_registers_nothing(tmp_path: Path, dsn
 # -- issue 12: what a spec may name -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("env", ["LD_PRELOAD", "PYTHONPATH", "AGENTFAST_DSN", "AGENTFAST_FAULT", "AGENTFAST_API_KEY", "PATH", "HOME", "openai_api_key", ""])
-def test_api_key_env_cannot_name_a_variable_that_changes_the_runner(env: str) -> None:
+@pytest.mark.parametrize("field, value", [
+    ("baseURL", "http://169.254.169.254/latest/meta-data"), ("apiKeySecretRef", {"name": "agentfast-postgres", "key": "dsn"}),
+    ("apiKeyEnv", "LD_PRELOAD"), ("timeoutSeconds", 5), ("maxRetries", 0),
+])
+def test_a_spec_cannot_name_an_endpoint_a_secret_or_a_variable(field: str, value) -> None:
+    # Issue 12 item 4: those are a ModelConfig's (an admin's), never an AgentRun's.
     doc = _good_doc()
-    doc["spec"]["model"] = {"name": "m", "baseURL": "http://x/v1", "apiKeyEnv": env}
+    doc["spec"]["model"][field] = value
     with pytest.raises(SpecError) as err:
         parse_agentrun(doc, check_imports=False)
-    assert str(err.value).startswith("spec.model.apiKeyEnv:")
+    assert str(err.value).startswith(f"spec.model.{field}: not a field of an AgentRun"), str(err.value)
+    assert "spec.model.config" in str(err.value)
 
 
-def test_api_key_env_accepts_key_names() -> None:
-    for env in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "HF_TOKEN", "VLLM_2_API_KEY"):
-        doc = _good_doc()
-        doc["spec"]["model"] = {"name": "m", "baseURL": "http://x/v1", "apiKeyEnv": env}
+def _mc_doc(**spec) -> dict:
+    return {"apiVersion": "agentfast.dev/v1alpha1", "kind": "ModelConfig", "metadata": {"name": "llm"},
+            "spec": {"baseURL": "https://api.example.com/v1", "models": ["m-1"], **spec}}
+
+
+@pytest.mark.parametrize(
+    "spec, field",
+    [
+        ({"baseURL": "ftp://x/v1"}, "spec.baseURL"),
+        ({"baseURL": "file:///etc/passwd"}, "spec.baseURL"),
+        ({"baseURL": "http://user:pw@x/v1"}, "spec.baseURL"),
+        ({"baseURL": "http://x/v1?k=1"}, "spec.baseURL"),
+        ({"baseURL": "http://x/" + "a" * 2048}, "spec.baseURL"),
+        ({"models": []}, "spec.models"),
+        ({"models": [f"m-{i}" for i in range(65)]}, "spec.models"),
+        ({"models": ["m-1", "m-1"]}, "spec.models"),
+        ({"models": ["bad name"]}, "spec.models"),
+        ({"apiKeySecretRef": {"name": "Bad_Name", "key": "k"}}, "spec.apiKeySecretRef.name"),
+        ({"apiKeySecretRef": {"name": "a" * 254, "key": "k"}}, "spec.apiKeySecretRef.name"),
+        ({"apiKeySecretRef": {"name": "s", "key": "a/b"}}, "spec.apiKeySecretRef.key"),
+        ({"timeoutSeconds": 10**9}, "spec.timeoutSeconds"),
+        ({"timeoutSeconds": 0}, "spec.timeoutSeconds"),
+        ({"maxRetries": 10**6}, "spec.maxRetries"),
+        ({"maxTokensPerRequest": 0}, "spec.maxTokensPerRequest"),
+        ({"maxTokensPerRequest": 10**9}, "spec.maxTokensPerRequest"),
+        ({"prices": {"promptPerMillionTokens": -1, "completionPerMillionTokens": 1}}, "spec.prices.promptPerMillionTokens"),
+        ({"prices": {"promptPerMillionTokens": 1, "completionPerMillionTokens": 1e12}}, "spec.prices.completionPerMillionTokens"),
+        ({"prices": {"promptPerMillionTokens": 1}}, "spec.prices.completionPerMillionTokens"),
+        ({"apiKeyEnv": "LD_PRELOAD"}, "spec.apiKeyEnv"),
+    ],
+)
+def test_modelconfig_limits_name_the_field(spec: dict, field: str) -> None:
+    from agentfast.runner.spec import parse_modelconfig
+
+    with pytest.raises(SpecError) as err:
+        parse_modelconfig(_mc_doc(**spec))
+    assert any(line.startswith(f"ModelConfig 'llm': {field}") for line in str(err.value).splitlines()), str(err.value)
+
+
+def test_modelconfig_defaults_and_resolution() -> None:
+    from agentfast.runner.spec import parse_modelconfig, resolve_model_config
+
+    mc = parse_modelconfig({**_mc_doc(apiKeySecretRef={"name": "llm-key", "key": "api-key"}),
+                            "metadata": {"name": "llm", "uid": "u-1", "resourceVersion": "42", "generation": 3}})
+    assert (mc.spec.timeoutSeconds, mc.spec.maxRetries, mc.spec.maxTokensPerRequest, mc.spec.prices) == (60.0, 4, None, None)
+    doc = _good_doc()
+    doc["spec"]["model"] = {"name": "m-1", "config": "llm"}
+    run = resolve_model_config(parse_agentrun(doc, check_imports=False), mc)
+    assert run.modelConfig is not None
+    assert (run.modelConfig.name, run.modelConfig.uid, run.modelConfig.resourceVersion, run.modelConfig.generation) == ("llm", "u-1", "42", 3)
+    assert run.modelConfig.baseURL == "https://api.example.com/v1" and run.modelConfig.apiKeySecretRef.name == "llm-key"
+    # the registered document round-trips (the runner pod parses it back), and it names the Secret, never a value
+    again = parse_agentrun(run.model_dump(mode="json", exclude_none=True), check_imports=False)
+    assert again.modelConfig == run.modelConfig
+    doc["spec"]["model"]["name"] = "m-2"
+    with pytest.raises(SpecError) as err:
+        resolve_model_config(parse_agentrun(doc, check_imports=False), mc)
+    assert str(err.value).startswith("spec.model.name: model 'm-2' is not one ModelConfig 'llm' allows"), str(err.value)
+    other_ns = parse_modelconfig({**_mc_doc(), "metadata": {"name": "llm", "namespace": "elsewhere"}})
+    doc["spec"]["model"]["name"] = "m-1"
+    with pytest.raises(SpecError, match="spec.model.config: ModelConfig 'llm' is in namespace 'elsewhere'"):
+        resolve_model_config(parse_agentrun(doc, check_imports=False), other_ns)
+
+
+def test_a_registered_document_must_agree_with_its_model_config() -> None:
+    # A document whose modelConfig does not allow spec.model.name (or names another config) is refused
+    # wherever it is parsed: the runner pod parses the registered document again.
+    doc = _good_doc()
+    doc["spec"]["model"] = {"name": "m-2", "config": "llm"}
+    doc["modelConfig"] = {"name": "llm", "baseURL": "https://api.example.com/v1", "models": ["m-1"]}
+    with pytest.raises(SpecError, match="spec.model.name: model 'm-2'"):
         parse_agentrun(doc, check_imports=False)
+    doc["spec"]["model"] = {"name": "m-1", "config": "other"}
+    with pytest.raises(SpecError, match="spec.model.config: names 'other'"):
+        parse_agentrun(doc, check_imports=False)
+
+
+def test_a_file_cannot_carry_the_resolved_model_config(tmp_path: Path) -> None:
+    doc = _good_doc()
+    doc["spec"]["model"] = {"name": "m-1", "config": "llm"}
+    doc["modelConfig"] = {"name": "llm", "baseURL": "http://evil.example/v1", "models": ["m-1"]}
+    path = tmp_path / "own-config.yaml"
+    path.write_text(yaml.safe_dump_all([doc, _mc_doc()]))
+    with pytest.raises(SpecError, match="^modelConfig: not a field of an AgentRun file"):
+        load_agentrun(path)
+
+
+def test_the_single_file_form_resolves_the_named_model_config(tmp_path: Path) -> None:
+    doc = _good_doc()
+    doc["spec"]["model"] = {"name": "m-1", "config": "llm"}
+    other = {**_mc_doc(), "metadata": {"name": "other"}}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump_all([other, doc, _mc_doc(maxTokensPerRequest=100)]))
+    run = load_agentrun(path)
+    assert run.modelConfig is not None and run.modelConfig.name == "llm" and run.modelConfig.maxTokensPerRequest == 100
+    # every document is checked for aliases, not only the AgentRun
+    path.write_text(yaml.safe_dump_all([doc]) + "---\n" + "apiVersion: agentfast.dev/v1alpha1\nkind: ModelConfig\nmetadata: {name: llm}\n"
+                    "spec: {baseURL: 'https://x/v1', models: &m [m-1], x: *m}\n")
+    with pytest.raises(SpecError, match="anchors and aliases are not accepted"):
+        load_agentrun(path)
 
 
 @pytest.mark.parametrize(
     "mutate, field",
     [
-        (lambda s: s["model"].update(baseURL="http://x/v1", script=None, apiKeySecretRef={"name": "Bad_Name", "key": "k"}), "spec.model.apiKeySecretRef.name"),
-        (lambda s: s["model"].update(baseURL="http://x/v1", script=None, apiKeySecretRef={"name": "a" * 254, "key": "k"}), "spec.model.apiKeySecretRef.name"),
-        (lambda s: s["model"].update(timeoutSeconds=10**9), "spec.model.timeoutSeconds"),
-        (lambda s: s["model"].update(maxRetries=10**6), "spec.model.maxRetries"),
+        (lambda s: s["model"].update(config="a" * 254, script=None), "spec.model.config"),
+        (lambda s: s["model"].update(config="../secrets", script=None), "spec.model.config"),
+        (lambda s: s["model"].update(name="x" * 257), "spec.model.name"),
         (lambda s: s["model"].update(temperature=1e300), "spec.model.temperature"),
         (lambda s: s["budget"].update(max_tokens=10**18), "spec.budget.max_tokens"),
         (lambda s: s["budget"].update(max_iterations=10**9), "spec.budget.max_iterations"),

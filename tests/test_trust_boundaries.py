@@ -243,3 +243,77 @@ def test_without_the_admission_policy_no_decision_is_recorded_even_after_it_retu
     monkeypatch.setattr(main, "approval_policy_missing", lambda: None)  # the policy is back
     main._record_approvals(body, run_id)
     assert store.get_decision(run_id, "call-2-0") is None and _refunds(dsn) == 0
+
+
+# -- issue 12 item 4: a run names a ModelConfig, never a URL or a Secret ----------------------------------
+
+
+def _modelconfig(base_url: str, *, key: bool = True) -> dict:
+    spec: dict = {"baseURL": base_url, "models": ["scripted-refund"], "maxRetries": 0, "timeoutSeconds": 20}
+    if key:
+        spec["apiKeySecretRef"] = {"name": "llm-key", "key": "api-key"}
+    return {"apiVersion": "agentfast.dev/v1alpha1", "kind": "ModelConfig", "metadata": {"name": "llm"}, "spec": spec}
+
+
+def test_a_run_cannot_name_a_url_or_a_secret(tmp_path: Path, dsn: str, store) -> None:
+    # The attack: point the key of any Secret (the Postgres DSN's) at one's own server, or name
+    # any host. Refused by `agentfast run` naming the field (exit 2); nothing registered, and the
+    # attacker's server never hears from the runner.
+    from agentfast.runner.scripted import ScriptedModelServer, load_script
+
+    with ScriptedModelServer(load_script("refund")) as attacker:
+        attacks = {
+            "spec.model.baseURL": {"baseURL": attacker.base_url},
+            "spec.model.apiKeySecretRef": {"apiKeySecretRef": {"name": "agentfast-postgres", "key": "dsn"}},
+            "spec.model.apiKeyEnv": {"apiKeyEnv": "AGENTFAST_DSN"},
+        }
+        for field, extra in attacks.items():
+            doc = _refund_doc("own-endpoint")
+            doc["spec"]["model"] = {"name": "scripted-refund", "config": "llm", **extra}
+            path = tmp_path / "attack.yaml"
+            path.write_text(yaml.safe_dump_all([doc, _modelconfig(attacker.base_url)]))
+            proc = run_cli("run", str(path), "--no-wait", dsn=dsn, timeout=90,
+                           env={"AGENTFAST_MODEL_API_KEY": "sk-model"})
+            assert proc.returncode == 2, proc.stdout
+            assert f"{field}: not a field of an AgentRun" in proc.stdout and "spec.model.config" in proc.stdout, proc.stdout
+        assert len(attacker.requests) == 0 and len(attacker.authorizations) == 0
+    assert [r.run_id for r, _ in store.list_runs()] == [] and _refunds(dsn) == 0
+
+
+def test_a_run_gets_exactly_its_model_configs_key(tmp_path: Path, dsn: str, store) -> None:
+    # The run's ModelConfig names a key: the endpoint receives exactly that key as the Bearer token
+    # (checked by the server), never the DSN or another variable's value, in the runner's first
+    # process (`agentfast run`, the single-file form) and after a resume from the registered
+    # document (what a runner pod does), which keeps the endpoint the run started with.
+    import json
+
+    from agentfast.runner.scripted import ScriptedModelServer, load_script
+
+    with ScriptedModelServer(load_script("refund"), api_key="sk-model") as server:
+        doc = _refund_doc("keyed")
+        doc["spec"]["model"] = {"name": "scripted-refund", "config": "llm"}
+        path = tmp_path / "keyed.yaml"
+        path.write_text(yaml.safe_dump_all([_modelconfig(server.base_url), doc]))
+        env = {"AGENTFAST_MODEL_API_KEY": "sk-model", "OPENAI_API_KEY": "sk-other"}
+        proc = run_cli("run", str(path), "--no-wait", dsn=dsn, timeout=90, env=env)
+        assert proc.returncode == 0, proc.stdout
+        run_id = "default/keyed"
+        record = store.get_run(run_id)
+        assert record.spec["modelConfig"]["baseURL"] == server.base_url
+        assert record.spec["modelConfig"]["apiKeySecretRef"] == {"name": "llm-key", "key": "api-key"}
+        assert "sk-model" not in json.dumps(record.spec)  # the registered document names the key, never holds it
+        assert store.load_context(run_id)[0].status.phase == "WaitingForApproval"
+        store.decide(run_id, "call-2-0", "approve", decided_by="test")
+        proc = run_cli("resume", run_id, "--no-wait", dsn=dsn, timeout=90, env=env)
+        assert proc.returncode == 0, proc.stdout
+        assert store.load_context(run_id)[0].status.phase == "Succeeded"
+        assert set(server.authorizations) == {"Bearer sk-model"} and server.unauthorized == 0 and len(server.requests) == 3
+        assert dsn not in json.dumps(list(server.requests))
+        # Without the key in its environment the runner refuses to start (exit 2), naming the variable;
+        # it never falls back to another variable (OPENAI_API_KEY here).
+        doc["metadata"].update(name="keyless", uid=str(uuid.uuid4()))
+        path.write_text(yaml.safe_dump_all([_modelconfig(server.base_url), doc]))
+        proc = run_cli("run", str(path), "--no-wait", dsn=dsn, timeout=90, env={"AGENTFAST_MODEL_API_KEY": "", "OPENAI_API_KEY": "sk-other"})
+        assert proc.returncode == 2 and "AGENTFAST_MODEL_API_KEY is not set" in proc.stdout, proc.stdout
+        assert len(server.requests) == 3
+    assert _refunds(dsn) == 1

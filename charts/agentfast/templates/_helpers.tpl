@@ -29,3 +29,19 @@ readOnlyRootFilesystem: true
 capabilities:
   drop: [ALL]
 {{- end -}}
+
+{{/* Where runner pods may connect (networkPolicy.enabled), as JSON for the operator's
+     AGENTFAST_NETWORK_POLICY: egress rules for DNS, Postgres and the model endpoints. */}}
+{{- define "agentfast.egressPolicy" -}}
+{{- $np := .Values.networkPolicy -}}
+{{- $pg := $np.postgresEgress -}}
+{{- if not $pg -}}
+{{- if .Values.postgresql.bundled -}}
+{{- $peer := dict "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" .Release.Namespace)) "podSelector" (dict "matchLabels" (dict "app.kubernetes.io/instance" .Release.Name "app.kubernetes.io/component" "postgresql")) -}}
+{{- $pg = list (dict "to" (list $peer) "ports" (list (dict "protocol" "TCP" "port" 5432))) -}}
+{{- else -}}
+{{- fail "networkPolicy.enabled with an external database needs networkPolicy.postgresEgress: egress rules that reach it (a NetworkPolicy names pods, namespaces and IP blocks, never a host)" -}}
+{{- end -}}
+{{- end -}}
+{{- dict "dns" $np.dnsEgress "postgres" $pg "model" $np.modelEgress | toJson -}}
+{{- end -}}
