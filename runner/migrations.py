@@ -19,9 +19,21 @@ Tables (all keyed by ``run_id``, deleted with the run by ``ON DELETE CASCADE``):
 - ``agentfast_void_decisions`` (4): decisions from ``spec.approvals`` refused because their
   call did not await one: void for good, so an entry written before its call exists (against a
   forged status) is never applied when the call later pauses (``Store.decide(once=True)``).
+- ``agentfast_tenants`` (5): one row per namespace whose runners have a Postgres role of their
+  own (``Store.set_tenant_password``, called by the operator): the role's name and the id of its
+  current credential.
 - ``agentfast_runners`` (3): the live runner of a run, if any: who (runner id, pid, host, its
   Postgres backend) and its last heartbeat. Only a hint for humans: liveness itself is the
   session advisory lock the runner holds (``runner/liveness.py``), which dies with its connection.
+
+Least privilege (5, G11): the role that runs the migrations owns every table (and so bypasses
+row-level security); runners log in as a role per namespace, member of the group role
+``agentfast_runner``, which may read and write its namespace's rows of the run tables and
+nothing else: row-level security compares the namespace part of ``run_id`` (``NS/NAME``) with
+``agentfast_tenant()``, the namespace of the session's login role. It may read decisions but
+never write one, may change a run's ``epoch`` (a takeover) but not its spec, and has no right
+on ``agentfast_void_decisions``, ``agentfast_tenants`` or the schema (no DDL: runners never
+migrate).
 
 The fencing trigger ``agentfast_fence`` rejects, inside Postgres, any write to the run's tables
 from a transaction whose ``agentfast.epoch`` setting is not the run's current epoch: SQLSTATE
@@ -165,5 +177,64 @@ MIGRATIONS: list[str] = [
         voided_at  timestamptz NOT NULL DEFAULT now(),
         PRIMARY KEY (run_id, call_id)
     );
+    """,
+    # 5: least privilege (issue 13): a group role for runners, a login role per namespace, and
+    # row-level security so a namespace's runners reach only that namespace's runs.
+    """
+    DO $$ BEGIN
+        -- Roles are the server's, not the database's: another database may have made it.
+        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'agentfast_runner') THEN
+            CREATE ROLE agentfast_runner NOLOGIN;
+        END IF;
+    EXCEPTION WHEN duplicate_object THEN NULL;
+    END $$;
+
+    CREATE TABLE agentfast_tenants (
+        namespace      text PRIMARY KEY,
+        role_name      text NOT NULL UNIQUE,
+        credential_id  text NOT NULL,
+        created_at     timestamptz NOT NULL DEFAULT now(),
+        rotated_at     timestamptz NOT NULL DEFAULT now()
+    );
+
+    -- The namespace of the session's login role (session_user: SET ROLE cannot change it), or
+    -- NULL for a role that is no tenant. SECURITY DEFINER: runners cannot read agentfast_tenants.
+    CREATE FUNCTION agentfast_tenant() RETURNS text LANGUAGE sql STABLE SECURITY DEFINER
+        SET search_path FROM CURRENT
+        AS $$ SELECT namespace FROM agentfast_tenants WHERE role_name = session_user $$;
+    REVOKE ALL ON FUNCTION agentfast_tenant() FROM PUBLIC;
+    GRANT EXECUTE ON FUNCTION agentfast_tenant() TO agentfast_runner;
+
+    GRANT SELECT ON agentfast_migrations TO agentfast_runner;
+    GRANT SELECT ON agentfast_runs, agentfast_approvals TO agentfast_runner;
+    GRANT UPDATE (epoch) ON agentfast_runs TO agentfast_runner;
+    GRANT SELECT, INSERT ON agentfast_messages, agentfast_turns TO agentfast_runner;
+    GRANT SELECT, INSERT, DELETE ON agentfast_checkpoints TO agentfast_runner;
+    GRANT SELECT, INSERT, UPDATE ON agentfast_tool_calls TO agentfast_runner;
+    GRANT SELECT, INSERT, UPDATE, DELETE ON agentfast_runners TO agentfast_runner;
+
+    ALTER TABLE agentfast_runs ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE agentfast_messages ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE agentfast_checkpoints ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE agentfast_turns ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE agentfast_tool_calls ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE agentfast_approvals ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE agentfast_runners ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE agentfast_void_decisions ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE agentfast_tenants ENABLE ROW LEVEL SECURITY;
+    CREATE POLICY agentfast_tenant ON agentfast_runs TO agentfast_runner
+        USING (split_part(run_id, '/', 1) = agentfast_tenant());
+    CREATE POLICY agentfast_tenant ON agentfast_messages TO agentfast_runner
+        USING (split_part(run_id, '/', 1) = agentfast_tenant());
+    CREATE POLICY agentfast_tenant ON agentfast_checkpoints TO agentfast_runner
+        USING (split_part(run_id, '/', 1) = agentfast_tenant());
+    CREATE POLICY agentfast_tenant ON agentfast_turns TO agentfast_runner
+        USING (split_part(run_id, '/', 1) = agentfast_tenant());
+    CREATE POLICY agentfast_tenant ON agentfast_tool_calls TO agentfast_runner
+        USING (split_part(run_id, '/', 1) = agentfast_tenant());
+    CREATE POLICY agentfast_tenant ON agentfast_approvals TO agentfast_runner
+        USING (split_part(run_id, '/', 1) = agentfast_tenant());
+    CREATE POLICY agentfast_tenant ON agentfast_runners TO agentfast_runner
+        USING (split_part(run_id, '/', 1) = agentfast_tenant());
     """,
 ]

@@ -23,6 +23,7 @@ listeners always re-read the tables, since one sent while a listener was disconn
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal, TypeVar, get_args
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb, set_json_dumps
 from psycopg.types.string import StrBinaryDumper, StrDumperUnknown
@@ -51,6 +53,7 @@ PROGRESS_CHANNEL = "agentfast_progress"
 APPROVAL_CHANNEL = "agentfast_approval"
 FENCE_SQLSTATE = "AF001"
 _MIGRATION_LOCK = 0x61_66_5F_6D_69_67  # "af_mig": the advisory-lock key of schema migrations
+_TENANT_LOCK = 0x61_66_5F_74_6E_74  # "af_tnt": creating or re-keying a namespace's runner role
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -80,6 +83,11 @@ class DecisionConflict(StoreError):
         super().__init__(message)
         self.existing = existing
         self.same = same
+
+
+class SchemaBehind(StoreUnavailable):
+    """The store's schema is older than this release and this role may not migrate it (a
+    runner's role: runners never change the schema). The message says what to do."""
 
 
 class UnknownCall(StoreError):
@@ -332,21 +340,83 @@ class Store:
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
 
+    def schema_version(self) -> int:
+        """The store's schema version (0: no schema yet), read without taking any lock or right
+        beyond SELECT on ``agentfast_migrations``: what a runner's role may do."""
+
+        def op(conn: psycopg.Connection) -> int:
+            if conn.execute("SELECT to_regclass('agentfast_migrations') IS NOT NULL AS ok").fetchone()["ok"] is False:
+                return 0
+            return conn.execute("SELECT coalesce(max(version), 0) AS v FROM agentfast_migrations").fetchone()["v"]
+
+        return self._retry(op)
+
     def migrate(self) -> int:
-        """Apply missing migrations under an advisory lock; returns the schema version."""
+        """Apply missing migrations under an advisory lock; returns the schema version.
+
+        A store already at this release's version is only read (a runner's role, which may not
+        change the schema, gets through). Raises SchemaBehind when it is behind and this role may
+        not migrate it (the operator's role does, at its start), StoreUnavailable."""
+        current = self.schema_version()
+        if current >= len(MIGRATIONS):
+            return current
 
         def op(conn: psycopg.Connection) -> int:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS agentfast_migrations (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
             )
-            row = conn.execute("SELECT coalesce(max(version), 0) AS v FROM agentfast_migrations").fetchone()
-            current = row["v"]
-            for version, sql in enumerate(MIGRATIONS, start=1):
-                if version > current:
-                    conn.execute(sql)
+            applied = conn.execute("SELECT coalesce(max(version), 0) AS v FROM agentfast_migrations").fetchone()["v"]
+            for version, migration in enumerate(MIGRATIONS, start=1):
+                if version > applied:
+                    conn.execute(migration)
                     conn.execute("INSERT INTO agentfast_migrations (version) VALUES (%s)", (version,))
             return len(MIGRATIONS)
+
+        try:
+            return self._retry(op)
+        except StoreUnavailable as err:
+            if "refused the store's role a privilege" not in str(err):
+                raise
+            raise SchemaBehind(
+                f"the store's schema is at version {current}, this release needs {len(MIGRATIONS)}, and this role may not"
+                " migrate it: the operator migrates at its start (or run `agentfast migrate` with the owner's DSN)") from None
+
+    # -- tenants: a Postgres role per namespace (G11) -----------------------------------------
+
+    def tenant_role(self, namespace: str) -> str:
+        """The login role of ``namespace``'s runners in this database: ``agentfast_r_`` + 24 hex
+        digits of a hash of (database, namespace), so two databases on one server (roles are
+        server-wide) and any namespace name (up to 63 characters) fit Postgres's 63-byte names."""
+        db = self._retry(lambda c: c.execute("SELECT current_database() AS d").fetchone()["d"])
+        return "agentfast_r_" + hashlib.sha256(f"{db}/{namespace}".encode()).hexdigest()[:24]
+
+    def tenant(self, namespace: str) -> tuple[str, str] | None:
+        """``(role_name, credential_id)`` of ``namespace``'s runner role, or None if it has none."""
+        row = self._retry(lambda c: c.execute(
+            "SELECT role_name, credential_id FROM agentfast_tenants WHERE namespace = %s", (namespace,)).fetchone())
+        return None if row is None else (row["role_name"], row["credential_id"])
+
+    def set_tenant_password(self, namespace: str, password: str) -> tuple[str, str]:
+        """Create ``namespace``'s runner role (LOGIN, member of ``agentfast_runner``) or give it
+        ``password``; returns ``(role_name, credential_id)``, a new id each call. Needs a role with
+        CREATEROLE (the operator's). Existing sessions keep working; new logins need ``password``.
+        Raises StoreUnavailable (also when this role may not create roles)."""
+        role = self.tenant_role(namespace)
+        credential_id = uuid.uuid4().hex
+
+        def op(conn: psycopg.Connection) -> tuple[str, str]:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_TENANT_LOCK,))
+            exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() is not None
+            verb = "ALTER ROLE {} LOGIN PASSWORD {}" if exists else "CREATE ROLE {} LOGIN PASSWORD {} IN ROLE agentfast_runner"
+            conn.execute(sql.SQL(verb).format(sql.Identifier(role), sql.Literal(password)))
+            if exists:
+                conn.execute(sql.SQL("GRANT agentfast_runner TO {}").format(sql.Identifier(role)))
+            conn.execute(
+                """INSERT INTO agentfast_tenants (namespace, role_name, credential_id) VALUES (%s, %s, %s)
+                   ON CONFLICT (namespace) DO UPDATE SET credential_id = excluded.credential_id, rotated_at = now()""",
+                (namespace, role, credential_id))
+            return role, credential_id
 
         return self._retry(op)
 
@@ -569,12 +639,12 @@ class Store:
 
     def journal(self, run_id: str, iteration: int | None = None) -> list[JournalEntry]:
         """Journal entries of a run (of one iteration if given), in (iteration, position) order."""
-        sql = "SELECT * FROM agentfast_tool_calls WHERE run_id = %s"
+        query = "SELECT * FROM agentfast_tool_calls WHERE run_id = %s"
         params: list[Any] = [run_id]
         if iteration is not None:
-            sql += " AND iteration = %s"
+            query += " AND iteration = %s"
             params.append(iteration)
-        rows = self._retry(lambda c: c.execute(sql + " ORDER BY iteration, position", params).fetchall())
+        rows = self._retry(lambda c: c.execute(query + " ORDER BY iteration, position", params).fetchall())
         return [
             JournalEntry(
                 iteration=r["iteration"],

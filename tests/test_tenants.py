@@ -1,0 +1,136 @@
+"""Issue 13 items 1 and 2 on a real PostgreSQL server: a namespace's runner role reaches only its
+own namespace's runs, never writes a decision, never changes the schema.
+
+The attack the issue measured, performed with a runner role of namespace ``team-a``: read
+``team-b``'s input and transcript, insert an approval for ``team-b``'s gated refund, take over
+its lease, rewrite its spec. Each is refused by Postgres itself (row-level security and grants),
+not by the store's code. And a runner role still runs its own run end to end (``agentfast
+resume`` with its DSN, what a runner pod does), with a tool module that keeps no records.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+import yaml
+
+from agentfast.runner.migrations import MIGRATIONS
+from agentfast.runner.store import SchemaBehind, Store
+
+from .conftest import EXAMPLES, run_cli
+
+QUIET_TOOLS = textwrap.dedent('''
+    from agentfast.runner.tools import ToolContext, tool
+
+    @tool
+    def lookup_order(ctx: ToolContext, order_id: str) -> dict:
+        """Look up an order."""
+        return {"order_id": order_id, "charges": [4999, 4999], "status": "paid"}
+
+    @tool(requires_approval=True)
+    def issue_refund(ctx: ToolContext, order_id: str, amount_cents: int, reason: str = "") -> dict:
+        """Refund part of an order."""
+        return {"refund_id": ctx.idempotency_key, "amount_cents": amount_cents}
+
+    @tool
+    def add_case_note(ctx: ToolContext, order_id: str, note: str) -> dict:
+        """Note something on the case."""
+        return {"noted": True}
+''')
+
+
+def _register(store: Store, namespace: str, name: str, tools_module: str) -> str:
+    doc = yaml.safe_load((EXAMPLES / "refund.yaml").read_text())
+    doc["metadata"] = {"name": name, "namespace": namespace, "uid": str(uuid.uuid4())}
+    for tool in doc["spec"]["tools"]:
+        tool["ref"] = f"{tools_module}:{tool['name']}"
+    run_id = f"{namespace}/{name}"
+    store.create_run(run_id, doc["metadata"]["uid"], doc)
+    return run_id
+
+
+def _as(dsn: str, role: str, password: str) -> str:
+    return psycopg.conninfo.make_conninfo(dsn, user=role, password=password)
+
+
+def _refused(conn: psycopg.Connection, query: str, *params: object) -> str:
+    with pytest.raises(psycopg.errors.InsufficientPrivilege) as err:
+        with conn.transaction():
+            conn.execute(query, params)
+    return str(err.value)
+
+
+@pytest.fixture
+def quiet_tools(tmp_path: Path) -> dict[str, str]:
+    module = f"quiet_tools_{uuid.uuid4().hex[:6]}"
+    (tmp_path / f"{module}.py").write_text(QUIET_TOOLS)
+    return {"module": module, "PYTHONPATH": str(tmp_path)}
+
+
+def test_a_namespaces_runner_role_reaches_only_its_own_runs(dsn: str, store: Store, quiet_tools: dict[str, str]) -> None:
+    env = {"PYTHONPATH": quiet_tools["PYTHONPATH"]}
+    theirs = _register(store, "team-b", "refund", quiet_tools["module"])
+    assert run_cli("resume", theirs, "--no-wait", dsn=dsn, env=env, timeout=90).returncode == 0
+    assert [a.call_id for a in store.awaiting(theirs)] == ["call-2-0"]  # team-b's refund awaits a human
+    mine = _register(store, "team-a", "lookup", quiet_tools["module"])
+    role, _ = store.set_tenant_password("team-a", "pw-a")
+    assert role == store.tenant_role("team-a") and store.tenant("team-a")[0] == role
+
+    with psycopg.connect(_as(dsn, role, "pw-a"), autocommit=True) as a:
+        assert a.execute("SELECT current_user, agentfast_tenant()").fetchone() == (role, "team-a")
+        for table in ("agentfast_runs", "agentfast_messages", "agentfast_checkpoints", "agentfast_turns",
+                      "agentfast_tool_calls", "agentfast_approvals", "agentfast_runners"):
+            visible = {r[0] for r in a.execute(f"SELECT DISTINCT run_id FROM {table}").fetchall()}
+            assert visible <= {mine}, (table, visible)  # team-b's input, transcript, journal: not even seen
+        assert a.execute("UPDATE agentfast_runs SET epoch = epoch + 1 WHERE run_id = %s", (theirs,)).rowcount == 0
+        _refused(a, "INSERT INTO agentfast_approvals (run_id, call_id, decision, decided_by) VALUES (%s, 'call-2-0', 'approve', 'x')", theirs)
+        _refused(a, "INSERT INTO agentfast_approvals (run_id, call_id, decision, decided_by) VALUES (%s, 'call-2-0', 'approve', 'x')", mine)
+        _refused(a, "UPDATE agentfast_runs SET spec = '{}' WHERE run_id = %s", mine)  # a takeover, never a new spec
+        _refused(a, "SELECT * FROM agentfast_tenants")
+        _refused(a, "SELECT * FROM agentfast_void_decisions")
+        _refused(a, "CREATE TABLE agentfast_mine (x int)")
+        _refused(a, "DELETE FROM agentfast_runs WHERE run_id = %s", mine)
+        with pytest.raises(psycopg.Error) as err:  # rows of another namespace cannot be written
+            with a.transaction():
+                a.execute("SELECT set_config('agentfast.epoch', '0', true)")
+                a.execute("INSERT INTO agentfast_messages (run_id, seq, iteration, message, epoch) VALUES (%s, 99, 9, '{}', 0)", (theirs,))
+        # the fence (which sees no such run under row-level security) or the policy's check
+        assert err.value.sqlstate in ("AF001", "42501"), err.value
+    assert store.get_decision(theirs, "call-2-0") is None and store.get_run(theirs).spec["spec"]["input"]
+
+    # team-b's own role runs team-b's run to the end, once a human (the operator's role) decided.
+    role_b, _ = store.set_tenant_password("team-b", "pw-b")
+    store.decide(theirs, "call-2-0", "approve", decided_by="kubernetes:alice")
+    done = run_cli("resume", theirs, "--no-wait", dsn=_as(dsn, role_b, "pw-b"), env=env, timeout=90)
+    assert done.returncode == 0, done.stdout
+    assert store.load_context(theirs)[0].status.phase == "Succeeded"
+    # The role of team-a cannot run team-b's run: it does not even see it.
+    other = run_cli("resume", theirs, "--no-wait", dsn=_as(dsn, role, "pw-a"), env=env, timeout=90)
+    assert other.returncode != 0 and "team-b/refund" in other.stdout
+
+
+def test_a_runner_role_never_migrates_and_says_why(dsn: str, store: Store) -> None:
+    role, _ = store.set_tenant_password("team-a", "pw-a")
+    runner = Store(_as(dsn, role, "pw-a"), retry_for_s=2)
+    try:
+        assert runner.migrate() == len(MIGRATIONS)  # up to date: only read
+        with psycopg.connect(dsn, autocommit=True) as owner:  # as if this release were one migration ahead
+            owner.execute("DELETE FROM agentfast_migrations WHERE version = %s", (len(MIGRATIONS),))
+        with pytest.raises(SchemaBehind) as err:
+            runner.migrate()
+        assert f"version {len(MIGRATIONS) - 1}" in str(err.value) and "operator migrates" in str(err.value)
+    finally:
+        runner.close()
+
+
+def test_re_keying_a_namespace_keeps_its_role_and_changes_its_credential(dsn: str, store: Store) -> None:
+    role, first = store.set_tenant_password("team-a", "pw-1")
+    again, second = store.set_tenant_password("team-a", "pw-2")
+    assert again == role and first != second and store.tenant("team-a") == (role, second)
+    with psycopg.connect(_as(dsn, role, "pw-2")) as conn:
+        assert conn.execute("SELECT agentfast_tenant()").fetchone()[0] == "team-a"
+    assert store.tenant("nobody") is None and store.tenant_role("team-a") != store.tenant_role("team-b")
