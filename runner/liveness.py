@@ -41,7 +41,7 @@ from typing import Any, Mapping, Sequence
 import psycopg
 from psycopg.rows import dict_row
 
-from .store import PROGRESS_CHANNEL, Store, StoreError, StoreUnavailable
+from .store import PROGRESS_CHANNEL, Store, StoreError, StoreUnavailable, pin_search_path
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +185,7 @@ class RunnerClaim:
             " set_config('tcp_keepalives_count', %s, false)",
             (str(KEEPALIVE_IDLE_S), str(KEEPALIVE_INTERVAL_S), str(KEEPALIVE_COUNT)),
         )
+        pin_search_path(conn)  # the heartbeat table is the store's, never one in the role's own schema
         return conn
 
     def _connect_retrying(self) -> psycopg.Connection:

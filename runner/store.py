@@ -398,9 +398,10 @@ class Store:
         return None if row is None else (row["role_name"], row["credential_id"])
 
     def set_tenant_password(self, namespace: str, password: str) -> tuple[str, str]:
-        """Create ``namespace``'s runner role (LOGIN, member of ``agentfast_runner``) or give it
-        ``password``; returns ``(role_name, credential_id)``, a new id each call. Needs a role with
-        CREATEROLE (the operator's). Existing sessions keep working; new logins need ``password``.
+        """Create ``namespace``'s runner role (LOGIN, member of ``agentfast_runner``, owner of a
+        schema of its name for its tools' tables) or give it ``password``; returns ``(role_name,
+        credential_id)``, a new id each call. Needs a role with CREATEROLE (the operator's).
+        Existing sessions keep working; new logins need ``password``.
         Raises StoreUnavailable (also when this role may not create roles)."""
         role = self.tenant_role(namespace)
         credential_id = uuid.uuid4().hex
@@ -412,6 +413,14 @@ class Store:
             conn.execute(sql.SQL(verb).format(sql.Identifier(role), sql.Literal(password)))
             if exists:
                 conn.execute(sql.SQL("GRANT agentfast_runner TO {}").format(sql.Identifier(role)))
+            else:
+                # The schema where the namespace's tools keep their own tables (first in the role's
+                # default search_path, "$user"); the store's sessions never look there
+                # (pin_search_path). A non-superuser creator must be a member of the role to make
+                # it a schema's owner (PostgreSQL 16+ gives a CREATEROLE creator ADMIN, not SET).
+                if not conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()["rolsuper"]:
+                    conn.execute(sql.SQL("GRANT {} TO CURRENT_USER").format(sql.Identifier(role)))
+                conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {} AUTHORIZATION {}").format(sql.Identifier(role), sql.Identifier(role)))
             conn.execute(
                 """INSERT INTO agentfast_tenants (namespace, role_name, credential_id) VALUES (%s, %s, %s)
                    ON CONFLICT (namespace) DO UPDATE SET credential_id = excluded.credential_id, rotated_at = now()""",
@@ -939,7 +948,20 @@ def _configure(conn: psycopg.Connection, idle_in_transaction_timeout_s: float) -
     conn.autocommit = True
     conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
                  (str(max(1, int(idle_in_transaction_timeout_s * 1000))),))
+    pin_search_path(conn)
     conn.autocommit = False
+
+
+def pin_search_path(conn: psycopg.Connection) -> None:
+    """Drop ``"$user"`` from this session's search_path (the rest, the DSN's or the server's
+    default, stays), so the store's table names never resolve in the login role's own schema. A
+    namespace's runner role owns a schema of its name, where its tools keep their tables (the
+    default search_path puts it first for them); an ``agentfast_approvals`` a tool made there must
+    not be what the runner reads. Call on an autocommit connection (or inside a transaction)."""
+    path = conn.execute("SELECT current_setting('search_path') AS p").fetchone()
+    entries = [e.strip() for e in (path["p"] if isinstance(path, dict) else path[0]).split(",")]
+    kept = [e for e in entries if e and e not in ('"$user"', "$user")]
+    conn.execute("SELECT set_config('search_path', %s, false)", (", ".join(kept) or "public",))
 
 
 def _redact(dsn: str) -> str:

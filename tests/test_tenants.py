@@ -92,7 +92,7 @@ def test_a_namespaces_runner_role_reaches_only_its_own_runs(dsn: str, store: Sto
         _refused(a, "UPDATE agentfast_runs SET spec = '{}' WHERE run_id = %s", mine)  # a takeover, never a new spec
         _refused(a, "SELECT * FROM agentfast_tenants")
         _refused(a, "SELECT * FROM agentfast_void_decisions")
-        _refused(a, "CREATE TABLE agentfast_mine (x int)")
+        _refused(a, "CREATE TABLE public.agentfast_mine (x int)")  # the store's schema (its own schema is for its tools)
         _refused(a, "DELETE FROM agentfast_runs WHERE run_id = %s", mine)
         with pytest.raises(psycopg.Error) as err:  # rows of another namespace cannot be written
             with a.transaction():
@@ -134,3 +134,26 @@ def test_re_keying_a_namespace_keeps_its_role_and_changes_its_credential(dsn: st
     with psycopg.connect(_as(dsn, role, "pw-2")) as conn:
         assert conn.execute("SELECT agentfast_tenant()").fetchone()[0] == "team-a"
     assert store.tenant("nobody") is None and store.tenant_role("team-a") != store.tenant_role("team-b")
+
+
+def test_a_tool_table_in_the_runners_own_schema_never_shadows_the_store(dsn: str, store: Store, quiet_tools: dict[str, str]) -> None:
+    # The runner role owns a schema of its name (its tools' tables go there: first in its default
+    # search_path). A table named like the store's, made there by a tool, must not be what the
+    # runner reads: a fake agentfast_approvals with an "approve" would run the refund unasked.
+    env = {"PYTHONPATH": quiet_tools["PYTHONPATH"]}
+    run_id = _register(store, "team-a", "refund", quiet_tools["module"])
+    role, _ = store.set_tenant_password("team-a", "pw-a")
+    runner_dsn = _as(dsn, role, "pw-a")
+    with psycopg.connect(runner_dsn, autocommit=True) as tool:
+        assert tool.execute("SELECT current_schema()").fetchone()[0] == role  # where a tool's CREATE TABLE lands
+        tool.execute("CREATE TABLE agentfast_approvals (run_id text, call_id text, decision text, reason text, result text,"
+                      " decided_by text, decided_at timestamptz DEFAULT now())")
+        tool.execute("INSERT INTO agentfast_approvals (run_id, call_id, decision, decided_by) VALUES (%s, 'call-2-0', 'approve', 'tool')", (run_id,))
+    proc = run_cli("resume", run_id, "--no-wait", dsn=runner_dsn, env=env, timeout=90)
+    assert proc.returncode == 0, proc.stdout
+    ctx, pending = store.load_context(run_id)
+    assert ctx.status.phase == "WaitingForApproval" and [a.call_id for a in pending.awaiting] == ["call-2-0"]  # still asks a human
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):  # and another namespace's role cannot reach this schema
+        role_b, _ = store.set_tenant_password("team-b", "pw-b")
+        with psycopg.connect(_as(dsn, role_b, "pw-b"), autocommit=True) as b:
+            b.execute(f'SELECT * FROM "{role}".agentfast_approvals')
