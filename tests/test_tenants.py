@@ -157,3 +157,30 @@ def test_a_tool_table_in_the_runners_own_schema_never_shadows_the_store(dsn: str
         role_b, _ = store.set_tenant_password("team-b", "pw-b")
         with psycopg.connect(_as(dsn, role_b, "pw-b"), autocommit=True) as b:
             b.execute(f'SELECT * FROM "{role}".agentfast_approvals')
+
+
+def test_the_whole_chain_works_for_an_owner_that_is_no_superuser(dsn: str, quiet_tools: dict[str, str]) -> None:
+    # Production shape (the chart's bundled server, a managed Postgres): the operator's role owns
+    # the database and may create roles, and is no superuser; it migrates, makes a namespace's
+    # role and schema, and that role runs the namespace's run.
+    owner = f"owner_{uuid.uuid4().hex[:8]}"
+    database = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+    with psycopg.connect(dsn, autocommit=True) as su:
+        su.execute(f'CREATE ROLE "{owner}" LOGIN PASSWORD \'pw-owner\' CREATEROLE NOSUPERUSER')
+        su.execute(f'ALTER DATABASE "{database}" OWNER TO "{owner}"')
+        if su.execute("SELECT 1 FROM pg_roles WHERE rolname = 'agentfast_runner'").fetchone():
+            # made by an earlier test's database on this shared server; a fresh server's owner makes it itself
+            su.execute(f'GRANT agentfast_runner TO "{owner}" WITH ADMIN OPTION')
+    owner_dsn = _as(dsn, owner, "pw-owner")
+    store = Store(owner_dsn, retry_for_s=5)
+    try:
+        store.migrate()
+        run_id = _register(store, "team-c", "refund", quiet_tools["module"])
+        role, _ = store.set_tenant_password("team-c", "pw-c")
+        env = {"PYTHONPATH": quiet_tools["PYTHONPATH"]}
+        assert run_cli("resume", run_id, "--no-wait", dsn=_as(dsn, role, "pw-c"), env=env, timeout=90).returncode == 0
+        store.decide(run_id, "call-2-0", "approve", decided_by="kubernetes:alice")
+        assert run_cli("resume", run_id, "--no-wait", dsn=_as(dsn, role, "pw-c"), env=env, timeout=90).returncode == 0
+        assert store.load_context(run_id)[0].status.phase == "Succeeded"
+    finally:
+        store.close()
