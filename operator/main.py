@@ -48,8 +48,9 @@ from agentfast.runner.store import (
     PROGRESS_CHANNEL, DecisionConflict, InvalidDecision, Store, StoreUnavailable, UnknownCall, UnreadableState,
 )
 
+from .credentials import ensure_runner_secret
 from .status import MAX_DECISIONS, status_from_store
-from .workload import ANNOTATION_RUN, LABEL_RUN, EgressPolicy, RunnerConfig, build_job, build_network_policy, job_name
+from .workload import ANNOTATION_RUN, LABEL_RUN, RUNNER_SECRET, EgressPolicy, RunnerConfig, build_job, build_network_policy, job_name
 
 GROUP, VERSION, PLURAL = "agentfast.dev", "v1alpha1", "agentruns"
 MODELCONFIGS = "modelconfigs"
@@ -211,6 +212,10 @@ def reconcile(body: dict[str, Any]) -> None:
         return
     override = None
     if ctx is None or ctx.status.phase not in TERMINAL_PHASES:
+        try:
+            ensure_runner_secret(namespace, STATE.store, STATE.core, SETTINGS.dsn)  # before its first pod needs it
+        except StoreUnavailable as err:
+            raise kopf.TemporaryError(f"Postgres unavailable: {err}", delay=10) from None
         job = _get_job(namespace, name)
         if job is None:
             _create_job(body, (record.spec.get("modelConfig") or {}).get("apiKeySecretRef"))
@@ -251,7 +256,7 @@ def _with_model_config(run: AgentRun, doc: dict[str, Any], run_id: str, uid: str
         raise
     resolved = resolve_model_config(run, parse_modelconfig(obj))
     key = resolved.modelConfig.apiKeySecretRef if resolved.modelConfig else None
-    if key is not None and (key.name, key.key) == (SETTINGS.runner.dsn_secret, SETTINGS.runner.dsn_secret_key):
+    if key is not None and ((key.name, key.key) == (SETTINGS.runner.dsn_secret, SETTINGS.runner.dsn_secret_key) or key.name == RUNNER_SECRET):
         raise SpecError(f"spec.model.config: ModelConfig {name!r} names the Secret key holding the runs' Postgres DSN"
                         f" ({key.name}/{key.key}) as its API key; refused")
     return resolved.model_dump(mode="json", exclude_none=True, exclude={"status"})

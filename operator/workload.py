@@ -39,6 +39,9 @@ LABEL_RUN = "agentfast.dev/run"
 #: The AgentRun's full name on its Job (a name over 63 characters does not fit the label).
 ANNOTATION_RUN = "agentfast.dev/run-name"
 RUNNER_CONTAINER = "runner"
+#: The Secret in a run's namespace holding its runners' DSN (made by operator/credentials.py).
+RUNNER_SECRET = "agentfast-runner"
+RUNNER_SECRET_KEY = "dsn"
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,8 @@ class RunnerConfig:
 
     image: str = "agentfast:dev"
     image_pull_policy: str = "IfNotPresent"
+    # The operator's own DSN Secret (release namespace): never mounted in a runner; named here so
+    # a ModelConfig cannot name it as a model key.
     dsn_secret: str = "agentfast-postgres"
     dsn_secret_key: str = "dsn"
     restart_limit: int = 6
@@ -107,15 +112,16 @@ def build_job(body: dict[str, Any], cfg: RunnerConfig, *, allowed_modules: tuple
     meta = body["metadata"]
     name, namespace = meta["name"], meta.get("namespace", "default")
     env: list[dict[str, Any]] = [
-        {"name": "AGENTFAST_DSN", "valueFrom": {"secretKeyRef": {"name": cfg.dsn_secret, "key": cfg.dsn_secret_key}}},
+        # The namespace's runner credential (operator/credentials.py), never the operator's DSN.
+        {"name": "AGENTFAST_DSN", "valueFrom": {"secretKeyRef": {"name": RUNNER_SECRET, "key": RUNNER_SECRET_KEY}}},
         {"name": "HOME", "value": "/tmp"},
         {"name": "AGENTFAST_LOG_LEVEL", "value": "INFO"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         {"name": "AGENTFAST_ALLOWED_MODULES", "value": ",".join(allowed_modules)},
     ]
     if model_key is not None:
-        if (model_key["name"], model_key["key"]) == (cfg.dsn_secret, cfg.dsn_secret_key):
-            raise ValueError(f"the model key would be the runs' Postgres DSN (Secret {cfg.dsn_secret!r}, key {cfg.dsn_secret_key!r})")
+        if (model_key["name"], model_key["key"]) == (cfg.dsn_secret, cfg.dsn_secret_key) or model_key["name"] == RUNNER_SECRET:
+            raise ValueError(f"the model key would be a Postgres credential (Secret {model_key['name']!r}, key {model_key['key']!r})")
         env.append({"name": MODEL_API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": model_key["name"], "key": model_key["key"]}}})
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",

@@ -55,7 +55,10 @@ def test_default_render_installs_everything(helm: str) -> None:
     assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
     role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "agentfast-operator")
     granted = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
-    assert ("", "pods") not in granted and ("", "secrets") not in granted  # least privilege
+    assert ("", "pods") not in granted  # least privilege
+    # Secrets: only to keep the runners' own credential; never list, watch, patch or delete them.
+    secret_verbs = {v for rule in role["rules"] if "secrets" in rule["resources"] for v in rule["verbs"]}
+    assert secret_verbs == {"get", "create", "update"}
 
 
 def test_external_database_needs_a_secret(helm: str) -> None:

@@ -42,16 +42,20 @@ def release(kubectl: str, kubeconfig: str) -> Iterator[Kube]:
     k.run("delete", "agentrun", "-l", f"{E2E_LABEL}=true", "--wait=false", check=False)
 
 
-def sql(k: Kube, query: str, *params: Any) -> list[list[Any]]:
-    """Run a query in the bundled Postgres pod (psycopg is in the project image)."""
+def sql(k: Kube, query: str, *params: Any, namespace: str | None = None) -> list[list[Any]]:
+    """Run a query in the bundled Postgres pod (psycopg is in the project image), as its
+    superuser, with the tool tables of ``namespace``'s runners (default: ``k``'s) on the path."""
     code = (
         "import json,os,sys,psycopg\n"
         "c=psycopg.connect(host='127.0.0.1',user='postgres',password=os.environ['POSTGRES_PASSWORD'],dbname='postgres')\n"
-        "q,p=json.loads(sys.argv[1])\n"
+        "q,p,ns=json.loads(sys.argv[1])\n"
+        # the namespace's runner role keeps its tools' tables (the demo ledger) in a schema of its name
+        "r=c.execute(\"SELECT role_name FROM agentfast_tenants WHERE namespace=%s\",(ns,)).fetchone() if c.execute(\"SELECT to_regclass('agentfast_tenants')\").fetchone()[0] else None\n"
+        "c.execute('SELECT set_config(%s,%s,false)',('search_path',(r[0]+', ' if r else '')+'public'))\n"
         "try:\n rows=c.execute(q,p).fetchall()\nexcept psycopg.errors.UndefinedTable:\n rows=[]\n"
         "print(json.dumps([list(r) for r in rows],default=str))\n"
     )
-    proc = k.run("exec", "deploy/agentfast-postgresql", "--", "python", "-c", code, json.dumps([query, list(params)]))
+    proc = k.run("exec", "deploy/agentfast-postgresql", "--", "python", "-c", code, json.dumps([query, list(params), namespace or k.namespace]))
     return json.loads(proc.stdout)
 
 

@@ -66,3 +66,67 @@ def test_a_253_character_name_gets_a_runner(release: Kube) -> None:
     jobs = json.loads(k.run("get", "jobs", "-l", f"{E2E_LABEL}!=x", "-o", "json").stdout)["items"]
     mine = [j for j in jobs if j["metadata"].get("annotations", {}).get("agentfast.dev/run-name") == name]
     assert len(mine) == 1 and len(mine[0]["metadata"]["labels"]["agentfast.dev/run"]) <= 63
+
+
+def _pod_output(k: Kube, namespace: str, name: str, code: str, timeout: float = 120) -> str:
+    """Run ``code`` with python in the project image, in ``namespace``, with that namespace's runner
+    credential (Secret agentfast-runner) as AGENTFAST_DSN; its output."""
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {E2E_LABEL: "true"}},
+        "spec": {
+            "restartPolicy": "Never", "automountServiceAccountToken": False,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "probe", "image": k.image, "imagePullPolicy": "IfNotPresent", "command": ["python", "-c", code],
+                "env": [{"name": "AGENTFAST_DSN", "valueFrom": {"secretKeyRef": {"name": "agentfast-runner", "key": "dsn"}}}],
+                "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+            }],
+        },
+    }
+    k.run("apply", "-f", "-", input=json.dumps(pod), namespaced=False)
+    k.wait_for(f"pod {name} to finish", lambda: (k.run("get", "pod", name, "-n", namespace, "-o", "jsonpath={.status.phase}",
+                                                        namespaced=False).stdout in ("Succeeded", "Failed")), timeout=timeout, interval=1)
+    return k.run("logs", name, "-n", namespace, namespaced=False).stdout
+
+
+def test_a_namespaces_runner_credential_reaches_only_its_namespace(release: Kube, kubectl: str, kubeconfig: str) -> None:
+    # Issue 13 items 2 and 3: runs start in any namespace without anyone copying a Secret (the
+    # operator makes each namespace's Postgres role and Secret), and a pod holding namespace A's
+    # credential cannot read namespace B's run nor write a decision for B's gated refund.
+    k = release
+    spaces = [f"af-tenant-{uuid.uuid4().hex[:6]}" for _ in range(2)]
+    try:
+        runs = {}
+        for ns in spaces:
+            k.run("create", "namespace", ns, namespaced=False)
+            team = Kube(kubectl, kubeconfig, ns)
+            doc = _doc(team, "refund")
+            team.apply(doc)
+            runs[ns] = doc["metadata"]["name"]
+        for ns in spaces:
+            team = Kube(kubectl, kubeconfig, ns)
+            team.wait_for(f"{ns}'s run to wait for approval", lambda: status(team, runs[ns]).get("phase") == "WaitingForApproval", timeout=240)
+            secret = team.get("secret", "agentfast-runner")
+            assert secret["metadata"]["annotations"]["agentfast.dev/credential-id"]
+        a, b = spaces
+        victim = f"{b}/{runs[b]}"
+        code = (
+            "import json,os,psycopg\n"
+            "c=psycopg.connect(os.environ['AGENTFAST_DSN'],autocommit=True)\n"
+            "out={'me':c.execute('SELECT agentfast_tenant()').fetchone()[0]}\n"
+            f"out['runs']=[r[0] for r in c.execute('SELECT run_id FROM agentfast_runs').fetchall()]\n"
+            f"out['their_messages']=c.execute('SELECT count(*) FROM agentfast_messages WHERE run_id=%s',({victim!r},)).fetchone()[0]\n"
+            "try:\n"
+            f" c.execute(\"INSERT INTO agentfast_approvals (run_id,call_id,decision,decided_by) VALUES (%s,'call-2-0','approve','x')\",({victim!r},))\n"
+            " out['insert']='accepted'\n"
+            "except psycopg.Error as e:\n out['insert']=e.sqlstate\n"
+            "print(json.dumps(out))\n"
+        )
+        seen = json.loads(_pod_output(k, a, "tenant-probe", code).strip().splitlines()[-1])
+        assert seen == {"me": a, "runs": [f"{a}/{runs[a]}"], "their_messages": 0, "insert": "42501"}, seen
+        assert sql(k, "SELECT count(*) FROM agentfast_approvals WHERE run_id = %s", victim) == [[0]]
+        assert status(Kube(kubectl, kubeconfig, b), runs[b])["phase"] == "WaitingForApproval"
+    finally:
+        for ns in spaces:
+            k.run("delete", "namespace", ns, "--wait=false", namespaced=False, check=False)
