@@ -34,7 +34,7 @@ def test_job_runs_the_runner_without_credentials_as_non_root() -> None:
     assert pod["automountServiceAccountToken"] is False and pod["restartPolicy"] == "Never"
     assert pod["securityContext"]["runAsNonRoot"] is True and c["securityContext"]["readOnlyRootFilesystem"] is True
     env = {e["name"]: e for e in c["env"]}
-    assert env["AGENTFAST_DSN"]["valueFrom"]["secretKeyRef"]["name"] == "agentfast-postgres"
+    assert env["AGENTFAST_DSN"]["valueFrom"]["secretKeyRef"] == {"name": "agentfast-runner", "key": "dsn"}  # the namespace's own credential
     assert env["AGENTFAST_MODEL_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "s", "key": "k"}
     assert job["spec"]["backoffLimit"] == 3
     rules = job["spec"]["podFailurePolicy"]["rules"]
@@ -167,14 +167,15 @@ def test_build_job_mounts_only_the_model_configs_secret_key_under_our_name() -> 
     sneaky = {**BODY, "spec": {**BODY["spec"], "model": {**BODY["spec"]["model"], "apiKeyEnv": "LD_PRELOAD",
                                                          "apiKeySecretRef": {"name": "agentfast-postgres", "key": "dsn"}}}}
     job = build_job(sneaky, RunnerConfig(), model_key=KEY)
-    assert _secret_refs(job) == [("AGENTFAST_DSN", {"name": "agentfast-postgres", "key": "dsn"}),
+    assert _secret_refs(job) == [("AGENTFAST_DSN", {"name": "agentfast-runner", "key": "dsn"}),
                                  ("AGENTFAST_MODEL_API_KEY", {"name": "s", "key": "k"})]
     assert "LD_PRELOAD" not in str(job)
     # the scripted model, or an endpoint without a key: the DSN only
-    assert _secret_refs(build_job(BODY, RunnerConfig())) == [("AGENTFAST_DSN", {"name": "agentfast-postgres", "key": "dsn"})]
+    assert _secret_refs(build_job(BODY, RunnerConfig())) == [("AGENTFAST_DSN", {"name": "agentfast-runner", "key": "dsn"})]
     # a ModelConfig naming the DSN's own Secret key as its API key: refused, never mounted twice
-    with pytest.raises(ValueError, match="Postgres DSN"):
-        build_job(BODY, RunnerConfig(), model_key={"name": "agentfast-postgres", "key": "dsn"})
+    for credential in ({"name": "agentfast-postgres", "key": "dsn"}, {"name": "agentfast-runner", "key": "dsn"}):
+        with pytest.raises(ValueError, match="Postgres credential"):
+            build_job(BODY, RunnerConfig(), model_key=credential)
 
 
 class _ModelConfigs:
