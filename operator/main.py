@@ -154,7 +154,8 @@ def on_runner_job(body: kopf.Body, **_: Any) -> None:
     # The label holds the name only when it fits a label (63 characters); the annotation always does.
     name = (meta.get("annotations") or {}).get(ANNOTATION_RUN) or meta["labels"][LABEL_RUN]
     run = _get_agentrun(meta["namespace"], name)
-    if run is not None:
+    owners = {o.get("uid") for o in meta.get("ownerReferences") or []}
+    if run is not None and run["metadata"]["uid"] in owners:  # not a leftover Job of an earlier run of that name
         reconcile(run)
 
 
@@ -174,6 +175,10 @@ def reconcile(body: dict[str, Any]) -> None:
     """
     assert STATE.store is not None
     meta = body["metadata"]
+    if meta.get("deletionTimestamp"):
+        # Being deleted: nothing is registered, decided or (re)created for it any more (a Job
+        # event during deletion would otherwise re-create rows the delete handler removed).
+        return
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     run_id = f"{namespace}/{name}"
     doc = {
@@ -199,10 +204,12 @@ def reconcile(body: dict[str, Any]) -> None:
     try:
         record = STATE.store.create_run(run_id, uid, doc)
         if record.run_uid != uid:
-            # An AgentRun of this name was deleted with its data kept; this is a new run.
-            STATE.store.delete_run(run_id)
+            # An AgentRun of this name was deleted with its data kept; this is a new run. The
+            # earlier one's rows are kept, under another id, never wiped (audit).
+            kept_as = STATE.store.archive_run(run_id)
             record = STATE.store.create_run(run_id, uid, doc)
-            _event(body, "Normal", "DataReplaced", f"rows of an earlier AgentRun named {name} (uid {record.run_uid}) were replaced")
+            _event(body, "Normal", "EarlierRunKept", f"the rows of an earlier AgentRun named {name} are kept as {kept_as}"
+                                                      f" (agentfast history {kept_as})")
         _record_approvals(body, run_id)
         ctx, pending, extra = _load_status(run_id)
     except StoreUnavailable as err:

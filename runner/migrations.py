@@ -4,7 +4,8 @@ Applied by :meth:`agentfast.runner.store.Store.migrate` once, under a transactio
 lock, so runners and the operator starting together do not race (the failure mode of
 langgraph's concurrent ``setup()``). Never edit a released migration; append a new one.
 
-Tables (all keyed by ``run_id``, deleted with the run by ``ON DELETE CASCADE``):
+Tables (all keyed by ``run_id``, deleted with the run by ``ON DELETE CASCADE`` and renamed with it
+by ``ON UPDATE CASCADE`` when an earlier run of a reused name is archived, migration 6):
 
 - ``agentfast_runs``: one row per run: uid, spec, and the fencing ``epoch`` (G6).
 - ``agentfast_messages``: the transcript, append-only, one row per message. A checkpoint inserts
@@ -236,5 +237,23 @@ MIGRATIONS: list[str] = [
         USING (split_part(run_id, '/', 1) = agentfast_tenant());
     CREATE POLICY agentfast_tenant ON agentfast_runners TO agentfast_runner
         USING (split_part(run_id, '/', 1) = agentfast_tenant());
+    """,
+    # 6: an AgentRun re-created under an old name never touches the earlier run's rows: they are
+    # kept under the id NS/NAME@UID (Store.archive_run), which needs the keys to follow a rename.
+    """
+    ALTER TABLE agentfast_messages DROP CONSTRAINT agentfast_messages_run_id_fkey,
+        ADD CONSTRAINT agentfast_messages_run_id_fkey FOREIGN KEY (run_id) REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE;
+    ALTER TABLE agentfast_checkpoints DROP CONSTRAINT agentfast_checkpoints_run_id_fkey,
+        ADD CONSTRAINT agentfast_checkpoints_run_id_fkey FOREIGN KEY (run_id) REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE;
+    ALTER TABLE agentfast_turns DROP CONSTRAINT agentfast_turns_run_id_fkey,
+        ADD CONSTRAINT agentfast_turns_run_id_fkey FOREIGN KEY (run_id) REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE;
+    ALTER TABLE agentfast_tool_calls DROP CONSTRAINT agentfast_tool_calls_run_id_fkey,
+        ADD CONSTRAINT agentfast_tool_calls_run_id_fkey FOREIGN KEY (run_id) REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE;
+    ALTER TABLE agentfast_approvals DROP CONSTRAINT agentfast_approvals_run_id_fkey,
+        ADD CONSTRAINT agentfast_approvals_run_id_fkey FOREIGN KEY (run_id) REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE;
+    ALTER TABLE agentfast_runners DROP CONSTRAINT agentfast_runners_run_id_fkey,
+        ADD CONSTRAINT agentfast_runners_run_id_fkey FOREIGN KEY (run_id) REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE;
+    ALTER TABLE agentfast_void_decisions DROP CONSTRAINT agentfast_void_decisions_run_id_fkey,
+        ADD CONSTRAINT agentfast_void_decisions_run_id_fkey FOREIGN KEY (run_id) REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE;
     """,
 ]

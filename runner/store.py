@@ -474,6 +474,36 @@ class Store:
 
         return self._retry(op)
 
+    def archive_run(self, run_id: str) -> str | None:
+        """Keep the run ``run_id`` (``NS/NAME``) and all its rows under ``NS/NAME@UID8`` (the first 8
+        hex digits of its uid; the whole uid if that is taken), so that a new AgentRun of the same
+        name starts clean and the earlier one's transcript, journal and decisions stay for audit
+        (``agentfast history NS/NAME@UID8``; an ``@`` is never part of a Kubernetes name). Returns
+        the new id, or None when there was no such run. A runner still holding the old run loses
+        its lease at its next write (the fence finds no run of its id)."""
+
+        def op(conn: psycopg.Connection) -> str | None:
+            row = conn.execute("SELECT run_uid, epoch FROM agentfast_runs WHERE run_id = %s FOR UPDATE", (run_id,)).fetchone()
+            if row is None:
+                return None
+            uid = row["run_uid"].replace("-", "")
+            new_id = f"{run_id}@{uid[:8]}"
+            if conn.execute("SELECT 1 FROM agentfast_runs WHERE run_id = %s", (new_id,)).fetchone() is not None:
+                new_id = f"{run_id}@{uid}"
+            # The renamed rows pass the fence with the run's own epoch (the rename is no runner's write).
+            conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(row["epoch"]),))
+            conn.execute("UPDATE agentfast_runs SET run_id = %s WHERE run_id = %s", (new_id, run_id))
+            return new_id
+
+        return self._retry(op)
+
+    def earlier_runs(self, run_id: str) -> list[RunRecord]:
+        """Runs archived from the name ``run_id`` (:meth:`archive_run`), oldest first."""
+        rows = self._retry(lambda c: c.execute(
+            """SELECT run_id, run_uid, spec, epoch FROM agentfast_runs WHERE starts_with(run_id, %s)
+               ORDER BY created_at""", (run_id + "@",)).fetchall())
+        return [RunRecord(**r) for r in rows]
+
     def delete_run(self, run_id: str) -> bool:
         """Delete a run and all its data (transcript, journal, approvals). Returns whether it existed."""
         return self._retry(lambda c: c.execute("DELETE FROM agentfast_runs WHERE run_id = %s", (run_id,)).rowcount > 0)

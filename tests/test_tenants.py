@@ -184,3 +184,26 @@ def test_the_whole_chain_works_for_an_owner_that_is_no_superuser(dsn: str, quiet
         assert store.load_context(run_id)[0].status.phase == "Succeeded"
     finally:
         store.close()
+
+
+def test_a_new_run_of_an_old_name_never_touches_the_earlier_runs_rows(dsn: str, store: Store, quiet_tools: dict[str, str]) -> None:
+    # Issue 13 item 6: deleting an AgentRun keeps its rows "for audit"; re-applying one of the same
+    # name used to wipe them. Now they are kept under NS/NAME@UID8, with their decisions.
+    env = {"PYTHONPATH": quiet_tools["PYTHONPATH"]}
+    first = _register(store, "team-a", "refund", quiet_tools["module"])
+    assert run_cli("resume", first, "--no-wait", dsn=dsn, env=env, timeout=90).returncode == 0
+    store.decide(first, "call-2-0", "approve", decided_by="kubernetes:alice")
+    old_uid = store.get_run(first).run_uid
+    before = store.decision_log(first)
+    kept = store.archive_run(first)
+    assert kept == f"{first}@{old_uid.replace('-', '')[:8]}"
+    second = _register(store, "team-a", "refund", quiet_tools["module"])  # the operator registers the new AgentRun
+    assert second == first and store.get_run(second).run_uid != old_uid and store.load_context(second) is None
+    assert store.get_run(kept).run_uid == old_uid and store.decision_log(kept) == [{**d, "run_id": kept} for d in before]
+    assert store.load_context(kept)[0].status.phase == "WaitingForApproval" and len(store.load_snapshot(kept).messages) > 2
+    assert [r.run_id for r in store.earlier_runs(first)] == [kept]
+    history = run_cli("history", kept, dsn=dsn)
+    assert history.returncode == 0 and "kubernetes:alice" in history.stdout, history.stdout
+    role, _ = store.set_tenant_password("team-a", "pw-a")  # still the namespace's, under row-level security
+    with psycopg.connect(_as(dsn, role, "pw-a"), autocommit=True) as a:
+        assert {r[0] for r in a.execute("SELECT run_id FROM agentfast_runs").fetchall()} == {first, kept}
