@@ -573,6 +573,11 @@ def history(run: str, dsn: Optional[str] = DsnOption,
     for c in checkpoints:
         out.print(styled((f"checkpoint {c.checkpoint_id}", "bold"), f"  iteration {c.iteration}  messages {c.message_count}"
                          f"  {c.phase}  epoch {c.epoch}  saved {_when(c.saved_at)}"))
+    earlier = store.earlier_runs(key)
+    if earlier:
+        out.rule("earlier runs of this name (kept for audit)")
+        for r in earlier:
+            out.print(styled((r.run_id, "bold"), f"  uid {r.run_uid}  (agentfast history {r.run_id})"))
 
 
 def _history_json(key: str, snap: StateSnapshot, journal: list[JournalEntry], decisions: list[dict[str, Any]],

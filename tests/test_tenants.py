@@ -204,6 +204,9 @@ def test_a_new_run_of_an_old_name_never_touches_the_earlier_runs_rows(dsn: str, 
     assert [r.run_id for r in store.earlier_runs(first)] == [kept]
     history = run_cli("history", kept, dsn=dsn)
     assert history.returncode == 0 and "kubernetes:alice" in history.stdout, history.stdout
+    assert run_cli("resume", second, "--no-wait", dsn=dsn, env=env, timeout=90).returncode == 0
+    named = run_cli("history", second, dsn=dsn)
+    assert "earlier runs of this name" in named.stdout and kept in named.stdout, named.stdout
     role, _ = store.set_tenant_password("team-a", "pw-a")  # still the namespace's, under row-level security
     with psycopg.connect(_as(dsn, role, "pw-a"), autocommit=True) as a:
         assert {r[0] for r in a.execute("SELECT run_id FROM agentfast_runs").fetchall()} == {first, kept}
