@@ -159,6 +159,20 @@ def on_runner_job(body: kopf.Body, **_: Any) -> None:
         reconcile(run)
 
 
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def on_agentrun_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+    """An AgentRun is gone (the watch's DELETED event; no finalizer is needed for it): a run that
+    had not ended is ``Cancelled`` in the store, its rows kept (unless deleteDataOnDelete removed
+    them already), any runner still holding it fenced off."""
+    if event.get("type") != "DELETED" or STATE.store is None:
+        return
+    meta = body["metadata"]
+    run_id = f"{meta['namespace']}/{meta['name']}"
+    record = STATE.store.get_run(run_id)
+    if record is not None and record.run_uid == meta.get("uid"):  # not a newer AgentRun of that name
+        STATE.store.cancel_run(run_id, f"the AgentRun {meta['name']} was deleted before the run ended; nothing more runs")
+
+
 @kopf.on.delete(GROUP, VERSION, PLURAL, id="delete-data", optional=not SETTINGS.delete_data)
 def on_delete(body: kopf.Body, **_: Any) -> None:
     if SETTINGS.delete_data and STATE.store is not None:

@@ -134,7 +134,7 @@ def status_from_store(
         status["iteration"] = ctx.counters.iterations
         status["tokensUsed"] = ctx.usage.total_tokens
         status["restarts"] = ctx.counters.resumes
-    if phase in ("Succeeded", "Failed"):
+    if phase in ("Succeeded", "Failed", "Cancelled"):
         status["result"] = message[:SUMMARY_CHARS]
     if decisions:
         status["decisions"] = [{"callId": d["call_id"], "decision": d["decision"], "decidedBy": d["decided_by"] or "unknown"}

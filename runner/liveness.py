@@ -41,6 +41,7 @@ from typing import Any, Mapping, Sequence
 import psycopg
 from psycopg.rows import dict_row
 
+from .snapshot import TERMINAL_PHASES
 from .store import PROGRESS_CHANNEL, Store, StoreError, StoreUnavailable, pin_search_path
 
 log = logging.getLogger(__name__)
@@ -362,7 +363,7 @@ def runner_story(info: RunnerInfo, phase: str, awaiting: str | None, decided: st
     if info.alive:
         extra = f"; it waits for a decision on {awaiting}" if phase == "WaitingForApproval" and awaiting and not decided else ""
         return "alive", f"alive: {info.describe()}{extra}"
-    if phase in ("Succeeded", "Failed"):
+    if phase in TERMINAL_PHASES:
         return "ended", "none (the run has ended)"
     if phase == "WaitingForApproval" and awaiting:
         if decided:

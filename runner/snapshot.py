@@ -21,8 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 #: ``_UPGRADES`` whenever a field is renamed or its meaning changes.
 SCHEMA_VERSION = 2
 
-Phase = Literal["Pending", "Running", "WaitingForApproval", "Succeeded", "Failed"]
-TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed"})
+#: Cancelled: its AgentRun was deleted before the run ended (written by the operator; issue 13).
+Phase = Literal["Pending", "Running", "WaitingForApproval", "Succeeded", "Failed", "Cancelled"]
+TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "Cancelled"})
 
 
 def now_ms() -> int:

@@ -43,8 +43,8 @@ from .migrations import MIGRATIONS
 import pydantic
 
 from .snapshot import (
-    SCHEMA_VERSION, TERMINAL_PHASES, AwaitedCall, Phase, Message, PendingToolCall, RunContext, StateSnapshot, ToolCall,
-    ToolResult,
+    SCHEMA_VERSION, TERMINAL_PHASES, AwaitedCall, Phase, Message, PendingToolCall, RunContext, RunStatus, StateSnapshot, ToolCall,
+    ToolResult, now_ms,
 )
 from .spec import InvalidDecision, check_decision  # noqa: F401  (InvalidDecision: raised by Store.decide)
 from .storable import storable, storable_text
@@ -496,6 +496,24 @@ class Store:
             return new_id
 
         return self._retry(op)
+
+    def cancel_run(self, run_id: str, message: str) -> bool:
+        """End an unfinished run as ``Cancelled`` (reason ``Deleted``) with ``message``: its AgentRun
+        was deleted. Takes the lease (a runner still holding the run loses it at its next write and
+        starts nothing more) and commits a last checkpoint with the same transcript; a pending
+        call stays as it was, undecided and never run. Returns whether it wrote one (False for no
+        run, no checkpoint yet, or a run already ended). Raises StoreUnavailable."""
+        snap = self.load_snapshot(run_id)
+        if snap is None or snap.context.status.phase in TERMINAL_PHASES:
+            return False
+        lease = self.acquire_lease(run_id)
+        snap = self.load_snapshot(run_id)  # what the last holder committed before the takeover
+        if snap is None or snap.context.status.phase in TERMINAL_PHASES:
+            return False
+        snap.context.status = RunStatus(phase="Cancelled", reason="Deleted", message=message)
+        snap.saved_at = now_ms()
+        self.commit_checkpoint(lease, snap, stored_messages=len(snap.messages))
+        return True
 
     def earlier_runs(self, run_id: str) -> list[RunRecord]:
         """Runs archived from the name ``run_id`` (:meth:`archive_run`), oldest first."""

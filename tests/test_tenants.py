@@ -210,3 +210,23 @@ def test_a_new_run_of_an_old_name_never_touches_the_earlier_runs_rows(dsn: str, 
     role, _ = store.set_tenant_password("team-a", "pw-a")  # still the namespace's, under row-level security
     with psycopg.connect(_as(dsn, role, "pw-a"), autocommit=True) as a:
         assert {r[0] for r in a.execute("SELECT run_id FROM agentfast_runs").fetchall()} == {first, kept}
+
+
+def test_a_run_whose_agentrun_is_deleted_mid_run_is_cancelled_and_nothing_more_runs(dsn: str, store: Store, quiet_tools: dict[str, str]) -> None:
+    # Issue 13 item 6: deleted while its refund awaits a human, the run ends Cancelled (kept for
+    # audit); a late approval or a late runner does nothing.
+    from agentfast.runner.store import UnknownCall
+
+    env = {"PYTHONPATH": quiet_tools["PYTHONPATH"]}
+    run_id = _register(store, "team-a", "refund", quiet_tools["module"])
+    assert run_cli("resume", run_id, "--no-wait", dsn=dsn, env=env, timeout=90).returncode == 0
+    messages = len(store.load_snapshot(run_id).messages)
+    assert store.cancel_run(run_id, "the AgentRun refund was deleted") is True
+    ctx, pending = store.load_context(run_id)
+    assert (ctx.status.phase, ctx.status.reason) == ("Cancelled", "Deleted") and [a.call_id for a in pending.awaiting] == ["call-2-0"]
+    assert len(store.load_snapshot(run_id).messages) == messages  # the transcript, kept as it was
+    with pytest.raises(UnknownCall):
+        store.decide(run_id, "call-2-0", "approve", decided_by="kubernetes:late")
+    late = run_cli("resume", run_id, "--no-wait", dsn=dsn, env=env, timeout=90)
+    assert store.load_context(run_id)[0].status.phase == "Cancelled" and store.journal(run_id, 2)[0].state == "planned", late.stdout
+    assert store.cancel_run(run_id, "again") is False  # an ended run keeps its ending

@@ -200,3 +200,27 @@ def test_deleting_an_agentrun_removes_its_runner_and_keeps_its_audit_trail(relea
         k.run("get", "jobs", "-l", f"agentfast.dev/run={name}", "-o", "json").stdout)["items"], timeout=120)
     # The transcript and the journal stay in Postgres for audit.
     assert sql(k, "SELECT count(*) FROM agentfast_tool_calls WHERE run_id = %s", f"{k.namespace}/{name}") == [[3]]
+
+
+def test_deleting_an_agentrun_mid_run_cancels_it_and_keeps_its_rows(release: Kube) -> None:
+    # Issue 13 item 6: the run ends Cancelled in the store (its transcript kept for audit), and an
+    # AgentRun re-created under the same name starts clean without touching the earlier rows.
+    k = release
+    name, uid = apply_refund(k)
+    wait_awaiting(k, name)
+    run_id = f"{k.namespace}/{name}"
+    k.run("delete", "agentrun", name, "--wait=true")
+
+    def phase() -> str | None:
+        rows = sql(k, "SELECT phase FROM agentfast_checkpoints WHERE run_id = %s ORDER BY checkpoint_id DESC LIMIT 1", run_id)
+        return rows[0][0] if rows else None
+
+    k.wait_for("the deleted run to be Cancelled", lambda: phase() == "Cancelled", timeout=60, interval=1)
+    doc = yaml.safe_load((REPO / "manifests" / "examples" / "refund.yaml").read_text())
+    doc["metadata"] = {"name": name, "namespace": k.namespace, "labels": {E2E_LABEL: "true"}}
+    k.apply(doc)
+    wait_awaiting(k, name)
+    kept = f"{run_id}@{uid.replace('-', '')[:8]}"
+    assert sql(k, "SELECT run_uid FROM agentfast_runs WHERE run_id = %s", kept) == [[uid]]
+    assert sql(k, "SELECT count(*) > 2 FROM agentfast_messages WHERE run_id = %s", kept) == [[True]]
+    assert sql(k, "SELECT count(*) FROM demo_refund_ledger WHERE idempotency_key LIKE %s", f"{uid}:%") == [[0]]
