@@ -8,7 +8,9 @@ which the runner Job mounts as ``AGENTFAST_DSN``. Nobody copies Secrets by hand.
 
 The Secret's annotation :data:`CREDENTIAL_ANNOTATION` carries the id of the credential it holds
 (``agentfast_tenants.credential_id``): when the two differ (the Secret was deleted or edited, the
-database was replaced), the operator gives the role a new password and rewrites the Secret. It
+database was replaced), the operator gives the role a new password and rewrites the Secret; so it
+does when the credential is older than the rotation period. A namespace left with no AgentRun (or
+no longer watched) loses its credential (:func:`revoke_unused`, every resync). It
 looks only at a Secret's metadata, and only at its own Secret. A re-key leaves running runners connected; a new pod gets the new
 password (a pod started from the old one fails to log in and the Job retries it).
 """
@@ -31,6 +33,7 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "agentfast", "app.kubernetes.io/co
 
 RECHECK_S = 60.0  # how long a namespace's Secret is trusted to still hold its credential
 _verified: dict[str, tuple[str, float]] = {}  # namespace -> (credential id in its Secret, when seen)
+_stale: set[str] = set()  # namespaces whose credential is due for rotation
 _lock = threading.Lock()
 
 
@@ -54,7 +57,8 @@ def ensure_runner_secret(namespace: str, store: Any, core: Any, operator_dsn: st
         if tenant is not None and seen is not None and seen[0] == tenant[1] and time.monotonic() - seen[1] < RECHECK_S:
             return False
         found = _read_secret(core, namespace)
-        if tenant is not None and found is not None and (found.metadata.annotations or {}).get(CREDENTIAL_ANNOTATION) == tenant[1]:
+        rotate = namespace in _stale
+        if not rotate and tenant is not None and found is not None and (found.metadata.annotations or {}).get(CREDENTIAL_ANNOTATION) == tenant[1]:
             _verified[namespace] = (tenant[1], time.monotonic())
             return False
         password = secrets.token_urlsafe(32)
@@ -73,7 +77,39 @@ def ensure_runner_secret(namespace: str, store: Any, core: Any, operator_dsn: st
             body["metadata"]["resourceVersion"] = found.metadata.resource_version
             core.replace_namespaced_secret(RUNNER_SECRET, namespace, body)
         _verified[namespace] = (credential_id, time.monotonic())
+        _stale.discard(namespace)
         return True
+
+
+REVOKE_GRACE_S = 300.0  # a credential younger than this is never revoked: its run may be newer than the list
+
+
+def revoke_unused(store: Any, core: Any, in_use: set[str], rotate_after_s: float) -> list[str]:
+    """Revoke the runner credential of every namespace not in ``in_use`` (the namespaces whose
+    AgentRuns the operator serves now: none left there, or no longer watched) and older than
+    :data:`REVOKE_GRACE_S`, deleting its Secret; returns those namespaces. A run created there later gets a fresh credential. Also
+    marks for re-keying (at their next :func:`ensure_runner_secret`) the credentials of
+    namespaces in use older than ``rotate_after_s`` (0: never). Raises StoreUnavailable,
+    kubernetes ApiException (other than 404 for a Secret already gone)."""
+    revoked = []
+    with _lock:
+        for namespace, age_s in store.tenants().items():
+            if namespace in in_use:
+                if rotate_after_s and age_s > rotate_after_s:
+                    _verified.pop(namespace, None)
+                    _stale.add(namespace)
+                continue
+            if age_s < REVOKE_GRACE_S:
+                continue
+            store.revoke_tenant(namespace)
+            _verified.pop(namespace, None)
+            try:
+                core.delete_namespaced_secret(RUNNER_SECRET, namespace)
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+            revoked.append(namespace)
+    return revoked
 
 
 def forget(namespace: str | None = None) -> None:

