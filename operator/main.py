@@ -75,6 +75,9 @@ class Settings:
     # The ValidatingAdmissionPolicy that checks who decides (the chart's <release>-approvals): a
     # spec.approvals entry is recorded only while it exists and a binding enforces it (Deny).
     approval_policy: str = field(default_factory=lambda: os.environ.get("AGENTFAST_APPROVAL_POLICY", "agentfast-approvals"))
+    # Rows of an ended run whose AgentRun is gone are deleted after this, s (chart
+    # operator.ttlSecondsAfterFinished; a run's spec.ttlSecondsAfterFinished wins; 0: keep).
+    ttl_after_finished_s: int = field(default_factory=lambda: int(os.environ.get("AGENTFAST_TTL_SECONDS_AFTER_FINISHED", "0")))
     # Re-key each namespace's runner credential when it is older than this, s (chart
     # runner.credentialRotationHours; 0: never).
     credential_rotation_s: float = field(default_factory=lambda: float(os.environ.get("AGENTFAST_CREDENTIAL_ROTATION_HOURS", "168")) * 3600)
@@ -546,6 +549,27 @@ def _resync_loop() -> None:
             log.exception("resync failed")
 
 
+def _retain(live: dict[str, str]) -> None:
+    """Runs whose AgentRun is gone (``live``: NS/NAME -> uid of every AgentRun this operator
+    serves): an unfinished one is Cancelled (its deletion happened while the operator was down);
+    an ended one past its retention (``spec.ttlSecondsAfterFinished``, else the chart's
+    ``operator.ttlSecondsAfterFinished``) has its rows deleted. Only namespaces this operator
+    watches are touched. Rows of a live AgentRun are never deleted: it would be registered and
+    run again."""
+    assert STATE.store is not None
+
+    def ours(run_id: str) -> bool:
+        return not SETTINGS.namespaces or run_id.split("/", 1)[0] in SETTINGS.namespaces
+
+    for run_id in STATE.store.orphans(live):
+        if ours(run_id):
+            STATE.store.cancel_run(run_id, "its AgentRun was deleted before the run ended; nothing more runs")
+    for run_id, uid in STATE.store.expired_runs(SETTINGS.ttl_after_finished_s):
+        if ours(run_id) and live.get(run_id) != uid:
+            STATE.store.delete_run(run_id)
+            log.info("deleted the rows of %s (uid %s): past its retention", run_id, uid)
+
+
 def _resync() -> None:
     if SETTINGS.namespaces:
         items = [i for ns in SETTINGS.namespaces for i in STATE.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]]
@@ -558,6 +582,7 @@ def _resync() -> None:
             reconcile(body)
         except Exception:
             log.exception("resync of %s/%s failed", body["metadata"].get("namespace"), body["metadata"].get("name"))
+    _retain({f"{b['metadata']['namespace']}/{b['metadata']['name']}": b["metadata"]["uid"] for b in items})
     # Least standing privilege (G11): a namespace's runner credential lives while it has AgentRuns.
     in_use = {b["metadata"]["namespace"] for b in items}
     for namespace in revoke_unused(STATE.store, STATE.core, in_use, SETTINGS.credential_rotation_s):

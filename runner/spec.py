@@ -37,6 +37,8 @@ _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 REF_PATTERN = rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*$"
 #: The call id a run gives each tool call (``runner/journal.py``): the keys of ``spec.approvals``.
 CALL_ID_PATTERN = r"^call-[0-9]+-[0-9]+(-rerun[0-9]+)?$"
+#: Longest retention a run may ask for after it ended (10 years), seconds.
+MAX_TTL_S = 315_360_000
 #: Decisions one AgentRun can carry in ``spec.approvals`` over its life (the CRD's maxProperties).
 MAX_APPROVALS = 128
 #: The runner's variable holding the model key: the operator sets it from the Secret key the run's
@@ -282,6 +284,9 @@ class AgentRunSpec(_Spec):
     tools: list[ToolSpec] = Field(default_factory=list)
     graph: GraphSpec | None = None
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    ttlSecondsAfterFinished: int | None = Field(
+        None, ge=0, le=MAX_TTL_S, description="once the run ended and its AgentRun is gone, delete its rows after this many seconds"
+                                              " (0: keep them; default: the cluster's operator.ttlSecondsAfterFinished)")
     approvals: dict[str, ApprovalDecision] = Field(default_factory=dict, max_length=MAX_APPROVALS)
 
     @field_validator("approvals")

@@ -538,6 +538,35 @@ class Store:
         self.commit_checkpoint(lease, snap, stored_messages=len(snap.messages))
         return True
 
+    def expired_runs(self, default_ttl_s: int) -> list[tuple[str, str]]:
+        """``(run_id, run_uid)`` of every run past its retention: ended (or never started) longer
+        ago than its ``spec.ttlSecondsAfterFinished`` (``default_ttl_s`` when unset; 0 keeps a run
+        for ever). The caller deletes only those whose AgentRun is gone (the operator), since a
+        live AgentRun whose rows vanished would be registered and run again."""
+        rows = self._retry(lambda c: c.execute(
+            """SELECT run_id, run_uid FROM (
+                   SELECT r.run_id, r.run_uid, coalesce((r.spec->'spec'->>'ttlSecondsAfterFinished')::bigint, %s) AS ttl,
+                          coalesce(c.saved_at, (extract(epoch FROM r.created_at) * 1000)::bigint) AS ended_ms, c.phase
+                   FROM agentfast_runs r
+                   LEFT JOIN LATERAL (SELECT phase, saved_at FROM agentfast_checkpoints c WHERE c.run_id = r.run_id
+                                      ORDER BY checkpoint_id DESC LIMIT 1) c ON true) t
+               WHERE ttl > 0 AND (phase IS NULL OR phase = ANY(%s))
+                 AND ended_ms < (extract(epoch FROM clock_timestamp()) * 1000)::bigint - ttl * 1000
+               ORDER BY run_id""", (default_ttl_s, sorted(TERMINAL_PHASES))).fetchall())
+        return [(r["run_id"], r["run_uid"]) for r in rows]
+
+    def orphans(self, live: dict[str, str]) -> list[str]:
+        """Unfinished runs (not archived: no ``@`` in the id) whose AgentRun is gone: ``live``
+        maps each existing AgentRun's ``NS/NAME`` to its uid. The operator cancels them (a
+        deletion it did not see while it was down)."""
+        rows = self._retry(lambda c: c.execute(
+            """SELECT r.run_id, r.run_uid, c.phase FROM agentfast_runs r
+               LEFT JOIN LATERAL (SELECT phase FROM agentfast_checkpoints c WHERE c.run_id = r.run_id
+                                  ORDER BY checkpoint_id DESC LIMIT 1) c ON true
+               WHERE strpos(r.run_id, '@') = 0 AND c.phase IS NOT NULL AND NOT c.phase = ANY(%s)""",
+            (sorted(TERMINAL_PHASES),)).fetchall())
+        return [r["run_id"] for r in rows if live.get(r["run_id"]) != r["run_uid"]]
+
     def earlier_runs(self, run_id: str) -> list[RunRecord]:
         """Runs archived from the name ``run_id`` (:meth:`archive_run`), oldest first."""
         rows = self._retry(lambda c: c.execute(

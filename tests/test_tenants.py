@@ -247,3 +247,39 @@ def test_a_revoked_namespace_credential_stops_at_once_and_comes_back_re_keyed(ds
     again, _ = store.set_tenant_password("team-a", "pw-2")  # a new run there: the same role, a new password, LOGIN again
     with psycopg.connect(_as(dsn, again, "pw-2")) as back:
         assert again == role and back.execute("SELECT run_id FROM agentfast_runs").fetchall() == [(run_id,)]
+
+
+def test_retention_deletes_only_ended_runs_whose_agentrun_is_gone(dsn: str, store: Store, quiet_tools: dict[str, str], monkeypatch) -> None:
+    # Issue 13 item 6: retention is explicit (spec.ttlSecondsAfterFinished, else the chart's
+    # default; 0 keeps), and never deletes the rows of a live AgentRun (it would run again).
+    import time
+
+    from agentfast.operator import main
+
+    env = {"PYTHONPATH": quiet_tools["PYTHONPATH"]}
+    monkeypatch.setattr(main.STATE, "store", store)
+    monkeypatch.setattr(main.SETTINGS, "ttl_after_finished_s", 0)
+    monkeypatch.setattr(main.SETTINGS, "namespaces", [])
+
+    def paused(name: str, ttl: int | None) -> str:
+        doc = yaml.safe_load((EXAMPLES / "refund.yaml").read_text())
+        doc["metadata"] = {"name": name, "namespace": "team-a", "uid": str(uuid.uuid4())}
+        doc["spec"]["tools"] = [{**t, "ref": f"{quiet_tools['module']}:{t['name']}"} for t in doc["spec"]["tools"]]
+        if ttl is not None:
+            doc["spec"]["ttlSecondsAfterFinished"] = ttl
+        store.create_run(f"team-a/{name}", doc["metadata"]["uid"], doc)
+        assert run_cli("resume", f"team-a/{name}", "--no-wait", dsn=dsn, env=env, timeout=90).returncode == 0
+        return f"team-a/{name}"
+
+    gone, live, forever = paused("gone", 1), paused("live", 1), paused("forever", 0)
+    live_map = {live: store.get_run(live).run_uid, forever: "another-uid"}  # "gone" has no AgentRun; "forever"'s is a newer one
+    main._retain(live_map)  # the deletions the operator missed: unfinished runs without their AgentRun end Cancelled
+    assert [store.load_context(r)[0].status.phase for r in (gone, live, forever)] == ["Cancelled", "WaitingForApproval", "Cancelled"]
+    store.cancel_run(live, "test: ended")
+    time.sleep(1.5)
+    assert {r for r, _ in store.expired_runs(0)} == {gone, live}  # forever: 0 keeps
+    main._retain(live_map)
+    assert store.get_run(gone) is None  # past its retention and its AgentRun gone
+    assert store.get_run(live) is not None and store.get_run(forever) is not None  # a live AgentRun's rows; ttl 0
+    monkeypatch.setattr(main.SETTINGS, "ttl_after_finished_s", 1)
+    assert {r for r, _ in store.expired_runs(1)} == {live}  # the chart's default does not override a run's own 0
