@@ -152,12 +152,7 @@ def build_job(body: dict[str, Any], cfg: RunnerConfig, *, allowed_modules: tuple
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {
-            "name": job_name(name),
-            "namespace": namespace,
-            "labels": {LABEL_RUN: run_label(name), "app.kubernetes.io/managed-by": "agentfast", "app.kubernetes.io/component": "runner"},
-            "annotations": {ANNOTATION_RUN: name},
-        },
+        "metadata": _runner_object_meta(name, namespace),
         "spec": {
             "backoffLimit": cfg.restart_limit,
             "podReplacementPolicy": "Failed",
@@ -237,6 +232,18 @@ def _check_rules(rules: Any, where: str) -> list[dict[str, Any]]:
     return rules
 
 
+def _runner_object_meta(name: str, namespace: str) -> dict[str, Any]:
+    """Metadata of the objects made for one AgentRun's runner (its Job, its NetworkPolicy): the
+    Job's name, the run label (cut with a hash past 63 characters) and the full name in an
+    annotation."""
+    return {
+        "name": job_name(name),
+        "namespace": namespace,
+        "labels": {LABEL_RUN: run_label(name), "app.kubernetes.io/managed-by": "agentfast", "app.kubernetes.io/component": "runner"},
+        "annotations": {ANNOTATION_RUN: name},
+    }
+
+
 def build_network_policy(body: dict[str, Any], policy: EgressPolicy) -> dict[str, Any]:
     """The NetworkPolicy of one AgentRun's runner pods (ownerReference added by kopf.adopt, like
     the Job's): it selects them by the Job's pod labels, allows no ingress, and allows egress only
@@ -247,12 +254,7 @@ def build_network_policy(body: dict[str, Any], policy: EgressPolicy) -> dict[str
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": {
-            "name": job_name(name),
-            "namespace": namespace,
-            "labels": {LABEL_RUN: run_label(name), "app.kubernetes.io/managed-by": "agentfast", "app.kubernetes.io/component": "runner"},
-            "annotations": {ANNOTATION_RUN: name},
-        },
+        "metadata": _runner_object_meta(name, namespace),
         "spec": {
             "podSelector": {"matchLabels": {LABEL_RUN: run_label(name), "app.kubernetes.io/component": "runner"}},
             "policyTypes": ["Ingress", "Egress"],

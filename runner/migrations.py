@@ -41,6 +41,11 @@ from a transaction whose ``agentfast.epoch`` setting is not the run's current ep
 ``AF001``. A runner whose lease was taken over cannot commit anything (G6).
 """
 
+# Tables (as of migration 5) that hold a run's rows, by run_id: the ones runner roles reach.
+_CHILD_TABLES = ("agentfast_messages", "agentfast_checkpoints", "agentfast_turns", "agentfast_tool_calls",
+                 "agentfast_approvals", "agentfast_runners")
+_RUN_TABLES = ("agentfast_runs", *_CHILD_TABLES)
+
 MIGRATIONS: list[str] = [
     # 1: the initial schema
     """
@@ -213,47 +218,13 @@ MIGRATIONS: list[str] = [
     GRANT SELECT, INSERT, DELETE ON agentfast_checkpoints TO agentfast_runner;
     GRANT SELECT, INSERT, UPDATE ON agentfast_tool_calls TO agentfast_runner;
     GRANT SELECT, INSERT, UPDATE, DELETE ON agentfast_runners TO agentfast_runner;
-
-    ALTER TABLE agentfast_runs ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE agentfast_messages ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE agentfast_checkpoints ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE agentfast_turns ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE agentfast_tool_calls ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE agentfast_approvals ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE agentfast_runners ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE agentfast_void_decisions ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE agentfast_tenants ENABLE ROW LEVEL SECURITY;
-    CREATE POLICY agentfast_tenant ON agentfast_runs TO agentfast_runner
-        USING (split_part(run_id, '/', 1) = agentfast_tenant());
-    CREATE POLICY agentfast_tenant ON agentfast_messages TO agentfast_runner
-        USING (split_part(run_id, '/', 1) = agentfast_tenant());
-    CREATE POLICY agentfast_tenant ON agentfast_checkpoints TO agentfast_runner
-        USING (split_part(run_id, '/', 1) = agentfast_tenant());
-    CREATE POLICY agentfast_tenant ON agentfast_turns TO agentfast_runner
-        USING (split_part(run_id, '/', 1) = agentfast_tenant());
-    CREATE POLICY agentfast_tenant ON agentfast_tool_calls TO agentfast_runner
-        USING (split_part(run_id, '/', 1) = agentfast_tenant());
-    CREATE POLICY agentfast_tenant ON agentfast_approvals TO agentfast_runner
-        USING (split_part(run_id, '/', 1) = agentfast_tenant());
-    CREATE POLICY agentfast_tenant ON agentfast_runners TO agentfast_runner
-        USING (split_part(run_id, '/', 1) = agentfast_tenant());
-    """,
+    """
+    + "".join(f"ALTER TABLE {t} ENABLE ROW LEVEL SECURITY;\n" for t in _RUN_TABLES + ("agentfast_void_decisions", "agentfast_tenants"))
+    + "".join(f"CREATE POLICY agentfast_tenant ON {t} TO agentfast_runner USING (split_part(run_id, '/', 1) = agentfast_tenant());\n"
+              for t in _RUN_TABLES),
     # 6: an AgentRun re-created under an old name never touches the earlier run's rows: they are
     # kept under the id NS/NAME@UID (Store.archive_run), which needs the keys to follow a rename.
-    """
-    ALTER TABLE agentfast_messages DROP CONSTRAINT agentfast_messages_run_id_fkey,
-        ADD CONSTRAINT agentfast_messages_run_id_fkey FOREIGN KEY (run_id) REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE;
-    ALTER TABLE agentfast_checkpoints DROP CONSTRAINT agentfast_checkpoints_run_id_fkey,
-        ADD CONSTRAINT agentfast_checkpoints_run_id_fkey FOREIGN KEY (run_id) REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE;
-    ALTER TABLE agentfast_turns DROP CONSTRAINT agentfast_turns_run_id_fkey,
-        ADD CONSTRAINT agentfast_turns_run_id_fkey FOREIGN KEY (run_id) REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE;
-    ALTER TABLE agentfast_tool_calls DROP CONSTRAINT agentfast_tool_calls_run_id_fkey,
-        ADD CONSTRAINT agentfast_tool_calls_run_id_fkey FOREIGN KEY (run_id) REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE;
-    ALTER TABLE agentfast_approvals DROP CONSTRAINT agentfast_approvals_run_id_fkey,
-        ADD CONSTRAINT agentfast_approvals_run_id_fkey FOREIGN KEY (run_id) REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE;
-    ALTER TABLE agentfast_runners DROP CONSTRAINT agentfast_runners_run_id_fkey,
-        ADD CONSTRAINT agentfast_runners_run_id_fkey FOREIGN KEY (run_id) REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE;
-    ALTER TABLE agentfast_void_decisions DROP CONSTRAINT agentfast_void_decisions_run_id_fkey,
-        ADD CONSTRAINT agentfast_void_decisions_run_id_fkey FOREIGN KEY (run_id) REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE;
-    """,
+    "".join(f"ALTER TABLE {t} DROP CONSTRAINT {t}_run_id_fkey, ADD CONSTRAINT {t}_run_id_fkey FOREIGN KEY (run_id)"
+              " REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE;\n"
+              for t in _CHILD_TABLES + ("agentfast_void_decisions",)),
 ]
