@@ -16,7 +16,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{/* The Secret holding the DSN, read by the operator and by every runner pod (key: dsn). */}}
 {{- define "agentfast.dsnSecret" -}}
-{{- if .Values.postgresql.bundled -}}agentfast-postgres{{- else -}}{{ .Values.externalDatabase.existingSecret }}{{- end -}}
+{{- if .Values.postgresql.bundled -}}{{ .Values.postgresql.existingSecret | default "agentfast-postgres" }}{{- else -}}{{ .Values.externalDatabase.existingSecret }}{{- end -}}
 {{- end -}}
 
 {{- define "agentfast.dsnKey" -}}
