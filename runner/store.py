@@ -890,7 +890,7 @@ DSN_FORMS = (
 # Options libpq reads as integers at connect time (its error then quotes the value).
 _INT_OPTIONS = ("port", "connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
                 "keepalives_count", "tcp_user_timeout")
-_HOST_NAME = re.compile(r"[A-Za-z0-9._:%-]+\Z")  # a DNS name, IPv4, or IPv6 (zone after %)
+_HOST_NAME = re.compile(r"[A-Za-z0-9_.:%-]+\Z")  # a DNS name (compose-style _ too), IPv4, or IPv6 (zone after %)
 
 
 def parse_dsn(dsn: str) -> dict[str, str]:
@@ -921,7 +921,7 @@ def parse_dsn(dsn: str) -> dict[str, str]:
         for opt in ("host", "hostaddr"):
             for part in info.get(opt, "").split(","):
                 part = part.strip()
-                ok = not part or _HOST_NAME.match(part) is not None or (opt == "host" and part[0] in "/@" and " " not in part)
+                ok = not part or _HOST_NAME.match(part) is not None or (opt == "host" and part[0] in "/@")
                 if not ok:
                     info, reason = None, f"its {opt} is not a host name, address or socket directory"
                     break

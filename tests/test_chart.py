@@ -221,6 +221,7 @@ def test_existing_secret_mode_renders_no_secret(helm: str) -> None:
     op_env = {e["name"]: e for e in op["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert op_env["AGENTFAST_DSN"]["valueFrom"]["secretKeyRef"] == {"name": "trial-db", "key": "dsn"}
     assert op_env["AGENTFAST_DSN_SECRET"]["value"] == "trial-db"
+    assert "agentfast.dev/dsn-checksum" not in (op["spec"]["template"]["metadata"].get("annotations") or {})
     bad = subprocess.run([helm, "template", "x", str(CHART), "--set", "postgresql.existingSecret=Not_A_Name"], capture_output=True, text=True)
     assert bad.returncode != 0 and "existingSecret" in bad.stderr
     gone = subprocess.run([helm, "template", "x", str(CHART), "--set", "postgresql.password=fixed"], capture_output=True, text=True)
@@ -230,8 +231,15 @@ def test_existing_secret_mode_renders_no_secret(helm: str) -> None:
 def test_generated_passwords_are_random_per_install_and_read_back_on_upgrade(helm: str) -> None:
     from agentfast.runner.store import parse_dsn
 
+    import hashlib
+
     def secret() -> dict:
-        [s] = [d for d in render(helm) if d["kind"] == "Secret" and d["metadata"]["name"] == "agentfast-postgres"]
+        docs = render(helm)
+        [s] = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == "agentfast-postgres"]
+        # the operator restarts when its DSN changes (it reads it at start): same value, one render
+        op = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "agentfast-operator")
+        checksum = op["spec"]["template"]["metadata"]["annotations"]["agentfast.dev/dsn-checksum"]
+        assert checksum == hashlib.sha256(s["stringData"]["dsn"].encode()).hexdigest()[:16]
         return s["stringData"]
 
     first, second = secret(), secret()
@@ -244,8 +252,9 @@ def test_generated_passwords_are_random_per_install_and_read_back_on_upgrade(hel
     assert first["password"] != second["password"] and first["dsn"] != second["dsn"]  # generated, not fixed
     # `helm template` has no lookup (an upgrade's path): what the template reads back is the
     # Secret it writes, both keys of it (the role's password from the dsn it wrote)
-    tpl = (CHART / "templates" / "postgresql.yaml").read_text()
-    assert 'lookup "v1" "Secret" .Release.Namespace "agentfast-postgres"' in tpl and "name: agentfast-postgres" in tpl
+    assert "name: agentfast-postgres" in (CHART / "templates" / "postgresql.yaml").read_text()
+    tpl = (CHART / "templates" / "_helpers.tpl").read_text()
+    assert 'lookup "v1" "Secret" .Release.Namespace "agentfast-postgres"' in tpl
     assert 'index $existing.data "password"' in tpl and 'index $existing.data "dsn"' in tpl
     assert 'trimPrefix "postgresql://agentfast:"' in tpl and 'printf "postgresql://agentfast:%s@' in tpl
 

@@ -113,7 +113,7 @@ def test_parse_and_redact() -> None:
     shown = redact_dsn(uri)
     assert "p@ss" not in shown and "k3y" not in shown and '"password": "***"' in shown and "db.example" in shown
     assert parse_dsn("") == {}
-    for ok in ("host=/tmp/sock dbname=x", "host=@abstract dbname=x", "postgresql://u@[fe80::1%25eth0]:5432/x",
+    for ok in ("host=/tmp/sock dbname=x", "host='/Users/a b/Library/Application Support/pg' dbname=x", "host=agentfast_db user=u", "host=@abstract dbname=x", "postgresql://u@[fe80::1%25eth0]:5432/x",
                "hostaddr=10.0.0.1 port=5432", "host=a,b port=,5433"):
         parse_dsn(ok)
     for _, bad in MALFORMED:
