@@ -45,7 +45,7 @@ from agentfast.runner.spec import CALL_ID_PATTERN, DEFAULT_ALLOWED_MODULES, Spec
 from agentfast.runner.spec import AgentRun, parse_modelconfig, resolve_model_config
 from agentfast.runner.liveness import runner_state
 from agentfast.runner.store import (
-    PROGRESS_CHANNEL, DecisionConflict, InvalidDecision, Store, StoreUnavailable, UnknownCall, UnreadableState,
+    PROGRESS_CHANNEL, DecisionConflict, InvalidDecision, InvalidDsn, Store, StoreUnavailable, UnknownCall, UnreadableState,
 )
 
 from .credentials import ensure_runner_secret, revoke_unused
@@ -61,7 +61,7 @@ log = logging.getLogger("agentfast.operator")
 class Settings:
     """Operator settings (environment variables in brackets)."""
 
-    dsn: str = field(default_factory=lambda: os.environ.get("AGENTFAST_DSN", ""))  # [AGENTFAST_DSN]
+    dsn: str = field(default_factory=lambda: os.environ.get("AGENTFAST_DSN", ""), repr=False)  # [AGENTFAST_DSN]; never in a repr
     delete_data: bool = field(default_factory=lambda: os.environ.get("AGENTFAST_DELETE_DATA", "false").lower() == "true")
     resync_s: float = field(default_factory=lambda: float(os.environ.get("AGENTFAST_RESYNC_SECONDS", "30")))
     # Namespaces to resync; empty: all (the chart sets it with the kopf --namespace flags).
@@ -132,6 +132,8 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     try:
         STATE.store = Store(SETTINGS.dsn)
         STATE.store.migrate()
+    except InvalidDsn as err:  # quotes none of the DSN; retrying cannot help
+        raise kopf.PermanentError(f"AGENTFAST_DSN: {err}") from None
     except StoreUnavailable as err:  # e.g. the bundled Postgres is still starting: kopf retries
         raise kopf.TemporaryError(str(err), delay=5) from None
     STATE.stop.clear()

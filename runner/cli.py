@@ -30,7 +30,7 @@ from .loop import EXIT_BAD_INPUT, Outcome, ProgressEvent, VanillaRunner, fail_in
 from .output import err, one_line, out, styled
 from .snapshot import AwaitedCall, PendingToolCall, Phase, RunContext, StateSnapshot
 from .spec import AgentRun, InvalidDecision, SpecError, check_decision, import_refs, load_agentrun, parse_agentrun
-from .store import CheckpointInfo, DecisionConflict, JournalEntry, Store, StoreUnavailable, UnknownCall, UnreadableState
+from .store import CheckpointInfo, DecisionConflict, InvalidDsn, JournalEntry, Store, StoreUnavailable, UnknownCall, UnreadableState
 
 EXIT_NO_POSTGRES = 3
 
@@ -61,6 +61,8 @@ def _open_store(dsn: Optional[str]) -> Store:
     try:
         store = Store(dsn)
         store.migrate()
+    except InvalidDsn as e:  # refused before any connection; the message quotes none of the DSN
+        raise _fail(f"--dsn / AGENTFAST_DSN: {e}", EXIT_BAD_INPUT) from None
     except StoreUnavailable as e:
         raise _fail(f"{e}. Check --dsn / AGENTFAST_DSN.", EXIT_NO_POSTGRES) from None
     return store

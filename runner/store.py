@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 import time
 import uuid
@@ -66,6 +67,13 @@ class StoreError(Exception):
 class StoreUnavailable(StoreError):
     """Postgres could not take the store's work: unreachable, read-only or out of resources for
     the whole retry window, or refusing the store's role a privilege. Retriable: state is intact."""
+
+
+class InvalidDsn(StoreError, ValueError):
+    """A DSN that libpq cannot parse, or whose host or port cannot be one (e.g. a password's
+    unencoded ``@`` or ``/`` pushed into them). Raised by :func:`parse_dsn` before any pool or
+    connection is made. Not retriable. The message quotes none of the DSN's text (it may hold a
+    password) and says which forms are expected; no libpq error is chained to it."""
 
 
 class LeaseLost(StoreError):
@@ -280,6 +288,7 @@ class Store:
     ) -> None:
         if retention_keep < 1:
             raise ValueError("retention_keep must be at least 1")
+        parse_dsn(dsn)  # InvalidDsn before any pool exists: psycopg.pool's warnings would quote libpq's parse error
         self.dsn = dsn
         self.retention_keep = retention_keep
         self.retry_for_s = retry_for_s
@@ -1064,12 +1073,71 @@ def pin_search_path(conn: psycopg.Connection) -> None:
     conn.execute("SELECT set_config('search_path', %s, false)", (", ".join(kept) or "public",))
 
 
-def _redact(dsn: str) -> str:
-    """A DSN fit for an error message: the password, if any, replaced by ***."""
+DSN_FORMS = (
+    "a libpq URI (postgresql://USER:PASSWORD@HOST:PORT/DBNAME?OPTION=VALUE, with reserved "
+    "characters such as @ : / ? # % and spaces percent-encoded) or a key=value string "
+    "(host=HOST port=PORT dbname=DBNAME user=USER password=PASSWORD, a value with spaces or "
+    "quotes in single quotes, \\' for a quote)"
+)
+# Options libpq reads as integers at connect time (its error then quotes the value).
+_INT_OPTIONS = ("port", "connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
+                "keepalives_count", "tcp_user_timeout")
+_HOST_NAME = re.compile(r"[A-Za-z0-9_.:%-]+\Z")  # a DNS name (compose-style _ too), IPv4, or IPv6 (zone after %)
+
+
+def parse_dsn(dsn: str) -> dict[str, str]:
+    """The DSN's options as libpq parses them (``{"host": ..., "password": ..., ...}``, options
+    given with no value left out), checked beyond libpq's own parse: every ``host`` (comma
+    separated) is empty, a socket directory (``/...``), an abstract socket (``@...``) or a host
+    name/IP address; every ``hostaddr`` an address; ``port`` and the other integer options digits.
+    Those checks catch a password whose unencoded ``@`` or ``/`` pushed part of it into the host or
+    port, which a connection error would then quote. An empty DSN parses to ``{}`` (libpq's
+    defaults). No connection is made.
+
+    Raises :class:`InvalidDsn` (quoting none of the DSN, chaining no libpq error) otherwise.
+    """
+    info: dict[str, str] | None = None
+    reason = "libpq cannot parse it"
+    if isinstance(dsn, str) and "\x00" not in dsn:
+        try:
+            info = {k: str(v) for k, v in psycopg.conninfo.conninfo_to_dict(dsn).items() if v is not None}
+        except (psycopg.Error, ValueError, TypeError, UnicodeError):
+            info = None
+    if info is not None:
+        for opt in _INT_OPTIONS:
+            parts = info.get(opt, "").split(",") if opt == "port" else [info.get(opt, "")]
+            if not all(p.strip() == "" or (p.strip().isascii() and p.strip().isdigit()) for p in parts):
+                info, reason = None, f"its {opt} is not a number"
+                break
+    if info is not None:
+        for opt in ("host", "hostaddr"):
+            for part in info.get(opt, "").split(","):
+                part = part.strip()
+                ok = not part or _HOST_NAME.match(part) is not None or (opt == "host" and part[0] in "/@")
+                if not ok:
+                    info, reason = None, f"its {opt} is not a host name, address or socket directory"
+                    break
+            if info is None:
+                break
+    if info is None:  # raised outside any except block: no libpq message rides along as __context__
+        raise InvalidDsn(f"the Postgres DSN is not valid ({reason}; its text is not shown: it may hold a password). "
+                         f"Expected {DSN_FORMS}")
+    return info
+
+
+def redact_dsn(dsn: str) -> str:
+    """The one form in which a DSN appears in a message or a log line: its parsed options as JSON
+    (sorted keys) with ``password`` and ``sslpassword`` replaced by ``***``, e.g.
+    ``{"dbname": "postgres", "host": "db", "password": "***", "user": "agentfast"}``; a DSN that
+    :func:`parse_dsn` refuses becomes ``(an invalid DSN, not shown)``. Never raises."""
     try:
-        info = psycopg.conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        return "(unparseable DSN)"
-    if info.get("password"):
-        info["password"] = "***"
-    return json.dumps({k: v for k, v in info.items() if v is not None}, sort_keys=True)
+        info = parse_dsn(dsn)
+    except InvalidDsn:
+        return "(an invalid DSN, not shown)"
+    for secret in ("password", "sslpassword"):
+        if info.get(secret):
+            info[secret] = "***"
+    return json.dumps(info, sort_keys=True)
+
+
+_redact = redact_dsn  # the store's own short name for it

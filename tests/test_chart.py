@@ -147,8 +147,9 @@ def test_network_policies_are_off_by_default_and_complete_when_on(helm: str) -> 
         op = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "agentfast-operator")
         return {e["name"]: e.get("value") for e in op["spec"]["template"]["spec"]["containers"][0]["env"]}
 
-    docs = render(helm)
-    assert not any(d["kind"] == "NetworkPolicy" for d in docs) and "AGENTFAST_NETWORK_POLICY" not in operator_env(docs)
+    docs = render(helm)  # off: no runner egress policies; the bundled Postgres's ingress policy is there anyway
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "NetworkPolicy"] == ["agentfast-postgresql"]
+    assert "AGENTFAST_NETWORK_POLICY" not in operator_env(docs)
     docs = render(helm, "networkPolicy.enabled=true")
     [pg_policy] = [d for d in docs if d["kind"] == "NetworkPolicy"]
     assert pg_policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "postgresql"
@@ -179,3 +180,118 @@ def test_network_policies_are_off_by_default_and_complete_when_on(helm: str) -> 
     bad = subprocess.run([helm, "template", "x", str(CHART), "--set", "networkPolicy.modelEgress[0].to[0].host=api.openai.com"],
                          capture_output=True, text=True)
     assert bad.returncode != 0  # the values schema: peers are ipBlock, namespaceSelector, podSelector
+
+
+# -- the bundled trial Postgres (issue 13 item 5) ------------------------------------------------
+
+
+def _postgres_env(docs: list[dict]) -> dict:
+    pg = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "agentfast-postgresql")
+    return {e["name"]: e for e in pg["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def test_install_yaml_holds_no_password_and_says_how_to_make_the_secret() -> None:
+    import re
+
+    from agentfast.runner.store import parse_dsn
+
+    text = (REPO / "manifests" / "install.yaml").read_text()
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    assert not any(d["kind"] == "Secret" for d in docs)
+    assert "agentfast-trial-only" not in text and not re.search(r"postgresql://[^:\s]+:[A-Za-z0-9]", text.split("\napiVersion", 1)[1])
+    env = _postgres_env(docs)
+    assert env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "agentfast-postgres", "key": "password"}
+    assert env["AGENTFAST_DSN"]["valueFrom"]["secretKeyRef"] == {"name": "agentfast-postgres", "key": "dsn"}
+    # the header's command makes that Secret, and its DSN names the Service install.yaml creates
+    header = "\n".join(line[2:] for line in text.splitlines() if line.startswith("# "))
+    assert "kubectl -n agentfast create secret generic agentfast-postgres" in header and header.count("openssl rand") == 2
+    dsn = re.search(r'--from-literal=dsn="([^"]+)"', header).group(1).replace("$P", "0123abcd")
+    info = parse_dsn(dsn)
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].endswith("postgresql"))
+    assert info["host"] == f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc" and info["port"] == "5432"
+    assert info["user"] == "agentfast" and info["dbname"] == "postgres" and info["password"] == "0123abcd"
+    readme = (REPO / "README.md").read_text()
+    assert "create secret generic agentfast-postgres" in readme and "postgresql.existingSecret" in readme
+
+
+def test_existing_secret_mode_renders_no_secret(helm: str) -> None:
+    docs = render(helm, "postgresql.existingSecret=trial-db")
+    assert not any(d["kind"] == "Secret" for d in docs)
+    env = _postgres_env(docs)
+    assert env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "trial-db", "key": "password"}
+    assert env["AGENTFAST_DSN"]["valueFrom"]["secretKeyRef"] == {"name": "trial-db", "key": "dsn"}
+    op = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "agentfast-operator")
+    op_env = {e["name"]: e for e in op["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert op_env["AGENTFAST_DSN"]["valueFrom"]["secretKeyRef"] == {"name": "trial-db", "key": "dsn"}
+    assert op_env["AGENTFAST_DSN_SECRET"]["value"] == "trial-db"
+    assert "agentfast.dev/dsn-checksum" not in (op["spec"]["template"]["metadata"].get("annotations") or {})
+    bad = subprocess.run([helm, "template", "x", str(CHART), "--set", "postgresql.existingSecret=Not_A_Name"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "existingSecret" in bad.stderr
+    gone = subprocess.run([helm, "template", "x", str(CHART), "--set", "postgresql.password=fixed"], capture_output=True, text=True)
+    assert gone.returncode != 0  # no value holds a password any more
+
+
+def test_generated_passwords_are_random_per_install_and_read_back_on_upgrade(helm: str) -> None:
+    from agentfast.runner.store import parse_dsn
+
+    import hashlib
+
+    def secret() -> dict:
+        docs = render(helm)
+        [s] = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == "agentfast-postgres"]
+        # the operator restarts when its DSN changes (it reads it at start): same value, one render
+        op = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "agentfast-operator")
+        checksum = op["spec"]["template"]["metadata"]["annotations"]["agentfast.dev/dsn-checksum"]
+        assert checksum == hashlib.sha256(s["stringData"]["dsn"].encode()).hexdigest()[:16]
+        return s["stringData"]
+
+    first, second = secret(), secret()
+    info = parse_dsn(first["dsn"])
+    assert set(first) == {"password", "dsn"}
+    assert info["user"] == "agentfast" and info["host"] == "agentfast-postgresql.agentfast.svc" and info["dbname"] == "postgres"
+    for pw in (first["password"], info["password"]):
+        assert len(pw) >= 32 and pw.isalnum()
+    assert first["password"] != info["password"]  # two roles, two passwords
+    assert first["password"] != second["password"] and first["dsn"] != second["dsn"]  # generated, not fixed
+    # `helm template` has no lookup (an upgrade's path): what the template reads back is the
+    # Secret it writes, both keys of it (the role's password from the dsn it wrote)
+    assert "name: agentfast-postgres" in (CHART / "templates" / "postgresql.yaml").read_text()
+    tpl = (CHART / "templates" / "_helpers.tpl").read_text()
+    assert 'lookup "v1" "Secret" .Release.Namespace "agentfast-postgres"' in tpl
+    assert 'index $existing.data "password"' in tpl and 'index $existing.data "dsn"' in tpl
+    assert 'trimPrefix "postgresql://agentfast:"' in tpl and 'printf "postgresql://agentfast:%s@' in tpl
+
+
+def test_pg_hba_networks_come_from_the_values(helm: str) -> None:
+    from agentfast.operator.devpostgres import DEFAULT_CLIENT_CIDRS, client_cidrs, hba_conf
+
+    default = _postgres_env(render(helm))["AGENTFAST_PG_CLIENT_CIDRS"]["value"]
+    assert client_cidrs(default) == list(DEFAULT_CLIENT_CIDRS)  # the chart's default is the server's
+    value = _postgres_env(render(helm, "postgresql.clientCIDRs={10.244.0.0/16,fd00:10:244::/56}"))["AGENTFAST_PG_CLIENT_CIDRS"]["value"]
+    hba = hba_conf(client_cidrs(value))
+    assert "host all all 10.244.0.0/16 scram-sha-256" in hba and "host all all fd00:10:244::/56 scram-sha-256" in hba
+    assert hba.index("host all postgres 0.0.0.0/0 reject") < hba.index("10.244.0.0/16") and "0.0.0.0/0 scram" not in hba
+    for bad in ("postgresql.clientCIDRs={all}", "postgresql.clientCIDRs={10.0.0.0}"):
+        proc = subprocess.run([helm, "template", "x", str(CHART), "--set", bad], capture_output=True, text=True)
+        assert proc.returncode != 0, bad
+
+
+def test_the_bundled_postgres_admits_only_operator_and_runner_pods(helm: str) -> None:
+    for sets in ((), ("networkPolicy.enabled=true",)):
+        [policy] = [d for d in render(helm, *sets) if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "agentfast-postgresql"]
+        spec = policy["spec"]
+        assert spec["podSelector"]["matchLabels"] == {"app.kubernetes.io/instance": "agentfast", "app.kubernetes.io/component": "postgresql"}
+        assert spec["policyTypes"] == ["Ingress"] and len(spec["ingress"]) == 1
+        operator, runner = spec["ingress"][0]["from"]
+        assert operator == {"podSelector": {"matchLabels": {"app.kubernetes.io/instance": "agentfast", "app.kubernetes.io/component": "operator"}}}
+        assert runner["namespaceSelector"] == {}  # runners run in any namespace
+        assert runner["podSelector"]["matchLabels"] == {"app.kubernetes.io/component": "runner"}
+        assert spec["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 5432}]
+    [policy] = [d for d in render(helm, "operator.watchNamespaces={team-a,team-b}") if d["kind"] == "NetworkPolicy"]
+    assert policy["spec"]["ingress"][0]["from"][1]["namespaceSelector"]["matchExpressions"][0]["values"] == ["team-a", "team-b"]
+    assert not any(d["kind"] == "NetworkPolicy" for d in render(helm, "postgresql.bundled=false", "externalDatabase.existingSecret=pg"))
+    # the runner pods the operator makes carry the labels the policy selects
+    from agentfast.operator.workload import LABEL_RUN
+
+    [_, runner] = policy["spec"]["ingress"][0]["from"]
+    assert runner["podSelector"]["matchExpressions"] == [{"key": LABEL_RUN, "operator": "Exists"}]

@@ -16,7 +16,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{/* The Secret holding the DSN, read by the operator and by every runner pod (key: dsn). */}}
 {{- define "agentfast.dsnSecret" -}}
-{{- if .Values.postgresql.bundled -}}agentfast-postgres{{- else -}}{{ .Values.externalDatabase.existingSecret }}{{- end -}}
+{{- if .Values.postgresql.bundled -}}{{ .Values.postgresql.existingSecret | default "agentfast-postgres" }}{{- else -}}{{ .Values.externalDatabase.existingSecret }}{{- end -}}
 {{- end -}}
 
 {{- define "agentfast.dsnKey" -}}
@@ -44,4 +44,27 @@ capabilities:
 {{- end -}}
 {{- end -}}
 {{- dict "dns" $np.dnsEgress "postgres" $pg "model" $np.modelEgress | toJson -}}
+{{- end -}}
+
+{{/* The bundled server's generated credentials, as JSON {"password": superuser's, "dsn": role
+     agentfast's}: generated at install (32 random letters and digits each) and read back from
+     the Secret with lookup on upgrade, so they are stable. `helm template` has no lookup and
+     generates new ones on every render: GitOps renders set postgresql.existingSecret instead.
+     Computed once per render (kept in .Values) so the Secret and the operator's checksum agree. */}}
+{{- define "agentfast.bundledCredentials" -}}
+{{- if not (hasKey .Values "agentfastGeneratedCredentials") -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace "agentfast-postgres" -}}
+{{- $password := randAlphaNum 32 -}}
+{{- $appPassword := randAlphaNum 32 -}}
+{{- if and $existing $existing.data -}}
+{{- if hasKey $existing.data "password" -}}{{- $password = index $existing.data "password" | b64dec -}}{{- end -}}
+{{- if hasKey $existing.data "dsn" -}}
+{{- $old := index $existing.data "dsn" | b64dec -}}
+{{- if hasPrefix "postgresql://agentfast:" $old -}}{{- $appPassword = $old | trimPrefix "postgresql://agentfast:" | splitList "@" | first -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $dsn := printf "postgresql://agentfast:%s@%s-postgresql.%s.svc:5432/postgres?connect_timeout=5" $appPassword (include "agentfast.fullname" .) .Release.Namespace -}}
+{{- $_ := set .Values "agentfastGeneratedCredentials" (dict "password" $password "dsn" $dsn) -}}
+{{- end -}}
+{{- index .Values "agentfastGeneratedCredentials" | toJson -}}
 {{- end -}}
