@@ -192,7 +192,7 @@ MIGRATIONS: list[str] = [
         IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'agentfast_runner') THEN
             CREATE ROLE agentfast_runner NOLOGIN;
         END IF;
-    EXCEPTION WHEN duplicate_object THEN NULL;
+    EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;  -- a concurrent CREATE ROLE won
     END $$;
 
     CREATE TABLE agentfast_tenants (
