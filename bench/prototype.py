@@ -6,7 +6,7 @@ idempotency SELECT, the message INSERTs, the checkpoint INSERT, the retention DE
 COMMIT. This function writes the same rows with the same fencing, retention and notification in
 one transaction, but queues every statement in psycopg's pipeline mode so the client waits for
 the server about twice (the results, then COMMIT) and skips the per-checkout health check. The
-idempotent retry of a lost acknowledgement is kept by ``ON CONFLICT (checkpoint_key) DO
+idempotent retry of a lost acknowledgement is kept by ``ON CONFLICT (run_id, checkpoint_key) DO
 NOTHING``. It exists to measure what the store's design could reach (docs/benchmarks.md); it is
 not used by the runtime.
 """
@@ -43,7 +43,7 @@ def pipelined_commit(conn: psycopg.Connection, lease: Lease, snapshot: StateSnap
                 """INSERT INTO agentfast_checkpoints (run_id, checkpoint_key, iteration, message_count, phase, schema_version,
                                                       context, pending, sdk_state, saved_at, epoch)
                    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0)
-                   ON CONFLICT (checkpoint_key) DO NOTHING RETURNING checkpoint_id""",
+                   ON CONFLICT (run_id, checkpoint_key) DO NOTHING RETURNING checkpoint_id""",
                 (snapshot.run_id, key, iteration, len(snapshot.messages), snapshot.context.status.phase, snapshot.schema_version,
                  Jsonb(context), Jsonb(pending) if pending is not None else None, Jsonb(snapshot.sdk_state), snapshot.saved_at),
             )

@@ -30,7 +30,7 @@ from .loop import EXIT_BAD_INPUT, Outcome, ProgressEvent, VanillaRunner, fail_in
 from .output import err, one_line, out, styled
 from .snapshot import AwaitedCall, PendingToolCall, Phase, RunContext, StateSnapshot
 from .spec import AgentRun, InvalidDecision, SpecError, check_decision, import_refs, load_agentrun, parse_agentrun
-from .store import CheckpointInfo, DecisionConflict, InvalidDsn, JournalEntry, Store, StoreUnavailable, UnknownCall, UnreadableState
+from .store import CheckpointInfo, DecisionConflict, InvalidDsn, JournalEntry, Store, StoreUnavailable, UidTaken, UnknownCall, UnreadableState
 
 EXIT_NO_POSTGRES = 3
 
@@ -250,7 +250,10 @@ def run(
     store = _open_store(dsn)
     run_id = run_id_of(agentrun)
     doc = agentrun.model_dump(mode="json", exclude_none=True, exclude={"status"})
-    record = store.create_run(run_id, agentrun.metadata.uid or str(uuid.uuid4()), doc)
+    try:
+        record = store.create_run(run_id, agentrun.metadata.uid or str(uuid.uuid4()), doc)
+    except UidTaken as e:
+        raise _fail(f"{file}: {e}; give metadata.uid another value or leave it out") from None
     if record.spec.get("spec") != doc.get("spec"):
         raise _fail(f"a run named {run_id} exists with a different spec; rename metadata.name or `agentfast delete {run_id}`")
     if record.spec.get("modelConfig") != doc.get("modelConfig"):  # a run keeps the endpoint it was registered with

@@ -36,6 +36,12 @@ never write one, may change a run's ``epoch`` (a takeover) but not its spec, and
 on ``agentfast_void_decisions``, ``agentfast_tenants`` or the schema (no DDL: runners never
 migrate).
 
+Distribution (7): every primary key and unique constraint of the run tables begins with
+``run_id``, so each table can be distributed by ``run_id`` (Citus ``create_distributed_table``,
+co-located with ``agentfast_runs``) without a schema change. ``agentfast_tenants`` (keyed by
+namespace, read by every tenant's row-level-security check) would be a reference table, and
+``agentfast_migrations`` lives on the coordinator.
+
 The fencing trigger ``agentfast_fence`` rejects, inside Postgres, any write to the run's tables
 from a transaction whose ``agentfast.epoch`` setting is not the run's current epoch: SQLSTATE
 ``AF001``. A runner whose lease was taken over cannot commit anything (G6).
@@ -227,4 +233,17 @@ MIGRATIONS: list[str] = [
     "".join(f"ALTER TABLE {t} DROP CONSTRAINT {t}_run_id_fkey, ADD CONSTRAINT {t}_run_id_fkey FOREIGN KEY (run_id)"
               " REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE;\n"
               for t in _CHILD_TABLES + ("agentfast_void_decisions",)),
+    # 7: every primary key and unique constraint of a run table starts with run_id, so the schema
+    # can be distributed by run_id (Citus) unchanged: a distributed table's unique constraints
+    # must contain its distribution column. The three global ones become per run. run_uid stays
+    # unique in fact (Store.create_run checks it under an advisory lock: the idempotency keys of
+    # G4 are built from it), but no longer by a constraint.
+    """
+    ALTER TABLE agentfast_checkpoints DROP CONSTRAINT agentfast_checkpoints_checkpoint_key_key,
+        ADD CONSTRAINT agentfast_checkpoints_run_id_checkpoint_key_key UNIQUE (run_id, checkpoint_key);
+    ALTER TABLE agentfast_tool_calls DROP CONSTRAINT agentfast_tool_calls_idempotency_key_key,
+        ADD CONSTRAINT agentfast_tool_calls_run_id_idempotency_key_key UNIQUE (run_id, idempotency_key);
+    ALTER TABLE agentfast_runs DROP CONSTRAINT agentfast_runs_run_uid_key;
+    CREATE INDEX agentfast_runs_run_uid ON agentfast_runs (run_uid);
+    """,
 ]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import threading
 import time
@@ -55,9 +56,12 @@ APPROVAL_CHANNEL = "agentfast_approval"
 FENCE_SQLSTATE = "AF001"
 _MIGRATION_LOCK = 0x61_66_5F_6D_69_67  # "af_mig": the advisory-lock key of schema migrations
 _TENANT_LOCK = 0x61_66_5F_74_6E_74  # "af_tnt": creating or re-keying a namespace's runner role
+_UID_LOCK = 0x61_66_5F_75  # "af_u": (with hashtext(uid)) registering a run under a uid
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
+
+log = logging.getLogger(__name__)
 
 
 class StoreError(Exception):
@@ -91,6 +95,10 @@ class DecisionConflict(StoreError):
         super().__init__(message)
         self.existing = existing
         self.same = same
+
+
+class UidTaken(StoreError):
+    """A new run was given the uid of another run (``Store.create_run``). Nothing was written."""
 
 
 class SchemaBehind(StoreUnavailable):
@@ -324,6 +332,7 @@ class Store:
         """Run ``op`` in one transaction, retrying connection failures with backoff."""
         deadline = time.monotonic() + self.retry_for_s
         delay = 0.1
+        attempt = 0
         while True:
             try:
                 with self._pool.connection() as conn:
@@ -346,6 +355,11 @@ class Store:
                     raise
                 if time.monotonic() + delay > deadline:
                     raise StoreUnavailable(f"Postgres unavailable for {self.retry_for_s:.0f}s: {err}") from None
+                attempt += 1
+                # One INFO line per retry (AGENTFAST_LOG_LEVEL=INFO): how long a failover kept the
+                # runner waiting, and how often it tried. The error's first line only: no DSN in it.
+                log.info("store: Postgres unavailable (%s); retry %d in %.1fs", (str(err).strip().splitlines() or [""])[0][:200],
+                         attempt, delay)
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
 
@@ -464,14 +478,27 @@ class Store:
     # -- runs and leases ----------------------------------------------------------------------
 
     def create_run(self, run_id: str, run_uid: str, spec: dict[str, Any]) -> RunRecord:
-        """Register a run, or return the existing one with this id (its uid and spec unchanged)."""
+        """Register a run, or return the existing one with this id (its uid and spec unchanged).
+
+        A uid is one run's for good: the idempotency keys its tools get are built from it (G4),
+        so a new run whose uid another run (of another id, archived ones included) holds raises
+        UidTaken. The check runs under a transaction advisory lock keyed by the uid, not a
+        constraint: a unique constraint on ``run_uid`` alone could not be kept once the tables
+        are distributed by ``run_id`` (migration 7)."""
 
         def op(conn: psycopg.Connection) -> RunRecord:
-            conn.execute(
-                "INSERT INTO agentfast_runs (run_id, run_uid, spec) VALUES (%s, %s, %s) ON CONFLICT (run_id) DO NOTHING",
-                (run_id, run_uid, Jsonb(spec)),
-            )
             row = conn.execute("SELECT run_id, run_uid, spec, epoch FROM agentfast_runs WHERE run_id = %s", (run_id,)).fetchone()
+            if row is None:
+                conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_UID_LOCK, run_uid))
+                other = conn.execute("SELECT run_id FROM agentfast_runs WHERE run_uid = %s LIMIT 1", (run_uid,)).fetchone()
+                if other is not None:
+                    raise UidTaken(f"uid {run_uid} is already run {other['run_id']}'s: a uid names one run for good"
+                                   " (its tools' idempotency keys are made from it); give this run another uid")
+                conn.execute(
+                    "INSERT INTO agentfast_runs (run_id, run_uid, spec) VALUES (%s, %s, %s) ON CONFLICT (run_id) DO NOTHING",
+                    (run_id, run_uid, Jsonb(spec)),
+                )
+                row = conn.execute("SELECT run_id, run_uid, spec, epoch FROM agentfast_runs WHERE run_id = %s", (run_id,)).fetchone()
             return RunRecord(**row)
 
         return self._retry(op)
@@ -620,7 +647,8 @@ class Store:
         pending = snapshot.pending.model_dump(mode="json") if snapshot.pending else None
 
         def op(conn: psycopg.Connection) -> int:
-            done = conn.execute("SELECT checkpoint_id FROM agentfast_checkpoints WHERE checkpoint_key = %s", (key,)).fetchone()
+            done = conn.execute("SELECT checkpoint_id FROM agentfast_checkpoints WHERE run_id = %s AND checkpoint_key = %s",
+                                (snapshot.run_id, key)).fetchone()
             if done:  # a retry after a commit whose acknowledgement was lost
                 return done["checkpoint_id"]
             if new:
