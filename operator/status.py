@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from agentfast.runner.liveness import RunnerInfo, batch_waits, runner_story
-from agentfast.runner.snapshot import PendingToolCall, RunContext
+from agentfast.runner.snapshot import TERMINAL_PHASES, PendingToolCall, RunContext
 
 CONDITION_TYPES = ("Ready", "Progressing", "AwaitingApproval", "Failed")
 # Reason of the RunnerAlive condition for each state of liveness.runner_story.
@@ -134,7 +134,7 @@ def status_from_store(
         status["iteration"] = ctx.counters.iterations
         status["tokensUsed"] = ctx.usage.total_tokens
         status["restarts"] = ctx.counters.resumes
-    if phase in ("Succeeded", "Failed", "Cancelled"):
+    if phase in TERMINAL_PHASES:
         status["result"] = message[:SUMMARY_CHARS]
     if decisions:
         status["decisions"] = [{"callId": d["call_id"], "decision": d["decision"], "decidedBy": d["decided_by"] or "unknown"}

@@ -35,7 +35,7 @@ from typing import Any, Callable, Literal, TypeVar, get_args
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb, set_json_dumps
 from psycopg.types.string import StrBinaryDumper, StrDumperUnknown
 from psycopg_pool import ConnectionPool
@@ -55,6 +55,9 @@ PROGRESS_CHANNEL = "agentfast_progress"
 APPROVAL_CHANNEL = "agentfast_approval"
 FENCE_SQLSTATE = "AF001"
 _MIGRATION_LOCK = 0x61_66_5F_6D_69_67  # "af_mig": the advisory-lock key of schema migrations
+# Joined to agentfast_runs r: c is each run's latest checkpoint (all NULL for a run without one).
+_LATEST_CHECKPOINT = """LEFT JOIN LATERAL (SELECT * FROM agentfast_checkpoints c WHERE c.run_id = r.run_id
+                                  ORDER BY checkpoint_id DESC LIMIT 1) c ON true"""
 _TENANT_LOCK = 0x61_66_5F_74_6E_74  # "af_tnt": creating or re-keying a namespace's runner role
 _UID_LOCK = 0x61_66_5F_75  # "af_u": (with hashtext(uid)) registering a run under a uid
 
@@ -517,8 +520,7 @@ class Store:
                 """SELECT r.run_id, r.run_uid, r.spec, r.epoch, c.checkpoint_id, c.iteration, c.message_count, c.phase,
                           c.saved_at, c.epoch AS c_epoch, c.schema_version
                    FROM agentfast_runs r
-                   LEFT JOIN LATERAL (SELECT * FROM agentfast_checkpoints c WHERE c.run_id = r.run_id
-                                      ORDER BY checkpoint_id DESC LIMIT 1) c ON true
+                   """ + _LATEST_CHECKPOINT + """
                    ORDER BY r.created_at"""
             ).fetchall()
             out = []
@@ -584,8 +586,7 @@ class Store:
                    SELECT r.run_id, r.run_uid, coalesce((r.spec->'spec'->>'ttlSecondsAfterFinished')::bigint, %s) AS ttl,
                           coalesce(c.saved_at, (extract(epoch FROM r.created_at) * 1000)::bigint) AS ended_ms, c.phase
                    FROM agentfast_runs r
-                   LEFT JOIN LATERAL (SELECT phase, saved_at FROM agentfast_checkpoints c WHERE c.run_id = r.run_id
-                                      ORDER BY checkpoint_id DESC LIMIT 1) c ON true) t
+                   """ + _LATEST_CHECKPOINT + """) t
                WHERE ttl > 0 AND (phase IS NULL OR phase = ANY(%s))
                  AND ended_ms < (extract(epoch FROM clock_timestamp()) * 1000)::bigint - ttl * 1000
                ORDER BY run_id""", (default_ttl_s, sorted(TERMINAL_PHASES))).fetchall())
@@ -597,8 +598,7 @@ class Store:
         deletion it did not see while it was down)."""
         rows = self._retry(lambda c: c.execute(
             """SELECT r.run_id, r.run_uid, c.phase FROM agentfast_runs r
-               LEFT JOIN LATERAL (SELECT phase FROM agentfast_checkpoints c WHERE c.run_id = r.run_id
-                                  ORDER BY checkpoint_id DESC LIMIT 1) c ON true
+               """ + _LATEST_CHECKPOINT + """
                WHERE strpos(r.run_id, '@') = 0 AND c.phase IS NOT NULL AND NOT c.phase = ANY(%s)""",
             (sorted(TERMINAL_PHASES),)).fetchall())
         return [r["run_id"] for r in rows if live.get(r["run_id"]) != r["run_uid"]]
@@ -1095,8 +1095,8 @@ def pin_search_path(conn: psycopg.Connection) -> None:
     namespace's runner role owns a schema of its name, where its tools keep their tables (the
     default search_path puts it first for them); an ``agentfast_approvals`` a tool made there must
     not be what the runner reads. Call on an autocommit connection (or inside a transaction)."""
-    path = conn.execute("SELECT current_setting('search_path') AS p").fetchone()
-    entries = [e.strip() for e in (path["p"] if isinstance(path, dict) else path[0]).split(",")]
+    path = conn.cursor(row_factory=tuple_row).execute("SELECT current_setting('search_path')").fetchone()[0]
+    entries = [e.strip() for e in path.split(",")]
     kept = [e for e in entries if e and e not in ('"$user"', "$user")]
     conn.execute("SELECT set_config('search_path', %s, false)", (", ".join(kept) or "public",))
 

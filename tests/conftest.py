@@ -125,13 +125,13 @@ def run_cli(*args: str, dsn: str, timeout: float = 60, **kw: object) -> subproce
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
 
 
-def wait_until(predicate: Callable[[], object], timeout: float = 30, what: str = "condition") -> object:
+def wait_until(predicate: Callable[[], object], timeout: float = 30, what: str = "condition", interval: float = 0.05) -> object:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(0.05)
+        time.sleep(interval)
     pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 

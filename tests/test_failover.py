@@ -40,8 +40,8 @@ import yaml
 
 from agentfast.runner.store import Store
 
-from .chaos.harness import CHAOS_INPUT, CHAOS_TOOLS
-from .conftest import EXAMPLES, spawn_cli
+from .chaos.harness import CHAOS_BUDGET, CHAOS_INPUT, CHAOS_TOOLS
+from .conftest import EXAMPLES, spawn_cli, wait_until
 from .failover_pair import ReplicatedPair
 
 RUN = "failover-run"
@@ -89,7 +89,7 @@ def _manifest(directory: Path) -> Path:
     spec["model"] = {"name": "scripted-failover", "script": str(script)}
     spec["input"] = CHAOS_INPUT
     spec["tools"] = CHAOS_TOOLS
-    spec["budget"] = {"max_iterations": 30, "max_tokens": 200_000, "max_duration_ms": 900_000, "classifier": "none"}
+    spec["budget"] = dict(CHAOS_BUDGET)
     path = directory / f"{RUN}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -131,16 +131,6 @@ def _query(dsn: str, sql: str, *params: object) -> list[tuple]:
         return [tuple(r) for r in conn.execute(sql, params).fetchall()]
 
 
-def _poll(predicate, timeout: float, what: str, every: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
-
-
 def _phase(dsn: str) -> tuple[str | None, int, int]:
     """(phase, iteration, max checkpoint_id) of the run's latest checkpoint."""
     rows = _query(dsn, "SELECT phase, iteration, checkpoint_id FROM agentfast_checkpoints WHERE run_id = %s"
@@ -170,7 +160,7 @@ def test_primary_dies_mid_run_standby_promoted_nothing_committed_is_lost(pair: R
     proc = spawn_cli("run", str(_manifest(tmp_path)), dsn=dsn, env={"AGENTFAST_LOG_LEVEL": "INFO"})
     try:
         # -- before the crash: the first gated call is decided on the primary -------------------
-        _poll(lambda: _phase(primary)[0] == "WaitingForApproval", 180, "the first gated call to pause the run")
+        wait_until(lambda: _phase(primary)[0] == "WaitingForApproval", 180, "the first gated call to pause the run")
         with Store(dsn) as s:
             (awaited,) = s.awaiting(RUN_ID)
             first = s.decide(RUN_ID, awaited.call_id, "approve", decided_by="failover-test")
@@ -190,7 +180,7 @@ def test_primary_dies_mid_run_standby_promoted_nothing_committed_is_lost(pair: R
                                 AND tool_name = 'chaos_write')""", {"r": RUN_ID}).fetchone()
                 return (it or 0) >= 4 and (applied > 0 or ((it or 0) >= last_work_turn - 1 and started > 0))
 
-            _poll(in_flight, 180, "a slow write in flight after the fourth iteration", every=0.01)
+            wait_until(in_flight, 180, "a slow write in flight after the fourth iteration", interval=0.01)
         with psycopg.connect(primary, autocommit=True) as conn:
             before = _read(conn)
             t_stop = time.monotonic()
@@ -200,16 +190,16 @@ def test_primary_dies_mid_run_standby_promoted_nothing_committed_is_lost(pair: R
         pair.promote()
         t_promoted = time.monotonic()
         last_before = before["checkpoints"][-1][0]
-        _poll(lambda: _phase(promoted)[2] > last_before, 120, "the runner's first commit on the promoted server")
+        wait_until(lambda: _phase(promoted)[2] > last_before, 120, "the runner's first commit on the promoted server")
         t_commit = time.monotonic()
 
         # -- after: the second gated call is decided on the promoted server ---------------------
-        _poll(lambda: _phase(promoted)[0] == "WaitingForApproval", 180, "the second gated call to pause the run")
+        wait_until(lambda: _phase(promoted)[0] == "WaitingForApproval", 180, "the second gated call to pause the run")
         with Store(dsn) as s:
             (awaited2,) = s.awaiting(RUN_ID)
             t_decide = time.monotonic()
             second = s.decide(RUN_ID, awaited2.call_id, "approve", decided_by="failover-test")
-        _poll(lambda: _phase(promoted)[0] != "WaitingForApproval", 60, "the runner to wake on the new primary's NOTIFY")
+        wait_until(lambda: _phase(promoted)[0] != "WaitingForApproval", 60, "the runner to wake on the new primary's NOTIFY")
         t_woke = time.monotonic()
         out, _ = proc.communicate(timeout=300)
     finally:

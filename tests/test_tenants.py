@@ -43,11 +43,14 @@ QUIET_TOOLS = textwrap.dedent('''
 ''')
 
 
-def _register(store: Store, namespace: str, name: str, tools_module: str) -> str:
+def _register(store: Store, namespace: str, name: str, tools_module: str, **spec: object) -> str:
+    """Register the refund example as the operator does, its tools taken from ``tools_module`` and
+    ``spec`` set over its spec; returns its run id."""
     doc = yaml.safe_load((EXAMPLES / "refund.yaml").read_text())
     doc["metadata"] = {"name": name, "namespace": namespace, "uid": str(uuid.uuid4())}
     for tool in doc["spec"]["tools"]:
         tool["ref"] = f"{tools_module}:{tool['name']}"
+    doc["spec"].update(spec)
     run_id = f"{namespace}/{name}"
     store.create_run(run_id, doc["metadata"]["uid"], doc)
     return run_id
@@ -261,15 +264,10 @@ def test_retention_deletes_only_ended_runs_whose_agentrun_is_gone(dsn: str, stor
     monkeypatch.setattr(main.SETTINGS, "ttl_after_finished_s", 0)
     monkeypatch.setattr(main.SETTINGS, "namespaces", [])
 
-    def paused(name: str, ttl: int | None) -> str:
-        doc = yaml.safe_load((EXAMPLES / "refund.yaml").read_text())
-        doc["metadata"] = {"name": name, "namespace": "team-a", "uid": str(uuid.uuid4())}
-        doc["spec"]["tools"] = [{**t, "ref": f"{quiet_tools['module']}:{t['name']}"} for t in doc["spec"]["tools"]]
-        if ttl is not None:
-            doc["spec"]["ttlSecondsAfterFinished"] = ttl
-        store.create_run(f"team-a/{name}", doc["metadata"]["uid"], doc)
-        assert run_cli("resume", f"team-a/{name}", "--no-wait", dsn=dsn, env=env, timeout=90).returncode == 0
-        return f"team-a/{name}"
+    def paused(name: str, ttl: int) -> str:
+        run_id = _register(store, "team-a", name, quiet_tools["module"], ttlSecondsAfterFinished=ttl)
+        assert run_cli("resume", run_id, "--no-wait", dsn=dsn, env=env, timeout=90).returncode == 0
+        return run_id
 
     gone, live, forever = paused("gone", 1), paused("live", 1), paused("forever", 0)
     live_map = {live: store.get_run(live).run_uid, forever: "another-uid"}  # "gone" has no AgentRun; "forever"'s is a newer one

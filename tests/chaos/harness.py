@@ -74,6 +74,8 @@ CHAOS_TOOLS = [
     {"name": "chaos_pay", "ref": "agentfast.runner.examples.chaos_tools:chaos_pay"},
     {"name": "chaos_notify", "ref": "agentfast.runner.examples.chaos_tools:chaos_notify"},
 ]
+# Room for the long script and for Postgres outages (active time counts retries).
+CHAOS_BUDGET = {"max_iterations": 30, "max_tokens": 200_000, "max_duration_ms": 900_000, "classifier": "none"}
 CHAOS_INPUT = "Restock the items that are low, pay the two suppliers, and tell ops and the customer."
 
 
@@ -111,8 +113,7 @@ class Scenario:
             spec["model"]["script"] = self.script
             spec["input"] = CHAOS_INPUT
             spec["tools"] = CHAOS_TOOLS
-            # Room for the long script and for Postgres outages (active time counts retries).
-            spec["budget"] = {"max_iterations": 30, "max_tokens": 200_000, "max_duration_ms": 900_000, "classifier": "none"}
+            spec["budget"] = dict(CHAOS_BUDGET)
         path = directory / f"{run_name}.yaml"
         path.write_text(yaml.safe_dump(doc))
         return path

@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from .conftest import REPO, Kube
-from .test_operator import E2E_LABEL, assert_succeeded_once, release, sql, status, wait_awaiting  # noqa: F401 (release is a fixture)
+from .test_operator import assert_succeeded_once, refund_manifest, release, sql, status, wait_awaiting  # noqa: F401 (release is a fixture)
 
 APPROVER_ROLE = "agentfast-approver"
 
@@ -74,13 +74,6 @@ def people(release: Kube, tmp_path: Path) -> Iterator:
         k.run("delete", obj if "/" in obj else f"serviceaccount/{obj}", "--wait=false", check=False)
 
 
-def refund_doc(k: Kube, **labels: str) -> dict:
-    doc = yaml.safe_load((REPO / "manifests" / "examples" / "refund.yaml").read_text())
-    name = f"decide-{uuid.uuid4().hex[:6]}"
-    doc["metadata"] = {"name": name, "namespace": k.namespace, "labels": {E2E_LABEL: "true", **labels}}
-    return doc
-
-
 def decide(p: Person, name: str, call_id: str, decided_by: str, decision: str = "approve", **extra: str) -> subprocess.CompletedProcess[str]:
     patch = {"spec": {"approvals": {call_id: {"decision": decision, "decidedBy": decided_by, **extra}}}}
     return p.kube.run("patch", "agentrun", name, "--type", "merge", "-p", json.dumps(patch), check=False)
@@ -95,7 +88,7 @@ def test_deciding_takes_the_approval_right_and_is_attributed_to_the_requesting_u
     k = release
     editor = people("editor", "edit")
     approver = people("approver", APPROVER_ROLE)
-    doc = refund_doc(k)
+    doc = refund_manifest(k, f"decide-{uuid.uuid4().hex[:6]}")
     name = doc["metadata"]["name"]
     refused(editor.kube.run("apply", "-f", "-", input=json.dumps(
         {**doc, "spec": {**doc["spec"], "approvals": {"call-2-0": {"decision": "approve", "decidedBy": editor.user}}}}), check=False),
@@ -144,7 +137,7 @@ def test_with_forbid_self_approval_the_creator_cannot_decide(release: Kube, peop
     try:
         creator = people("creator", "edit", APPROVER_ROLE)
         other = people("other", APPROVER_ROLE)
-        doc = refund_doc(k, **{"agentfast.dev/e2e-self": release_name})
+        doc = refund_manifest(k, f"decide-{uuid.uuid4().hex[:6]}", **{"agentfast.dev/e2e-self": release_name})
         name = doc["metadata"]["name"]
 
         def created() -> bool:  # the binding takes effect within a moment of being created
@@ -174,7 +167,7 @@ def test_a_decision_is_bound_to_the_agentrun_the_approver_reviewed(release: Kube
     # the approver's review and their decision: the decision does not land on the new object.
     k = release
     approver = people("approver", APPROVER_ROLE)
-    doc = refund_doc(k)
+    doc = refund_manifest(k, f"decide-{uuid.uuid4().hex[:6]}")
     name = doc["metadata"]["name"]
     k.apply(doc)
     call = wait_awaiting(k, name)
@@ -199,7 +192,7 @@ def test_without_an_enforcing_binding_no_decision_is_recorded_even_after_it_retu
     # record nothing, then or after the binding enforces again (the entry is void for good).
     k = release
     binding = "agentfast-approvals"
-    doc = refund_doc(k)
+    doc = refund_manifest(k, f"decide-{uuid.uuid4().hex[:6]}")
     name = doc["metadata"]["name"]
     k.apply(doc)
     call = wait_awaiting(k, name)

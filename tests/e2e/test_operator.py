@@ -59,10 +59,18 @@ def sql(k: Kube, query: str, *params: Any, namespace: str | None = None) -> list
     return json.loads(proc.stdout)
 
 
-def apply_refund(k: Kube, example: str = "refund.yaml") -> tuple[str, str]:
+def refund_manifest(k: Kube, name: str | None = None, example: str = "refund.yaml", **labels: str) -> dict[str, Any]:
+    """An example AgentRun for ``k``'s namespace, labelled for cleanup (and with ``labels``), named
+    ``name`` or the example's name plus a random suffix."""
     doc = yaml.safe_load((REPO / "manifests" / "examples" / example).read_text())
-    name = f"{doc['metadata']['name']}-{uuid.uuid4().hex[:6]}"
-    doc["metadata"] = {"name": name, "namespace": k.namespace, "labels": {E2E_LABEL: "true"}}
+    name = name or f"{doc['metadata']['name']}-{uuid.uuid4().hex[:6]}"
+    doc["metadata"] = {"name": name, "namespace": k.namespace, "labels": {E2E_LABEL: "true", **labels}}
+    return doc
+
+
+def apply_refund(k: Kube, example: str = "refund.yaml") -> tuple[str, str]:
+    doc = refund_manifest(k, example=example)
+    name = doc["metadata"]["name"]
     k.apply(doc)
     uid = k.get("agentrun", name)["metadata"]["uid"]
     return name, uid
@@ -174,9 +182,8 @@ def test_status_follows_the_runner_within_two_seconds(release: Kube) -> None:
 
 def test_budget_exceeded_is_a_permanent_failure(release: Kube) -> None:
     k = release
-    doc = yaml.safe_load((REPO / "manifests" / "examples" / "refund.yaml").read_text())
     name = f"tight-{uuid.uuid4().hex[:6]}"
-    doc["metadata"] = {"name": name, "namespace": k.namespace, "labels": {E2E_LABEL: "true"}}
+    doc = refund_manifest(k, name)
     doc["spec"]["budget"] = {"max_iterations": 1, "classifier": "none"}
     k.apply(doc)
     k.wait_for("Failed", lambda: status(k, name).get("phase") == "Failed", timeout=180)
@@ -216,9 +223,7 @@ def test_deleting_an_agentrun_mid_run_cancels_it_and_keeps_its_rows(release: Kub
         return rows[0][0] if rows else None
 
     k.wait_for("the deleted run to be Cancelled", lambda: phase() == "Cancelled", timeout=60, interval=1)
-    doc = yaml.safe_load((REPO / "manifests" / "examples" / "refund.yaml").read_text())
-    doc["metadata"] = {"name": name, "namespace": k.namespace, "labels": {E2E_LABEL: "true"}}
-    k.apply(doc)
+    k.apply(refund_manifest(k, name))
     wait_awaiting(k, name)
     kept = f"{run_id}@{uid.replace('-', '')[:8]}"
     assert sql(k, "SELECT run_uid FROM agentfast_runs WHERE run_id = %s", kept) == [[uid]]

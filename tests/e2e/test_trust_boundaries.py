@@ -16,22 +16,14 @@ import json
 import time
 import uuid
 
-import yaml
-
-from .conftest import REPO, Kube
-from .test_operator import E2E_LABEL, release, runner_pods, sql, status  # noqa: F401 (release is a fixture)
-
-
-def _doc(k: Kube, name: str) -> dict:
-    doc = yaml.safe_load((REPO / "manifests" / "examples" / "refund.yaml").read_text())
-    doc["metadata"] = {"name": name, "namespace": k.namespace, "labels": {E2E_LABEL: "true"}}
-    return doc
+from .conftest import Kube
+from .test_operator import E2E_LABEL, refund_manifest, release, runner_pods, sql, status  # noqa: F401 (release is a fixture)
 
 
 def test_a_gated_tool_cannot_be_opted_out(release: Kube) -> None:
     k = release
     name = f"opt-out-{uuid.uuid4().hex[:6]}"
-    doc = _doc(k, name)
+    doc = refund_manifest(k, name)
     doc["spec"]["tools"][1]["requiresApproval"] = False
     k.apply(doc)
     k.wait_for("Failed", lambda: status(k, name).get("phase") == "Failed", timeout=180)
@@ -44,7 +36,7 @@ def test_a_gated_tool_cannot_be_opted_out(release: Kube) -> None:
 def test_a_module_outside_the_allow_list_is_refused_by_the_operator_without_a_runner(release: Kube) -> None:
     k = release
     name = f"not-allowed-{uuid.uuid4().hex[:6]}"
-    doc = _doc(k, name)
+    doc = refund_manifest(k, name)
     doc["spec"]["tools"][0]["ref"] = "evil_sysexit:lookup_order"
     k.apply(doc)
     k.wait_for("Failed", lambda: status(k, name).get("phase") == "Failed", timeout=60)
@@ -61,7 +53,7 @@ def test_a_253_character_name_gets_a_runner(release: Kube) -> None:
     k = release
     name = f"long-{uuid.uuid4().hex[:6]}-" + "x" * 241
     assert len(name) == 253
-    k.apply(_doc(k, name))
+    k.apply(refund_manifest(k, name))
     k.wait_for("WaitingForApproval", lambda: status(k, name).get("phase") == "WaitingForApproval", timeout=240)
     jobs = json.loads(k.run("get", "jobs", "-l", f"{E2E_LABEL}!=x", "-o", "json").stdout)["items"]
     mine = [j for j in jobs if j["metadata"].get("annotations", {}).get("agentfast.dev/run-name") == name]
@@ -101,7 +93,7 @@ def test_a_namespaces_runner_credential_reaches_only_its_namespace(release: Kube
         for ns in spaces:
             k.run("create", "namespace", ns, namespaced=False)
             team = Kube(kubectl, kubeconfig, ns)
-            doc = _doc(team, "refund")
+            doc = refund_manifest(team, "refund")
             team.apply(doc)
             runs[ns] = doc["metadata"]["name"]
         for ns in spaces:
