@@ -13,6 +13,7 @@ the refund demo (run until the approval pause, approve, resume), its LangGraph t
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -27,6 +28,7 @@ from typing import Callable
 import psycopg
 import yaml
 
+from agentfast.runner.examples import EXAMPLES_DSN_ENV, provision
 from agentfast.runner.store import Store
 
 from .stats import Spread
@@ -82,11 +84,18 @@ def example_copy(workdir: Path, example: str, name: str) -> Path:
     return path
 
 
+@functools.lru_cache(maxsize=None)
+def _examples_dsn(dsn: str) -> str:
+    """The example tools' own DSN in ``dsn``'s database (their role made there once): the refund
+    example's tools keep their ledger there, as users' tools would, never with the runner's DSN."""
+    return provision(dsn)
+
+
 class Proc:
     """A runner process whose output goes to a file and whose rusage is collected by wait4."""
 
     def __init__(self, args: list[str], dsn: str, workdir: Path, tag: str):
-        env = {**os.environ, "AGENTFAST_DSN": dsn, "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "AGENTFAST_DSN": dsn, "PYTHONPATH": str(REPO), EXAMPLES_DSN_ENV: _examples_dsn(dsn)}
         env.pop("AGENTFAST_FAULT", None)
         self.log_path = workdir / f"{tag}-{uuid.uuid4().hex[:6]}.log"
         self._log = open(self.log_path, "w")

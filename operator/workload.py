@@ -19,7 +19,11 @@ terminated; the fencing epoch in Postgres covers any overlap anyway (G6).
 The pod needs no Kubernetes credentials (no service-account token), runs as non-root with a
 read-only root filesystem, and reads the DSN and the model key from Secrets: the key only from the
 Secret key the run's ModelConfig names, as ``AGENTFAST_MODEL_API_KEY``; an AgentRun names no
-Secret and no variable.
+Secret and no variable. The tools' own settings (their databases, their API keys) come from the
+namespace's Secret ``agentfast-tools`` (the chart's ``runner.toolSecret``), if there is one,
+mounted as files that only the tool host turns into its environment (``runner/toolhost.py``):
+the runner's process never has them in its environment, and the tools never see the DSN or the
+model key (G11).
 
 With the chart's ``networkPolicy.enabled``, :func:`build_network_policy` gives each runner pod a
 NetworkPolicy of its own: no ingress, egress only to DNS, Postgres and the admin's model peers.
@@ -34,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentfast.runner.spec import MODEL_API_KEY_ENV
+from agentfast.runner.toolhost import TOOL_ENV_DIR_ENV
 
 LABEL_RUN = "agentfast.dev/run"
 #: The AgentRun's full name on its Job (a name over 63 characters does not fit the label).
@@ -42,6 +47,8 @@ RUNNER_CONTAINER = "runner"
 #: The Secret in a run's namespace holding its runners' DSN (made by operator/credentials.py).
 RUNNER_SECRET = "agentfast-runner"
 RUNNER_SECRET_KEY = "dsn"
+#: Where a runner pod mounts its namespace's tool Secret (read by runner/toolhost.py).
+TOOL_ENV_DIR = "/var/run/agentfast/tool-env"
 
 
 @dataclass(frozen=True)
@@ -60,10 +67,17 @@ class RunnerConfig:
         default_factory=lambda: {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
     )
     termination_grace_s: int = 30
+    # The Secret, in each run's namespace, whose keys become the tool host's environment ("": none).
+    tool_secret: str = "agentfast-tools"
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "RunnerConfig":
+        """The settings in ``env`` (default: the process's). Raises ValueError when the tool Secret
+        would be a Postgres credential (the runners' or the operator's Secret)."""
         e = dict(os.environ if env is None else env)
+        tool_secret = e.get("AGENTFAST_RUNNER_TOOL_SECRET", cls.tool_secret)
+        if tool_secret in (RUNNER_SECRET, e.get("AGENTFAST_DSN_SECRET", cls.dsn_secret)):
+            raise ValueError(f"AGENTFAST_RUNNER_TOOL_SECRET: {tool_secret!r} is a Postgres credential; tools never receive one")
         return cls(
             image=e.get("AGENTFAST_RUNNER_IMAGE", cls.image),
             image_pull_policy=e.get("AGENTFAST_RUNNER_PULL_POLICY", cls.image_pull_policy),
@@ -71,6 +85,7 @@ class RunnerConfig:
             dsn_secret_key=e.get("AGENTFAST_DSN_SECRET_KEY", cls.dsn_secret_key),
             restart_limit=int(e.get("AGENTFAST_RESTART_LIMIT", cls.restart_limit)),
             service_account=e.get("AGENTFAST_RUNNER_SERVICE_ACCOUNT", ""),
+            tool_secret=tool_secret,
         )
 
 
@@ -119,6 +134,13 @@ def build_job(body: dict[str, Any], cfg: RunnerConfig, *, allowed_modules: tuple
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         {"name": "AGENTFAST_ALLOWED_MODULES", "value": ",".join(allowed_modules)},
     ]
+    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
+    if cfg.tool_secret:
+        # optional: a namespace whose tools need no settings has no such Secret, and its runs start all the same
+        env.append({"name": TOOL_ENV_DIR_ENV, "value": TOOL_ENV_DIR})
+        mounts.append({"name": "tool-env", "mountPath": TOOL_ENV_DIR, "readOnly": True})
+        volumes.append({"name": "tool-env", "secret": {"secretName": cfg.tool_secret, "optional": True}})
     if model_key is not None:
         if (model_key["name"], model_key["key"]) == (cfg.dsn_secret, cfg.dsn_secret_key) or model_key["name"] == RUNNER_SECRET:
             raise ValueError(f"the model key would be a Postgres credential (Secret {model_key['name']!r}, key {model_key['key']!r})")
@@ -142,10 +164,10 @@ def build_job(body: dict[str, Any], cfg: RunnerConfig, *, allowed_modules: tuple
                     "readOnlyRootFilesystem": True,
                     "capabilities": {"drop": ["ALL"]},
                 },
-                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+                "volumeMounts": mounts,
             }
         ],
-        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
+        "volumes": volumes,
     }
     if cfg.service_account:
         pod_spec["serviceAccountName"] = cfg.service_account

@@ -20,7 +20,7 @@ import sys
 import threading
 import uuid
 from datetime import datetime, timezone
-from typing import Any, Optional, get_args
+from typing import TYPE_CHECKING, Any, Optional, get_args
 
 import typer
 from rich.table import Column, Table
@@ -29,8 +29,14 @@ from . import output
 from .loop import EXIT_BAD_INPUT, Outcome, ProgressEvent, VanillaRunner, fail_invalid_spec, preflight, run_id_of
 from .output import err, one_line, out, styled
 from .snapshot import AwaitedCall, PendingToolCall, Phase, RunContext, StateSnapshot
-from .spec import AgentRun, InvalidDecision, SpecError, check_decision, import_refs, load_agentrun, parse_agentrun
-from .store import CheckpointInfo, DecisionConflict, InvalidDsn, JournalEntry, Store, StoreUnavailable, UidTaken, UnknownCall, UnreadableState
+from .spec import MODEL_API_KEY_ENV, AgentRun, InvalidDecision, SpecError, check_decision, import_refs, load_agentrun, parse_agentrun
+from .store import (CheckpointInfo, DecisionConflict, InvalidDsn, JournalEntry, Store, StoreUnavailable, UidTaken, UnknownCall, UnreadableState,
+                    parse_dsn)
+
+if TYPE_CHECKING:
+    from .model import ChatModel
+    from .toolhost import ToolHost
+    from .tools import ToolRegistry
 
 EXIT_NO_POSTGRES = 3
 
@@ -54,8 +60,12 @@ def _open_store(dsn: Optional[str]) -> Store:
     if not dsn:
         from .embedded import embedded_dsn
 
+        from .examples import EXAMPLES_DSN_ENV, provision
+
         try:
             dsn = embedded_dsn()
+            if not os.environ.get(EXAMPLES_DSN_ENV):  # the trial server also gives the example tools their own role
+                os.environ[EXAMPLES_DSN_ENV] = provision(dsn)
         except Exception as e:  # initdb or pg_ctl failed: show why
             raise _fail(f"cannot start the embedded Postgres: {e}", EXIT_NO_POSTGRES) from None
     try:
@@ -180,22 +190,40 @@ def _check_admin_policy(run: AgentRun) -> None:
         check_cluster_policy(run, allowed, bundled_scripts())
 
 
-def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool, force: bool = False) -> Outcome:
+def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool, force: bool = False,
+           host: ToolHost | None = None) -> Outcome:
+    """Run ``run`` to its end, a pause or a stop; its tools run in a tool host (``host``, or one
+    started here) that never receives the store's credential or the model key (G11)."""
     from .model import ModelError, model_from_spec
-    from .tools import ToolRegistry
+    from .toolhost import ToolHost
 
     try:
-        _check_admin_policy(run)
-        preflight(run)  # a registered run's tool may have stopped importing since it was created
-        tools = ToolRegistry.from_agentrun(run)
-        model = model_from_spec(run.spec.model, run.modelConfig)  # the endpoint the run was registered with
-    except SpecError as e:
-        # Recorded as the run's ending (Failed/InvalidSpec): the operator shows it and nothing retries it.
-        ended = fail_invalid_spec(store, run, str(e), force=force)
-        code = EXIT_BAD_INPUT if ended.phase == "Failed" else ended.exit_code
-        raise _fail(f"run {run_id_of(run)} cannot run:\n{e}", code) from None
-    except ModelError as e:
-        raise _fail(str(e)) from None
+        try:
+            _check_admin_policy(run)
+            preflight(run)  # a registered run's classifier or script may have stopped resolving since it was created
+            host = host or ToolHost.spawn(run, secrets=_credentials(store.dsn))
+            tools = host.registry()  # a registered run's tool may have stopped importing since it was created
+            model = model_from_spec(run.spec.model, run.modelConfig)  # the endpoint the run was registered with
+        except SpecError as e:
+            # Recorded as the run's ending (Failed/InvalidSpec): the operator shows it and nothing retries it.
+            ended = fail_invalid_spec(store, run, str(e), force=force)
+            code = EXIT_BAD_INPUT if ended.phase == "Failed" else ended.exit_code
+            raise _fail(f"run {run_id_of(run)} cannot run:\n{e}", code) from None
+        except ModelError as e:
+            raise _fail(str(e)) from None
+        return _drive_with(store, run, model, tools, wait=wait, interactive=interactive, force=force)
+    finally:
+        if host is not None:
+            host.close()
+
+
+def _credentials(dsn: str) -> tuple[str, str]:
+    """What no tool may see: the password of ``dsn`` (the store's) and the model key (either may be empty)."""
+    return (parse_dsn(dsn).get("password", ""), os.environ.get(MODEL_API_KEY_ENV, ""))
+
+
+def _drive_with(store: Store, run: AgentRun, model: ChatModel, tools: ToolRegistry, *, wait: bool, interactive: bool,
+                force: bool) -> Outcome:
     stop = threading.Event()
 
     def on_term(signum: int, frame: object) -> None:
@@ -237,10 +265,12 @@ def run(
     A run on a real endpoint names a ModelConfig (``spec.model.config``) given as another
     document of the same file; its key, if it names one, is read from AGENTFAST_MODEL_API_KEY.
     """
+    from .toolhost import ToolHost
+
     try:
         agentrun = load_agentrun(file, check_imports=False)
         _check_admin_policy(agentrun)  # before anything it names is imported
-        import_refs(agentrun)
+        import_refs(agentrun, tools=False)  # the tools are imported by the tool host, never here (G11)
         preflight(agentrun)
     except SpecError as e:
         raise _fail(f"{file} is not a valid AgentRun:\n{e}") from None
@@ -248,18 +278,27 @@ def run(
         raise _fail(f"{file}: spec.approvals is never read from a file: a call is decided once it awaits a decision "
                     "(agentfast approve RUN CALL_ID), not before it exists")
     store = _open_store(dsn)
-    run_id = run_id_of(agentrun)
-    doc = agentrun.model_dump(mode="json", exclude_none=True, exclude={"status"})
+    host = ToolHost.spawn(agentrun, secrets=_credentials(store.dsn))
     try:
-        record = store.create_run(run_id, agentrun.metadata.uid or str(uuid.uuid4()), doc)
-    except UidTaken as e:
-        raise _fail(f"{file}: {e}; give metadata.uid another value or leave it out") from None
-    if record.spec.get("spec") != doc.get("spec"):
-        raise _fail(f"a run named {run_id} exists with a different spec; rename metadata.name or `agentfast delete {run_id}`")
-    if record.spec.get("modelConfig") != doc.get("modelConfig"):  # a run keeps the endpoint it was registered with
-        raise _fail(f"a run named {run_id} exists with a different ModelConfig ({_model_config_line(record.spec)});"
-                    f" rename metadata.name or `agentfast delete {run_id}`")
-    outcome = _drive(store, agentrun, wait=wait, interactive=_interactive(wait), force=force)
+        try:
+            host.registry()
+        except SpecError as e:
+            raise _fail(f"{file} is not a valid AgentRun:\n{e}") from None
+        run_id = run_id_of(agentrun)
+        doc = agentrun.model_dump(mode="json", exclude_none=True, exclude={"status"})
+        try:
+            record = store.create_run(run_id, agentrun.metadata.uid or str(uuid.uuid4()), doc)
+        except UidTaken as e:
+            raise _fail(f"{file}: {e}; give metadata.uid another value or leave it out") from None
+        if record.spec.get("spec") != doc.get("spec"):
+            raise _fail(f"a run named {run_id} exists with a different spec; rename metadata.name or `agentfast delete {run_id}`")
+        if record.spec.get("modelConfig") != doc.get("modelConfig"):  # a run keeps the endpoint it was registered with
+            raise _fail(f"a run named {run_id} exists with a different ModelConfig ({_model_config_line(record.spec)});"
+                        f" rename metadata.name or `agentfast delete {run_id}`")
+    except BaseException:
+        host.close()
+        raise
+    outcome = _drive(store, agentrun, wait=wait, interactive=_interactive(wait), force=force, host=host)
     raise typer.Exit(outcome.exit_code)
 
 

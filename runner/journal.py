@@ -20,6 +20,7 @@ import logging
 from . import faults
 from .snapshot import ToolResult
 from .store import JournalEntry, Lease, LeaseLost, Store, StoreUnavailable
+from .toolhost import ToolHostLost
 from .tools import ToolArgumentsError, ToolContext, ToolRegistry, render_result
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,6 @@ class CallExecutor:
             position=entry.position,
             idempotency_key=entry.idempotency_key,
             epoch=self.lease.epoch,
-            dsn=self.store.dsn,
         )
 
     def _result(self, entry: JournalEntry, content: str, error_kind: str | None = None, recorded_by: str | None = None) -> ToolResult:
@@ -105,9 +105,12 @@ class CallExecutor:
         ctx = self._context(entry)
         try:
             result = self._result(entry, tool.invoke(ctx, args))
+        except ToolHostLost:
+            raise  # the call may have taken effect: it stays started, for the resume to settle (G4)
         except (Exception, SystemExit) as err:  # a tool that raises (or calls sys.exit) is a result the model can reason about
             log.warning("tool %s raised: %r", name, err)
-            result = self._result(entry, f"error: {name} failed: {type(err).__name__}: {err}", "tool_raised")
+            kind = getattr(err, "type_name", type(err).__name__)
+            result = self._result(entry, f"error: {name} failed: {kind}: {err}", "tool_raised")
         faults.point("tool.after_call", name)
         result = self._persist(entry, result)
         faults.point("tool.after_persist", name)
@@ -154,6 +157,8 @@ class CallExecutor:
                 return True
             else:
                 return None
+        except ToolHostLost:
+            raise
         except Exception as err:  # a check that fails knows nothing: the safe answer is "ask"
             log.warning("recovery check of %s (%s) raised: %r", entry.call_id, entry.tool_call.name, err)
             return None

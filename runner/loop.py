@@ -13,7 +13,8 @@ assistant message and the tool results in the model's original order and commit 
 
 Exit codes (:class:`Outcome`.exit_code), shared with the CLI and the operator's Job policy:
 0 finished or paused for approval, 1 failed for good (budget, model rejected the request),
-2 bad input, 75 retry me (SIGTERM, Postgres unavailable, model unavailable; EX_TEMPFAIL),
+2 bad input, 75 retry me (SIGTERM, Postgres unavailable, model unavailable, the tool host died;
+EX_TEMPFAIL),
 76 another runner owns the run: it took the run over (lease lost), or a live runner holds it and
 this one refused to take it over (``runner/liveness.py``).
 """
@@ -47,6 +48,7 @@ from .snapshot import (
 from .spec import AgentRun, SpecError
 from .liveness import RunnerAlive, RunnerClaim
 from .store import Decision, JournalEntry, LeaseLost, RunRecord, Store, StoreUnavailable, Turn
+from .toolhost import ToolHostLost
 from .tools import ToolRegistry
 
 log = logging.getLogger(__name__)
@@ -85,13 +87,12 @@ class ProgressEvent:
 def preflight(run: AgentRun) -> None:
     """Checks ``parse_agentrun`` leaves to run time, made before a run is registered or started.
 
-    Every tool ref is a ``@tool``, the classifier resolves, the model script loads. Without
-    them a bad file was found only after ``create_run``: a traceback and a run record left
-    behind. Used by the CLI and the operator. Raises SpecError naming the field.
+    The classifier resolves, the model script loads (the tools are checked by the tool host,
+    which alone imports them: ``runner/toolhost.py``). Without them a bad file was found only
+    after ``create_run``: a traceback and a run record left behind. Raises SpecError naming the field.
     """
     from .scripted import load_script
 
-    ToolRegistry.from_agentrun(run)
     get_classifier(run.spec.budget.classifier)
     if run.spec.model.script:
         try:
@@ -226,6 +227,8 @@ class RunnerBase:
             return Outcome("LeaseLost", EXIT_LEASE_LOST, f"another runner took this run over; stopping without effects ({err})")
         except StoreUnavailable as err:
             return Outcome("Unavailable", EXIT_RETRY, f"Postgres unavailable; nothing is lost, resume later: {err}")
+        except ToolHostLost as err:  # a call in flight may have taken effect: left started, settled on resume (G4)
+            return self._retry_exit(f"the tool host died ({err}); resume to continue")
         except ModelError as err:
             if err.retriable:
                 return self._retry_exit(f"model unavailable: {err}")

@@ -442,11 +442,12 @@ def parse_agentrun(doc: Any, *, check_imports: bool = True) -> AgentRun:
     return run
 
 
-def import_refs(run: AgentRun) -> None:
-    """Import every ``spec.tools[i].ref`` and ``spec.graph.ref``, so an unknown tool fails before
-    anything runs. User code runs here: never call it in the operator (G12). Raises SpecError."""
+def import_refs(run: AgentRun, *, tools: bool = True) -> None:
+    """Import every ``spec.tools[i].ref`` (unless ``tools`` is False) and ``spec.graph.ref``, so an
+    unknown tool fails before anything runs. User code runs here: never call it in the operator
+    (G12); a runner leaves the tools to its tool host (``runner/toolhost.py``, G11). Raises SpecError."""
     problems = []
-    for i, t in enumerate(run.spec.tools):
+    for i, t in enumerate(run.spec.tools if tools else []):
         try:
             resolve_ref(t.ref)
         except (ImportError, AttributeError) as err:

@@ -432,9 +432,9 @@ class Store:
     def revoke_tenant(self, namespace: str) -> bool:
         """Take ``namespace``'s runner credential away: its role may no longer log in, and its
         sessions still open see nothing from their next statement on (row-level security asks
-        ``agentfast_tenants``, whose row goes). The role and its tools' schema stay (their
-        objects are the namespace's); :meth:`set_tenant_password` gives it a new password and
-        LOGIN again. Returns whether there was one."""
+        ``agentfast_tenants``, whose row goes). The role stays (a schema an earlier release made
+        for it, with what is in it, is the namespace's); :meth:`set_tenant_password` gives it a
+        new password and LOGIN again. Returns whether there was one."""
 
         def op(conn: psycopg.Connection) -> bool:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_TENANT_LOCK,))
@@ -447,8 +447,8 @@ class Store:
         return self._retry(op)
 
     def set_tenant_password(self, namespace: str, password: str) -> tuple[str, str]:
-        """Create ``namespace``'s runner role (LOGIN, member of ``agentfast_runner``, owner of a
-        schema of its name for its tools' tables) or give it ``password``; returns ``(role_name,
+        """Create ``namespace``'s runner role (LOGIN, member of ``agentfast_runner``, owner of
+        nothing: tools keep their tables under their own role, G11) or give it ``password``; returns ``(role_name,
         credential_id)``, a new id each call. Needs a role with CREATEROLE (the operator's).
         Existing sessions keep working; new logins need ``password``.
         Raises StoreUnavailable (also when this role may not create roles)."""
@@ -462,14 +462,6 @@ class Store:
             conn.execute(sql.SQL(verb).format(sql.Identifier(role), sql.Literal(password)))
             if exists:
                 conn.execute(sql.SQL("GRANT agentfast_runner TO {}").format(sql.Identifier(role)))
-            else:
-                # The schema where the namespace's tools keep their own tables (first in the role's
-                # default search_path, "$user"); the store's sessions never look there
-                # (pin_search_path). A non-superuser creator must be a member of the role to make
-                # it a schema's owner (PostgreSQL 16+ gives a CREATEROLE creator ADMIN, not SET).
-                if not conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()["rolsuper"]:
-                    conn.execute(sql.SQL("GRANT {} TO CURRENT_USER").format(sql.Identifier(role)))
-                conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {} AUTHORIZATION {}").format(sql.Identifier(role), sql.Identifier(role)))
             conn.execute(
                 """INSERT INTO agentfast_tenants (namespace, role_name, credential_id) VALUES (%s, %s, %s)
                    ON CONFLICT (namespace) DO UPDATE SET credential_id = excluded.credential_id, rotated_at = now()""",
@@ -1091,10 +1083,10 @@ def _configure(conn: psycopg.Connection, idle_in_transaction_timeout_s: float) -
 
 def pin_search_path(conn: psycopg.Connection) -> None:
     """Drop ``"$user"`` from this session's search_path (the rest, the DSN's or the server's
-    default, stays), so the store's table names never resolve in the login role's own schema. A
-    namespace's runner role owns a schema of its name, where its tools keep their tables (the
-    default search_path puts it first for them); an ``agentfast_approvals`` a tool made there must
-    not be what the runner reads. Call on an autocommit connection (or inside a transaction)."""
+    default, stays), so the store's table names never resolve in the login role's own schema:
+    releases before the tool host gave each runner role a schema of its name for its tools'
+    tables, and an ``agentfast_approvals`` made there must never be what a runner reads. Call on
+    an autocommit connection (or inside a transaction)."""
     path = conn.cursor(row_factory=tuple_row).execute("SELECT current_setting('search_path')").fetchone()[0]
     entries = [e.strip() for e in path.split(",")]
     kept = [e for e in entries if e and e not in ('"$user"', "$user")]

@@ -42,8 +42,11 @@ class ToolContext:
     """What a tool learns about the call it serves.
 
     ``idempotency_key``: unique to this call (run uid, iteration, position), stable across resumes.
-    ``dsn``: the run's Postgres, for tools that keep their own records there (the demo ledger).
     ``epoch``: the runner's fencing epoch, for services that accept a fencing token.
+
+    No store credential (G11): a tool that keeps records of its own names its own database, in
+    its own environment (``runner/toolhost.py``: in a runner pod, the namespace's Secret
+    ``agentfast-tools``), as the bundled examples do (``runner/examples/__init__.py``).
     """
 
     run_id: str
@@ -53,7 +56,6 @@ class ToolContext:
     position: int
     idempotency_key: str
     epoch: int
-    dsn: str = ""
 
 
 @dataclass(frozen=True)

@@ -43,11 +43,11 @@ LANGGRAPH = Adapter("langgraph", "refund-langgraph.yaml", "refund-langgraph")
 
 
 def invocations(dsn: str, tool: str) -> int:
-    return count_rows(dsn, "SELECT count(*) FROM demo_tool_invocations WHERE tool = %s", tool)
+    return count_rows(dsn, "SELECT count(*) FROM agentfast_examples.demo_tool_invocations WHERE tool = %s", tool)
 
 
 def refunds(dsn: str) -> int:
-    return count_rows(dsn, "SELECT count(*) FROM demo_refund_ledger")
+    return count_rows(dsn, "SELECT count(*) FROM agentfast_examples.demo_refund_ledger")
 
 
 def wait_for_approval_request(store: Store, run_id: str) -> str:
@@ -98,7 +98,7 @@ def assert_same_end_state(store: Store, dsn: str, reference: dict, run_id: str) 
     assert snap.context.usage.total_tokens == reference["usage"]
     assert refunds(dsn) == 1
     # The ledger row is keyed by this one call's idempotency key: run uid, iteration 2, position 0.
-    assert count_rows(dsn, "SELECT count(*) FROM demo_refund_ledger WHERE idempotency_key = %s",
+    assert count_rows(dsn, "SELECT count(*) FROM agentfast_examples.demo_refund_ledger WHERE idempotency_key = %s",
                       f"{snap.context.session.run_uid}:2:0") == 1
 
 

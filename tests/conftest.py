@@ -8,6 +8,7 @@ fake: runner processes are real OS processes, killed with real signals.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import psycopg
 import pytest
 import yaml
 
+from agentfast.runner.examples import EXAMPLES_DSN_ENV, provision
 from agentfast.runner.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,12 +70,31 @@ def pg_server() -> Iterator[PgServer]:
     server.cleanup()
 
 
+#: The example tools' role's password on the test server (it may not trust local sockets).
+EXAMPLES_PASSWORD = f"examples-{uuid.uuid4().hex}"
+
+
+@functools.lru_cache(maxsize=None)
+def examples_dsn_for(dsn: str) -> str:
+    """The example tools' own DSN in ``dsn``'s database (their role and schema made there if
+    missing: runner/examples/__init__.py). Tools never get the store's DSN (G11). Empty when
+    ``dsn`` cannot be reached (a test that points a runner at no server on purpose) or may not
+    create roles (a runner role's DSN: pass the examples' DSN of the database's admin in ``env``)."""
+    try:
+        return provision(dsn, password=EXAMPLES_PASSWORD)
+    except (psycopg.OperationalError, psycopg.errors.InsufficientPrivilege):
+        return ""
+
+
 @pytest.fixture
-def dsn(pg_server: PgServer) -> Iterator[str]:
-    """A fresh, empty database on the test server; dropped afterwards."""
+def dsn(pg_server: PgServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A fresh, empty database on the test server; dropped afterwards. The example tools of a
+    runner in this process (or spawned by :func:`spawn_cli`) keep their records in it, under
+    their own role and schema (``agentfast_examples``)."""
     name = f"t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
+    monkeypatch.setenv(EXAMPLES_DSN_ENV, examples_dsn_for(pg_server.dsn_for(name)))
     yield pg_server.dsn_for(name)
     with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -99,8 +120,12 @@ def agentrun_file(tmp_path: Path, example: str = "refund.yaml", *, uid: str | No
 
 
 def spawn_cli(*args: str, dsn: str, fault: str | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """Start ``agentfast ARGS --dsn DSN`` as a real OS process (stdin closed: no prompts)."""
-    full_env = {**os.environ, "AGENTFAST_DSN": dsn, **(env or {})}
+    """Start ``agentfast ARGS --dsn DSN`` as a real OS process (stdin closed: no prompts); its
+    example tools keep their records in ``dsn``'s database under their own role, unless ``env``
+    names their DSN."""
+    env = env or {}
+    tools = {} if EXAMPLES_DSN_ENV in env else {EXAMPLES_DSN_ENV: examples_dsn_for(dsn)}
+    full_env = {**os.environ, "AGENTFAST_DSN": dsn, **tools, **env}
     full_env.pop("AGENTFAST_FAULT", None)
     if fault:
         full_env["AGENTFAST_FAULT"] = fault

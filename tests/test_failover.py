@@ -106,9 +106,9 @@ _SNAPSHOT_QUERIES = {
     "journal": "SELECT iteration, position, call_id, idempotency_key, state, result::text FROM agentfast_tool_calls"
                " WHERE run_id = %(r)s ORDER BY iteration, position",
     "decisions": "SELECT call_id, decision, reason, decided_by FROM agentfast_approvals WHERE run_id = %(r)s ORDER BY call_id",
-    "ledger": "SELECT idempotency_key, tool, payload::text FROM chaos_ledger ORDER BY idempotency_key",
-    "outbox": "SELECT idempotency_key, execution::text, payload::text FROM chaos_outbox ORDER BY id",
-    "invocations": "SELECT idempotency_key, execution::text, tool FROM chaos_invocations ORDER BY id",
+    "ledger": "SELECT idempotency_key, tool, payload::text FROM agentfast_examples.chaos_ledger ORDER BY idempotency_key",
+    "outbox": "SELECT idempotency_key, execution::text, payload::text FROM agentfast_examples.chaos_outbox ORDER BY id",
+    "invocations": "SELECT idempotency_key, execution::text, tool FROM agentfast_examples.chaos_invocations ORDER BY id",
 }
 
 
@@ -174,7 +174,7 @@ def test_primary_dies_mid_run_standby_promoted_nothing_committed_is_lost(pair: R
             def in_flight() -> bool:
                 it, applied, started = watch.execute(
                     """SELECT (SELECT max(iteration) FROM agentfast_checkpoints WHERE run_id = %(r)s),
-                              (SELECT count(*) FROM agentfast_tool_calls t JOIN chaos_ledger l USING (idempotency_key)
+                              (SELECT count(*) FROM agentfast_tool_calls t JOIN agentfast_examples.chaos_ledger l USING (idempotency_key)
                                 WHERE t.run_id = %(r)s AND t.state = 'started' AND t.tool_name = 'chaos_write'),
                               (SELECT count(*) FROM agentfast_tool_calls WHERE run_id = %(r)s AND state = 'started'
                                 AND tool_name = 'chaos_write')""", {"r": RUN_ID}).fetchone()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentfast.operator.status import status_from_store
-from agentfast.operator.workload import RunnerConfig, build_job, job_name
+from agentfast.operator.workload import TOOL_ENV_DIR, RunnerConfig, build_job, job_name
 from agentfast.runner.snapshot import AwaitedCall, PendingToolCall, RunContext, RunStatus, Session, ToolCall
 
 BODY = {
@@ -157,8 +157,25 @@ def test_the_runner_gets_the_allow_list_and_our_variables_come_first() -> None:
 def _secret_refs(job: dict) -> list[tuple[str, dict]]:
     [c] = job["spec"]["template"]["spec"]["containers"]
     refs = [(e["name"], e["valueFrom"]["secretKeyRef"]) for e in c["env"] if "secretKeyRef" in e.get("valueFrom", {})]
-    assert not c.get("envFrom") and not any(v.get("secret") for v in job["spec"]["template"]["spec"]["volumes"])
+    assert not c.get("envFrom")
+    # the one Secret volume: the tools' own settings, for the tool host (never a Postgres credential)
+    assert [v["secret"] for v in job["spec"]["template"]["spec"]["volumes"] if v.get("secret")] == [
+        {"secretName": "agentfast-tools", "optional": True}]
     return refs
+
+
+def test_the_tools_settings_are_mounted_for_the_tool_host_and_never_a_credential() -> None:
+    # G11: the namespace's agentfast-tools Secret, read-only, optional, at the dir the tool host reads.
+    [c] = build_job(BODY, RunnerConfig())["spec"]["template"]["spec"]["containers"]
+    assert {"name": "tool-env", "mountPath": TOOL_ENV_DIR, "readOnly": True} in c["volumeMounts"]
+    assert {e["name"]: e.get("value") for e in c["env"]}["AGENTFAST_TOOL_ENV_DIR"] == TOOL_ENV_DIR
+    job = build_job(BODY, RunnerConfig(tool_secret=""))  # runner.toolSecret: "": none
+    assert not any(v.get("secret") for v in job["spec"]["template"]["spec"]["volumes"])
+    assert "AGENTFAST_TOOL_ENV_DIR" not in str(job)
+    for name in ("agentfast-runner", "agentfast-postgres"):
+        with pytest.raises(ValueError, match="Postgres credential"):
+            RunnerConfig.from_env({"AGENTFAST_RUNNER_TOOL_SECRET": name})
+    assert RunnerConfig.from_env({"AGENTFAST_RUNNER_TOOL_SECRET": "team-tools"}).tool_secret == "team-tools"
 
 
 def test_build_job_mounts_only_the_model_configs_secret_key_under_our_name() -> None:

@@ -88,11 +88,11 @@ def tool_messages(request: dict) -> list[dict]:
 
 
 def refunds(dsn: str) -> int:
-    return count_rows(dsn, "SELECT count(*) FROM demo_refund_ledger")
+    return count_rows(dsn, "SELECT count(*) FROM agentfast_examples.demo_refund_ledger")
 
 
 def invocations(dsn: str, tool: str) -> int:
-    return count_rows(dsn, "SELECT count(*) FROM demo_tool_invocations WHERE tool = %s", tool)
+    return count_rows(dsn, "SELECT count(*) FROM agentfast_examples.demo_tool_invocations WHERE tool = %s", tool)
 
 
 def listeners(dsn: str) -> int:
@@ -275,7 +275,7 @@ def test_a_reused_provider_id_still_gives_distinct_call_ids_and_keys(store: Stor
     assert [(e.call_id, e.tool_call.id) for e in journal] == [("call-1-0", "call_1"), ("call-2-0", "call_1_2_0"), ("call-2-1", "call_2")]
     assert [e.idempotency_key for e in journal] == [f"{uid}:1:0", f"{uid}:2:0", f"{uid}:2:1"]
     # the refund was made under its own call's key, not under the earlier call with the same provider id
-    assert count_rows(dsn, "SELECT count(*) FROM demo_refund_ledger WHERE idempotency_key = %s", f"{uid}:2:0") == 1
+    assert count_rows(dsn, "SELECT count(*) FROM agentfast_examples.demo_refund_ledger WHERE idempotency_key = %s", f"{uid}:2:0") == 1
     assert refunds(dsn) == 1
 
 
@@ -332,7 +332,7 @@ def test_postgres_restart_while_waiting_loses_nothing(tmp_path: Path, dsn: str, 
     assert snap.context.status.phase == "Succeeded", (snap.context.status, out)
     assert snap.context.counters.iterations == 3
     assert refunds(dsn) == 1
-    assert count_rows(dsn, "SELECT count(DISTINCT idempotency_key) FROM demo_tool_invocations WHERE tool = 'issue_refund'") == 1
+    assert count_rows(dsn, "SELECT count(DISTINCT idempotency_key) FROM agentfast_examples.demo_tool_invocations WHERE tool = 'issue_refund'") == 1
     assert invocations(dsn, "add_case_note") == 1
 
 

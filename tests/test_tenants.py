@@ -95,7 +95,8 @@ def test_a_namespaces_runner_role_reaches_only_its_own_runs(dsn: str, store: Sto
         _refused(a, "UPDATE agentfast_runs SET spec = '{}' WHERE run_id = %s", mine)  # a takeover, never a new spec
         _refused(a, "SELECT * FROM agentfast_tenants")
         _refused(a, "SELECT * FROM agentfast_void_decisions")
-        _refused(a, "CREATE TABLE public.agentfast_mine (x int)")  # the store's schema (its own schema is for its tools)
+        _refused(a, "CREATE TABLE public.agentfast_mine (x int)")  # the store's schema
+        _refused(a, "CREATE SCHEMA agentfast_mine")  # nor a schema of its own: tools keep their tables under their own role (G11)
         _refused(a, "DELETE FROM agentfast_runs WHERE run_id = %s", mine)
         with pytest.raises(psycopg.Error) as err:  # rows of another namespace cannot be written
             with a.transaction():
@@ -139,13 +140,16 @@ def test_re_keying_a_namespace_keeps_its_role_and_changes_its_credential(dsn: st
     assert store.tenant("nobody") is None and store.tenant_role("team-a") != store.tenant_role("team-b")
 
 
-def test_a_tool_table_in_the_runners_own_schema_never_shadows_the_store(dsn: str, store: Store, quiet_tools: dict[str, str]) -> None:
-    # The runner role owns a schema of its name (its tools' tables go there: first in its default
-    # search_path). A table named like the store's, made there by a tool, must not be what the
-    # runner reads: a fake agentfast_approvals with an "approve" would run the refund unasked.
+def test_a_table_in_the_runner_roles_own_schema_never_shadows_the_store(dsn: str, store: Store, quiet_tools: dict[str, str]) -> None:
+    # Releases before the tool host gave each runner role a schema of its name for its tools'
+    # tables (first in its default search_path), and upgraded servers keep it. A table named like
+    # the store's, made there, must not be what the runner reads: a fake agentfast_approvals with
+    # an "approve" would run the refund unasked.
     env = {"PYTHONPATH": quiet_tools["PYTHONPATH"]}
     run_id = _register(store, "team-a", "refund", quiet_tools["module"])
     role, _ = store.set_tenant_password("team-a", "pw-a")
+    with psycopg.connect(dsn, autocommit=True) as su:  # as such a release made it
+        su.execute(f'CREATE SCHEMA "{role}" AUTHORIZATION "{role}"')
     runner_dsn = _as(dsn, role, "pw-a")
     with psycopg.connect(runner_dsn, autocommit=True) as tool:
         assert tool.execute("SELECT current_schema()").fetchone()[0] == role  # where a tool's CREATE TABLE lands
@@ -165,7 +169,7 @@ def test_a_tool_table_in_the_runners_own_schema_never_shadows_the_store(dsn: str
 def test_the_whole_chain_works_for_an_owner_that_is_no_superuser(dsn: str, quiet_tools: dict[str, str]) -> None:
     # Production shape (the chart's bundled server, a managed Postgres): the operator's role owns
     # the database and may create roles, and is no superuser; it migrates, makes a namespace's
-    # role and schema, and that role runs the namespace's run.
+    # role, and that role runs the namespace's run.
     owner = f"owner_{uuid.uuid4().hex[:8]}"
     database = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
     with psycopg.connect(dsn, autocommit=True) as su:

@@ -49,7 +49,7 @@ def _register(store, doc: dict) -> str:
 
 
 def _refunds(dsn: str) -> int:
-    return count_rows(dsn, "SELECT count(*) FROM demo_refund_ledger")
+    return count_rows(dsn, "SELECT count(*) FROM agentfast_examples.demo_refund_ledger")
 
 
 def test_a_spec_cannot_remove_a_tools_own_gate_cli(tmp_path: Path, dsn: str, store) -> None:

@@ -1,6 +1,7 @@
 """Tools for the chaos suite (tests/chaos/): effects a test can count from rows, never mocks.
 
-Every body writes to the run's Postgres (``ToolContext.dsn``), in tables of its own:
+Every body writes to the examples' own database (``AGENTFAST_EXAMPLES_DSN``:
+``runner/examples/__init__.py``), never the run's store, in tables of its own:
 
 - ``chaos_invocations``: one row each time a tool body starts, with the call's idempotency key,
   the runner's fencing epoch and its pid. Keyed by nothing, so every execution is visible.
@@ -33,6 +34,7 @@ import uuid
 import psycopg
 
 from ..tools import ToolContext, tool
+from . import examples_dsn
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS chaos_invocations (
@@ -71,7 +73,7 @@ def _connect(ctx: ToolContext) -> psycopg.Connection:
     delay = 0.1
     while True:
         try:
-            conn = psycopg.connect(ctx.dsn, autocommit=True, connect_timeout=5)
+            conn = psycopg.connect(examples_dsn(), autocommit=True, connect_timeout=5)
             # A frozen runner (the zombie tests SIGSTOP them) must not hold the DDL lock for ever.
             conn.execute("SET idle_in_transaction_session_timeout = '5s'")
             if conn.execute("SELECT to_regclass('chaos_outbox')").fetchone()[0] is None:

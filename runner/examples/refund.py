@@ -1,6 +1,7 @@
 """The refund demo's tools: a support agent looks up an order and refunds a duplicate charge.
 
-They keep real records in the run's Postgres so tests count effects from rows, not mocks:
+They keep real records so tests count effects from rows, not mocks, in the examples' own database
+(``AGENTFAST_EXAMPLES_DSN``: ``runner/examples/__init__.py``), never the run's store:
 
 - ``demo_refund_ledger``: one row per refund, keyed by the idempotency key (a re-run with the same
   key cannot refund twice; this is how a payment API's ``Idempotency-Key`` behaves).
@@ -19,6 +20,7 @@ from __future__ import annotations
 import psycopg
 
 from ..tools import Recovery, ToolContext, tool
+from . import examples_dsn
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS demo_refund_ledger (
@@ -47,7 +49,7 @@ _ORDERS = {
 
 
 def _connect(ctx: ToolContext) -> psycopg.Connection:
-    conn = psycopg.connect(ctx.dsn, autocommit=True)
+    conn = psycopg.connect(examples_dsn(), autocommit=True)
     # Serialised by an advisory lock: concurrent first calls would race on CREATE TABLE IF NOT EXISTS.
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('agentfast_demo_ddl'))")

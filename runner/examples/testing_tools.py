@@ -3,9 +3,14 @@
 - ``echo``: returns its text and the call's idempotency key (so a test can read the key the
   runtime passed from the transcript).
 - ``explode``: always raises; the runtime must turn that into an error result the model reads.
+- ``probe_credentials``: what a hostile tool would try (a prompt-injected shell tool, say): it
+  returns its environment and whatever it can read of its own and its parent's process files
+  (environ, cmdline, mem), so a test can check the runner's credentials are in none of it (G11).
 """
 
 from __future__ import annotations
+
+import os
 
 from ..tools import ToolContext, tool
 
@@ -26,3 +31,18 @@ def explode(ctx: ToolContext, what: str = "") -> str:
 def nul_output(ctx: ToolContext, text: str) -> str:
     """Returns text with NUL characters in it, which Postgres cannot store as text."""
     return f"before\x00{text}\x00after"
+
+
+@tool
+def probe_credentials(ctx: ToolContext) -> dict:
+    """Report this tool process's environment and what it can read of its own and its parent's /proc files."""
+    parent = os.getppid()
+    reads: dict[str, str] = {}
+    for path in ("/proc/self/environ", "/proc/self/cmdline", f"/proc/{parent}/environ", f"/proc/{parent}/cmdline",
+                 f"/proc/{parent}/mem", "/proc/1/environ"):
+        try:
+            with open(path, "rb") as f:
+                reads[path] = f.read(1 << 16).decode("utf-8", "replace")
+        except OSError as err:
+            reads[path] = f"denied: {type(err).__name__}: {err.strerror}"
+    return {"pid": os.getpid(), "parent": parent, "uid": os.getuid(), "environ": dict(os.environ), "reads": reads}

@@ -240,14 +240,14 @@ def effects(db: Db, ledger: str, uid: str) -> list[tuple[str, str, str]]:
     like = f"{uid}:%"
     if ledger == "demo":
         rows = [("issue_refund", k, json.dumps([o, a, r])) for k, o, a, r in db.query(
-            "SELECT idempotency_key, order_id, amount_cents, reason FROM demo_refund_ledger WHERE idempotency_key LIKE %s", like)]
+            "SELECT idempotency_key, order_id, amount_cents, reason FROM agentfast_examples.demo_refund_ledger WHERE idempotency_key LIKE %s", like)]
         rows += [("add_case_note", k, json.dumps([o, n])) for k, o, n in db.query(
-            "SELECT idempotency_key, order_id, note FROM demo_case_notes WHERE idempotency_key LIKE %s", like)]
+            "SELECT idempotency_key, order_id, note FROM agentfast_examples.demo_case_notes WHERE idempotency_key LIKE %s", like)]
         return rows
     rows = [(t, k, json.dumps(p, sort_keys=True)) for t, k, p in db.query(
-        "SELECT tool, idempotency_key, payload FROM chaos_ledger WHERE idempotency_key LIKE %s", like)]
+        "SELECT tool, idempotency_key, payload FROM agentfast_examples.chaos_ledger WHERE idempotency_key LIKE %s", like)]
     rows += [(t, k, json.dumps(p, sort_keys=True)) for t, k, p in db.query(
-        "SELECT tool, idempotency_key, payload FROM chaos_outbox WHERE idempotency_key LIKE %s", like)]
+        "SELECT tool, idempotency_key, payload FROM agentfast_examples.chaos_outbox WHERE idempotency_key LIKE %s", like)]
     return rows
 
 
@@ -256,16 +256,16 @@ def invocations(db: Db, ledger: str, uid: str) -> list[tuple[str, str, Any, int 
     like = f"{uid}:%"
     if ledger == "demo":
         return [(t, k, at, None) for t, k, at in db.query(
-            "SELECT tool, idempotency_key, at FROM demo_tool_invocations WHERE idempotency_key LIKE %s", like)]
-    return list(db.query("SELECT tool, idempotency_key, at, epoch FROM chaos_invocations WHERE idempotency_key LIKE %s", like))
+            "SELECT tool, idempotency_key, at FROM agentfast_examples.demo_tool_invocations WHERE idempotency_key LIKE %s", like)]
+    return list(db.query("SELECT tool, idempotency_key, at, epoch FROM agentfast_examples.chaos_invocations WHERE idempotency_key LIKE %s", like))
 
 
 def outbox_has(db: Db, ledger: str, key: str) -> bool:
     """Whether the non-idempotent effect of the call with this key was applied (the human's check)."""
     if ledger == "demo":
-        return bool(db.query("SELECT 1 FROM demo_case_notes WHERE idempotency_key = %s", key)) or bool(
-            db.query("SELECT 1 FROM demo_refund_ledger WHERE idempotency_key = %s", key))
-    return bool(db.query("SELECT 1 FROM chaos_outbox WHERE idempotency_key = %s", key))
+        return bool(db.query("SELECT 1 FROM agentfast_examples.demo_case_notes WHERE idempotency_key = %s", key)) or bool(
+            db.query("SELECT 1 FROM agentfast_examples.demo_refund_ledger WHERE idempotency_key = %s", key))
+    return bool(db.query("SELECT 1 FROM agentfast_examples.chaos_outbox WHERE idempotency_key = %s", key))
 
 
 def _norm(obj: Any, uid: str) -> Any:

@@ -31,9 +31,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from agentfast.runner.examples import EXAMPLES_DSN_ENV
 from agentfast.runner.store import Store
 
-from ..conftest import spawn_cli
+from ..conftest import examples_dsn_for, spawn_cli
 from .harness import (
     LANGGRAPH_BATCH,
     LANGGRAPH_LONG,
@@ -214,7 +215,7 @@ def _journal_row(db: Db, run_id: str, call_id: str) -> tuple[str, int]:
 
 
 def _executions(db: Db, uid: str, tool: str) -> int:
-    return len(db.query("SELECT 1 FROM demo_tool_invocations WHERE tool = %s AND idempotency_key LIKE %s", tool, f"{uid}:%"))
+    return len(db.query("SELECT 1 FROM agentfast_examples.demo_tool_invocations WHERE tool = %s AND idempotency_key LIKE %s", tool, f"{uid}:%"))
 
 
 def _wait_for_pause(run: ChaosRun, proc: subprocess.Popen | None = None, timeout: float = 60) -> str:
@@ -296,42 +297,42 @@ def test_a_revoked_privilege_stops_the_runner_safely(pg_server, fresh_db, tmp_pa
         with Store(dsn, retry_for_s=60) as store:
             store.migrate()
             with psycopg.connect(dsn, autocommit=True) as conn:
-                from agentfast.runner.examples import refund
-
-                conn.execute(refund._DDL)
-                conn.execute(f'GRANT CREATE, USAGE ON SCHEMA public TO "{role}"')
+                conn.execute(f'GRANT USAGE ON SCHEMA public TO "{role}"')
                 conn.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "{role}"')
                 conn.execute(f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO "{role}"')
             run = ChaosRun(scenario, dsn=runner_dsn, store=store, directory=tmp_path, rng=random.Random(11), stats=None, kills=0,
                            reference=references.get(scenario), label=f"revoked {privilege} on {table}")
-            res = spawn_cli("run", str(run.path), "--no-wait", dsn=runner_dsn)
+            tools = {EXAMPLES_DSN_ENV: examples_dsn_for(dsn)}  # the refund's own database (G11)
+            admin = Db(dsn)  # the runner's role may not read the tools' tables
+            res = spawn_cli("run", str(run.path), "--no-wait", dsn=runner_dsn, env=tools)
             out, _ = res.communicate(timeout=90)
             assert res.returncode == 0 and poll_state(run.db, run.run_id).phase == "WaitingForApproval", out[-3000:]
             store.decide(run.run_id, "call-2-0", "approve", decided_by="chaos")
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute(f'REVOKE {privilege} ON {table} FROM "{role}"')
 
-            res = spawn_cli("resume", run.run_name, dsn=runner_dsn)
+            res = spawn_cli("resume", run.run_name, dsn=runner_dsn, env=tools)
             out, _ = res.communicate(timeout=90)
             assert res.returncode == 75, f"exit {res.returncode} without the {privilege} privilege on {table}:\n{out[-3000:]}"
             assert "Traceback" not in out, out[-3000:]
             if table == "agentfast_tool_calls":
-                assert _executions(run.db, run.uid, "issue_refund") == 0, "the refund ran though its intent could not be journaled"
+                assert _executions(admin, run.uid, "issue_refund") == 0, "the refund ran though its intent could not be journaled"
                 assert _journal_row(run.db, run.run_id, "call-2-0") == ("planned", 0)
             else:
-                assert _executions(run.db, run.uid, "issue_refund") == 1
+                assert _executions(admin, run.uid, "issue_refund") == 1
                 assert _journal_row(run.db, run.run_id, "call-2-0") == ("done", 1)
                 assert poll_state(run.db, run.run_id).phase == "WaitingForApproval"  # the iteration did not commit
 
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute(f'GRANT {privilege} ON {table} TO "{role}"')
-            res = spawn_cli("resume", run.run_name, dsn=runner_dsn)
+            res = spawn_cli("resume", run.run_name, dsn=runner_dsn, env=tools)
             out, _ = res.communicate(timeout=90)
             assert res.returncode == 0, out[-3000:]
-            v = compare(references.get(scenario).state, end_state(store, run.db, run.run_id, run.uid, scenario.ledger), set())
+            v = compare(references.get(scenario).state, end_state(store, admin, run.run_id, run.uid, scenario.ledger), set())
             assert not v.problems, v.problems
-            assert _executions(run.db, run.uid, "issue_refund") == 1
+            assert _executions(admin, run.uid, "issue_refund") == 1
             run.close()
+            admin.close()
         write_results(f"privilege_{privilege}_{table}", {"exit_while_revoked": 75, "refund_runs_while_revoked":
                                                          0 if table == "agentfast_tool_calls" else 1, "refund_runs": 1,
                                                          "same_as_reference": True})

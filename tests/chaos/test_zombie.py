@@ -42,6 +42,32 @@ from .harness import (
 RUN_TABLES = ("agentfast_messages", "agentfast_checkpoints", "agentfast_turns", "agentfast_tool_calls")
 
 
+
+def _descendants(pid: int) -> list[int]:
+    """``pid``'s child processes and theirs (the runner's tool host), from /proc."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids = [int(k) for k in (task / "children").read_text().split()]
+        except OSError:
+            continue
+        for kid in kids:
+            out += [kid, *_descendants(kid)]
+    return out
+
+
+def _freeze(pid: int) -> None:
+    """SIGSTOP a runner and its tool host, as a frozen node or VM would stop both."""
+    os.kill(pid, signal.SIGSTOP)
+    for kid in _descendants(pid):
+        os.kill(kid, signal.SIGSTOP)
+
+
+def _thaw(pid: int) -> None:
+    for kid in _descendants(pid):
+        os.kill(kid, signal.SIGCONT)
+    os.kill(pid, signal.SIGCONT)
+
 def rows_by_epoch(db: Db, run_id: str) -> dict[str, dict[int, int]]:
     out = {}
     for table in RUN_TABLES:
@@ -93,7 +119,7 @@ def test_a_zombie_frozen_at_a_random_moment_cannot_act_after_it_thaws(pg_server,
                     assert zombie.returncode == 0 and poll_state(db, run.run_id).phase == "Succeeded"
                     run.close()
                     continue
-                os.kill(zombie.pid, signal.SIGSTOP)
+                _freeze(zombie.pid)
                 time.sleep(0.1)  # a statement the zombie had sent finishes on the server
                 st = poll_state(db, run.run_id)
                 frozen_epoch = st.epoch
@@ -107,18 +133,18 @@ def test_a_zombie_frozen_at_a_random_moment_cannot_act_after_it_thaws(pg_server,
                 if (poll_state(db, run.run_id).epoch or 0) <= frozen_epoch and successor.poll() is None:
                     tally["takeover_blocked"] += 1
                     problems.append(f"round {r}: the successor could not take the lease in 30s while the zombie was frozen")
-                    os.kill(zombie.pid, signal.SIGCONT)
+                    _thaw(zombie.pid)
                 out_s = _finish(run, successor, 90)
                 assert successor.returncode == 0, out_s
                 assert poll_state(db, run.run_id).phase == "Succeeded"
 
                 before = rows_by_epoch(db, run.run_id)
                 [(thawed_at,)] = db.query("SELECT clock_timestamp()")
-                os.kill(zombie.pid, signal.SIGCONT)
+                _thaw(zombie.pid)
                 out_z, _ = zombie.communicate(timeout=90)
             finally:
                 if zombie.poll() is None:
-                    os.kill(zombie.pid, signal.SIGCONT)
+                    _thaw(zombie.pid)
                     zombie.kill()
                     zombie.communicate()
             tally["rounds"] += 1
@@ -135,7 +161,7 @@ def test_a_zombie_frozen_at_a_random_moment_cannot_act_after_it_thaws(pg_server,
                     tally["zombie_rows_after_thaw"] += 1
                     problems.append(f"round {r}: {table} gained rows of the zombie's epoch {frozen_epoch} after it thawed")
             late = db.query(
-                "SELECT tool, idempotency_key FROM chaos_invocations WHERE epoch = %s AND at > %s AND idempotency_key LIKE %s",
+                "SELECT tool, idempotency_key FROM agentfast_examples.chaos_invocations WHERE epoch = %s AND at > %s AND idempotency_key LIKE %s",
                 frozen_epoch, thawed_at, f"{run.uid}:%")
             for tool, key in late:
                 if key not in in_flight:
@@ -186,7 +212,7 @@ def test_a_zombie_frozen_inside_a_transaction_does_not_block_the_takeover(pg_ser
             assert time.monotonic() < deadline and zombie.poll() is None, "the runner never reached its checkpoint insert"
             run._human(poll_state(db, run.run_id), time.monotonic())
             time.sleep(0.01)
-        os.kill(zombie.pid, signal.SIGSTOP)
+        _freeze(zombie.pid)
         gate.commit()  # the insert completes on the server; the frozen client never sends COMMIT
         time.sleep(0.2)
         [(state,)] = db.query(
@@ -200,19 +226,19 @@ def test_a_zombie_frozen_inside_a_transaction_does_not_block_the_takeover(pg_ser
         took = time.monotonic() - t0
         took_over = (poll_state(db, run.run_id).epoch or 0) > frozen_epoch
         if not took_over:
-            os.kill(zombie.pid, signal.SIGCONT)  # unblock, so the run can still be checked below
+            _thaw(zombie.pid)  # unblock, so the run can still be checked below
         out_s = _finish(run, successor, 90)
         assert took_over, f"the successor waited {took:.0f}s for the frozen zombie's transaction and never took over"
         assert successor.returncode == 0, out_s
         before = rows_by_epoch(db, run.run_id)
-        os.kill(zombie.pid, signal.SIGCONT)
+        _thaw(zombie.pid)
         out_z, _ = zombie.communicate(timeout=90)
         assert zombie.returncode == 76, out_z[-3000:]
         assert rows_by_epoch(db, run.run_id) == before
     finally:
         gate.close()
         if zombie.poll() is None:
-            os.kill(zombie.pid, signal.SIGCONT)
+            _thaw(zombie.pid)
             zombie.kill()
             zombie.communicate()
     print(f"\nthe successor took over {took:.1f}s after the zombie froze inside its transaction")

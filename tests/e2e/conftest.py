@@ -25,6 +25,8 @@ from typing import Any, Callable, Iterator
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+#: Where the chart is installed (hack/cluster/e2e.sh, hack/kind-e2e.sh).
+NAMESPACE = os.environ.get("AGENTFAST_NAMESPACE", "agentfast-system")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -198,3 +200,18 @@ def kube(kubectl: str, kubeconfig: str) -> Iterator[Kube]:
         yield k
     finally:
         k.run("delete", "namespace", ns, "--wait=false", namespaced=False, check=False)
+
+
+@pytest.fixture(scope="session")
+def examples_dsn(kubectl: str, kubeconfig: str) -> str:
+    """The example tools' own DSN in the bundled Postgres, as a user gets it (README, "On
+    Kubernetes"): ``python -m agentfast.runner.examples`` in the server's pod."""
+    k = Kube(kubectl, kubeconfig, NAMESPACE)
+    return k.run("exec", "deploy/agentfast-postgresql", "--", "python", "-m", "agentfast.runner.examples").stdout.strip()
+
+
+def give_example_tools(k: Kube, examples_dsn: str) -> None:
+    """The Secret agentfast-tools in ``k``'s namespace, as a team gives its tools their settings:
+    the example tools' DSN (the operator mounts it for the tool host only)."""
+    k.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "agentfast-tools", "namespace": k.namespace},
+             "stringData": {"AGENTFAST_EXAMPLES_DSN": examples_dsn}})

@@ -22,9 +22,8 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from .conftest import REPO, Kube
+from .conftest import NAMESPACE, REPO, Kube, give_example_tools
 
-NAMESPACE = os.environ.get("AGENTFAST_NAMESPACE", "agentfast-system")
 EXPECTED_ROLES = ["system", "user", "assistant", "tool", "assistant", "tool", "tool", "assistant"]
 
 
@@ -32,30 +31,28 @@ E2E_LABEL = "agentfast.dev/e2e"
 
 
 @pytest.fixture
-def release(kubectl: str, kubeconfig: str) -> Iterator[Kube]:
+def release(kubectl: str, kubeconfig: str, examples_dsn: str) -> Iterator[Kube]:
     k = Kube(kubectl, kubeconfig, NAMESPACE)
     op = k.run("get", "deploy", "-l", "app.kubernetes.io/component=operator", "-o", "name", check=False)
     if not op.stdout.strip():
         pytest.fail(f"the agentfast chart is not installed in {NAMESPACE}: run hack/cluster/e2e.sh", pytrace=False)
+    give_example_tools(k, examples_dsn)
     yield k
     # The test's AgentRuns go (their runner Jobs and pods with them); their rows stay in Postgres.
     k.run("delete", "agentrun", "-l", f"{E2E_LABEL}=true", "--wait=false", check=False)
 
 
-def sql(k: Kube, query: str, *params: Any, namespace: str | None = None) -> list[list[Any]]:
+def sql(k: Kube, query: str, *params: Any) -> list[list[Any]]:
     """Run a query in the bundled Postgres pod (psycopg is in the project image), as its
-    superuser, with the tool tables of ``namespace``'s runners (default: ``k``'s) on the path."""
+    superuser. The example tools' tables are in the schema agentfast_examples."""
     code = (
         "import json,os,sys,psycopg\n"
         "c=psycopg.connect(host='127.0.0.1',user='postgres',password=os.environ['POSTGRES_PASSWORD'],dbname='postgres')\n"
-        "q,p,ns=json.loads(sys.argv[1])\n"
-        # the namespace's runner role keeps its tools' tables (the demo ledger) in a schema of its name
-        "r=c.execute(\"SELECT role_name FROM agentfast_tenants WHERE namespace=%s\",(ns,)).fetchone() if c.execute(\"SELECT to_regclass('agentfast_tenants')\").fetchone()[0] else None\n"
-        "c.execute('SELECT set_config(%s,%s,false)',('search_path',(r[0]+', ' if r else '')+'public'))\n"
+        "q,p=json.loads(sys.argv[1])\n"
         "try:\n rows=c.execute(q,p).fetchall()\nexcept psycopg.errors.UndefinedTable:\n rows=[]\n"
         "print(json.dumps([list(r) for r in rows],default=str))\n"
     )
-    proc = k.run("exec", "deploy/agentfast-postgresql", "--", "python", "-c", code, json.dumps([query, list(params), namespace or k.namespace]))
+    proc = k.run("exec", "deploy/agentfast-postgresql", "--", "python", "-c", code, json.dumps([query, list(params)]))
     return json.loads(proc.stdout)
 
 
@@ -115,8 +112,8 @@ def assert_succeeded_once(k: Kube, name: str, uid: str, *, min_restarts: int) ->
     run_id = f"{k.namespace}/{name}"
     roles = [r[0]["role"] for r in sql(k, "SELECT message FROM agentfast_messages WHERE run_id = %s ORDER BY seq", run_id)]
     assert roles == EXPECTED_ROLES  # the exact step: the same transcript as an uninterrupted run
-    assert sql(k, "SELECT count(*) FROM demo_refund_ledger WHERE idempotency_key LIKE %s", f"{uid}:%") == [[1]]
-    notes = sql(k, "SELECT count(*) FROM demo_tool_invocations WHERE tool = 'add_case_note' AND idempotency_key LIKE %s", f"{uid}:%")
+    assert sql(k, "SELECT count(*) FROM agentfast_examples.demo_refund_ledger WHERE idempotency_key LIKE %s", f"{uid}:%") == [[1]]
+    notes = sql(k, "SELECT count(*) FROM agentfast_examples.demo_tool_invocations WHERE tool = 'add_case_note' AND idempotency_key LIKE %s", f"{uid}:%")
     assert notes == [[1]]  # the non-gated sibling ran exactly once
     jobs = json.loads(k.run("get", "jobs", "-l", f"agentfast.dev/run={name}", "-o", "json").stdout)["items"]
     assert len(jobs) == 1  # never a duplicate runner workload
@@ -228,4 +225,4 @@ def test_deleting_an_agentrun_mid_run_cancels_it_and_keeps_its_rows(release: Kub
     kept = f"{run_id}@{uid.replace('-', '')[:8]}"
     assert sql(k, "SELECT run_uid FROM agentfast_runs WHERE run_id = %s", kept) == [[uid]]
     assert sql(k, "SELECT count(*) > 2 FROM agentfast_messages WHERE run_id = %s", kept) == [[True]]
-    assert sql(k, "SELECT count(*) FROM demo_refund_ledger WHERE idempotency_key LIKE %s", f"{uid}:%") == [[0]]
+    assert sql(k, "SELECT count(*) FROM agentfast_examples.demo_refund_ledger WHERE idempotency_key LIKE %s", f"{uid}:%") == [[0]]

@@ -8,16 +8,23 @@
   an annotation) and the run reaches WaitingForApproval.
 - Junk approval keys never reach the operator: the CRD refuses them at creation, and the admission
   policy admits a decision only for a call status lists as pending (test_approval_policy.py).
+
+Issue 13: a namespace's runner credential reaches only its namespace; a hostile tool in a runner
+pod sees neither the runner's credential nor the model key (G11), only its own settings.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import uuid
 
+import psycopg
+
 from .conftest import Kube
-from .test_operator import E2E_LABEL, refund_manifest, release, runner_pods, sql, status  # noqa: F401 (release is a fixture)
+from .test_operator import (E2E_LABEL, give_example_tools, refund_manifest, release, runner_pods, sql,  # noqa: F401 (release is a fixture)
+                            status)
 
 
 def test_a_gated_tool_cannot_be_opted_out(release: Kube) -> None:
@@ -82,7 +89,8 @@ def _pod_output(k: Kube, namespace: str, name: str, code: str, timeout: float = 
     return k.run("logs", name, "-n", namespace, namespaced=False).stdout
 
 
-def test_a_namespaces_runner_credential_reaches_only_its_namespace(release: Kube, kubectl: str, kubeconfig: str) -> None:
+def test_a_namespaces_runner_credential_reaches_only_its_namespace(release: Kube, kubectl: str, kubeconfig: str,
+                                                                 examples_dsn: str) -> None:
     # Issue 13 items 2 and 3: runs start in any namespace without anyone copying a Secret (the
     # operator makes each namespace's Postgres role and Secret), and a pod holding namespace A's
     # credential cannot read namespace B's run nor write a decision for B's gated refund.
@@ -93,6 +101,7 @@ def test_a_namespaces_runner_credential_reaches_only_its_namespace(release: Kube
         for ns in spaces:
             k.run("create", "namespace", ns, namespaced=False)
             team = Kube(kubectl, kubeconfig, ns)
+            give_example_tools(team, examples_dsn)
             doc = refund_manifest(team, "refund")
             team.apply(doc)
             runs[ns] = doc["metadata"]["name"]
@@ -122,3 +131,26 @@ def test_a_namespaces_runner_credential_reaches_only_its_namespace(release: Kube
     finally:
         for ns in spaces:
             k.run("delete", "namespace", ns, "--wait=false", namespaced=False, check=False)
+
+
+def test_a_hostile_tool_in_a_runner_pod_reads_no_credential_of_the_runner(release: Kube) -> None:
+    # G11: the tool (a stand-in for a prompt-injected shell tool) runs in the tool host, a child of
+    # the runner (PID 1, non-dumpable) as uid 10001 without CAP_SYS_PTRACE: its environment holds
+    # its own settings only, and the runner's /proc/1/environ and memory are closed to it.
+    k = release
+    name = f"probe-{uuid.uuid4().hex[:6]}"
+    doc = refund_manifest(k, name)
+    doc["spec"]["model"] = {"name": "scripted-probe-credentials", "script": "probe_credentials"}
+    doc["spec"]["tools"] = [{"name": "probe_credentials", "ref": "agentfast.runner.examples.testing_tools:probe_credentials"}]
+    k.apply(doc)
+    k.wait_for("Succeeded", lambda: status(k, name).get("phase") == "Succeeded", timeout=240)
+    [[found]] = sql(k, "SELECT result->>'content' FROM agentfast_tool_calls WHERE run_id = %s", f"{k.namespace}/{name}")
+    found = json.loads(found)
+    runner_dsn = base64.b64decode(k.get("secret", "agentfast-runner")["data"]["dsn"]).decode()
+    password = psycopg.conninfo.conninfo_to_dict(runner_dsn)["password"]
+    assert password and password not in json.dumps(found), "the runner's Postgres password reached a tool"
+    assert found["uid"] == 10001 and found["parent"] == 1, found  # the host, child of the runner (PID 1)
+    assert "AGENTFAST_DSN" not in found["environ"] and "AGENTFAST_MODEL_API_KEY" not in found["environ"]
+    assert "user=agentfast_examples" in found["environ"]["AGENTFAST_EXAMPLES_DSN"]  # its own settings did arrive
+    for path in ("/proc/1/environ", "/proc/1/mem"):
+        assert found["reads"][path].startswith("denied: PermissionError"), (path, found["reads"][path][:200])
