@@ -4,7 +4,7 @@ Runner pods never get the operator's DSN. For each namespace that runs AgentRuns
 makes a Postgres login role (``Store.set_tenant_password``: member of ``agentfast_runner``,
 confined by row-level security to that namespace's runs, no right to write a decision) and the
 Secret :data:`RUNNER_SECRET` in that namespace, holding a DSN for it under :data:`RUNNER_SECRET_KEY`,
-which the runner Job mounts as ``AGENTFAST_DSN``. Nobody copies Secrets by hand.
+which every runner pod mounts as ``AGENTFAST_DSN``. Nobody copies Secrets by hand.
 
 The Secret's annotation :data:`CREDENTIAL_ANNOTATION` carries the id of the credential it holds
 (``agentfast_tenants.credential_id``): when the two differ (the Secret was deleted or edited, the
@@ -12,7 +12,7 @@ database was replaced), the operator gives the role a new password and rewrites 
 does when the credential is older than the rotation period. A namespace left with no AgentRun (or
 no longer watched) loses its credential (:func:`revoke_unused`, every resync). It
 looks only at a Secret's metadata, and only at its own Secret. A re-key leaves running runners connected; a new pod gets the new
-password (a pod started from the old one fails to log in and the Job retries it).
+password (a pod started from the old one fails to log in, and the operator starts the next one).
 """
 
 from __future__ import annotations

@@ -4,19 +4,20 @@ Run it with ``kopf run --standalone --all-namespaces -m agentfast.operator.main`
 Deployment does). Settings come from the environment (see :class:`Settings`).
 
 - **Reconcile** (:func:`reconcile`) is level-based: it reads the AgentRun, the store and the
-  runner Job, and makes them agree. It runs on create/update/resume, on every change of a runner
-  Job (a pod lost, a Job failed), and on a periodic resync (:func:`_resync_loop`), so a missed
-  event is only a delay.
+  runner pods, and makes them agree. It runs on create/update/resume, on every change of a runner
+  pod (its runner stopped, it was deleted or evicted, it cannot start), and on a periodic resync
+  (:func:`_resync_loop`), so a missed event is only a delay.
   It registers the run in the store, records ``spec.approvals`` as decisions (write-once, and
-  a NOTIFY wakes the waiting runner), creates the runner Job if the run is unfinished and has
-  none (a deterministic name: a retry after the operator was killed mid-create gets 409, never
-  a duplicate), and publishes ``status``.
+  a NOTIFY wakes the waiting runner), starts the next runner pod when the run needs one
+  (``operator/lifecycle.py``: at once after a loss, backed off only from failures that repeat;
+  one name per attempt, so a retry after the operator was killed mid-create gets 409, never a
+  second runner), and publishes ``status``.
 - **Progress** reaches ``status`` within a second or two of the runner's commit: a background
   thread LISTENs on ``agentfast_progress`` and republishes that run's status; the runner itself
   needs no Kubernetes credentials.
 - **Status** has one writer, :func:`publish_status`, used by both paths; it posts a Kubernetes
   Event for each phase transition.
-- **Deletion**: the Job (and its pods) are garbage-collected through ownerReferences. With
+- **Deletion**: the runner pods are garbage-collected through ownerReferences. With
   ``AGENTFAST_DELETE_DATA=true`` a finalizer makes sure the run's rows in Postgres go too;
   otherwise no finalizer is added (a delete never hangs on a stopped operator) and the data is
   kept for audit.
@@ -50,7 +51,9 @@ from agentfast.runner.store import (
 
 from .credentials import ensure_runner_secret, revoke_unused
 from .status import MAX_DECISIONS, status_from_store
-from .workload import ANNOTATION_RUN, LABEL_RUN, RUNNER_SECRET, EgressPolicy, RunnerConfig, build_job, build_network_policy, job_name
+from .lifecycle import RunnerPod, Step, next_step
+from .workload import (ANNOTATION_RUN, LABEL_RUN, LABEL_RUN_UID, RUNNER_SECRET, EgressPolicy, RunnerConfig, build_network_policy, build_pod,
+                       pod_name)
 
 GROUP, VERSION, PLURAL = "agentfast.dev", "v1alpha1", "agentruns"
 MODELCONFIGS = "modelconfigs"
@@ -97,7 +100,6 @@ class _State:
     store: Store | None = None
     custom: kubernetes.client.CustomObjectsApi
     admission: kubernetes.client.AdmissionregistrationV1Api
-    batch: kubernetes.client.BatchV1Api
     core: kubernetes.client.CoreV1Api
     networking: kubernetes.client.NetworkingV1Api
     stop = threading.Event()
@@ -118,12 +120,13 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
     settings.watching.inactivity_timeout = 300  # re-open a silently stalled watch
+    # Watch runner pods only, filtered by the API server, not every pod of the cluster.
+    settings.watching.label_selectors[lambda r: r.group == "" and r.plural == "pods"] = f"{LABEL_RUN_UID},{LABEL_RUN}"
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config()
     STATE.custom = kubernetes.client.CustomObjectsApi()
-    STATE.batch = kubernetes.client.BatchV1Api()
     STATE.core = kubernetes.client.CoreV1Api()
     STATE.admission = kubernetes.client.AdmissionregistrationV1Api()
     STATE.networking = kubernetes.client.NetworkingV1Api()
@@ -155,15 +158,15 @@ def on_agentrun(body: kopf.Body, **_: Any) -> None:
     reconcile(dict(body))
 
 
-@kopf.on.event("batch", "v1", "jobs", labels={LABEL_RUN: kopf.PRESENT})
-def on_runner_job(body: kopf.Body, **_: Any) -> None:
-    """A runner Job changed (a pod was lost, replaced, or the Job ended): reconcile its run."""
+@kopf.on.event("", "v1", "pods", labels={LABEL_RUN_UID: kopf.PRESENT, LABEL_RUN: kopf.PRESENT})
+def on_runner_pod(body: kopf.Body, **_: Any) -> None:
+    """A runner pod changed (its runner stopped, it is being deleted or evicted, it cannot start):
+    reconcile its run at once, so a lost runner is replaced within the watch's latency."""
     meta = body["metadata"]
     # The label holds the name only when it fits a label (63 characters); the annotation always does.
     name = (meta.get("annotations") or {}).get(ANNOTATION_RUN) or meta["labels"][LABEL_RUN]
     run = _get_agentrun(meta["namespace"], name)
-    owners = {o.get("uid") for o in meta.get("ownerReferences") or []}
-    if run is not None and run["metadata"]["uid"] in owners:  # not a leftover Job of an earlier run of that name
+    if run is not None and run["metadata"]["uid"] == meta["labels"][LABEL_RUN_UID]:  # not a pod of an earlier run of that name
         reconcile(run)
 
 
@@ -191,14 +194,14 @@ def on_delete(body: kopf.Body, **_: Any) -> None:
 
 
 def reconcile(body: dict[str, Any]) -> None:
-    """Make the store, the runner Job and ``status`` agree with the AgentRun ``body``.
+    """Make the store, the runner pods and ``status`` agree with the AgentRun ``body``.
 
     Raises kopf.TemporaryError when Postgres is unreachable (kopf retries with backoff).
     """
     assert STATE.store is not None
     meta = body["metadata"]
     if meta.get("deletionTimestamp"):
-        # Being deleted: nothing is registered, decided or (re)created for it any more (a Job
+        # Being deleted: nothing is registered, decided or (re)created for it any more (a pod
         # event during deletion would otherwise re-create rows the delete handler removed).
         return
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
@@ -239,18 +242,84 @@ def reconcile(body: dict[str, Any]) -> None:
     except UnreadableState as err:  # a newer release's (or a corrupt) checkpoint: never acted on, never half-read
         publish_status(body, None, None, override=("Failed", "UnreadableState", str(err)))
         return
-    override = None
+    override, pod_info = None, None
     if ctx is None or ctx.status.phase not in TERMINAL_PHASES:
         try:
             ensure_runner_secret(namespace, STATE.store, STATE.core, SETTINGS.dsn)  # before its first pod needs it
         except StoreUnavailable as err:
             raise kopf.TemporaryError(f"Postgres unavailable: {err}", delay=10) from None
-        job = _get_job(namespace, name)
-        if job is None:
-            _create_job(body, (record.spec.get("modelConfig") or {}).get("apiKeySecretRef"))
-        elif (failure := _job_failed(job)) is not None:
-            override = ("Failed", "RunnerFailed", failure or "the runner Job failed")
-    publish_status(body, ctx, pending, override=override, **extra)
+        with _lock_for(f"pods:{uid}"):  # one decision at a time per run: never two pods for one attempt
+            override, pod_info = _drive_runner(body, record, ctx, pending, extra)
+    publish_status(body, ctx, pending, override=override, pod=pod_info, **extra)
+
+
+def _drive_runner(body: dict[str, Any], record: Any, ctx: Any, pending: Any,
+                  extra: dict[str, Any]) -> tuple[tuple[str, str, str] | None, dict[str, Any]]:
+    """Act on :func:`lifecycle.next_step` for the run's runner pods: create the next one (with a
+    RunnerLost Event when it replaces a lost one), look again later (backoff, another runner still
+    holding the run), or fail the run. Returns ``(override, pod)`` for publish_status."""
+    meta = body["metadata"]
+    namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+    pods = [RunnerPod.from_api(p) for p in STATE.core.list_namespaced_pod(
+        namespace, label_selector=f"{LABEL_RUN_UID}={uid}", _request_timeout=API_TIMEOUT_S).items]
+    decided = extra.get("decided") or {}
+    now = datetime.now(timezone.utc)
+    runner = extra.get("runner")
+    step = next_step(pods, now, phase=ctx.status.phase if ctx is not None else None,
+                     all_decided=pending is not None and all(c in decided for c in pending.call_ids),
+                     runner_alive=bool(runner is not None and runner.alive), restart_limit=SETTINGS.runner.restart_limit)
+    latest = max(pods, key=lambda p: p.attempt).name if pods else None
+    info: dict[str, Any] = {"name": latest, "suspended": step.suspended, "blocked": step.blocked}
+    if step.action == "create":
+        lost_at = None
+        if step.lost is not None:
+            lost_at = step.lost.finished_at or now
+            at = f" at iteration {ctx.counters.iterations}" if ctx is not None else ""
+            _event(body, "Warning", "RunnerLost", f"runner pod {step.lost.name} {step.lost.loss()}{at}; starting "
+                                                  f"{pod_name(name, step.attempt)}" + (f" (failure {step.counted} in a row)" if step.counted else ""))
+        elif ctx is not None and ctx.status.phase != "WaitingForApproval":
+            lost_at = now  # its pod vanished before we saw it stop
+            _event(body, "Warning", "RunnerLost", f"the runner pod of this run is gone; starting {pod_name(name, step.attempt)}")
+        if lost_at is not None:
+            _LOST_AT[uid] = lost_at
+        _create_pod(body, (record.spec.get("modelConfig") or {}).get("apiKeySecretRef"), step, lost_at)
+        _prune_pods(namespace, pods, keep_from=step.attempt - 1)
+        info["name"] = pod_name(name, step.attempt)
+    elif step.action == "later":
+        info["blocked"] = (step.reason, step.message)
+        _look_again(namespace, name, step.delay_s)
+    elif step.action == "fail":
+        return ("Failed", step.reason, step.message), info
+    return None, info
+
+
+#: Seconds any one Kubernetes API call may take before it is given up (and retried by the next reconcile).
+API_TIMEOUT_S = 30
+#: uid -> when its runner pod was lost, for the Resumed Event's "time lost" (in memory: after an
+#: operator restart a Resumed Event just lacks the figure).
+_LOST_AT: dict[str, datetime] = {}
+_timers: dict[str, threading.Timer] = {}
+
+
+def _look_again(namespace: str, name: str, delay_s: float) -> None:
+    """Reconcile the AgentRun again in ``delay_s`` (one pending timer per run)."""
+    key = f"{namespace}/{name}"
+
+    def fire() -> None:
+        _timers.pop(key, None)
+        try:
+            run = _get_agentrun(namespace, name)
+            if run is not None:
+                reconcile(run)
+        except Exception:
+            log.exception("the delayed reconcile of %s failed", key)
+
+    with _lock_for("timers"):
+        if key in _timers:
+            return
+        timer = _timers[key] = threading.Timer(max(0.5, delay_s), fire)
+        timer.daemon = True
+        timer.start()
 
 
 class ModelConfigNotFound(Exception):
@@ -394,42 +463,42 @@ def _warn_once(body: dict[str, Any], call_id: str, reason: str, message: str) ->
     return True
 
 
-def _get_job(namespace: str, name: str) -> Any:
-    try:
-        return STATE.batch.read_namespaced_job(job_name(name), namespace)
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
-
-
-def _job_failed(job: Any) -> str | None:
-    for c in (job.status.conditions or []) if job.status else []:
-        if c.type == "Failed" and c.status == "True":
-            return f"{c.reason}: {c.message}" if c.message else c.reason or "failed"
-    return None
-
-
-def _create_job(body: dict[str, Any], model_key: dict[str, str] | None) -> None:
-    """Create the runner Job (and first, when enabled, its NetworkPolicy, so the pod never runs
-    without it), owned by the AgentRun. ``model_key``: the registered ModelConfig's apiKeySecretRef."""
+def _create_pod(body: dict[str, Any], model_key: dict[str, str] | None, step: Step, lost_at: datetime | None) -> None:
+    """Create runner pod ``step.attempt`` (and first, when enabled, its NetworkPolicy, so the pod
+    never runs without it), owned by the AgentRun. ``model_key``: the registered ModelConfig's
+    apiKeySecretRef. A 409 (an earlier attempt of this reconcile made it) is success."""
+    namespace = body["metadata"]["namespace"]
     if SETTINGS.egress is not None:
         policy = build_network_policy(body, SETTINGS.egress)
         kopf.adopt(policy, owner=body)
         try:
-            STATE.networking.create_namespaced_network_policy(body["metadata"]["namespace"], policy)
+            STATE.networking.create_namespaced_network_policy(namespace, policy, _request_timeout=API_TIMEOUT_S)
         except ApiException as err:
             if err.status != 409:
                 raise
-    job = build_job(body, SETTINGS.runner, allowed_modules=SETTINGS.allowed_modules, model_key=model_key)
-    kopf.adopt(job, owner=body, nested="spec.template")
+    pod = build_pod(body, SETTINGS.runner, attempt=step.attempt, counted_failures=step.counted,
+                    lost_at=lost_at.isoformat() if lost_at else None, allowed_modules=SETTINGS.allowed_modules, model_key=model_key)
+    kopf.adopt(pod, owner=body)
     try:
-        STATE.batch.create_namespaced_job(body["metadata"]["namespace"], job)
+        STATE.core.create_namespaced_pod(namespace, pod, _request_timeout=API_TIMEOUT_S)
     except ApiException as err:
-        if err.status == 409:  # created by an earlier attempt (e.g. the operator was killed mid-reconcile)
+        if err.status == 409:
             return
         raise
-    _event(body, "Normal", "RunnerCreated", f"created runner Job {job['metadata']['name']}")
+    if step.attempt == 1:
+        _event(body, "Normal", "RunnerCreated", f"created runner pod {pod['metadata']['name']}")
+
+
+def _prune_pods(namespace: str, pods: list[RunnerPod], keep_from: int) -> None:
+    """Delete stopped runner pods older than attempt ``keep_from`` (the last stopped one stays,
+    for ``kubectl logs``)."""
+    for p in pods:
+        if p.attempt < keep_from and p.deletion_due is None:
+            try:
+                STATE.core.delete_namespaced_pod(p.name, namespace, _request_timeout=API_TIMEOUT_S)
+            except ApiException as err:
+                if err.status != 404:
+                    log.warning("could not delete old runner pod %s/%s: %s", namespace, p.name, err.reason)
 
 
 def _get_agentrun(namespace: str, name: str) -> dict[str, Any] | None:
@@ -455,26 +524,51 @@ def _lock_for(key: str) -> threading.Lock:
 
 
 def publish_status(body: dict[str, Any], ctx: Any, pending: Any, *, override: tuple[str, str, str] | None = None,
-                   runner: Any = None, decided: dict[str, str] | None = None, decisions: list[dict[str, Any]] | None = None) -> None:
-    """Patch ``status`` (merge patch on the status subresource) and post an Event on a transition."""
+                   runner: Any = None, decided: dict[str, str] | None = None, decisions: list[dict[str, Any]] | None = None,
+                   pod: dict[str, Any] | None = None) -> None:
+    """Patch ``status`` (merge patch on the status subresource) and post one Event per transition
+    (phase or awaited calls), and a Resumed Event when a runner took the run over after a loss.
+    ``pod``: what the reconcile learned of the runner pods (``name``, ``suspended``, ``blocked``);
+    None (the progress path) keeps what status says of them."""
     meta = body["metadata"]
     old = body.get("status") or {}
+    if pod is None:
+        pod = {"name": old.get("runnerPod"), "suspended": _condition_true(old, "Suspended"), "blocked": None}
     new = status_from_store(ctx, pending, generation=meta.get("generation", 1), old=old, override=override, runner=runner, decided=decided,
-                            decisions=decisions, run_id=f"{meta['namespace']}/{meta['name']}", summary=SETTINGS.status_summary)
-    new["runnerJob"] = job_name(meta["name"])
+                            decisions=decisions, run_id=f"{meta['namespace']}/{meta['name']}", summary=SETTINGS.status_summary,
+                            suspended=bool(pod.get("suspended")), blocked=pod.get("blocked"))
+    if pod.get("name"):
+        new["runnerPod"] = pod["name"]
     if all(old.get(k) == v for k, v in new.items()):
         return
     with _lock_for(f"{meta['namespace']}/{meta['name']}"):
         try:
-            STATE.custom.patch_namespaced_custom_object_status(GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], {"status": new})
+            STATE.custom.patch_namespaced_custom_object_status(GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], {"status": new},
+                                                               _request_timeout=API_TIMEOUT_S)
         except ApiException as err:
             if err.status == 404:  # deleted meanwhile
                 return
             raise
-    if old.get("phase") != new["phase"] or old.get("awaiting") != new.get("awaiting"):
-        kind = "Warning" if new["phase"] == "Failed" else "Normal"
-        detail = f" {new['awaiting']}" if new.get("awaiting") else ""
-        _event(body, kind, new["phase"], f"{new['phase']}{detail}: {new.get('message', '')}"[:1024])
+        uid = meta.get("uid", "")
+        said = (new["phase"], new.get("awaiting"))
+        if _EMITTED.get(uid) != said and (old.get("phase"), old.get("awaiting")) != said:
+            _EMITTED[uid] = said
+            kind = "Warning" if new["phase"] == "Failed" else "Normal"
+            detail = f" {new['awaiting']}" if new.get("awaiting") else ""
+            _event(body, kind, new["phase"], f"{new['phase']}{detail}: {new.get('message', '')}"[:1024])
+        if new.get("restarts", 0) > old.get("restarts", 0) and ctx is not None:
+            lost_at = _LOST_AT.pop(uid, None)
+            lost = f" after {(datetime.now(timezone.utc) - lost_at).total_seconds():.1f} s without a runner" if lost_at else ""
+            _event(body, "Normal", "Resumed", f"a new runner resumed the run at iteration {ctx.counters.iterations}{lost}")
+
+
+#: uid -> the (phase, awaiting) of the last transition Event posted: one Event per transition, even
+#: when two publishes race with the same stale ``old`` status.
+_EMITTED: dict[str, tuple[str, str | None]] = {}
+
+
+def _condition_true(status: dict[str, Any], ctype: str) -> bool:
+    return any(c.get("type") == ctype and c.get("status") == "True" for c in status.get("conditions") or [])
 
 
 def _event(body: dict[str, Any], kind: str, reason: str, message: str) -> None:

@@ -1,4 +1,4 @@
-"""AgentRun status: computed from the store (and the runner Job), written by the operator alone.
+"""AgentRun status: computed from the store (and the runner pods), written by the operator alone.
 
 The runner never talks to Kubernetes; it commits checkpoints to Postgres and NOTIFYs. The
 operator turns the latest checkpoint into ``status``: phase, iteration, tokens, restarts,
@@ -96,6 +96,8 @@ def status_from_store(
     decisions: list[dict[str, Any]] | None = None,
     run_id: str = "",
     summary: bool = False,
+    suspended: bool = False,
+    blocked: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     """The ``status`` of an AgentRun whose latest checkpoint holds ``ctx`` and ``pending``.
 
@@ -112,24 +114,38 @@ def status_from_store(
     interrupted), the same story ``agentfast status`` tells. Its message names the holder but not
     the heartbeat age, so the condition changes only when liveness does. Messages go through
     :func:`public_message` (``run_id``, ``summary``): no foreign text unless opted in.
+    ``suspended``: the run released its pod while it waits for a human (condition ``Suspended``).
+    ``blocked``: (reason, message) when its runner pod cannot start or the next one waits
+    (condition ``RunnerPodReady`` False; a run without a checkpoint shows it as its phase's reason).
+    ``reason`` is the phase's reason (the REASON printer column).
     """
     old = old or {}
     decided = decided or {}
     if override:
         phase, reason, message = override
     elif ctx is None:
-        phase, reason, message = "Pending", "RunnerStarting", "waiting for the runner pod to start"
+        phase, reason, message = ("Pending", *blocked) if blocked else ("Pending", "RunnerStarting", "waiting for the runner pod to start")
     else:
         phase, reason, message = ctx.status.phase, ctx.status.reason or ctx.status.phase, ctx.status.message
         message = public_message(phase, reason, message, ctx, pending, run_id, summary)
     status: dict[str, Any] = {
         "observedGeneration": generation,
         "phase": phase,
+        "reason": reason,
         "message": message[:SUMMARY_CHARS],
         "conditions": _conditions(phase, reason, message, generation, old.get("conditions", [])),
     }
     if runner is not None and ctx is not None and not override:
         status["conditions"].append(_runner_condition(runner, phase, pending, decided, generation, old.get("conditions", [])))
+    if phase not in TERMINAL_PHASES:
+        waiting = phase == "WaitingForApproval" and suspended
+        status["conditions"].append(_condition(
+            "Suspended", waiting, "WaitingForHuman" if waiting else "NotSuspended",
+            "the run released its pod and Postgres connections while it waits for a decision; a decision starts a new runner"
+            if waiting else "", generation, old.get("conditions", [])))
+        status["conditions"].append(_condition(
+            "RunnerPodReady", blocked is None, blocked[0] if blocked else "RunnerPodOK", blocked[1] if blocked else "",
+            generation, old.get("conditions", [])))
     if ctx is not None:
         status["iteration"] = ctx.counters.iterations
         status["tokensUsed"] = ctx.usage.total_tokens
@@ -152,22 +168,22 @@ def status_from_store(
     return status
 
 
+def _condition(ctype: str, true: bool, reason: str, message: str, generation: int, old: list[dict[str, Any]]) -> dict[str, Any]:
+    """One KEP-1623 condition; ``lastTransitionTime`` kept while its status is unchanged."""
+    status = "True" if true else "False"
+    prev = next((c for c in old or [] if c.get("type") == ctype), {})
+    return {"type": ctype, "status": status, "observedGeneration": generation,
+            "lastTransitionTime": prev["lastTransitionTime"] if prev.get("status") == status and prev.get("lastTransitionTime") else _now(),
+            "reason": reason, "message": message[:SUMMARY_CHARS]}
+
+
 def _runner_condition(
     runner: RunnerInfo, phase: str, pending: PendingToolCall | None, decided: Mapping[str, str], generation: int,
     old: list[dict[str, Any]],
 ) -> dict[str, Any]:
     state, story = runner_story(runner, phase, *batch_waits(pending.call_ids if pending else [], decided))
     if state == "interrupted":  # (a stale holder's sentence has its heartbeat age)
-        story = "no runner: interrupted (its process stopped or was killed); the runner Job replaces a lost pod"
+        story = "no runner: interrupted (its process stopped or was killed); the operator starts the next runner pod"
     if state == "alive":  # without the heartbeat age: the condition changes only with liveness
         story = f"alive: runner {runner.runner_id or '(starting)'}" + (f" (pid {runner.pid} on host {runner.host})" if runner.pid is not None else "")
-    status = "True" if runner.alive else "False"
-    prev = next((c for c in old or [] if c.get("type") == "RunnerAlive"), {})
-    return {
-        "type": "RunnerAlive",
-        "status": status,
-        "observedGeneration": generation,
-        "lastTransitionTime": prev["lastTransitionTime"] if prev.get("status") == status and prev.get("lastTransitionTime") else _now(),
-        "reason": _RUNNER_REASONS[state],
-        "message": story[:SUMMARY_CHARS],
-    }
+    return _condition("RunnerAlive", runner.alive, _RUNNER_REASONS[state], story, generation, old)

@@ -1,20 +1,14 @@
-"""The runner workload of one AgentRun: a Job whose pod runs ``agentfast resume NAMESPACE/NAME``.
+"""The runner workload of one AgentRun: a Pod that runs ``agentfast resume NAMESPACE/NAME``.
 
-Why a Job and not a bare Pod: the Job controller already replaces a lost pod with exponential
-backoff (10 s, 20 s, ... capped at 6 min) up to ``backoffLimit``, and ``podFailurePolicy`` tells
-a permanent failure from a retriable one (Kubernetes docs, "Handling retriable and
-non-retriable pod failures with Pod failure policy", stable in 1.31):
-
-- a pod with the ``DisruptionTarget`` condition (evicted, preempted, its node gone) is replaced
-  without counting against the restart limit;
-- exit code 1 (the run failed: budget, model refused) or 2 (bad input) fails the Job at once;
-- anything else (75 after SIGTERM, 137 after an OOM kill, a deleted pod) counts and is retried;
-- 76 (a live runner owns the run: ``runner/liveness.py``) is listed explicitly as counted: it is
-  retried with backoff while an old holder's session fades (a vanished node: its heartbeat goes
-  stale within 30 s), and it can never retry without end, as an ``Ignore`` rule would.
-
-``podReplacementPolicy: Failed`` makes the replacement wait until the old pod has fully
-terminated; the fencing epoch in Postgres covers any overlap anyway (G6).
+Why bare Pods owned by the operator, not a Job: the Job controller replaces a failed pod only
+after its exponential backoff (10 s, 20 s, ... capped at 6 min; measured: 11-12 s for the first
+loss, 21 s for the second), although the runner leaves within 0.1 s of SIGTERM and resumes in
+about a second. A deleted, evicted or killed runner loses nothing (every iteration is committed,
+G1/G2), so there is nothing to back off from: the operator (``operator/lifecycle.py``) creates the
+next pod as soon as the last one's runner container has stopped, and backs off only from
+failures that would repeat (an OOM kill, a runner that dies at start), up to the restart limit.
+One pod per attempt, named ``agentrun-NAME-N``: a retried create of the same attempt gets 409,
+never a second runner; the fencing epoch in Postgres covers any overlap anyway (G6).
 
 The pod needs no Kubernetes credentials (no service-account token), runs as non-root with a
 read-only root filesystem, and reads the DSN and the model key from Secrets: the key only from the
@@ -41,9 +35,18 @@ from agentfast.runner.spec import MODEL_API_KEY_ENV
 from agentfast.runner.toolhost import TOOL_ENV_DIR_ENV
 
 LABEL_RUN = "agentfast.dev/run"
-#: The AgentRun's full name on its Job (a name over 63 characters does not fit the label).
+#: The AgentRun's full name on its runner objects (a name over 63 characters does not fit the label).
 ANNOTATION_RUN = "agentfast.dev/run-name"
 RUNNER_CONTAINER = "runner"
+#: The uid of the AgentRun a runner pod serves (a pod of an earlier AgentRun of the same name is not its).
+LABEL_RUN_UID = "agentfast.dev/run-uid"
+#: On a runner pod: its attempt number (1, 2, ...), failures counted against the restart limit so
+#: far, and, on a replacement, when its predecessor was lost (ISO 8601; for the Resumed Event).
+ANNOTATION_ATTEMPT = "agentfast.dev/attempt"
+ANNOTATION_COUNTED = "agentfast.dev/counted-failures"
+ANNOTATION_LOST_AT = "agentfast.dev/replaces-loss-at"
+#: Seconds a runner pod stays bound to a node that stopped answering before it is evicted.
+NODE_LOSS_TOLERATION_S = 20
 #: The Secret in a run's namespace holding its runners' DSN (made by operator/credentials.py).
 RUNNER_SECRET = "agentfast-runner"
 RUNNER_SECRET_KEY = "dsn"
@@ -61,7 +64,11 @@ class RunnerConfig:
     # a ModelConfig cannot name it as a model key.
     dsn_secret: str = "agentfast-postgres"
     dsn_secret_key: str = "dsn"
+    # Failures that would repeat (an OOM kill, a runner dying at start), in a row, before the run
+    # fails; deletions, evictions, a lost node and a clean "retry me" (75) never count.
     restart_limit: int = 6
+    # A run waiting for a human longer than this releases its pod (spec.suspendAfter wins; 0: never), s.
+    suspend_after_s: int = 60
     service_account: str = ""
     resources: dict[str, Any] = field(
         default_factory=lambda: {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
@@ -84,6 +91,7 @@ class RunnerConfig:
             dsn_secret=e.get("AGENTFAST_DSN_SECRET", cls.dsn_secret),
             dsn_secret_key=e.get("AGENTFAST_DSN_SECRET_KEY", cls.dsn_secret_key),
             restart_limit=int(e.get("AGENTFAST_RESTART_LIMIT", cls.restart_limit)),
+            suspend_after_s=int(e.get("AGENTFAST_SUSPEND_AFTER_SECONDS", cls.suspend_after_s)),
             service_account=e.get("AGENTFAST_RUNNER_SERVICE_ACCOUNT", ""),
             tool_secret=tool_secret,
         )
@@ -99,12 +107,17 @@ def _fit63(text: str, key: str) -> str:
     return f"{text[:54].rstrip('-.')}-{digest}"
 
 
-def job_name(run_name: str) -> str:
-    """A deterministic Job name (so a retried create gets 409, never a duplicate), ≤ 63 chars.
-
-    AgentRun names may be up to 253 characters; a Job's name must fit a label (its pods carry
-    it), so a long one is cut and made unique with a hash of the whole name."""
+def runner_name(run_name: str) -> str:
+    """The base name of a run's runner objects (its NetworkPolicy; its pods add ``-N``), ≤ 63
+    chars: AgentRun names may be up to 253 characters, so a long one is cut and made unique with
+    a hash of the whole name."""
     return _fit63(f"agentrun-{run_name}", run_name)
+
+
+def pod_name(run_name: str, attempt: int) -> str:
+    """The name of attempt ``attempt`` (1, 2, ...) of the run's runner pod: deterministic, so a
+    create retried after the operator died mid-reconcile gets 409, never a second runner."""
+    return f"{runner_name(run_name)}-{attempt}"
 
 
 def run_label(run_name: str) -> str:
@@ -114,9 +127,11 @@ def run_label(run_name: str) -> str:
     return _fit63(run_name, run_name)
 
 
-def build_job(body: dict[str, Any], cfg: RunnerConfig, *, allowed_modules: tuple[str, ...] = (),
-              model_key: dict[str, str] | None = None) -> dict[str, Any]:
-    """The Job manifest for an AgentRun ``body`` (ownerReference is added by kopf.adopt).
+def build_pod(body: dict[str, Any], cfg: RunnerConfig, *, attempt: int = 1, counted_failures: int = 0, lost_at: str | None = None,
+              allowed_modules: tuple[str, ...] = (), model_key: dict[str, str] | None = None) -> dict[str, Any]:
+    """The manifest of attempt ``attempt`` of the runner pod of an AgentRun ``body`` (the
+    ownerReference is added by kopf.adopt). ``counted_failures`` and ``lost_at`` are carried in
+    its annotations (operator/lifecycle.py reads them back from the latest pod).
 
     ``allowed_modules`` reaches the runner as ``AGENTFAST_ALLOWED_MODULES``: the runner checks
     the refs against it again before importing anything. ``model_key`` is the ``apiKeySecretRef``
@@ -133,6 +148,8 @@ def build_job(body: dict[str, Any], cfg: RunnerConfig, *, allowed_modules: tuple
         {"name": "AGENTFAST_LOG_LEVEL", "value": "INFO"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         {"name": "AGENTFAST_ALLOWED_MODULES", "value": ",".join(allowed_modules)},
+        # A run waiting for a human longer than this commits, exits 0 and frees its pod (spec.suspendAfter wins).
+        {"name": "AGENTFAST_SUSPEND_AFTER_SECONDS", "value": str(suspend_after_s(body, cfg))},
     ]
     mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
@@ -151,6 +168,11 @@ def build_job(body: dict[str, Any], cfg: RunnerConfig, *, allowed_modules: tuple
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": cfg.termination_grace_s,
         "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+        # A lost node's pods are evicted after 20 s instead of the default 300 s; the operator
+        # replaces a pod once its deletion deadline passes, even if the kubelet never confirms (G6
+        # fences a runner that is in fact still alive there).
+        "tolerations": [{"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": NODE_LOSS_TOLERATION_S}
+                        for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")],
         "containers": [
             {
                 "name": RUNNER_CONTAINER,
@@ -171,29 +193,20 @@ def build_job(body: dict[str, Any], cfg: RunnerConfig, *, allowed_modules: tuple
     }
     if cfg.service_account:
         pod_spec["serviceAccountName"] = cfg.service_account
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": _runner_object_meta(name, namespace),
-        "spec": {
-            "backoffLimit": cfg.restart_limit,
-            "podReplacementPolicy": "Failed",
-            "podFailurePolicy": {
-                "rules": [
-                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
-                    {"action": "FailJob", "onExitCodes": {"containerName": RUNNER_CONTAINER, "operator": "In", "values": [1, 2]}},
-                    # 76: a live runner owns the run (or took it over). Retried with backoff while an old
-                    # holder fades (a lost node's stale heartbeat: <= ~30 s), but counted, so never for ever.
-                    {"action": "Count", "onExitCodes": {"containerName": RUNNER_CONTAINER, "operator": "In", "values": [76]}},
-                ]
-            },
-            "template": {
-                "metadata": {"labels": {LABEL_RUN: run_label(name), "app.kubernetes.io/component": "runner"},
-                             "annotations": {ANNOTATION_RUN: name}},
-                "spec": pod_spec,
-            },
-        },
-    }
+    pod_meta = _runner_object_meta(name, namespace)
+    pod_meta["name"] = pod_name(name, attempt)
+    pod_meta["labels"][LABEL_RUN_UID] = meta["uid"]
+    pod_meta["annotations"].update({ANNOTATION_ATTEMPT: str(attempt), ANNOTATION_COUNTED: str(counted_failures)})
+    if lost_at:
+        pod_meta["annotations"][ANNOTATION_LOST_AT] = lost_at
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": pod_spec}
+
+
+def suspend_after_s(body: dict[str, Any], cfg: RunnerConfig) -> int:
+    """How long the run's runner waits for a human before it releases its pod, s: the AgentRun's
+    ``spec.suspendAfter``, else the chart's ``runner.suspendAfterSeconds``; 0: never."""
+    value = (body.get("spec") or {}).get("suspendAfter")
+    return cfg.suspend_after_s if value is None else int(value)
 
 
 #: Egress to the cluster DNS when the admin gives none: kube-system, port 53 over UDP and TCP.
@@ -255,11 +268,11 @@ def _check_rules(rules: Any, where: str) -> list[dict[str, Any]]:
 
 
 def _runner_object_meta(name: str, namespace: str) -> dict[str, Any]:
-    """Metadata of the objects made for one AgentRun's runner (its Job, its NetworkPolicy): the
-    Job's name, the run label (cut with a hash past 63 characters) and the full name in an
+    """Metadata of the objects made for one AgentRun's runner (its pods, its NetworkPolicy): the
+    base name, the run label (cut with a hash past 63 characters) and the full name in an
     annotation."""
     return {
-        "name": job_name(name),
+        "name": runner_name(name),
         "namespace": namespace,
         "labels": {LABEL_RUN: run_label(name), "app.kubernetes.io/managed-by": "agentfast", "app.kubernetes.io/component": "runner"},
         "annotations": {ANNOTATION_RUN: name},
@@ -268,7 +281,7 @@ def _runner_object_meta(name: str, namespace: str) -> dict[str, Any]:
 
 def build_network_policy(body: dict[str, Any], policy: EgressPolicy) -> dict[str, Any]:
     """The NetworkPolicy of one AgentRun's runner pods (ownerReference added by kopf.adopt, like
-    the Job's): it selects them by the Job's pod labels, allows no ingress, and allows egress only
+    the pods'): it selects them by their labels, allows no ingress, and allows egress only
     by ``policy``'s rules, DNS first, then Postgres, then the model endpoints. A pod running the
     scripted model talks to it over loopback, which no NetworkPolicy filters."""
     meta = body["metadata"]

@@ -217,6 +217,15 @@ def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool, force:
             host.close()
 
 
+def _suspend_after_s() -> float | None:
+    """``AGENTFAST_SUSPEND_AFTER_SECONDS`` (the operator sets it in runner pods from
+    ``spec.suspendAfter``): wait at most this long for a decision, then exit 0; unset or 0: no limit."""
+    try:
+        return float(os.environ.get("AGENTFAST_SUSPEND_AFTER_SECONDS", "0")) or None
+    except ValueError:
+        return None
+
+
 def _credentials(dsn: str) -> tuple[str, str]:
     """What no tool may see: the password of ``dsn`` (the store's) and the model key (either may be empty)."""
     return (parse_dsn(dsn).get("password", ""), os.environ.get(MODEL_API_KEY_ENV, ""))
@@ -242,7 +251,7 @@ def _drive_with(store: Store, run: AgentRun, model: ChatModel, tools: ToolRegist
             runner_class = LangGraphRunner
         runner = runner_class(
             store, run, model, tools, wait_for_approval=wait, stop=stop, on_event=_Progress(store, run_id_of(run), interactive),
-            force=force,
+            force=force, suspend_after_s=_suspend_after_s(),
         )
         with output.detached_writes():  # a reader that stops reading must not hold up the run
             outcome = runner.run()

@@ -11,7 +11,7 @@ checkpoint whose ``pending`` lists every one of them at once and the siblings' r
 wait until each is decided (approve, deny or complete, in any order); then append the
 assistant message and the tool results in the model's original order and commit the checkpoint.
 
-Exit codes (:class:`Outcome`.exit_code), shared with the CLI and the operator's Job policy:
+Exit codes (:class:`Outcome`.exit_code), shared with the CLI and the operator's replacement policy (operator/lifecycle.py):
 0 finished or paused for approval, 1 failed for good (budget, model rejected the request),
 2 bad input, 75 retry me (SIGTERM, Postgres unavailable, model unavailable, the tool host died;
 EX_TEMPFAIL),
@@ -148,6 +148,8 @@ class RunnerBase:
     implement :meth:`_drive`. ``stop``: set it (the CLI does on SIGTERM) and the runner starts
     no new tool call, commits what it has, and returns exit code 75. ``wait_for_approval``:
     False returns at the first pause (exit 0, phase WaitingForApproval) instead of waiting.
+    ``suspend_after_s``: waiting longer than this (s) returns the same way (a runner pod then
+    frees itself, ``spec.suspendAfter``); None: wait as long as it takes.
     """
 
     adapter = "base"
@@ -163,9 +165,11 @@ class RunnerBase:
         stop: threading.Event | None = None,
         on_event: Callable[[ProgressEvent], None] | None = None,
         force: bool = False,
+        suspend_after_s: float | None = None,
     ):
         self.store = store
         self.force = force
+        self.suspend_after_s = suspend_after_s or None
         self.run_spec = run
         self.spec = run.spec
         self.run_id = run_id_of(run)
@@ -338,10 +342,13 @@ class RunnerBase:
             outcome = self._pause(undecided, siblings)
             if outcome is not None:
                 return outcome
-            got = self.store.wait_for_decisions(self.run_id, list(ids.values()), self.stop)
+            got = self.store.wait_for_decisions(self.run_id, list(ids.values()), self.stop, timeout_s=self.suspend_after_s)
             self._active_since = time.monotonic()  # time spent waiting for a human is not billed
-            if got is None:
+            if got is None and self.stop.is_set():
                 return self._retry_exit("stop requested (SIGTERM) while waiting for approval; resume to continue")
+            if got is None:  # spec.suspendAfter: free the pod and the connections; a decision starts a new runner
+                return Outcome("WaitingForApproval", EXIT_OK, f"suspended: no decision within {self.suspend_after_s:g} s; "
+                                                              "the runner exits and a decision starts a new one", self.snap.pending)
             found = got
         if self.snap.context.status.phase == "WaitingForApproval":
             said = ", ".join(f"{i}: {found[i].decision}" for i in ids.values())

@@ -57,7 +57,7 @@ BASE_URL_PATTERN = r"^https?://([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?|\[[0-9A-
 MAX_CONFIG_MODELS = 64
 #: spec.model fields an AgentRun had before ModelConfig: now an admin's (issue 12 item 4).
 MOVED_TO_MODELCONFIG = ("baseURL", "apiKeyEnv", "apiKeySecretRef", "timeoutSeconds", "maxRetries")
-#: A Secret name: a DNS-1123 subdomain (a bad one would make the runner Job fail for ever).
+#: A Secret name: a DNS-1123 subdomain (a bad one would keep the runner pod from ever starting).
 DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
 #: A bundled script's name (``runner/scripts/NAME.yaml``): what a cluster accepts in ``spec.model.script``.
@@ -287,6 +287,9 @@ class AgentRunSpec(_Spec):
     ttlSecondsAfterFinished: int | None = Field(
         None, ge=0, le=MAX_TTL_S, description="once the run ended and its AgentRun is gone, delete its rows after this many seconds"
                                               " (0: keep them; default: the cluster's operator.ttlSecondsAfterFinished)")
+    suspendAfter: int | None = Field(
+        None, ge=0, le=30 * 86400, description="seconds a run waiting for a human keeps its runner pod; then the pod exits and a"
+                                               " decision starts a new runner (0: keep it; default: the chart's runner.suspendAfterSeconds)")
     approvals: dict[str, ApprovalDecision] = Field(default_factory=dict, max_length=MAX_APPROVALS)
 
     @field_validator("approvals")

@@ -1008,22 +1008,24 @@ class Store:
         return got[call_id] if got is not None else None
 
     def wait_for_decisions(
-        self, run_id: str, call_ids: list[str], stop: threading.Event, *, poll_s: float = 30.0
+        self, run_id: str, call_ids: list[str], stop: threading.Event, *, poll_s: float = 30.0, timeout_s: float | None = None
     ) -> dict[str, Decision] | None:
-        """Block until every one of ``call_ids`` is decided (returns them by id) or ``stop`` is set (None).
+        """Block until every one of ``call_ids`` is decided (returns them by id), ``stop`` is set or
+        ``timeout_s`` seconds have passed (None: no limit); None in both latter cases.
 
         LISTENs on ``agentfast_approval`` on a dedicated autocommit connection and re-reads the
         table after every wake-up and at least every ``poll_s`` seconds. A dropped connection is
         re-opened with backoff; a decision made meanwhile is found by the re-read.
         """
         delay = 0.2
-        while not stop.is_set():
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
             try:
                 with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
                     conn.execute(f"LISTEN {APPROVAL_CHANNEL}")
                     delay = 0.2
                     woke, last_read = True, 0.0  # read once right after LISTEN: nothing can slip between
-                    while not stop.is_set():
+                    while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
                         if woke or time.monotonic() - last_read >= poll_s:
                             decided = self.get_decisions(run_id, call_ids)
                             last_read = time.monotonic()

@@ -1,11 +1,14 @@
-"""The operator's pure parts: the runner Job it builds and the status it computes."""
+"""The operator's pure parts: the runner pod it builds, when it builds the next one, and the status it computes."""
 
 from __future__ import annotations
 
 import pytest
 
 from agentfast.operator.status import status_from_store
-from agentfast.operator.workload import TOOL_ENV_DIR, RunnerConfig, build_job, job_name
+from datetime import datetime, timedelta, timezone
+
+from agentfast.operator.lifecycle import RunnerPod, backoff_s, next_step
+from agentfast.operator.workload import TOOL_ENV_DIR, RunnerConfig, build_pod, pod_name, runner_name
 from agentfast.runner.snapshot import AwaitedCall, PendingToolCall, RunContext, RunStatus, Session, ToolCall
 
 BODY = {
@@ -26,9 +29,9 @@ MODELCONFIG = {
 KEY = {"name": "s", "key": "k"}
 
 
-def test_job_runs_the_runner_without_credentials_as_non_root() -> None:
-    job = build_job(BODY, RunnerConfig(image="agentfast:test", restart_limit=3), model_key=KEY)
-    pod = job["spec"]["template"]["spec"]
+def test_the_runner_pod_runs_the_runner_without_credentials_as_non_root() -> None:
+    manifest = build_pod(BODY, RunnerConfig(image="agentfast:test", restart_limit=3), attempt=4, counted_failures=2, model_key=KEY)
+    pod = manifest["spec"]
     c = pod["containers"][0]
     assert c["command"] == ["agentfast", "resume", "team-a/refund-demo"]
     assert pod["automountServiceAccountToken"] is False and pod["restartPolicy"] == "Never"
@@ -36,17 +39,22 @@ def test_job_runs_the_runner_without_credentials_as_non_root() -> None:
     env = {e["name"]: e for e in c["env"]}
     assert env["AGENTFAST_DSN"]["valueFrom"]["secretKeyRef"] == {"name": "agentfast-runner", "key": "dsn"}  # the namespace's own credential
     assert env["AGENTFAST_MODEL_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "s", "key": "k"}
-    assert job["spec"]["backoffLimit"] == 3
-    rules = job["spec"]["podFailurePolicy"]["rules"]
-    assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
-    assert rules[1]["action"] == "FailJob" and rules[1]["onExitCodes"]["values"] == [1, 2]
+    assert env["AGENTFAST_SUSPEND_AFTER_SECONDS"]["value"] == "60"  # the chart's default; spec.suspendAfter wins
+    meta = manifest["metadata"]
+    assert meta["name"] == "agentrun-refund-demo-4" and meta["labels"]["agentfast.dev/run-uid"] == "u1"
+    assert meta["annotations"]["agentfast.dev/attempt"] == "4" and meta["annotations"]["agentfast.dev/counted-failures"] == "2"
+    # a lost node's pod is evicted after 20 s, not the default 300 s
+    assert {t["key"]: t["tolerationSeconds"] for t in pod["tolerations"]} == {
+        "node.kubernetes.io/not-ready": 20, "node.kubernetes.io/unreachable": 20}
+    waits = build_pod({**BODY, "spec": {**BODY["spec"], "suspendAfter": 0}}, RunnerConfig())["spec"]["containers"][0]["env"]
+    assert {e["name"]: e.get("value") for e in waits}["AGENTFAST_SUSPEND_AFTER_SECONDS"] == "0"
 
 
-def test_job_names_are_deterministic_and_valid() -> None:
-    assert job_name("refund-demo") == "agentrun-refund-demo"
+def test_runner_names_are_deterministic_and_valid() -> None:
+    assert runner_name("refund-demo") == "agentrun-refund-demo" and pod_name("refund-demo", 2) == "agentrun-refund-demo-2"
     long = "x" * 80
-    assert job_name(long) == job_name(long) and len(job_name(long)) <= 63
-    assert job_name(long) != job_name("x" * 79)
+    assert runner_name(long) == runner_name(long) and len(runner_name(long)) <= 63
+    assert runner_name(long) != runner_name("x" * 79)
 
 
 def ctx(phase: str, message: str = "") -> RunContext:
@@ -101,13 +109,6 @@ def test_status_lists_every_undecided_awaited_call() -> None:
     assert s["awaiting"] == "" and s["pendingApprovals"] == []
 
 
-def test_exit_76_is_counted_so_the_job_never_retries_it_for_ever() -> None:
-    rules = build_job(BODY, RunnerConfig())["spec"]["podFailurePolicy"]["rules"]
-    by_code = {code: r["action"] for r in rules if "onExitCodes" in r for code in r["onExitCodes"]["values"]}
-    assert by_code[76] == "Count"  # bounded by backoffLimit, unlike Ignore
-    assert all(r["action"] != "Ignore" for r in rules if "onExitCodes" in r)
-
-
 def test_runner_alive_condition_tells_the_same_story_as_the_cli() -> None:
     from agentfast.runner.liveness import RunnerInfo
 
@@ -132,46 +133,45 @@ def test_runner_alive_condition_tells_the_same_story_as_the_cli() -> None:
 # -- issue 12: trust boundaries ---------------------------------------------------------------------
 
 
-def test_long_agentrun_names_fit_job_names_and_labels() -> None:
+def test_long_agentrun_names_fit_pod_names_and_labels() -> None:
     from agentfast.operator.workload import ANNOTATION_RUN, LABEL_RUN, run_label
 
     name = "a" * 120 + "." + "b" * 132  # 253 characters: the longest AgentRun name
     body = {**BODY, "metadata": {**BODY["metadata"], "name": name}}
-    job = build_job(body, RunnerConfig())
-    for meta in (job["metadata"], job["spec"]["template"]["metadata"]):
-        label = meta["labels"][LABEL_RUN]
-        assert len(label) <= 63 and label[0].isalnum() and label[-1].isalnum() and label == run_label(name)
-        assert meta["annotations"][ANNOTATION_RUN] == name  # how the operator finds the run from its Job
-    assert len(job["metadata"]["name"]) <= 63 and run_label(name) != run_label(name[:-1] + "c")
+    meta = build_pod(body, RunnerConfig(), attempt=12)["metadata"]
+    label = meta["labels"][LABEL_RUN]
+    assert len(label) <= 63 and label[0].isalnum() and label[-1].isalnum() and label == run_label(name)
+    assert meta["annotations"][ANNOTATION_RUN] == name  # how the operator finds the run from its pod
+    assert len(meta["name"]) <= 63 + 3 and run_label(name) != run_label(name[:-1] + "c")
     assert run_label("refund-demo") == "refund-demo"  # short names stay readable (and selectable)
 
 
 def test_the_runner_gets_the_allow_list_and_our_variables_come_first() -> None:
-    job = build_job(BODY, RunnerConfig(), allowed_modules=("agentfast.runner.examples", "acme.tools"), model_key=KEY)
-    env = job["spec"]["template"]["spec"]["containers"][0]["env"]
+    runner_pod = build_pod(BODY, RunnerConfig(), allowed_modules=("agentfast.runner.examples", "acme.tools"), model_key=KEY)
+    env = runner_pod["spec"]["containers"][0]["env"]
     names = [e["name"] for e in env]
     assert {e["name"]: e.get("value") for e in env}["AGENTFAST_ALLOWED_MODULES"] == "agentfast.runner.examples,acme.tools"
     assert names[-1] == "AGENTFAST_MODEL_API_KEY" and len(names) == len(set(names))
 
 
-def _secret_refs(job: dict) -> list[tuple[str, dict]]:
-    [c] = job["spec"]["template"]["spec"]["containers"]
+def _secret_refs(runner_pod: dict) -> list[tuple[str, dict]]:
+    [c] = runner_pod["spec"]["containers"]
     refs = [(e["name"], e["valueFrom"]["secretKeyRef"]) for e in c["env"] if "secretKeyRef" in e.get("valueFrom", {})]
     assert not c.get("envFrom")
     # the one Secret volume: the tools' own settings, for the tool host (never a Postgres credential)
-    assert [v["secret"] for v in job["spec"]["template"]["spec"]["volumes"] if v.get("secret")] == [
+    assert [v["secret"] for v in runner_pod["spec"]["volumes"] if v.get("secret")] == [
         {"secretName": "agentfast-tools", "optional": True}]
     return refs
 
 
 def test_the_tools_settings_are_mounted_for_the_tool_host_and_never_a_credential() -> None:
     # G11: the namespace's agentfast-tools Secret, read-only, optional, at the dir the tool host reads.
-    [c] = build_job(BODY, RunnerConfig())["spec"]["template"]["spec"]["containers"]
+    [c] = build_pod(BODY, RunnerConfig())["spec"]["containers"]
     assert {"name": "tool-env", "mountPath": TOOL_ENV_DIR, "readOnly": True} in c["volumeMounts"]
     assert {e["name"]: e.get("value") for e in c["env"]}["AGENTFAST_TOOL_ENV_DIR"] == TOOL_ENV_DIR
-    job = build_job(BODY, RunnerConfig(tool_secret=""))  # runner.toolSecret: "": none
-    assert not any(v.get("secret") for v in job["spec"]["template"]["spec"]["volumes"])
-    assert "AGENTFAST_TOOL_ENV_DIR" not in str(job)
+    runner_pod = build_pod(BODY, RunnerConfig(tool_secret=""))  # runner.toolSecret: "": none
+    assert not any(v.get("secret") for v in runner_pod["spec"]["volumes"])
+    assert "AGENTFAST_TOOL_ENV_DIR" not in str(runner_pod)
     for name in ("agentfast-runner", "agentfast-postgres"):
         with pytest.raises(ValueError, match="Postgres credential"):
             RunnerConfig.from_env({"AGENTFAST_RUNNER_TOOL_SECRET": name})
@@ -183,16 +183,16 @@ def test_build_job_mounts_only_the_model_configs_secret_key_under_our_name() -> 
     # reaches the environment, even a spec carrying the fields an AgentRun had before.
     sneaky = {**BODY, "spec": {**BODY["spec"], "model": {**BODY["spec"]["model"], "apiKeyEnv": "LD_PRELOAD",
                                                          "apiKeySecretRef": {"name": "agentfast-postgres", "key": "dsn"}}}}
-    job = build_job(sneaky, RunnerConfig(), model_key=KEY)
-    assert _secret_refs(job) == [("AGENTFAST_DSN", {"name": "agentfast-runner", "key": "dsn"}),
+    runner_pod = build_pod(sneaky, RunnerConfig(), model_key=KEY)
+    assert _secret_refs(runner_pod) == [("AGENTFAST_DSN", {"name": "agentfast-runner", "key": "dsn"}),
                                  ("AGENTFAST_MODEL_API_KEY", {"name": "s", "key": "k"})]
-    assert "LD_PRELOAD" not in str(job)
+    assert "LD_PRELOAD" not in str(runner_pod)
     # the scripted model, or an endpoint without a key: the DSN only
-    assert _secret_refs(build_job(BODY, RunnerConfig())) == [("AGENTFAST_DSN", {"name": "agentfast-runner", "key": "dsn"})]
+    assert _secret_refs(build_pod(BODY, RunnerConfig())) == [("AGENTFAST_DSN", {"name": "agentfast-runner", "key": "dsn"})]
     # a ModelConfig naming the DSN's own Secret key as its API key: refused, never mounted twice
     for credential in ({"name": "agentfast-postgres", "key": "dsn"}, {"name": "agentfast-runner", "key": "dsn"}):
         with pytest.raises(ValueError, match="Postgres credential"):
-            build_job(BODY, RunnerConfig(), model_key=credential)
+            build_pod(BODY, RunnerConfig(), model_key=credential)
 
 
 class _ModelConfigs:
@@ -271,11 +271,11 @@ def test_the_runner_network_policy_allows_dns_postgres_and_the_model_only() -> N
                   "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "agentfast"}}}], "ports": [{"protocol": "TCP", "port": 5432}]}
     model = {"to": [{"ipBlock": {"cidr": "10.1.2.0/24"}}], "ports": [{"protocol": "TCP", "port": 8000}]}
     policy = EgressPolicy.from_env({"AGENTFAST_NETWORK_POLICY": json.dumps({"dns": [], "postgres": [pg], "model": [model]})})
-    job = build_job(BODY, RunnerConfig(), model_key=KEY)
+    runner_pod = build_pod(BODY, RunnerConfig(), model_key=KEY)
     np = build_network_policy(BODY, policy)
     assert np["kind"] == "NetworkPolicy" and np["metadata"]["namespace"] == "team-a"
-    # it selects exactly the runner pods of this run (the Job's pod labels)
-    pod_labels = job["spec"]["template"]["metadata"]["labels"]
+    # it selects exactly the runner pods of this run (their labels)
+    pod_labels = runner_pod["metadata"]["labels"]
     assert all(pod_labels.get(k) == v for k, v in np["spec"]["podSelector"]["matchLabels"].items())
     assert np["spec"]["podSelector"]["matchLabels"][LABEL_RUN] == "refund-demo"
     assert np["spec"]["policyTypes"] == ["Ingress", "Egress"] and np["spec"]["ingress"] == []
@@ -367,3 +367,84 @@ def test_the_operator_never_imports_or_reads_what_a_spec_names(tmp_path, monkeyp
     source = (Path(__file__).resolve().parent.parent / "operator" / "main.py").read_text()
     for name in ("preflight", "import_refs", "resolve_ref", "load_script", "check_imports=True", "importlib"):
         assert name not in source, name
+
+
+# -- issue 14: replacing a lost runner pod ---------------------------------------------------------
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+
+
+def rp(attempt: int = 1, *, phase: str = "Failed", code: int | None = 75, reason: str | None = "Error", ran_s: float = 60.0,
+       deleting: bool = False, disrupted: str | None = None, counted: int = 0, finished_ago_s: float = 0.0,
+       waiting: str | None = None) -> RunnerPod:
+    finished = T0 - timedelta(seconds=finished_ago_s)
+    return RunnerPod(name=f"agentrun-r-{attempt}", attempt=attempt, counted=counted, phase=phase, created_at=finished - timedelta(seconds=ran_s + 1),
+                     deletion_due=(T0 + timedelta(seconds=30)) if deleting else None, disrupted=disrupted,
+                     started_at=finished - timedelta(seconds=ran_s), exit_code=code, exit_reason=reason if code is not None else None,
+                     finished_at=finished if code is not None else None, waiting_reason=waiting)
+
+
+def step(pods: list[RunnerPod], phase: str | None = "Running", *, all_decided: bool = False, alive: bool = False, limit: int = 6,
+         now: datetime = T0):
+    return next_step(pods, now, phase=phase, all_decided=all_decided, runner_alive=alive, restart_limit=limit)
+
+
+def test_a_lost_runner_is_replaced_at_once_however_often_it_is_lost() -> None:
+    # Deleted (SIGTERM: 75), evicted, killed (137), or "retry me": the next attempt at once, uncounted,
+    # on the fifth loss as on the first (no growing backoff: nothing was lost, G1/G2).
+    for lost in (rp(5, code=75, deleting=True), rp(5, code=143, disrupted="EvictionByEvictionAPI"), rp(5, code=137),
+                 rp(5, code=75), rp(5, code=None, phase="Running", deleting=True, disrupted="DeletionByTaintManager")):
+        now = T0 + timedelta(seconds=60) if lost.exit_code is None else T0  # a lost node: past its deletion deadline
+        s = step([rp(4, code=75), lost], now=now)
+        assert (s.action, s.attempt, s.counted, s.lost) == ("create", 6, 0, lost), lost
+    assert step([]).attempt == 1 and step([]).action == "create"  # the first runner (or every pod gone)
+
+
+def test_a_runner_that_is_still_stopping_is_not_replaced_yet() -> None:
+    # deleted, its runner not yet exited (the grace period): one runner at a time
+    assert step([rp(2, code=None, phase="Running", deleting=True)]).action == "none"
+    assert step([rp(1, code=None, phase="Pending")]).action == "none"
+
+
+def test_failures_that_would_repeat_back_off_and_end_at_the_restart_limit() -> None:
+    oom = rp(3, code=137, reason="OOMKilled", counted=1)
+    s = step([oom])  # the second OOM kill in a row: 10 s
+    assert (s.action, s.reason) == ("later", "BackingOff") and s.delay_s == pytest.approx(10.0) and "OOM-killed" in s.message
+    s = step([rp(3, code=137, reason="OOMKilled", counted=1, finished_ago_s=11)])
+    assert (s.action, s.attempt, s.counted) == ("create", 4, 2)
+    crash = rp(7, code=3, ran_s=0.8, counted=6, finished_ago_s=999)  # dies at start (e.g. exit 3: no Postgres), 7th time
+    s = step([crash], limit=6)
+    assert (s.action, s.reason) == ("fail", "RestartLimit") and "7 times in a row" in s.message
+    assert step([rp(2, code=3, ran_s=120.0, counted=5)]).counted == 0  # it ran a while: not a crash loop
+    assert [backoff_s(n) for n in range(1, 9)] == [5, 10, 20, 40, 80, 160, 300, 300]
+
+
+def test_the_runs_own_ending_and_another_live_runner_are_not_retried() -> None:
+    s = step([rp(1, code=2)])
+    assert (s.action, s.reason) == ("fail", "RunnerFailed")
+    assert step([rp(1, code=1)], phase="Failed").action == "none"  # the runner committed the ending
+    assert step([rp(1, code=76)], alive=True).action == "later"  # another runner holds it: wait, never a retry loop
+    assert step([rp(1, code=76)], alive=False).action == "create"  # it let go
+
+
+def test_a_suspended_run_gets_a_runner_only_once_decided() -> None:
+    released = rp(2, code=0, reason="Completed")
+    s = step([released], "WaitingForApproval", all_decided=False)
+    assert (s.action, s.suspended) == ("none", True)
+    s = step([released], "WaitingForApproval", all_decided=True)
+    assert (s.action, s.attempt, s.lost) == ("create", 3, None)
+
+
+def test_a_pod_that_cannot_start_says_why() -> None:
+    s = step([rp(1, phase="Pending", code=None, waiting="CreateContainerConfigError")])
+    assert s.action == "none" and s.blocked[0] == "CreateContainerConfigError" and "agentrun-r-1" in s.blocked[1]
+
+
+def test_status_shows_the_reason_suspension_and_a_blocked_pod() -> None:
+    pending = PendingToolCall(call_id="call-1-0", iteration=1, position=0, tool_call=ToolCall(id="c", name="t"), idempotency_key="k")
+    s = status_from_store(ctx("WaitingForApproval"), pending, generation=2, old=None, suspended=True)
+    conds = {c["type"]: c for c in s["conditions"]}
+    assert s["reason"] == "R" and conds["Suspended"]["status"] == "True" and conds["RunnerPodReady"]["status"] == "True"
+    s = status_from_store(None, None, generation=1, old=None, blocked=("CreateContainerConfigError", "runner pod x cannot start: secret"))
+    assert (s["phase"], s["reason"]) == ("Pending", "CreateContainerConfigError") and "cannot start" in s["message"]
+    assert {c["type"]: c["status"] for c in s["conditions"]}["RunnerPodReady"] == "False"

@@ -122,7 +122,7 @@ class Kube:
         """What a person would look at when a wait times out, as one text for the CI log.
 
         The operator's last log lines (and its previous container's, after a crash), every
-        AgentRun's status in this namespace, ``describe`` of the runner Jobs and pods, the last
+        AgentRun's status in this namespace, ``describe`` of the runner pods, the last
         runner logs and the namespace's recent Events. Best effort: a section that cannot be
         read says why instead of raising.
         """
@@ -133,7 +133,6 @@ class Kube:
                                                   "--tail=30", "--previous", "--prefix"), False),
             ("AgentRuns", ("get", "agentruns", "-o", "custom-columns=NAME:.metadata.name,STATUS:.status",
                            "--no-headers"), True),
-            ("runner Jobs", ("describe", "jobs", "-l", "app.kubernetes.io/component=runner"), True),
             ("runner pods", ("describe", "pods", "-l", "app.kubernetes.io/component=runner"), True),
             ("runner logs (last 30 lines each)", ("logs", "-l", "app.kubernetes.io/component=runner",
                                                   "--tail=30", "--prefix", "--max-log-requests=10"), True),

@@ -6,7 +6,7 @@ A scripted model server runs in the cluster from the project image (a Deployment
 carrying the key of a Secret. An admin's ModelConfig points at it and names that Secret key.
 
 - An AgentRun naming the ModelConfig runs to completion (the refund approved as in
-  test_operator.py); its runner Job mounts exactly one Secret key besides the DSN, the
+  test_operator.py); its runner pods mount exactly one Secret key besides the DSN, the
   ModelConfig's, as AGENTFAST_MODEL_API_KEY; the run's registered document in Postgres holds the
   resolved endpoint and the Secret's name, never its value.
 - An AgentRun naming a ModelConfig that does not exist stays Pending (reason
@@ -112,8 +112,9 @@ def _condition(k: Kube, name: str, ctype: str) -> dict[str, Any]:
     return {c["type"]: c for c in status(k, name).get("conditions") or []}.get(ctype, {})
 
 
-def _job(k: Kube, name: str) -> dict[str, Any] | None:
-    items = json.loads(k.run("get", "jobs", "-l", f"agentfast.dev/run={name}", "-o", "json").stdout)["items"]
+def _pod(k: Kube, name: str) -> dict[str, Any] | None:
+    """The run's first runner pod (attempt 1), or None."""
+    items = sorted(runner_pods(k, name), key=lambda p: int(p["metadata"]["annotations"]["agentfast.dev/attempt"]))
     return items[0] if items else None
 
 
@@ -142,17 +143,14 @@ def test_a_run_uses_its_model_configs_endpoint_and_only_its_key(release: Kube, m
     k.apply(agentrun(k, server, name, config))
     _finish(k, name)
 
-    job = _job(k, name)
-    assert job is not None
-    [container] = job["spec"]["template"]["spec"]["containers"]
-    secret_refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "secretKeyRef" in (e.get("valueFrom") or {})}
-    assert secret_refs.pop("AGENTFAST_MODEL_API_KEY") == {"name": server["secret"], "key": server["key"]}
-    assert list(secret_refs) == ["AGENTFAST_DSN"], secret_refs  # no other Secret reaches the runner
-    assert not container.get("envFrom") and not any("secret" in v for v in job["spec"]["template"]["spec"].get("volumes") or [])
-    for pod in runner_pods(k, name):  # what the pods ran with (the Job's template, unchanged)
-        [c] = pod["spec"]["containers"]
-        names = [e["name"] for e in c["env"] if "secretKeyRef" in (e.get("valueFrom") or {})]
-        assert sorted(names) == ["AGENTFAST_DSN", "AGENTFAST_MODEL_API_KEY"], names
+    for pod in runner_pods(k, name):  # what every runner pod of the run ran with
+        [container] = pod["spec"]["containers"]
+        secret_refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "secretKeyRef" in (e.get("valueFrom") or {})}
+        assert secret_refs.pop("AGENTFAST_MODEL_API_KEY") == {"name": server["secret"], "key": server["key"]}
+        assert list(secret_refs) == ["AGENTFAST_DSN"], secret_refs  # no other Secret reaches the runner's environment
+        # the one Secret volume: the tools' own settings, for the tool host only (G11)
+        secrets = [v["secret"]["secretName"] for v in pod["spec"].get("volumes") or [] if "secret" in v]
+        assert not container.get("envFrom") and secrets == ["agentfast-tools"], secrets
 
     [[registered]] = sql(k, "SELECT spec FROM agentfast_runs WHERE run_id = %s", f"{k.namespace}/{name}")
     registered = registered if isinstance(registered, dict) else json.loads(registered)
@@ -173,7 +171,7 @@ def test_a_missing_model_config_keeps_the_run_pending_until_it_exists(release: K
                timeout=60)
     st = status(k, name)
     assert config in st["message"] and "does not exist" in st["message"], st
-    assert _job(k, name) is None and runner_pods(k, name) == []
+    assert _pod(k, name) is None and runner_pods(k, name) == []
     k.apply(modelconfig(k, server, config))
     _finish(k, name)  # the resync (30 s) finds the ModelConfig; the run starts and completes
 
@@ -188,7 +186,7 @@ def test_a_model_the_config_does_not_allow_fails_the_run(release: Kube, model_se
     st = status(k, name)
     assert _condition(k, name, "Failed").get("reason") == "InvalidSpec", st
     assert "spec.model.name" in st["message"] and "'gpt-4o'" in st["message"] and config in st["message"], st
-    assert _job(k, name) is None
+    assert _pod(k, name) is None
 
 
 def test_the_runner_network_policy_is_accepted_by_the_api_server(release: Kube) -> None:

@@ -3,8 +3,8 @@
 - ``requiresApproval: false`` on the gated refund tool: the runner pod ends the run
   Failed/InvalidSpec; no refund row, no approval ever asked.
 - A ref outside ``runner.allowedModules``: the operator refuses it (Failed/InvalidSpec) without
-  importing it, and creates no runner Job.
-- A 253-character AgentRun name: its runner Job is created (label cut with a hash, full name in
+  importing it, and creates no runner pod.
+- A 253-character AgentRun name: its runner pod is created (label cut with a hash, full name in
   an annotation) and the run reaches WaitingForApproval.
 - Junk approval keys never reach the operator: the CRD refuses them at creation, and the admission
   policy admits a decision only for a call status lists as pending (test_approval_policy.py).
@@ -62,8 +62,8 @@ def test_a_253_character_name_gets_a_runner(release: Kube) -> None:
     assert len(name) == 253
     k.apply(refund_manifest(k, name))
     k.wait_for("WaitingForApproval", lambda: status(k, name).get("phase") == "WaitingForApproval", timeout=240)
-    jobs = json.loads(k.run("get", "jobs", "-l", f"{E2E_LABEL}!=x", "-o", "json").stdout)["items"]
-    mine = [j for j in jobs if j["metadata"].get("annotations", {}).get("agentfast.dev/run-name") == name]
+    pods = json.loads(k.run("get", "pods", "-l", "app.kubernetes.io/component=runner", "-o", "json").stdout)["items"]
+    mine = [p for p in pods if p["metadata"].get("annotations", {}).get("agentfast.dev/run-name") == name]
     assert len(mine) == 1 and len(mine[0]["metadata"]["labels"]["agentfast.dev/run"]) <= 63
 
 
