@@ -87,7 +87,7 @@ def test_every_spec_field_is_documented_for_kubectl_explain() -> None:
 def test_printer_columns_and_names() -> None:
     doc = crd()
     [version] = doc["spec"]["versions"]
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Phase", "Iteration", "Tokens", "Restarts", "Awaiting", "Age"]
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Phase", "Reason", "Iteration", "Tokens", "Restarts", "Awaiting", "Age"]
     assert version["subresources"] == {"status": {}}
     assert doc["spec"]["names"]["shortNames"] == ["ar"] and "agentfast" in doc["spec"]["names"]["categories"]
 
