@@ -8,10 +8,14 @@ Postgres). Every AgentRun it creates carries the label ``agentfast.dev/bench-ses
 is deleted at the end (also on error or Ctrl-C); it waits until their runner pods are gone.
 
 1. **Resume**: apply the refund AgentRun, wait for WaitingForApproval, delete the runner pod,
-   and time: the old pod's graceful exit, the Job controller creating the replacement, the
+   and time: the old pod's graceful exit, the operator creating the replacement, the
    replacement reaching Running, and the replacement runner's takeover checkpoint being
    committed (the first ``agentfast_checkpoints`` row with a newer epoch; ``saved_at`` is the
    runner's own clock, the same kernel clock as this host's). Then approve and wait Succeeded.
+1b. **Losses** (issue 14 item 1): for each kind of loss (the pod deleted, evicted through the
+   Eviction API, its runner process SIGKILLed on the host), one run loses its runner five times
+   while it waits; each loss is timed from the loss to the replacement's takeover commit, so the
+   fifth loss shows any growing backoff.
 2. **Scale**: N AgentRuns at once (capped by the node's free pod slots and free CPU requests:
    a runner requests 50m CPU), wait all WaitingForApproval, approve all, wait all Succeeded.
    Status lag = when a ``list agentruns`` poll (every 0.2 s) first shows Succeeded minus the
@@ -132,6 +136,7 @@ class Cluster:
     def create_run(self, name: str, session: str) -> None:
         doc = yaml.safe_load((REPO / "manifests" / "examples" / "refund.yaml").read_text())
         doc["metadata"] = {"name": name, "namespace": NS, "labels": {SESSION_LABEL: session}}
+        doc["spec"]["suspendAfter"] = 0  # the runner keeps its pod while it waits: these losses are what is timed
         self._count()
         self.custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, doc)
 
@@ -146,8 +151,25 @@ class Cluster:
     def approve(self, name: str) -> None:
         self._count()
         self.custom.patch_namespaced_custom_object(
-            GROUP, VERSION, NS, PLURAL, name, {"spec": {"approvals": {CALL: {"decision": "approve"}}}},
+            GROUP, VERSION, NS, PLURAL, name, {"spec": {"approvals": {CALL: {"decision": "approve", "decidedBy": self.whoami()}}}},
             _content_type="application/merge-patch+json")
+
+    def whoami(self) -> str:
+        """The user the API server sees (the approval policy wants decidedBy to be it)."""
+        if not hasattr(self, "_user"):
+            review = kubernetes.client.AuthenticationV1Api().create_self_subject_review(kubernetes.client.V1SelfSubjectReview())
+            self._user = review.status.user_info.username
+        return self._user
+
+    def give_example_tools(self) -> None:
+        """The Secret agentfast-tools in NS with the example tools' own DSN (docs/tools.md)."""
+        dsn = self.kubectl("-n", NS, "exec", "deploy/agentfast-postgresql", "--", "python", "-m", "agentfast.runner.examples").strip()
+        secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "agentfast-tools", "namespace": NS},
+                  "stringData": {"AGENTFAST_EXAMPLES_DSN": dsn}}
+        self._count()
+        p = subprocess.run([KUBECTL, "--kubeconfig", KUBECONFIG, "apply", "-f", "-"], input=json.dumps(secret), capture_output=True, text=True)
+        if p.returncode != 0:
+            raise RuntimeError(f"kubectl apply agentfast-tools: {p.stderr.strip()}")
 
     def runner_pods(self, selector: str) -> list[Any]:
         self._count()
@@ -179,7 +201,7 @@ class Cluster:
         while time.time() < deadline:
             pods = [p for p in self.runner_pods("agentfast.dev/run") if p.metadata.name.startswith(f"agentrun-csb-{session}")]
             if not pods:
-                log("all runner Jobs and pods of this session are gone")
+                log("all runner pods of this session are gone")
                 return
             time.sleep(2)
         log(f"WARNING: {len(pods)} runner pods still present after {timeout}s")
@@ -329,6 +351,58 @@ def bench_resume(k: Cluster, session: str, reps: int) -> dict[str, Any]:
     return {"trials": trials, "summary": {key: spread([t[key] for t in trials]) for key in keys}}
 
 
+def _lose(k: Cluster, name: str, kind: str) -> float:
+    """Lose the run's live runner one way; returns the moment of the loss (time.time())."""
+    pod = wait_for("a running runner pod", lambda: next((p.metadata.name for p in k.runner_pods(f"agentfast.dev/run={name}")
+                                                        if p.status.phase == "Running" and not p.metadata.deletion_timestamp), None), 60, 0.05)
+    if kind == "kill":
+        pids = wait_for("the runner process on this host", lambda: pids_matching(f"agentfast resume {NS}/{name}\0".replace("\0", " ")), 30, 0.05)
+        t = time.time()
+        for pid in pids:
+            os.kill(pid, 9)
+        return t
+    t = time.time()
+    if kind == "delete":
+        k._count()
+        k.core.delete_namespaced_pod(pod, NS)
+    else:
+        k._count()
+        k.core.create_namespaced_pod_eviction(pod, NS, kubernetes.client.V1Eviction(
+            metadata=kubernetes.client.V1ObjectMeta(name=pod, namespace=NS)))
+    return t
+
+
+def loss_trial(k: Cluster, session: str, kind: str, i: int, losses: int) -> list[float]:
+    """One run that loses its runner ``losses`` times (``kind``: delete, evict, kill) while it waits;
+    seconds from each loss to the replacement runner's takeover commit."""
+    name = f"csb-{session}-{kind[:3]}{i}"
+    run_id = f"{NS}/{name}"
+    k.create_run(name, session)
+    wait_for(f"{name} WaitingForApproval", lambda: (k.get_run(name).get("status") or {}).get("phase") == "WaitingForApproval", 240)
+    took = []
+    for n in range(1, losses + 1):
+        wait_for("the runner to hold the run", lambda: ((k.get_run(name).get("status") or {}).get("restarts", 0) >= n - 1), 60, 0.1)
+        [[e0]] = k.sql("SELECT max(epoch) FROM agentfast_checkpoints WHERE run_id = %s", run_id)
+        t_loss = _lose(k, name, kind)
+        rows = wait_for("the takeover checkpoint", lambda: (r := k.sql(
+            "SELECT min(saved_at) FROM agentfast_checkpoints WHERE run_id = %s AND epoch > %s", run_id, e0))[0][0] and r, 120, 0.2)
+        took.append(rows[0][0] / 1000 - t_loss)
+    log(f"losses {kind} {i}: " + ", ".join(f"{t:.2f}" for t in took))
+    k.approve(name)
+    wait_for(f"{name} Succeeded", lambda: (k.get_run(name).get("status") or {}).get("phase") == "Succeeded", 180, 0.2)
+    return took
+
+
+def bench_losses(k: Cluster, session: str, reps: int, losses: int = 5) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kind in ("delete", "evict", "kill"):
+        trials = [loss_trial(k, session, kind, i, losses) for i in range(reps)]
+        every = [t for tr in trials for t in tr]
+        out[kind] = {"trials": trials, "first": spread([tr[0] for tr in trials]), "fifth": spread([tr[-1] for tr in trials]),
+                     "all": spread(every), "p50": pct(every, 50), "p99": pct(every, 99)}
+    return out
+
+
 # -- 2. N concurrent AgentRuns --------------------------------------------------------------------
 
 
@@ -468,16 +542,22 @@ def report(res: dict[str, Any]) -> str:
         out += ["| resume after the runner pod is deleted (median (min–max, n)) | value |", "|---|---|"]
         labels = {
             "delete_to_commit_s": "pod delete → replacement runner's takeover checkpoint committed",
-            "delete_to_running_s": "  pod delete → replacement pod Running (graceful exit + Job controller + scheduling + container start)",
+            "delete_to_running_s": "  pod delete → replacement pod Running (graceful exit + operator + scheduling + container start)",
             "running_to_commit_s": "  replacement Running → takeover commit (Python start, lease, checkpoint)",
             "delete_to_old_exit_s": "    of which: pod delete → old pod gone/terminal (SIGTERM, exit 75)",
-            "old_exit_to_new_pod_s": "    of which: old pod gone → replacement pod created (Job controller)",
+            "old_exit_to_new_pod_s": "    of which: old pod gone → replacement pod created (operator)",
             "new_pod_to_running_s": "    of which: replacement created → Running (scheduling, sandbox, container start)",
             "create_to_waiting_s": "apply → WaitingForApproval (first runner)",
             "approve_to_succeeded_s": "approve (kubectl patch) → status Succeeded",
         }
         for key, label in labels.items():
             out.append(f"| {label} | {fmt(s[key])} |")
+        out.append("")
+    if "losses" in res:
+        out += ["| loss → replacement runner's takeover commit, s | p50 | p99 | first loss (median) | fifth loss (median) | n |",
+                "|---|---|---|---|---|---|"]
+        for kind, r in res["losses"].items():
+            out.append(f"| {kind} | {r['p50']:.2f} | {r['p99']:.2f} | {r['first']['median']:.2f} | {r['fifth']['median']:.2f} | {r['all']['n']} |")
         out.append("")
     if "scale" in res:
         c = res["scale"]
@@ -509,6 +589,8 @@ def main() -> None:
     ap.add_argument("--resume-reps", type=int, default=5)
     ap.add_argument("--skip-resume", action="store_true")
     ap.add_argument("--skip-scale", action="store_true")
+    ap.add_argument("--loss-reps", type=int, default=2, help="runs per kind of loss (each loses its runner 5 times)")
+    ap.add_argument("--skip-losses", action="store_true")
     ap.add_argument("--json", type=Path, default=Path(os.path.expanduser("~/.cache/agentfast/bench")) / "cluster_scale.json")
     a = ap.parse_args()
     k = Cluster()
@@ -516,6 +598,9 @@ def main() -> None:
     log(f"session {session}; AgentRuns are labelled {SESSION_LABEL}={session}")
     res: dict[str, Any] = {"machine": machine(), "session": session, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     try:
+        k.give_example_tools()
+        if not a.skip_losses:
+            res["losses"] = bench_losses(k, session, a.loss_reps)
         if not a.skip_resume:
             res["resume"] = bench_resume(k, session, a.resume_reps)
         if not a.skip_scale:
