@@ -356,7 +356,7 @@ def _lose(k: Cluster, name: str, kind: str) -> float:
     pod = wait_for("a running runner pod", lambda: next((p.metadata.name for p in k.runner_pods(f"agentfast.dev/run={name}")
                                                         if p.status.phase == "Running" and not p.metadata.deletion_timestamp), None), 60, 0.05)
     if kind == "kill":
-        pids = wait_for("the runner process on this host", lambda: pids_matching(f"agentfast resume {NS}/{name}\0".replace("\0", " ")), 30, 0.05)
+        pids = wait_for("the runner process on this host", lambda: pids_matching(f"resume {NS}/{name} "), 30, 0.05)
         t = time.time()
         for pid in pids:
             os.kill(pid, 9)
