@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 from kubernetes.client.rest import ApiException
 
-from .workload import RUNNER_SECRET, RUNNER_SECRET_KEY
+from .workload import API_TIMEOUT_S, RUNNER_SECRET, RUNNER_SECRET_KEY
 
 CREDENTIAL_ANNOTATION = "agentfast.dev/credential-id"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "agentfast", "app.kubernetes.io/component": "runner-credentials"}
@@ -72,10 +72,10 @@ def ensure_runner_secret(namespace: str, store: Any, core: Any, operator_dsn: st
             "data": {RUNNER_SECRET_KEY: base64.b64encode(runner_dsn(operator_dsn, role, password).encode()).decode()},
         }
         if found is None:
-            core.create_namespaced_secret(namespace, body)
+            core.create_namespaced_secret(namespace, body, _request_timeout=API_TIMEOUT_S)
         else:
             body["metadata"]["resourceVersion"] = found.metadata.resource_version
-            core.replace_namespaced_secret(RUNNER_SECRET, namespace, body)
+            core.replace_namespaced_secret(RUNNER_SECRET, namespace, body, _request_timeout=API_TIMEOUT_S)
         _verified[namespace] = (credential_id, time.monotonic())
         _stale.discard(namespace)
         return True
@@ -104,7 +104,7 @@ def revoke_unused(store: Any, core: Any, in_use: set[str], rotate_after_s: float
             store.revoke_tenant(namespace)
             _verified.pop(namespace, None)
             try:
-                core.delete_namespaced_secret(RUNNER_SECRET, namespace)
+                core.delete_namespaced_secret(RUNNER_SECRET, namespace, _request_timeout=API_TIMEOUT_S)
             except ApiException as err:
                 if err.status != 404:
                     raise
@@ -124,7 +124,7 @@ def forget(namespace: str | None = None) -> None:
 
 def _read_secret(core: Any, namespace: str) -> Any:
     try:
-        return core.read_namespaced_secret(RUNNER_SECRET, namespace)
+        return core.read_namespaced_secret(RUNNER_SECRET, namespace, _request_timeout=API_TIMEOUT_S)
     except ApiException as err:
         if err.status == 404:
             return None

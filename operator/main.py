@@ -52,7 +52,7 @@ from agentfast.runner.store import (
 from .credentials import ensure_runner_secret, revoke_unused
 from .status import MAX_DECISIONS, status_from_store
 from .lifecycle import RunnerPod, Step, next_step
-from .workload import (ANNOTATION_RUN, LABEL_RUN, LABEL_RUN_UID, RUNNER_SECRET, EgressPolicy, RunnerConfig, build_network_policy, build_pod,
+from .workload import (API_TIMEOUT_S, ANNOTATION_RUN, LABEL_RUN, LABEL_RUN_UID, RUNNER_SECRET, EgressPolicy, RunnerConfig, build_network_policy, build_pod,
                        pod_name)
 
 GROUP, VERSION, PLURAL = "agentfast.dev", "v1alpha1", "agentruns"
@@ -293,8 +293,6 @@ def _drive_runner(body: dict[str, Any], record: Any, ctx: Any, pending: Any,
     return None, info
 
 
-#: Seconds any one Kubernetes API call may take before it is given up (and retried by the next reconcile).
-API_TIMEOUT_S = 30
 #: uid -> when its runner pod was lost, for the Resumed Event's "time lost" (in memory: after an
 #: operator restart a Resumed Event just lacks the figure).
 _LOST_AT: dict[str, datetime] = {}
@@ -345,7 +343,7 @@ def _with_model_config(run: AgentRun, doc: dict[str, Any], run_id: str, uid: str
         return existing.spec
     namespace, name = run.metadata.namespace, run.spec.model.config
     try:
-        obj = STATE.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, MODELCONFIGS, name)
+        obj = STATE.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, MODELCONFIGS, name, _request_timeout=API_TIMEOUT_S)
     except ApiException as err:
         if err.status == 404:
             raise ModelConfigNotFound(
@@ -398,8 +396,8 @@ def approval_policy_missing() -> str | None:
         return _policy_checked["missing"]
     name = SETTINGS.approval_policy
     try:
-        STATE.admission.read_validating_admission_policy(name)
-        bindings = STATE.admission.list_validating_admission_policy_binding().items
+        STATE.admission.read_validating_admission_policy(name, _request_timeout=API_TIMEOUT_S)
+        bindings = STATE.admission.list_validating_admission_policy_binding(_request_timeout=API_TIMEOUT_S).items
     except ApiException as err:
         if err.status != 404:
             raise
@@ -503,7 +501,7 @@ def _prune_pods(namespace: str, pods: list[RunnerPod], keep_from: int) -> None:
 
 def _get_agentrun(namespace: str, name: str) -> dict[str, Any] | None:
     try:
-        return STATE.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        return STATE.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, _request_timeout=API_TIMEOUT_S)
     except ApiException as err:
         if err.status == 404:
             return None
@@ -586,7 +584,7 @@ def _event(body: dict[str, Any], kind: str, reason: str, message: str) -> None:
         count=1,
     )
     try:
-        STATE.core.create_namespaced_event(meta["namespace"], event)
+        STATE.core.create_namespaced_event(meta["namespace"], event, _request_timeout=API_TIMEOUT_S)
     except ApiException as err:
         log.warning("could not post event %s for %s: %s", reason, meta["name"], err.reason)
 
@@ -666,13 +664,33 @@ def _retain(live: dict[str, str]) -> None:
             log.info("deleted the rows of %s (uid %s): past its retention", run_id, uid)
 
 
+def _list_agentruns() -> list[dict[str, Any]]:
+    """Every AgentRun this operator serves, in pages of 500 (a large cluster is never one response)."""
+    items: list[dict[str, Any]] = []
+    for ns in SETTINGS.namespaces or [None]:
+        token = None
+        while True:
+            kw: dict[str, Any] = {"limit": 500, "_request_timeout": API_TIMEOUT_S, **({"_continue": token} if token else {})}
+            page = (STATE.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, **kw) if ns
+                    else STATE.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kw))
+            items += page["items"]
+            token = page.get("metadata", {}).get("continue")
+            if not token:
+                break
+    return items
+
+
+def _settled(body: dict[str, Any]) -> bool:
+    """An AgentRun whose status already shows its run ended, for its current generation: the store
+    cannot change for it any more, so the resync leaves it alone (only retention looks at it)."""
+    st = body.get("status") or {}
+    return st.get("phase") in TERMINAL_PHASES and st.get("observedGeneration") == body["metadata"].get("generation")
+
+
 def _resync() -> None:
-    if SETTINGS.namespaces:
-        items = [i for ns in SETTINGS.namespaces for i in STATE.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]]
-    else:
-        items = STATE.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
+    items = _list_agentruns()
     for body in items:
-        if body["metadata"].get("deletionTimestamp"):
+        if body["metadata"].get("deletionTimestamp") or _settled(body):
             continue
         try:
             reconcile(body)

@@ -45,6 +45,9 @@ LABEL_RUN_UID = "agentfast.dev/run-uid"
 ANNOTATION_ATTEMPT = "agentfast.dev/attempt"
 ANNOTATION_COUNTED = "agentfast.dev/counted-failures"
 ANNOTATION_LOST_AT = "agentfast.dev/replaces-loss-at"
+#: Seconds any one Kubernetes API call of the operator may take; then it is given up (the next
+#: reconcile or resync tries again), so one hung call never stalls a handler for ever.
+API_TIMEOUT_S = 30
 #: Seconds a runner pod stays bound to a node that stopped answering before it is evicted.
 NODE_LOSS_TOLERATION_S = 20
 #: The Secret in a run's namespace holding its runners' DSN (made by operator/credentials.py).

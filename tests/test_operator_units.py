@@ -201,7 +201,7 @@ class _ModelConfigs:
     def __init__(self, objects: dict[tuple[str, str], dict]) -> None:
         self.objects, self.reads = objects, []
 
-    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name, **_):
         from kubernetes.client.rest import ApiException
 
         self.reads.append((group, version, namespace, plural, name))
