@@ -148,7 +148,9 @@ def test_a_run_uses_its_model_configs_endpoint_and_only_its_key(release: Kube, m
     secret_refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "secretKeyRef" in (e.get("valueFrom") or {})}
     assert secret_refs.pop("AGENTFAST_MODEL_API_KEY") == {"name": server["secret"], "key": server["key"]}
     assert list(secret_refs) == ["AGENTFAST_DSN"], secret_refs  # no other Secret reaches the runner
-    assert not container.get("envFrom") and not any("secret" in v for v in job["spec"]["template"]["spec"].get("volumes") or [])
+    # the one Secret volume: the tools' own settings, for the tool host only (G11)
+    secrets = [v["secret"]["secretName"] for v in job["spec"]["template"]["spec"].get("volumes") or [] if "secret" in v]
+    assert not container.get("envFrom") and secrets == ["agentfast-tools"], secrets
     for pod in runner_pods(k, name):  # what the pods ran with (the Job's template, unchanged)
         [c] = pod["spec"]["containers"]
         names = [e["name"] for e in c["env"] if "secretKeyRef" in (e.get("valueFrom") or {})]
