@@ -61,10 +61,15 @@ def _good_doc() -> dict:
 
 
 def _preflight_error(path: Path) -> str:
+    """The error of the checks made before a run starts: ``preflight`` (classifier, script) and the
+    tool registry the tool host builds (runner/toolhost.py: the tools are imported there)."""
     from agentfast.runner.loop import preflight as _preflight
+    from agentfast.runner.tools import ToolRegistry
 
     with pytest.raises(SpecError) as err:
-        _preflight(load_agentrun(path))
+        run = load_agentrun(path)
+        _preflight(run)
+        ToolRegistry.from_agentrun(run)
     return str(err.value)
 
 
@@ -372,13 +377,12 @@ def test_call_id_keys_and_long_names_are_accepted() -> None:
 
 
 def test_a_gate_can_be_added_never_removed() -> None:
-    from agentfast.runner.loop import preflight
     from agentfast.runner.tools import ToolRegistry
 
     doc = _good_doc()
     doc["spec"]["tools"][1]["requiresApproval"] = False  # issue_refund is declared requires_approval=True
     with pytest.raises(SpecError) as err:
-        preflight(parse_agentrun(doc))
+        ToolRegistry.from_agentrun(parse_agentrun(doc))  # what the tool host builds before any call
     assert str(err.value).startswith("spec.tools[1].requiresApproval:") and "never remove" in str(err.value)
     doc = _good_doc()
     doc["spec"]["tools"][0]["requiresApproval"] = True

@@ -5,7 +5,8 @@ tests count effects from rows. They keep them as any team's tools would (G11): i
 their own, named in their own environment, never with the runner's store credential, which no
 tool receives. Their connection is ``AGENTFAST_EXAMPLES_DSN``: the role ``agentfast_examples``,
 whose tables live in the schema of the same name (Postgres's default ``search_path`` starts with
-``"$user"``), made by :func:`provision`:
+``"$user"``), made by :func:`provision`, with one function, ``run_epoch(run_id)``, through which
+the chaos suite's notification service checks fencing tokens:
 
 - locally on the embedded default, ``agentfast`` provisions it in the trial server itself;
 - in a cluster, an admin provisions it once and puts the DSN in the Secret ``agentfast-tools`` of
@@ -85,3 +86,17 @@ def _provision(admin_dsn: str, password: str | None) -> None:
             if me is not None and not me[1]:
                 conn.execute(sql.SQL("GRANT {} TO {}").format(role, sql.Identifier(me[0])))  # to give it a schema
             conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {} AUTHORIZATION {}").format(role, role))
+            # The examples' notification service checks a fencing token against the run's current
+            # epoch, as a real service checks it against the latest token it was given. It asks the
+            # store through this one function, which returns an epoch and nothing else: the
+            # examples' role reads no table of the store (G11).
+            conn.execute(sql.SQL("""
+                CREATE OR REPLACE FUNCTION {}.run_epoch(run text) RETURNS bigint
+                LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+                BEGIN
+                    RETURN (SELECT epoch FROM agentfast_runs WHERE run_id = run);
+                EXCEPTION WHEN undefined_table THEN
+                    RETURN NULL;
+                END $$""").format(role))
+            conn.execute(sql.SQL("REVOKE ALL ON FUNCTION {}.run_epoch(text) FROM PUBLIC").format(role))
+            conn.execute(sql.SQL("GRANT EXECUTE ON FUNCTION {}.run_epoch(text) TO {}").format(role, role))

@@ -10,7 +10,8 @@ Every body writes to the examples' own database (``AGENTFAST_EXAMPLES_DSN``:
 - ``chaos_outbox``: the effect of the non-idempotent ``chaos_notify`` ("an email was sent"): one
   row per execution, keyed by nothing. Two rows with one key are a duplicated effect.
   ``chaos_notify`` is a service that accepts a fencing token (``ToolContext.epoch``): it refuses a
-  send from a runner whose epoch is no longer the run's, so a paused zombie that wakes up inside
+  send from a runner whose epoch is no longer the run's (it learns the current one from
+  ``run_epoch``, the one function of the store its role may call), so a paused zombie that wakes up inside
   the call cannot send after its successor did (fencing the runtime's own writes, G6, cannot stop
   an effect already in flight in a tool; only the tool's service can).
 
@@ -184,7 +185,7 @@ def chaos_notify(ctx: ToolContext, to: str, text: str, work_ms: int = 0) -> dict
     _write(
         ctx,
         """INSERT INTO chaos_outbox (idempotency_key, execution, tool, payload, epoch)
-           SELECT %s, %s, %s, %s, %s WHERE (SELECT epoch FROM agentfast_runs WHERE run_id = %s) = %s
+           SELECT %s, %s, %s, %s, %s WHERE run_epoch(%s) = %s
            ON CONFLICT (execution) DO NOTHING""",
         (ctx.idempotency_key, execution, "chaos_notify", json.dumps({"to": to, "text": text}, sort_keys=True), ctx.epoch,
          ctx.run_id, ctx.epoch),
