@@ -49,13 +49,26 @@ def test_default_render_installs_everything(helm: str) -> None:
     assert ("CustomResourceDefinition", "agentruns.agentfast.dev") in kinds
     assert ("Deployment", "agentfast-operator") in kinds and ("Deployment", "agentfast-postgresql") in kinds
     operator = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "agentfast-operator")
-    assert operator["spec"]["replicas"] == 1 and operator["spec"]["strategy"]["type"] == "Recreate"
+    # Two replicas electing a leader on a Lease (operator/leader.py), a PDB, and a Role on leases only.
+    assert operator["spec"]["replicas"] == 2 and "strategy" not in operator["spec"]
+    assert operator["spec"]["template"]["spec"]["containers"][0]["command"][:3] == ["python", "-m", "agentfast.operator"]
+    env = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["AGENTFAST_LEADER_ELECTION"] == "true" and env["AGENTFAST_LEADER_LEASE"] == "agentfast-operator"
+    pdb = next(d for d in docs if d["kind"] == "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    leader = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "agentfast-operator-leader")
+    assert leader["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]
+    single = next(d for d in render(helm, "operator.replicas=1") if d["kind"] == "Deployment" and d["metadata"]["name"] == "agentfast-operator")
+    assert single["spec"]["strategy"]["type"] == "Recreate"  # one replica without election: never two at once
+    assert {e["name"]: e.get("value") for e in single["spec"]["template"]["spec"]["containers"][0]["env"]}["AGENTFAST_LEADER_ELECTION"] == "false"
     pod = operator["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
     role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "agentfast-operator")
     granted = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
-    assert ("", "pods") not in granted  # least privilege
+    # Runner pods: the operator creates and prunes them (operator/lifecycle.py); no Jobs any more.
+    assert next(r["verbs"] for r in role["rules"] if "pods" in r["resources"]) == ["get", "list", "watch", "create", "delete"]
+    assert ("batch", "jobs") not in granted
     # Secrets: only to keep the runners' own credential; never list, watch, patch or delete them.
     secret_verbs = {v for rule in role["rules"] if "secrets" in rule["resources"] for v in rule["verbs"]}
     assert secret_verbs == {"get", "create", "update", "delete"}
