@@ -469,8 +469,9 @@ def _patch_cancel(run: str, namespace: Optional[str], uid: Optional[str]) -> Non
     if phase in ("Succeeded", "Failed", "Cancelled"):
         raise _fail(f"agentrun {ns}/{name} has already ended ({phase}); there is nothing to cancel")
     try:
+        # The field manager is what the operator can name as the canceller (metadata.managedFields).
         api.patch_namespaced_custom_object("agentfast.dev", "v1alpha1", ns, "agentruns", name,
-                                           {"metadata": {"uid": seen_uid}, "spec": {"cancel": True}})
+                                           {"metadata": {"uid": seen_uid}, "spec": {"cancel": True}}, field_manager="kubectl-agentfast")
     except ApiException as e:
         detail = json.loads(e.body).get("message", e.reason) if e.body else e.reason
         if "metadata.uid" in detail:
