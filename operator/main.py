@@ -47,6 +47,7 @@ from agentfast.runner.spec import AgentRun, parse_modelconfig, resolve_model_con
 from agentfast.runner.liveness import runner_state
 from agentfast.runner.store import (
     PROGRESS_CHANNEL, DecisionConflict, InvalidDecision, InvalidDsn, Store, StoreUnavailable, UnknownCall, UnreadableState,
+    cancelled_message, deadline_message,
 )
 
 from .credentials import ensure_runner_secret, revoke_unused
@@ -210,7 +211,8 @@ def reconcile(body: dict[str, Any]) -> None:
         "apiVersion": body["apiVersion"],
         "kind": body["kind"],
         "metadata": {"name": name, "namespace": namespace, "uid": uid},
-        "spec": {k: v for k, v in body.get("spec", {}).items() if k != "approvals"},
+        # spec.approvals and spec.cancel are requests, recorded in the store, not the run's definition.
+        "spec": {k: v for k, v in body.get("spec", {}).items() if k not in ("approvals", "cancel")},
     }
     try:
         # G12: the shape and the admin's allow-list only; nothing the spec names is imported or
@@ -236,6 +238,7 @@ def reconcile(body: dict[str, Any]) -> None:
             _event(body, "Normal", "EarlierRunKept", f"the rows of an earlier AgentRun named {name} are kept as {kept_as}"
                                                       f" (agentfast history {kept_as})")
         _record_approvals(body, run_id)
+        _end_if_asked(body, run_id)
         ctx, pending, extra = _load_status(run_id)
     except StoreUnavailable as err:
         raise kopf.TemporaryError(f"Postgres unavailable: {err}", delay=10) from None
@@ -448,6 +451,49 @@ def _record_approvals(body: dict[str, Any], run_id: str) -> None:
             _warn_once(body, call_id, "NotAwaitingDecision", str(err))
         except InvalidDecision as err:
             _warn_once(body, call_id, "InvalidDecision", f"{call_id}: {err}")
+
+
+def cancel_requester(body: dict[str, Any]) -> str:
+    """Who set ``spec.cancel``, as far as the object tells: the field manager that owns the field
+    (``kubectl-patch``, ``kubectl-agentfast``...), from ``metadata.managedFields``. The user is not
+    known here (no admission policy attributes spec.cancel, unlike a decision); the API server's
+    audit log has it."""
+    managers = [m for m in body.get("metadata", {}).get("managedFields") or []
+                if "f:cancel" in ((m.get("fieldsV1") or {}).get("f:spec") or {})]
+    manager = max(managers, key=lambda m: m.get("time") or "").get("manager") if managers else None
+    return "kubernetes (spec.cancel" + (f", field manager {manager})" if manager else ")")
+
+
+def _end_if_asked(body: dict[str, Any], run_id: str) -> None:
+    """The operator's part of ``spec.cancel`` and ``spec.activeDeadlineSeconds`` for a run not yet
+    ended (a no-op otherwise, and when neither is set).
+
+    ``spec.cancel: true`` is recorded as the run's cancel request (``Store.request_cancel``,
+    idempotent; it wakes a runner waiting for a decision). A live runner carries it out at its
+    next safe point; with none (``runner_state``: not started yet, lost, or waiting without a
+    pod) the run is ended here at once (``Store.cancel_run``, reason ``Cancelled``), so no runner
+    is ever created for it. Likewise a run past its deadline with no live runner is ended
+    ``Failed``/``DeadlineExceeded`` here (the resync calls this every period); a live runner
+    checks the deadline itself. The phase change posts the one ``Cancelled`` (or ``Failed``)
+    Event through :func:`publish_status`. Raises StoreUnavailable, UnreadableState."""
+    assert STATE.store is not None
+    spec = body.get("spec") or {}
+    cancel = spec.get("cancel") is True
+    deadline = spec.get("activeDeadlineSeconds")
+    if not cancel and not isinstance(deadline, int):
+        return
+    loaded = STATE.store.load_context(run_id)
+    if loaded is not None and loaded[0].status.phase in TERMINAL_PHASES:
+        return
+    if cancel:
+        STATE.store.request_cancel(run_id, cancel_requester(body))
+    ends = STATE.store.end_requests(run_id)
+    if ends is None or runner_state(STATE.store, run_id).alive:
+        return
+    if ends.cancel is not None:
+        STATE.store.cancel_run(run_id, cancelled_message(ends.cancel), reason="Cancelled")
+    elif isinstance(deadline, int) and ends.age_s >= deadline:
+        STATE.store.end_run(run_id, "Failed", "DeadlineExceeded", deadline_message(deadline, ends.age_s))
 
 
 def _warn_once(body: dict[str, Any], call_id: str, reason: str, message: str) -> bool:

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from agentfast.runner.liveness import RunnerInfo, batch_waits, runner_story
 from agentfast.runner.snapshot import TERMINAL_PHASES, PendingToolCall, RunContext
 
-CONDITION_TYPES = ("Ready", "Progressing", "AwaitingApproval", "Failed")
+CONDITION_TYPES = ("Ready", "Progressing", "AwaitingApproval", "Failed", "Cancelled")
 # Reason of the RunnerAlive condition for each state of liveness.runner_story.
 _RUNNER_REASONS = {
     "alive": "RunnerAlive",
@@ -31,7 +31,7 @@ MAX_PENDING = 128  # awaited calls listed in status (G9: the resource stays smal
 # Reasons whose runner message is a sentence of our own (counts, limits, ids, field paths): copied.
 # Any other message may quote foreign text (a model's answer, an endpoint's error body) and stays
 # in Postgres unless the admin opts in (the chart's operator.statusSummary).
-OWN_SENTENCE_REASONS = frozenset({"Started", "Decided", "BudgetExceeded", "InvalidSpec", "RunnerStarting"})
+OWN_SENTENCE_REASONS = frozenset({"Started", "Decided", "BudgetExceeded", "InvalidSpec", "RunnerStarting", "Cancelled", "DeadlineExceeded"})
 
 
 def public_message(phase: str, reason: str, message: str, ctx: RunContext | None, pending: PendingToolCall | None,
@@ -65,6 +65,8 @@ def _conditions(phase: str, reason: str, message: str, generation: int, old: lis
         "Progressing": phase in ("Pending", "Running"),
         "AwaitingApproval": phase == "WaitingForApproval",
         "Failed": phase == "Failed",
+        # spec.cancel carried out (reason Cancelled), or the AgentRun deleted first (reason Deleted)
+        "Cancelled": phase == "Cancelled",
     }
     previous = {c.get("type"): c for c in old or []}
     out = []

@@ -5,7 +5,7 @@ the user's data directory, so ``run`` in one terminal and ``approve`` in another
 state, and a later ``resume`` continues a run. Runs are named ``NAME`` or ``NAMESPACE/NAME``
 (namespace ``default``), as in the AgentRun's metadata.
 
-Exit codes: 0 done or paused for approval, 1 the run failed (budget, model), 2 bad input or a
+Exit codes: 0 done, cancelled or paused for approval, 1 the run failed (budget, deadline, model), 2 bad input or a
 refused command, 3 Postgres unreachable at start, 75 interrupted, resume to continue (SIGTERM,
 Postgres lost mid-run), 76 another runner owns the run.
 """
@@ -286,6 +286,8 @@ def run(
     if agentrun.spec.approvals:  # no pre-approval (G10): a decision is made for a call that awaits one
         raise _fail(f"{file}: spec.approvals is never read from a file: a call is decided once it awaits a decision "
                     "(agentfast approve RUN CALL_ID), not before it exists")
+    if agentrun.spec.cancel:
+        raise _fail(f"{file}: spec.cancel is never read from a file: cancel a run that exists with `agentfast cancel RUN`")
     store = _open_store(dsn)
     host = ToolHost.spawn(agentrun, secrets=_credentials(store.dsn))
     try:
@@ -294,7 +296,8 @@ def run(
         except SpecError as e:
             raise _fail(f"{file} is not a valid AgentRun:\n{e}") from None
         run_id = run_id_of(agentrun)
-        doc = agentrun.model_dump(mode="json", exclude_none=True, exclude={"status"})
+        # spec.cancel is a request, not the run's definition: `agentfast cancel` records it in the store.
+        doc = agentrun.model_dump(mode="json", exclude_none=True, exclude={"status": True, "spec": {"cancel"}})
         try:
             record = store.create_run(run_id, agentrun.metadata.uid or str(uuid.uuid4()), doc)
         except UidTaken as e:
@@ -448,6 +451,79 @@ def deny(run: str, call_id: str, reason: str = typer.Option("", "--reason", help
          uid: Optional[str] = UidOption) -> None:
     """Deny a call awaiting a decision; the model is told it was declined, and why (--reason is required)."""
     _decide(run, call_id, "deny", reason or None, dsn, kube, namespace, uid=uid)
+
+
+def _patch_cancel(run: str, namespace: Optional[str], uid: Optional[str]) -> None:
+    """``kubectl patch agentrun RUN --type merge -p '{"spec":{"cancel":true}}'``, made with the
+    Kubernetes client (carrying the AgentRun's ``metadata.uid``, as :func:`_patch_approval`
+    does); the operator records the request in Postgres and the run stops at its next safe
+    point. Refused (exit 2) when the AgentRun cannot be read, has another uid than ``uid``, has
+    already ended, or the API server refuses the patch; exit 0 when spec.cancel was already true."""
+    from kubernetes.client.rest import ApiException
+
+    api, ns = _kube_api(namespace)
+    name = run.rsplit("/", 1)[-1]
+    try:
+        body = api.get_namespaced_custom_object("agentfast.dev", "v1alpha1", ns, "agentruns", name)
+    except ApiException as e:
+        raise _fail(f"cannot read agentrun {ns}/{name}: {e.reason}") from None
+    seen_uid = body["metadata"]["uid"]
+    if uid is not None and uid != seen_uid:
+        raise _fail(f"agentrun {ns}/{name} has uid {seen_uid}, not {uid}: it was re-created since you reviewed it; nothing was cancelled")
+    phase = (body.get("status") or {}).get("phase")
+    if (body.get("spec") or {}).get("cancel") is True:
+        out.print(f"agentrun.agentfast.dev/{name}: a cancel was already requested (spec.cancel is true; phase {phase or 'unknown'})",
+                  highlight=False, markup=False)
+        return
+    if phase in ("Succeeded", "Failed", "Cancelled"):
+        raise _fail(f"agentrun {ns}/{name} has already ended ({phase}); there is nothing to cancel")
+    try:
+        # The field manager is what the operator can name as the canceller (metadata.managedFields).
+        api.patch_namespaced_custom_object("agentfast.dev", "v1alpha1", ns, "agentruns", name,
+                                           {"metadata": {"uid": seen_uid}, "spec": {"cancel": True}}, field_manager="kubectl-agentfast")
+    except ApiException as e:
+        detail = json.loads(e.body).get("message", e.reason) if e.body else e.reason
+        if "metadata.uid" in detail:
+            raise _fail(f"agentrun {ns}/{name} was re-created since it was read (uid {seen_uid} is gone); nothing was cancelled") from None
+        raise _fail(f"the API server refused the patch: {detail}") from None
+    out.print(f"agentrun.agentfast.dev/{name} (uid {seen_uid}) patched: spec.cancel true; it stops at its next safe point"
+              " (a tool call in flight finishes) and ends Cancelled", highlight=False, markup=False)
+
+
+@app.command()
+def cancel(run: str = typer.Argument(..., help="run name"), dsn: Optional[str] = DsnOption, kube: Optional[bool] = KubeOption,
+           namespace: Optional[str] = NamespaceOption, uid: Optional[str] = UidOption) -> None:
+    """Cancel a run: it starts no new tool call, keeps everything done and ends Cancelled.
+
+    A live runner stops at its next safe point (a tool call in flight finishes first; a runner
+    waiting for a decision wakes at once); with none, the run is ended now. A call awaiting a
+    decision is never run. --kube (the default as `kubectl agentfast cancel`) sets spec.cancel
+    on the AgentRun instead. Exit 0 when cancelled or requested (also again), 2 when there is no
+    such run or it has already ended.
+    """
+    if kube or (kube is None and _as_kubectl_plugin()):
+        _patch_cancel(run, namespace, uid)
+        return
+    from .liveness import runner_state
+    from .store import cancelled_message
+
+    store = _open_store(dsn)
+    key = _run_key(run)
+    if store.get_run(key) is None:
+        raise _fail(f"no run named {run!r} (see `agentfast list`)")
+    loaded = store.load_context(key)
+    if loaded is not None and loaded[0].status.phase in ("Succeeded", "Failed", "Cancelled"):
+        st = loaded[0].status
+        raise _fail(f"run {key} has already ended ({st.phase}: {one_line(st.message)[:200]}); there is nothing to cancel")
+    request, created = store.request_cancel(key, _who())
+    said = "requested" if created else f"already requested by {request.requested_by}"
+    runner = runner_state(store, key)
+    if runner.alive:
+        out.print(f"{key}: cancel {said}; its runner stops at its next safe point (a tool call in flight finishes first)"
+                  " and ends the run Cancelled", highlight=False, markup=False)
+        return
+    store.cancel_run(key, cancelled_message(request), reason="Cancelled")
+    out.print(f"{key}: Cancelled (no runner held it): {cancelled_message(request)}", highlight=False, markup=False)
 
 
 def _budget_summary(ctx: RunContext) -> tuple[dict, str]:

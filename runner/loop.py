@@ -12,7 +12,8 @@ wait until each is decided (approve, deny or complete, in any order); then appen
 assistant message and the tool results in the model's original order and commit the checkpoint.
 
 Exit codes (:class:`Outcome`.exit_code), shared with the CLI and the operator's replacement policy (operator/lifecycle.py):
-0 finished or paused for approval, 1 failed for good (budget, model rejected the request),
+0 finished, cancelled or paused for approval, 1 failed for good (budget, deadline, model rejected
+the request),
 2 bad input, 75 retry me (SIGTERM, Postgres unavailable, model unavailable, the tool host died;
 EX_TEMPFAIL),
 76 another runner owns the run: it took the run over (lease lost), or a live runner holds it and
@@ -47,7 +48,9 @@ from .snapshot import (
 )
 from .spec import AgentRun, SpecError
 from .liveness import RunnerAlive, RunnerClaim
-from .store import Decision, JournalEntry, LeaseLost, RunRecord, Store, StoreUnavailable, Turn
+from .store import (
+    Decision, JournalEntry, LeaseLost, RunRecord, Store, StoreUnavailable, Turn, cancelled_message, deadline_message,
+)
 from .toolhost import ToolHostLost
 from .tools import ToolRegistry
 
@@ -150,6 +153,13 @@ class RunnerBase:
     False returns at the first pause (exit 0, phase WaitingForApproval) instead of waiting.
     ``suspend_after_s``: waiting longer than this (s) returns the same way (a runner pod then
     frees itself, ``spec.suspendAfter``); None: wait as long as it takes.
+
+    Safe points (:meth:`_halted`): at the top of every iteration, before every tool call and
+    while waiting for a decision, the runner also reads the run's cancel request and age from
+    the store. A cancel request ends the run ``Cancelled`` (reason ``Cancelled``, exit 0): no new
+    tool call starts, a call in flight finishes and its result is kept, a pending call stays
+    undecided and never runs. A run older than ``spec.activeDeadlineSeconds`` (wall clock since
+    it was registered) ends ``Failed`` (reason ``DeadlineExceeded``, exit 1).
     """
 
     adapter = "base"
@@ -181,6 +191,8 @@ class RunnerBase:
         self.snap: StateSnapshot
         self._stored = 0
         self._active_since: float | None = None
+        self._ending: tuple[str, str, str] | None = None  # (phase, reason, message) a safe point found
+        self._deadline_mono: float | None = None  # time.monotonic() when spec.activeDeadlineSeconds passes
 
     # -- entry point -------------------------------------------------------------------------
 
@@ -342,13 +354,22 @@ class RunnerBase:
             outcome = self._pause(undecided, siblings)
             if outcome is not None:
                 return outcome
-            got = self.store.wait_for_decisions(self.run_id, list(ids.values()), self.stop, timeout_s=self.suspend_after_s)
+            suspend_at = time.monotonic() + self.suspend_after_s if self.suspend_after_s else None
+            while True:
+                until = min((t for t in (self._deadline_at(), suspend_at) if t is not None), default=None)
+                got = self.store.wait_for_decisions(self.run_id, list(ids.values()), self.stop, until=until)
+                if got is not None:
+                    break
+                if self._halted():  # stopped, cancelled or past the deadline
+                    self._active_since = time.monotonic()
+                    return self._halt_outcome("stop requested (SIGTERM) while waiting for approval; resume to continue")
+                if suspend_at is not None and time.monotonic() >= suspend_at:
+                    # spec.suspendAfter: free the pod and the connections; a decision starts a new runner
+                    self._active_since = time.monotonic()
+                    return Outcome("WaitingForApproval", EXIT_OK, f"suspended: no decision within {self.suspend_after_s:g} s; "
+                                                                  "the runner exits and a decision starts a new one", self.snap.pending)
+                # else woke a hair before the store's clock reached the deadline: wait on
             self._active_since = time.monotonic()  # time spent waiting for a human is not billed
-            if got is None and self.stop.is_set():
-                return self._retry_exit("stop requested (SIGTERM) while waiting for approval; resume to continue")
-            if got is None:  # spec.suspendAfter: free the pod and the connections; a decision starts a new runner
-                return Outcome("WaitingForApproval", EXIT_OK, f"suspended: no decision within {self.suspend_after_s:g} s; "
-                                                              "the runner exits and a decision starts a new one", self.snap.pending)
             found = got
         if self.snap.context.status.phase == "WaitingForApproval":
             said = ", ".join(f"{i}: {found[i].decision}" for i in ids.values())
@@ -390,10 +411,11 @@ class RunnerBase:
         return None
 
     def _apply(self, e: JournalEntry, d: Decision) -> ToolResult | None:
-        """Carry out a human's decision on an awaited call; None if stopped before an approved run."""
+        """Carry out a human's decision on an awaited call; None if halted (:meth:`_halted`:
+        stopped, cancelled, past the deadline) before an approved run."""
         name = e.tool_call.name
         if d.decision == "approve":
-            if self.stop.is_set():
+            if self._halted():
                 return None
             result = self.executor.execute(e)
             self._emit("tool_result", f"{e.call_id} {name}")
@@ -406,6 +428,45 @@ class RunnerBase:
             result = self.executor.deny(e, d.reason)
             self._emit("tool_denied_rerun" if attempted else "tool_denied", f"{decided_id} {name}: {d.reason or ''}")
         return result
+
+    # -- safe points: stop, cancel, deadline -------------------------------------------------------
+
+    def _halted(self) -> bool:
+        """Whether the run must start nothing more now: ``stop`` is set (SIGTERM), or the store
+        holds a cancel request for it, or it is past ``spec.activeDeadlineSeconds``. The last two
+        are remembered (:meth:`_halt_outcome` ends the run with them). One query to the store.
+        Raises StoreUnavailable."""
+        if self._ending is None:
+            ends = self.store.end_requests(self.run_id)
+            deadline = self.spec.activeDeadlineSeconds
+            if ends is not None and ends.cancel is not None:
+                self._ending = ("Cancelled", "Cancelled", cancelled_message(ends.cancel))
+            elif ends is not None and deadline is not None and ends.age_s >= deadline:
+                self._ending = ("Failed", "DeadlineExceeded", deadline_message(deadline, ends.age_s))
+            elif ends is not None and deadline is not None:
+                self._deadline_mono = time.monotonic() + (deadline - ends.age_s) + 0.01
+        return self._ending is not None or self.stop.is_set()
+
+    def _deadline_at(self) -> float | None:
+        """``time.monotonic()`` at which ``spec.activeDeadlineSeconds`` passes, or None (none, or
+        not known yet: :meth:`_halted` learns it)."""
+        if self.spec.activeDeadlineSeconds is None:
+            return None
+        if self._deadline_mono is None:
+            self._halted()
+        return self._deadline_mono
+
+    def _halt_outcome(self, stopped: str) -> Outcome:
+        """How the run ends at a safe point where :meth:`_halted` said so: cancelled (exit 0) or
+        past its deadline (Failed, exit 1) when the store said so, else stopped by SIGTERM (exit
+        75 with the message ``stopped``). A cancelled run keeps its pending call as it was:
+        undecided, never run (as ``Store.cancel_run`` does)."""
+        if self._ending is None:
+            return self._retry_exit(stopped)
+        phase, reason, message = self._ending
+        if phase == "Cancelled":
+            return self._finish(phase, reason, message, exit_code=EXIT_OK, keep_pending=True)
+        return self._finish(phase, reason, message)
 
     # -- commits and endings ---------------------------------------------------------------------
 
@@ -452,8 +513,9 @@ class RunnerBase:
         faults.point("checkpoint.after_commit")
         self._emit("checkpoint")
 
-    def _finish(self, phase: str, reason: str, message: str, *, exit_code: int | None = None) -> Outcome:
-        self.snap.pending = None
+    def _finish(self, phase: str, reason: str, message: str, *, exit_code: int | None = None, keep_pending: bool = False) -> Outcome:
+        if not keep_pending:
+            self.snap.pending = None
         self.snap.context.status = RunStatus(phase=phase, reason=reason, message=message[:1000])
         self._commit()
         self._emit("finished", message)
@@ -463,7 +525,8 @@ class RunnerBase:
 
     def _outcome_of_terminal(self) -> Outcome:
         st = self.snap.context.status
-        return Outcome(st.phase, EXIT_OK if st.phase == "Succeeded" else EXIT_FAILED, st.message)
+        ok = st.phase == "Succeeded" or (st.phase == "Cancelled" and st.reason == "Cancelled")
+        return Outcome(st.phase, EXIT_OK if ok else EXIT_FAILED, st.message)
 
     def _retry_exit(self, message: str) -> Outcome:
         return Outcome("Interrupted", EXIT_RETRY, message)
@@ -482,8 +545,8 @@ class VanillaRunner(RunnerBase):
 
     def _drive(self) -> Outcome:
         while True:
-            if self.stop.is_set():
-                return self._retry_exit("stop requested (SIGTERM): state committed; resume to continue")
+            if self._halted():
+                return self._halt_outcome("stop requested (SIGTERM): state committed; resume to continue")
             outcome = self._iteration()
             if outcome is not None:
                 return outcome
@@ -509,8 +572,8 @@ class VanillaRunner(RunnerBase):
             elif t == "human":
                 waiting.append(e)
             else:
-                if self.stop.is_set():
-                    return self._retry_exit("stop requested (SIGTERM) before a tool call; resume to continue")
+                if self._halted():
+                    return self._halt_outcome("stop requested (SIGTERM) before a tool call; resume to continue")
                 results[e.position] = self.executor.execute(e)
                 self._emit("tool_result", f"{e.call_id} {e.tool_call.name}")
         if waiting:
@@ -520,7 +583,7 @@ class VanillaRunner(RunnerBase):
             for e in waiting:
                 r = self._apply(e, decided[e.position])
                 if r is None:
-                    return self._retry_exit("stop requested (SIGTERM) before an approved tool call; resume to continue")
+                    return self._halt_outcome("stop requested (SIGTERM) before an approved tool call; resume to continue")
                 results[e.position] = r
         # Every call is resolved: the transcript keeps the model's original order.
         ctx = self.snap.context

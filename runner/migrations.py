@@ -23,6 +23,8 @@ by ``ON UPDATE CASCADE`` when an earlier run of a reused name is archived, migra
 - ``agentfast_tenants`` (5): one row per namespace whose runners have a Postgres role of their
   own (``Store.set_tenant_password``, called by the operator): the role's name and the id of its
   current credential.
+- ``agentfast_cancel_requests`` (8): a request to cancel a run (``Store.request_cancel``):
+  who asked and when, at most one per run. Runner roles read it, never write it.
 - ``agentfast_runners`` (3): the live runner of a run, if any: who (runner id, pid, host, its
   Postgres backend) and its last heartbeat. Only a hint for humans: liveness itself is the
   session advisory lock the runner holds (``runner/liveness.py``), which dies with its connection.
@@ -245,5 +247,19 @@ MIGRATIONS: list[str] = [
         ADD CONSTRAINT agentfast_tool_calls_run_id_idempotency_key_key UNIQUE (run_id, idempotency_key);
     ALTER TABLE agentfast_runs DROP CONSTRAINT agentfast_runs_run_uid_key;
     CREATE INDEX agentfast_runs_run_uid ON agentfast_runs (run_uid);
+    """,
+    # 8: cancel (issue 14): a request to stop a run at its next safe point, who made it and when.
+    # Written only by the operator's role (spec.cancel) or the CLI with the owner's DSN; a
+    # runner's role may read its namespace's rows (row-level security) and never write one.
+    """
+    CREATE TABLE agentfast_cancel_requests (
+        run_id        text PRIMARY KEY REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE,
+        requested_by  text NOT NULL,
+        requested_at  timestamptz NOT NULL DEFAULT now()
+    );
+    ALTER TABLE agentfast_cancel_requests ENABLE ROW LEVEL SECURITY;
+    CREATE POLICY agentfast_tenant ON agentfast_cancel_requests TO agentfast_runner
+        USING (split_part(run_id, '/', 1) = agentfast_tenant());
+    GRANT SELECT ON agentfast_cancel_requests TO agentfast_runner;
     """,
 ]

@@ -39,6 +39,8 @@ REF_PATTERN = rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*$"
 CALL_ID_PATTERN = r"^call-[0-9]+-[0-9]+(-rerun[0-9]+)?$"
 #: Longest retention a run may ask for after it ended (10 years), seconds.
 MAX_TTL_S = 315_360_000
+#: Longest wall-clock deadline a run may ask for (``spec.activeDeadlineSeconds``): a year, seconds.
+MAX_DEADLINE_S = 31_536_000
 #: Decisions one AgentRun can carry in ``spec.approvals`` over its life (the CRD's maxProperties).
 MAX_APPROVALS = 128
 #: The runner's variable holding the model key: the operator sets it from the Secret key the run's
@@ -290,6 +292,11 @@ class AgentRunSpec(_Spec):
     suspendAfter: int | None = Field(
         None, ge=0, le=30 * 86400, description="seconds a run waiting for a human keeps its runner pod; then the pod exits and a"
                                                " decision starts a new runner (0: keep it; default: the chart's runner.suspendAfterSeconds)")
+    activeDeadlineSeconds: int | None = Field(
+        None, ge=1, le=MAX_DEADLINE_S, description="wall-clock limit, s, counted from the run's registration, waiting for humans"
+                                                   " included; past it the run ends Failed (DeadlineExceeded). Unset: none")
+    cancel: bool = Field(False, description="true: stop the run at its next safe point (no new tool call), keep everything"
+                                            " done, end it Cancelled. Can be set once the run exists, never taken back")
     approvals: dict[str, ApprovalDecision] = Field(default_factory=dict, max_length=MAX_APPROVALS)
 
     @field_validator("approvals")

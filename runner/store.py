@@ -17,7 +17,7 @@ using (:meth:`Store.save_turn`, :meth:`Store.record_result`, :meth:`Store.commit
 hand back the stored form, so memory and a later resume agree.
 
 Notifications (LISTEN/NOTIFY): ``agentfast_progress`` (payload: run_id) after every checkpoint,
-``agentfast_approval`` (payload: run_id) after every decision. A notification is only a wake-up:
+``agentfast_approval`` (payload: run_id) after every decision and cancel request. A notification is only a wake-up:
 listeners always re-read the tables, since one sent while a listener was disconnected is lost.
 """
 
@@ -31,6 +31,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Callable, Literal, TypeVar, get_args
 
 import psycopg
@@ -46,7 +47,7 @@ import pydantic
 
 from .snapshot import (
     SCHEMA_VERSION, TERMINAL_PHASES, AwaitedCall, Phase, Message, PendingToolCall, RunContext, RunStatus, StateSnapshot, ToolCall,
-    ToolResult, now_ms,
+    ToolResult, Session, now_ms,
 )
 from .spec import InvalidDecision, check_decision  # noqa: F401  (InvalidDecision: raised by Store.decide)
 from .storable import storable, storable_text
@@ -237,6 +238,39 @@ class Decision:
     reason: str | None
     decided_by: str
     result: str | None = None
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    """A request to cancel a run (``agentfast_cancel_requests``): ``requested_by`` (``cli:USER``,
+    or ``kubernetes:...`` for ``spec.cancel``) and ``requested_at`` (timezone-aware, the
+    database's clock). At most one per run: the first one stands."""
+
+    requested_by: str
+    requested_at: datetime
+
+
+@dataclass(frozen=True)
+class EndRequests:
+    """What may end a run besides its own work, read by a runner at each safe point
+    (:meth:`Store.end_requests`): its cancel request, if any, and its age in seconds since it was
+    registered (``agentfast_runs.created_at``, by the database's clock), for
+    ``spec.activeDeadlineSeconds``."""
+
+    cancel: CancelRequest | None
+    age_s: float
+
+
+def cancelled_message(request: CancelRequest) -> str:
+    """The ending message of a run cancelled by ``request``: who asked and when (UTC)."""
+    when = request.requested_at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"cancelled by {request.requested_by} at {when}; no new tool call was started, everything done is kept"
+
+
+def deadline_message(deadline_s: int, age_s: float) -> str:
+    """The ending message of a run past ``spec.activeDeadlineSeconds`` (``deadline_s``)."""
+    return (f"spec.activeDeadlineSeconds: the run is {age_s:.0f} s old, over its deadline of {deadline_s} s"
+            " (wall clock since it was registered, waiting for humans included)")
 
 
 @dataclass(frozen=True)
@@ -550,23 +584,91 @@ class Store:
 
         return self._retry(op)
 
-    def cancel_run(self, run_id: str, message: str) -> bool:
-        """End an unfinished run as ``Cancelled`` (reason ``Deleted``) with ``message``: its AgentRun
-        was deleted. Takes the lease (a runner still holding the run loses it at its next write and
-        starts nothing more) and commits a last checkpoint with the same transcript; a pending
-        call stays as it was, undecided and never run. Returns whether it wrote one (False for no
-        run, no checkpoint yet, or a run already ended). Raises StoreUnavailable."""
-        snap = self.load_snapshot(run_id)
-        if snap is None or snap.context.status.phase in TERMINAL_PHASES:
+    def cancel_run(self, run_id: str, message: str, *, reason: Literal["Deleted", "Cancelled"] = "Deleted") -> bool:
+        """End an unfinished run as ``Cancelled`` with ``reason`` and ``message``: ``Deleted`` (its
+        AgentRun was deleted) or ``Cancelled`` (a cancel request, :meth:`request_cancel`, and no
+        live runner to carry it out). See :meth:`end_run`."""
+        return self.end_run(run_id, "Cancelled", reason, message)
+
+    def end_run(self, run_id: str, phase: Literal["Cancelled", "Failed"], reason: str, message: str) -> bool:
+        """End an unfinished run from outside it (no runner of its own is doing so): ``phase``,
+        ``reason`` and ``message`` (cut to 1024 characters) become its status. Takes the lease (a
+        runner still holding the run loses it at its next write and starts nothing more) and
+        commits a last checkpoint with the same transcript; a pending call stays as it was,
+        undecided and never run. A run registered without a checkpoint yet gets a first one, with
+        an empty transcript, so nothing starts it later. Returns whether it wrote one (False for
+        no run, or a run already ended). Raises StoreUnavailable."""
+        loaded = self.load_context(run_id)
+        if loaded is not None and loaded[0].status.phase in TERMINAL_PHASES:
+            return False
+        record = self.get_run(run_id)
+        if record is None:
             return False
         lease = self.acquire_lease(run_id)
         snap = self.load_snapshot(run_id)  # what the last holder committed before the takeover
-        if snap is None or snap.context.status.phase in TERMINAL_PHASES:
+        if snap is None:
+            doc = record.spec.get("spec") or {}
+            session = Session(run_uid=record.run_uid, adapter=doc.get("adapter", "vanilla"),
+                              model=(doc.get("model") or {}).get("name", ""))
+            snap = StateSnapshot(run_id=run_id, context=RunContext(session=session), messages=[])
+        elif snap.context.status.phase in TERMINAL_PHASES:
             return False
-        snap.context.status = RunStatus(phase="Cancelled", reason="Deleted", message=message)
+        snap.context.status = RunStatus(phase=phase, reason=reason, message=message[:1000])
         snap.saved_at = now_ms()
         self.commit_checkpoint(lease, snap, stored_messages=len(snap.messages))
         return True
+
+    # -- cancel requests and deadlines ---------------------------------------------------------
+
+    def request_cancel(self, run_id: str, requested_by: str) -> tuple[CancelRequest, bool]:
+        """Record a request to cancel ``run_id``, made by ``requested_by``, and wake its runner if
+        it waits for a decision (a NOTIFY on ``agentfast_approval``: the channel it listens on).
+
+        Idempotent: the first request stands; returns ``(request, created)``, the recorded request
+        and whether this call made it. The runner carries it out at its next safe point (top of
+        an iteration, before a tool call, while waiting for a decision); nothing is ended here
+        (see :meth:`cancel_run` for a run no runner holds). Only a role that owns the tables (the
+        operator's, the CLI's with the owner's DSN) may write it: a runner's role gets
+        StoreUnavailable (insufficient privilege). Raises KeyError for no such run."""
+
+        def op(conn: psycopg.Connection) -> tuple[CancelRequest, bool]:
+            if conn.execute("SELECT 1 FROM agentfast_runs WHERE run_id = %s", (run_id,)).fetchone() is None:
+                raise KeyError(run_id)
+            made = conn.execute(
+                """INSERT INTO agentfast_cancel_requests (run_id, requested_by) VALUES (%s, %s)
+                   ON CONFLICT (run_id) DO NOTHING RETURNING requested_by, requested_at""",
+                (run_id, requested_by[:512])).fetchone()
+            if made is None:
+                row = conn.execute("SELECT requested_by, requested_at FROM agentfast_cancel_requests WHERE run_id = %s",
+                                   (run_id,)).fetchone()
+                return CancelRequest(**row), False
+            conn.execute("SELECT pg_notify(%s, %s)", (APPROVAL_CHANNEL, run_id))
+            return CancelRequest(**made), True
+
+        return self._retry(op)
+
+    def cancel_request(self, run_id: str) -> CancelRequest | None:
+        """The run's cancel request, or None."""
+        row = self._retry(lambda c: c.execute(
+            "SELECT requested_by, requested_at FROM agentfast_cancel_requests WHERE run_id = %s", (run_id,)).fetchone())
+        return CancelRequest(**row) if row else None
+
+    @staticmethod
+    def _end_requests(conn: psycopg.Connection, run_id: str) -> EndRequests | None:
+        row = conn.execute(
+            """SELECT extract(epoch FROM clock_timestamp() - r.created_at)::float8 AS age_s, q.requested_by, q.requested_at
+               FROM agentfast_runs r LEFT JOIN agentfast_cancel_requests q ON q.run_id = r.run_id
+               WHERE r.run_id = %s""", (run_id,)).fetchone()
+        if row is None:
+            return None
+        cancel = CancelRequest(row["requested_by"], row["requested_at"]) if row["requested_by"] is not None else None
+        return EndRequests(cancel, row["age_s"])
+
+    def end_requests(self, run_id: str) -> EndRequests | None:
+        """The run's cancel request and age (one cheap query; a runner's role may make it), or
+        None for no such run. Ages are by the database's clock, so runners on hosts whose clocks
+        differ agree."""
+        return self._retry(lambda c: self._end_requests(c, run_id))
 
     def expired_runs(self, default_ttl_s: int) -> list[tuple[str, str]]:
         """``(run_id, run_uid)`` of every run past its retention: ended (or never started) longer
@@ -1008,29 +1110,40 @@ class Store:
         return got[call_id] if got is not None else None
 
     def wait_for_decisions(
-        self, run_id: str, call_ids: list[str], stop: threading.Event, *, poll_s: float = 30.0, timeout_s: float | None = None
+        self, run_id: str, call_ids: list[str], stop: threading.Event, *, poll_s: float = 30.0, until: float | None = None,
     ) -> dict[str, Decision] | None:
-        """Block until every one of ``call_ids`` is decided (returns them by id), ``stop`` is set or
-        ``timeout_s`` seconds have passed (None: no limit); None in both latter cases.
+        """Block until every one of ``call_ids`` is decided (returns them by id), or return None
+        when ``stop`` is set, the run has a cancel request (:meth:`request_cancel`), or
+        ``time.monotonic()`` reaches ``until`` (a deadline; None: none). The caller tells which.
 
         LISTENs on ``agentfast_approval`` on a dedicated autocommit connection and re-reads the
-        table after every wake-up and at least every ``poll_s`` seconds. A dropped connection is
-        re-opened with backoff; a decision made meanwhile is found by the re-read.
+        decisions and the cancel request after every wake-up (a decision or a cancel request of
+        this run NOTIFYs it) and at least every ``poll_s`` seconds. A dropped connection is
+        re-opened with backoff; a decision or request made meanwhile is found by the re-read.
         """
         delay = 0.2
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+
+        def late() -> bool:
+            return until is not None and time.monotonic() >= until
+
+        def read(conn: psycopg.Connection) -> tuple[dict[str, Decision], bool]:
+            ends = self._end_requests(conn, run_id)
+            return self._decisions(conn, run_id, call_ids), ends is not None and ends.cancel is not None
+
+        while not stop.is_set() and not late():
             try:
                 with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
                     conn.execute(f"LISTEN {APPROVAL_CHANNEL}")
                     delay = 0.2
                     woke, last_read = True, 0.0  # read once right after LISTEN: nothing can slip between
-                    while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+                    while not stop.is_set() and not late():
                         if woke or time.monotonic() - last_read >= poll_s:
-                            decided = self.get_decisions(run_id, call_ids)
+                            decided, cancelled = self._retry(read)
                             last_read = time.monotonic()
                             if len(decided) == len(set(call_ids)):
                                 return decided
+                            if cancelled:
+                                return None
                         woke = False
                         for note in conn.notifies(timeout=0.5, stop_after=1):
                             woke = note.payload == run_id

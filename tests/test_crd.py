@@ -161,3 +161,27 @@ def test_modelconfig_patterns_and_limits_are_the_runners() -> None:
 def test_every_modelconfig_field_is_documented_for_kubectl_explain() -> None:
     props = mc_spec_schema()["properties"]
     assert all("description" in p for p in props.values()), [n for n, p in props.items() if "description" not in p]
+
+
+def test_the_immutability_rule_covers_every_spec_field_but_approvals_and_cancel() -> None:
+    """A field the rule forgets would be editable after creation (a budget raised mid-run, a
+    deadline lifted): every field of spec is compared with oldSelf, except the two requests."""
+    import re
+
+    rules = spec_schema()["x-kubernetes-validations"]
+    immutable = next(r for r in rules if "spec is immutable" in r["message"])
+    compared = set(re.findall(r"self\.([A-Za-z]+) == oldSelf\.\1", immutable["rule"]))
+    assert compared == set(spec_schema()["properties"]) - {"approvals", "cancel"}
+    assert "spec.approvals and spec.cancel" in immutable["message"]
+
+
+def test_cancel_is_a_one_way_switch_and_the_deadline_the_runners() -> None:
+    from agentfast.runner.spec import MAX_DEADLINE_S
+
+    props = spec_schema()["properties"]
+    assert props["cancel"]["type"] == "boolean" and "default" not in props["cancel"]  # absent until someone cancels
+    assert props["activeDeadlineSeconds"]["minimum"] == 1 and props["activeDeadlineSeconds"]["maximum"] == MAX_DEADLINE_S
+    assert AgentRunSpec.model_fields["activeDeadlineSeconds"].metadata[0].ge == 1
+    one_way = [r for r in spec_schema()["x-kubernetes-validations"] if r.get("fieldPath") == ".cancel"]
+    assert [r["rule"] for r in one_way] == ["!has(oldSelf.cancel) || !oldSelf.cancel || (has(self.cancel) && self.cancel)"]
+    assert "cannot be taken back" in one_way[0]["message"]

@@ -414,3 +414,25 @@ def test_resolve_ref_turns_any_base_exception_into_import_error(tmp_path: Path, 
         with pytest.raises(ImportError) as err:
             resolve_ref(f"raises_{i}:x")
         assert str(err.value) == f"importing module 'raises_{i}' raised {name}"
+
+
+@pytest.mark.parametrize("value,problem", [(0, "greater than or equal to 1"), (31_536_001, "less than or equal to 31536000"),
+                                           ("soon", "valid integer")])
+def test_a_deadline_is_whole_seconds_from_1_to_a_year(value: object, problem: str) -> None:
+    doc = yaml.safe_load((EXAMPLES / "refund.yaml").read_text())
+    doc["spec"]["activeDeadlineSeconds"] = value
+    with pytest.raises(SpecError, match=rf"spec.activeDeadlineSeconds: .*{problem}"):
+        parse_agentrun(doc, check_imports=False)
+    doc["spec"]["activeDeadlineSeconds"] = 3600
+    assert parse_agentrun(doc, check_imports=False).spec.activeDeadlineSeconds == 3600
+
+
+def test_a_file_cannot_ask_to_cancel_a_run(tmp_path: Path) -> None:
+    doc = yaml.safe_load((EXAMPLES / "refund.yaml").read_text())
+    doc["spec"]["cancel"] = True
+    assert parse_agentrun(doc, check_imports=False).spec.cancel is True  # a field of the resource (the CRD's)
+    path = tmp_path / "cancelled.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    proc = spawn_cli("run", str(path), dsn="postgresql://nobody@127.0.0.1:1/none")  # refused before any store is opened
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "spec.cancel is never read from a file" in out and "agentfast cancel" in out, out

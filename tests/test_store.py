@@ -43,7 +43,8 @@ from agentfast.runner.store import (
 from .conftest import count_rows
 
 TABLES = {"agentfast_runs", "agentfast_messages", "agentfast_checkpoints", "agentfast_turns", "agentfast_tool_calls",
-          "agentfast_approvals", "agentfast_migrations", "agentfast_runners", "agentfast_void_decisions", "agentfast_tenants"}
+          "agentfast_approvals", "agentfast_migrations", "agentfast_runners", "agentfast_void_decisions", "agentfast_tenants",
+          "agentfast_cancel_requests"}
 
 
 @contextmanager

@@ -50,7 +50,8 @@ SDK_STATE_FORMAT = "agentfast.langgraph-saver/1"
 
 
 class StopRequested(Exception):
-    """Raised inside a tool task when SIGTERM arrived: no new tool call starts."""
+    """Raised inside a graph node at a safe point where the run must start nothing more (SIGTERM,
+    a cancel request, the deadline: ``RunnerBase._halted``): no new model or tool call starts."""
 
 
 # -- the opaque state -----------------------------------------------------------------------
@@ -207,6 +208,8 @@ class RuntimeChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         runner: LangGraphRunner = self.runner
+        if runner._halted():  # the top of an iteration: stopped, cancelled or past the deadline
+            raise StopRequested()
         it = 1 + sum(isinstance(m, AIMessage) for m in messages)
         turn = runner._model_turn(it, [to_runtime_message(m) for m in messages])
         ctx = runner.snap.context
@@ -262,7 +265,7 @@ class GraphRuntime:
                 raise StopRequested()
             result = applied
         else:
-            if r.stop.is_set():
+            if r._halted():
                 raise StopRequested()
             result = r.executor.execute(entry)
             r._emit("tool_result", f"{entry.call_id} {entry.tool_call.name}")
@@ -309,8 +312,8 @@ class LangGraphRunner(RunnerBase):
         stream = self.snap.pending is None
         while True:
             if stream:
-                if self.stop.is_set():
-                    return self._retry_exit("stop requested (SIGTERM): state committed; resume to continue")
+                if self._halted():
+                    return self._halt_outcome("stop requested (SIGTERM): state committed; resume to continue")
                 steps = 0
                 try:
                     for _ in self.graph.stream(graph_input, config, stream_mode="updates", durability="sync"):
@@ -318,7 +321,7 @@ class LangGraphRunner(RunnerBase):
                         self._step_done(thread_id, config)
                 except StopRequested:
                     self._step_done(thread_id, config)
-                    return self._retry_exit("stop requested (SIGTERM) before a tool call; resume to continue")
+                    return self._halt_outcome("stop requested (SIGTERM) before a tool call; resume to continue")
                 # No step and nothing left to run: the graph had finished and its last superstep
                 # was committed, but the process died before the run's final commit; finish now.
                 if steps == 0 and self.graph.get_state(config).next:

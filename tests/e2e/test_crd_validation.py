@@ -68,6 +68,9 @@ BAD = [
     ("decision without decidedBy", lambda s: s.update(approvals={"call-2-0": {"decision": "approve"}}), "spec.approvals.call-2-0.decidedBy: Required value"),
     ("approval key not a call id", lambda s: s.update(approvals={"junk": {"decision": "approve", "decidedBy": "u"}}), "approval keys are call ids"),
     ("approval key too long", lambda s: s.update(approvals={"call-" + "1" * 100 + "-0": {"decision": "approve", "decidedBy": "u"}}), "approval keys are call ids"),
+    ("zero deadline", lambda s: s.update(activeDeadlineSeconds=0), "spec.activeDeadlineSeconds"),
+    ("deadline without bound", lambda s: s.update(activeDeadlineSeconds=10**9), "spec.activeDeadlineSeconds"),
+    ("cancel not a boolean", lambda s: s.update(cancel="yes"), "spec.cancel"),
     ("too many approval keys", lambda s: s.update(approvals={f"call-{i}-0": {"decision": "approve", "decidedBy": "u"} for i in range(129)}), "spec.approvals: Too many"),
 ]
 
@@ -163,3 +166,27 @@ def test_the_crd_installs_within_the_cel_cost_budget_and_long_names_are_accepted
     doc["metadata"]["name"] = ("n" + uuid.uuid4().hex)[:12] + "-" + "x" * 240
     proc = kube.run("apply", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_cancel_is_a_one_way_switch_and_the_deadline_is_immutable(kube: Kube) -> None:
+    doc = variant(lambda s: s.update(activeDeadlineSeconds=3600))
+    name = doc["metadata"]["name"]
+    kube.apply(doc)
+
+    def patch(spec: str):
+        return kube.run("patch", "agentrun", name, "--type", "merge", "-p", '{"spec":%s}' % spec, check=False)
+
+    for spec in ('{"activeDeadlineSeconds":7200}', '{"activeDeadlineSeconds":null}'):
+        refused = patch(spec)
+        assert refused.returncode != 0 and "spec is immutable after creation, except spec.approvals and spec.cancel" in refused.stderr
+    assert patch('{"cancel":false}').returncode == 0  # false to false: nothing taken back
+    assert patch('{"cancel":true}').returncode == 0
+    for spec in ('{"cancel":false}', '{"cancel":null}'):
+        back = patch(spec)
+        assert back.returncode != 0 and "spec.cancel cannot be taken back" in back.stderr, back.stderr
+    assert kube.get("agentrun", name)["spec"]["cancel"] is True
+    undeadlined = variant(lambda s: None)
+    kube.apply(undeadlined)
+    added = kube.run("patch", "agentrun", undeadlined["metadata"]["name"], "--type", "merge", "-p", '{"spec":{"activeDeadlineSeconds":60}}',
+                     check=False)
+    assert added.returncode != 0 and "spec is immutable after creation" in added.stderr
