@@ -106,6 +106,10 @@ class RunnerConfig:
     # The Secret, in each run's namespace, whose keys become the tool host's environment ("": none).
     tool_secret: str = "agentfast-tools"
 
+    def __post_init__(self) -> None:
+        if self.service_account_create and not self.service_account:  # the name the operator makes
+            object.__setattr__(self, "service_account", DEFAULT_RUNNER_SERVICE_ACCOUNT)
+
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "RunnerConfig":
         """The settings in ``env`` (default: the process's). Structured ones are JSON:

@@ -447,7 +447,7 @@ class RunnerSpec(_Spec):
     """Where and in what the run's runner pod runs: the fields a team may set on its own runs.
 
     Each field replaces the chart's ``runner.*`` default of the same name, per key (see
-    ``operator/workload.py``, :func:`merge_runner`): ``resources`` per requests/limits entry,
+    ``operator/workload.py``, ``runner_settings``): ``resources`` per requests/limits entry,
     ``nodeSelector`` per label, ``tolerations`` are added to the chart's, ``affinity``,
     ``priorityClassName`` and ``image`` replace the chart's. Nothing here reaches the pod's
     environment, volumes, security context, command or service account. The image must be one

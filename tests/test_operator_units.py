@@ -687,6 +687,7 @@ def test_the_operator_makes_the_runner_service_account_with_the_charts_annotatio
     identity.forget()
     api = _ServiceAccounts({("team-b", "agentfast-runner"): {"metadata": {"labels": {"team": "b"}, "annotations": {"x": "team-b's"}}}})
     assert identity.ensure_runner_service_account("team-a", api, RunnerConfig()) == "off"
+    assert RunnerConfig(service_account_create=True).service_account == "agentfast-runner"  # what it makes is what pods name
     cfg = RunnerConfig.from_env(CHART_ENV)
     assert identity.ensure_runner_service_account("team-a", api, cfg) == "created"
     made = api.objects[("team-a", "agentfast-runner")]
@@ -703,3 +704,20 @@ def test_the_operator_makes_the_runner_service_account_with_the_charts_annotatio
     assert api.objects[("team-b", "agentfast-runner")]["metadata"]["annotations"] == {"x": "team-b's"}
     assert not any(c[0] in ("create", "patch") and c[1] == "team-b" for c in api.calls)
     identity.forget()
+
+
+def test_reconcile_fails_a_run_naming_a_foreign_image_before_registering_it(store, monkeypatch) -> None:
+    from agentfast.operator import main
+
+    published = []
+    monkeypatch.setattr(main.STATE, "store", store)
+    monkeypatch.setattr(main, "publish_status", lambda body, ctx, pending, **kw: published.append(kw.get("override")))
+    monkeypatch.setattr(main.SETTINGS, "runner", RunnerConfig())
+    scripted = {**BODY, "spec": {"model": {"name": "m", "script": "refund"}, "input": "hi"}}
+    main.reconcile(_with_runner({"image": "evil.example.com/miner:1"}, scripted))
+    [(phase, reason, message)] = published
+    assert (phase, reason) == ("Failed", "InvalidSpec") and message.startswith("spec.runner.image: 'evil.example.com/miner:1' is not")
+    published.clear()
+    main.reconcile(_with_runner({"resources": {"requests": {"memory": "4Gi"}}}, scripted))
+    assert published[0][:2] == ("Failed", "InvalidSpec") and "spec.runner.resources" in published[0][2]
+    assert store.list_runs() == []  # nothing registered, no pod asked for
