@@ -25,6 +25,7 @@ Deployment does). Settings come from the environment (see :class:`Settings`).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -51,10 +52,11 @@ from agentfast.runner.store import (
 )
 
 from .credentials import ensure_runner_secret, revoke_unused
+from .identity import ensure_runner_service_account
 from .status import MAX_DECISIONS, status_from_store
 from .lifecycle import RunnerPod, Step, next_step
-from .workload import (API_TIMEOUT_S, ANNOTATION_RUN, LABEL_RUN, LABEL_RUN_UID, RUNNER_SECRET, EgressPolicy, RunnerConfig, build_network_policy, build_pod,
-                       pod_name)
+from .workload import (API_TIMEOUT_S, ANNOTATION_RUN, LABEL_RUN, LABEL_RUN_UID, RUNNER_SECRET, EgressPolicy, RunnerConfig, build_network_policy,
+                       build_pod, pod_name, runner_settings)
 
 GROUP, VERSION, PLURAL = "agentfast.dev", "v1alpha1", "agentruns"
 MODELCONFIGS = "modelconfigs"
@@ -219,6 +221,7 @@ def reconcile(body: dict[str, Any]) -> None:
         # read here. Whether its refs resolve is learned in the runner pod (Failed/InvalidSpec).
         run = parse_agentrun(doc, check_imports=False)
         check_cluster_policy(run, SETTINGS.allowed_modules, bundled_scripts())
+        runner_settings(doc, SETTINGS.runner)  # spec.runner: an allowed image (by name only), a request within its limit
         doc = _with_model_config(run, doc, run_id, uid)
     except ModelConfigNotFound as err:  # an admin may still create it: the resync retries
         publish_status(body, None, None, override=("Pending", "ModelConfigNotFound", str(err)))
@@ -249,6 +252,7 @@ def reconcile(body: dict[str, Any]) -> None:
     if ctx is None or ctx.status.phase not in TERMINAL_PHASES:
         try:
             ensure_runner_secret(namespace, STATE.store, STATE.core, SETTINGS.dsn)  # before its first pod needs it
+            ensure_runner_service_account(namespace, STATE.core, SETTINGS.runner, timeout_s=API_TIMEOUT_S)  # runner.serviceAccount.create
         except StoreUnavailable as err:
             raise kopf.TemporaryError(f"Postgres unavailable: {err}", delay=10) from None
         with _lock_for(f"pods:{uid}"):  # one decision at a time per run: never two pods for one attempt
@@ -528,9 +532,19 @@ def _create_pod(body: dict[str, Any], model_key: dict[str, str] | None, step: St
     except ApiException as err:
         if err.status == 409:
             return
+        if err.status == 403:  # e.g. the runner ServiceAccount does not exist (yet) there, a quota: retried
+            raise kopf.TemporaryError(f"the API server refused runner pod {pod['metadata']['name']}: {_api_message(err)}", delay=30) from None
         raise
     if step.attempt == 1:
         _event(body, "Normal", "RunnerCreated", f"created runner pod {pod['metadata']['name']}")
+
+
+def _api_message(err: ApiException) -> str:
+    """The ``message`` of an API error's Status body (at most 512 characters), else its reason."""
+    try:
+        return str(json.loads(err.body or "{}").get("message") or err.reason)[:512]
+    except (ValueError, AttributeError):
+        return str(err.reason)[:512]
 
 
 def _prune_pods(namespace: str, pods: list[RunnerPod], keep_from: int) -> None:

@@ -28,10 +28,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentfast.runner.spec import MODEL_API_KEY_ENV
+from decimal import Decimal
+
+from pydantic import ValidationError
+
+from agentfast.runner.spec import (
+    DNS1123_SUBDOMAIN, MODEL_API_KEY_ENV, OPERATOR_TOLERATION_KEYS, QUANTITY_PATTERN, RunnerSpec, SpecError, Affinity, Toleration, check_allowed_images, image_allowed,
+)
 from agentfast.runner.toolhost import TOOL_ENV_DIR_ENV
 
 LABEL_RUN = "agentfast.dev/run"
@@ -57,9 +64,25 @@ RUNNER_SECRET_KEY = "dsn"
 TOOL_ENV_DIR = "/var/run/agentfast/tool-env"
 
 
+#: Runner pod resources when the chart gives none (the chart's runner.resources default).
+DEFAULT_RESOURCES: dict[str, Any] = {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
+#: The ServiceAccount the operator makes in each run namespace when runner.serviceAccount.create and no name is given.
+DEFAULT_RUNNER_SERVICE_ACCOUNT = "agentfast-runner"
+
+
 @dataclass(frozen=True)
 class RunnerConfig:
-    """Operator settings for runner pods, from the environment the chart sets."""
+    """Operator settings for runner pods, from the environment the chart sets.
+
+    Placement and size (``resources``, ``node_selector``, ``tolerations``, ``affinity``,
+    ``priority_class``) are the chart's defaults for every runner pod; a run's ``spec.runner``
+    replaces them per key (:func:`runner_settings`). ``allowed_images``: image references or
+    path prefixes (ending with ``/``) a run's ``spec.runner.image`` may name, besides ``image``.
+    ``service_account``: the ServiceAccount of runner pods (in the run's namespace; "" the
+    namespace's default); with ``service_account_create`` the operator makes it in each run
+    namespace with ``service_account_annotations`` (operator/identity.py). ``automount_token``:
+    mount its API token in the pod (off: the runner needs no Kubernetes credentials, and the
+    tools, which run in the pod, would get them too)."""
 
     image: str = "agentfast:dev"
     image_pull_policy: str = "IfNotPresent"
@@ -73,21 +96,58 @@ class RunnerConfig:
     # A run waiting for a human longer than this releases its pod (spec.suspendAfter wins; 0: never), s.
     suspend_after_s: int = 60
     service_account: str = ""
-    resources: dict[str, Any] = field(
-        default_factory=lambda: {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
-    )
+    service_account_create: bool = False
+    service_account_annotations: dict[str, str] = field(default_factory=dict)
+    automount_token: bool = False
+    resources: dict[str, Any] = field(default_factory=lambda: json.loads(json.dumps(DEFAULT_RESOURCES)))
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[dict[str, Any], ...] = ()
+    affinity: dict[str, Any] | None = None
+    priority_class: str = ""
+    allowed_images: tuple[str, ...] = ()
     termination_grace_s: int = 30
     # The Secret, in each run's namespace, whose keys become the tool host's environment ("": none).
     tool_secret: str = "agentfast-tools"
 
+    def __post_init__(self) -> None:
+        if self.service_account_create and not self.service_account:  # the name the operator makes
+            object.__setattr__(self, "service_account", DEFAULT_RUNNER_SERVICE_ACCOUNT)
+
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "RunnerConfig":
-        """The settings in ``env`` (default: the process's). Raises ValueError when the tool Secret
-        would be a Postgres credential (the runners' or the operator's Secret)."""
+        """The settings in ``env`` (default: the process's). Structured ones are JSON:
+        ``AGENTFAST_RUNNER_RESOURCES`` ({"requests": {...}, "limits": {...}}),
+        ``AGENTFAST_RUNNER_NODE_SELECTOR`` ({label: value}), ``AGENTFAST_RUNNER_TOLERATIONS``
+        ([toleration]), ``AGENTFAST_RUNNER_AFFINITY`` (an Affinity or {}),
+        ``AGENTFAST_RUNNER_ALLOWED_IMAGES`` ([image or prefix/]),
+        ``AGENTFAST_RUNNER_SERVICE_ACCOUNT_ANNOTATIONS`` ({key: value}); plain:
+        ``AGENTFAST_RUNNER_PRIORITY_CLASS``, ``AGENTFAST_RUNNER_SERVICE_ACCOUNT``,
+        ``AGENTFAST_RUNNER_SERVICE_ACCOUNT_CREATE`` and ``AGENTFAST_RUNNER_AUTOMOUNT_TOKEN``
+        (true/false). Raises ValueError naming the variable: malformed JSON or shape, the tool
+        Secret being a Postgres credential (the runners' or the operator's Secret), the runner
+        ServiceAccount being the operator's own (``AGENTFAST_OPERATOR_SERVICE_ACCOUNT``) or
+        ``default`` with create."""
         e = dict(os.environ if env is None else env)
         tool_secret = e.get("AGENTFAST_RUNNER_TOOL_SECRET", cls.tool_secret)
         if tool_secret in (RUNNER_SECRET, e.get("AGENTFAST_DSN_SECRET", cls.dsn_secret)):
             raise ValueError(f"AGENTFAST_RUNNER_TOOL_SECRET: {tool_secret!r} is a Postgres credential; tools never receive one")
+        create = _env_bool(e, "AGENTFAST_RUNNER_SERVICE_ACCOUNT_CREATE")
+        account = e.get("AGENTFAST_RUNNER_SERVICE_ACCOUNT", "") or (DEFAULT_RUNNER_SERVICE_ACCOUNT if create else "")
+        if account and (len(account) > 253 or not re.match(DNS1123_SUBDOMAIN, account)):
+            raise ValueError(f"AGENTFAST_RUNNER_SERVICE_ACCOUNT: {account[:64]!r} is not a ServiceAccount name")
+        if account and account == e.get("AGENTFAST_OPERATOR_SERVICE_ACCOUNT"):
+            raise ValueError(f"AGENTFAST_RUNNER_SERVICE_ACCOUNT: {account!r} is the operator's own ServiceAccount; runners never get its rights")
+        if create and account == "default":
+            raise ValueError("AGENTFAST_RUNNER_SERVICE_ACCOUNT: the operator does not manage a namespace's default ServiceAccount; name another")
+        annotations = _env_json(e, "AGENTFAST_RUNNER_SERVICE_ACCOUNT_ANNOTATIONS", {})
+        if not isinstance(annotations, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()):
+            raise ValueError("AGENTFAST_RUNNER_SERVICE_ACCOUNT_ANNOTATIONS: expected an object of string values")
+        if annotations and not create:
+            raise ValueError("AGENTFAST_RUNNER_SERVICE_ACCOUNT_ANNOTATIONS: set only with AGENTFAST_RUNNER_SERVICE_ACCOUNT_CREATE=true"
+                             " (the operator annotates only a ServiceAccount it makes)")
+        priority = e.get("AGENTFAST_RUNNER_PRIORITY_CLASS", "")
+        if priority and (len(priority) > 253 or not re.match(DNS1123_SUBDOMAIN, priority)):
+            raise ValueError(f"AGENTFAST_RUNNER_PRIORITY_CLASS: {priority[:64]!r} is not a PriorityClass name")
         return cls(
             image=e.get("AGENTFAST_RUNNER_IMAGE", cls.image),
             image_pull_policy=e.get("AGENTFAST_RUNNER_PULL_POLICY", cls.image_pull_policy),
@@ -95,9 +155,147 @@ class RunnerConfig:
             dsn_secret_key=e.get("AGENTFAST_DSN_SECRET_KEY", cls.dsn_secret_key),
             restart_limit=int(e.get("AGENTFAST_RESTART_LIMIT", cls.restart_limit)),
             suspend_after_s=int(e.get("AGENTFAST_SUSPEND_AFTER_SECONDS", cls.suspend_after_s)),
-            service_account=e.get("AGENTFAST_RUNNER_SERVICE_ACCOUNT", ""),
+            service_account=account,
+            service_account_create=create,
+            service_account_annotations=annotations,
+            automount_token=_env_bool(e, "AGENTFAST_RUNNER_AUTOMOUNT_TOKEN"),
+            resources=_check_resources(_env_json(e, "AGENTFAST_RUNNER_RESOURCES", DEFAULT_RESOURCES)),
+            node_selector=_check_node_selector(_env_json(e, "AGENTFAST_RUNNER_NODE_SELECTOR", {})),
+            tolerations=_check_tolerations(_env_json(e, "AGENTFAST_RUNNER_TOLERATIONS", [])),
+            affinity=_check_affinity(_env_json(e, "AGENTFAST_RUNNER_AFFINITY", {})),
+            priority_class=priority,
+            allowed_images=check_allowed_images(_env_json(e, "AGENTFAST_RUNNER_ALLOWED_IMAGES", []), "AGENTFAST_RUNNER_ALLOWED_IMAGES"),
             tool_secret=tool_secret,
         )
+
+
+def _env_bool(env: dict[str, str], name: str) -> bool:
+    value = env.get(name, "false").strip().lower()
+    if value not in ("true", "false", ""):
+        raise ValueError(f"{name}: expected true or false, not {value[:16]!r}")
+    return value == "true"
+
+
+def _env_json(env: dict[str, str], name: str, default: Any) -> Any:
+    raw = env.get(name, "").strip()
+    if not raw or raw == "null":
+        return default
+    try:
+        return json.loads(raw)
+    except ValueError as err:
+        raise ValueError(f"{name} is not JSON: {err}") from None
+
+
+def _check_resources(value: Any) -> dict[str, Any]:
+    """The chart's runner resources: {"requests": {name: quantity}, "limits": {...}}, any resource
+    names (an admin may give GPUs or ephemeral storage); numbers become strings."""
+    if not isinstance(value, dict) or set(value) - {"requests", "limits"}:
+        raise ValueError("AGENTFAST_RUNNER_RESOURCES: expected an object with requests and limits")
+    out: dict[str, Any] = {}
+    for part, entries in value.items():
+        if entries is None:
+            continue
+        if not isinstance(entries, dict) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in entries.values()):
+            raise ValueError(f"AGENTFAST_RUNNER_RESOURCES.{part}: expected an object of quantities (cpu: 500m, memory: 1Gi)")
+        out[part] = {k: str(v) for k, v in entries.items()}
+    return out
+
+
+def _check_node_selector(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise ValueError("AGENTFAST_RUNNER_NODE_SELECTOR: expected an object of label values")
+    return value
+
+
+def _check_tolerations(value: Any) -> tuple[dict[str, Any], ...]:
+    """The chart's tolerations, checked for shape (an admin's may tolerate every taint: no key)."""
+    if not isinstance(value, list):
+        raise ValueError("AGENTFAST_RUNNER_TOLERATIONS: expected a list of tolerations")
+    out = []
+    for i, t in enumerate(value):
+        try:
+            out.append(Toleration.model_validate(t).model_dump(exclude_none=True))
+        except ValidationError as err:
+            raise ValueError(f"AGENTFAST_RUNNER_TOLERATIONS: [{i}].{_first_error(err)}") from None
+    return tuple(out)
+
+
+def _check_affinity(value: Any) -> dict[str, Any] | None:
+    if value in ({}, None):
+        return None
+    try:
+        return Affinity.model_validate(value).model_dump(exclude_none=True, exclude_defaults=True)
+    except ValidationError as err:
+        raise ValueError(f"AGENTFAST_RUNNER_AFFINITY: {_first_error(err)}") from None
+
+
+def _first_error(err: ValidationError) -> str:
+    e = err.errors()[0]
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".")
+    return f"{where}: {e['msg'].removeprefix('Value error, ')}" if where else e["msg"]
+
+
+_QUANTITY_SUFFIX = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+                    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
+
+
+def parse_quantity(text: str) -> Decimal | None:
+    """The value of a quantity in the forms :data:`QUANTITY_PATTERN` allows (``500m`` = 0.5,
+    ``1Gi`` = 1073741824), or None for another form (left to the API server)."""
+    if not re.match(QUANTITY_PATTERN, text):
+        return None
+    number = re.match(r"^[0-9.]+", text).group(0)  # type: ignore[union-attr]
+    return Decimal(number) * Decimal(_QUANTITY_SUFFIX[text[len(number):]])
+
+
+def runner_settings(body: dict[str, Any], cfg: RunnerConfig) -> dict[str, Any]:
+    """The runner pod's image, resources and placement for the AgentRun ``body``: the chart's
+    defaults in ``cfg``, then its ``spec.runner`` (validated again here: nothing else of it is
+    read). Merge rule, per key: ``image``, ``affinity`` and ``priorityClassName`` replace the
+    chart's; ``resources`` replace the chart's per entry (``requests.cpu``, ``limits.memory``...);
+    ``nodeSelector`` per label; ``tolerations`` are added after the operator's and the chart's.
+
+    Returns ``{"image", "resources", "nodeSelector", "tolerations", "affinity",
+    "priorityClassName"}`` (empty values left out of the pod). Raises SpecError naming the field:
+    an image not allowed (:func:`agentfast.runner.spec.image_allowed`), a malformed
+    ``spec.runner``, a request above its limit once merged (e.g. the run's ``requests.memory: 1Gi``
+    under the chart's ``limits.memory: 512Mi``: give ``limits.memory`` too)."""
+    raw = (body.get("spec") or {}).get("runner")
+    try:
+        spec = RunnerSpec.model_validate(raw or {})
+    except ValidationError as err:
+        raise SpecError(f"spec.runner: {_first_error(err)}") from None
+    image = cfg.image
+    if spec.image is not None:
+        if not image_allowed(spec.image, cfg.allowed_images, cfg.image):
+            listed = ", ".join([cfg.image, *cfg.allowed_images][:8])
+            raise SpecError(f"spec.runner.image: {spec.image[:128]!r} is not an image this cluster allows for runners"
+                            f" (runner.allowedImages: {listed})")
+        image = spec.image
+    resources = {part: dict(entries) for part, entries in cfg.resources.items()}
+    if spec.resources is not None:
+        for part in ("requests", "limits"):
+            given = getattr(spec.resources, part)
+            if given is not None:
+                resources.setdefault(part, {}).update(given.model_dump(exclude_none=True))
+    for name, request in (resources.get("requests") or {}).items():
+        limit = (resources.get("limits") or {}).get(name)
+        r, lim = parse_quantity(str(request)), parse_quantity(str(limit)) if limit is not None else None
+        if r is not None and lim is not None and r > lim:
+            raise SpecError(f"spec.runner.resources: requests.{name} {request} is above limits.{name} {limit} (the chart's"
+                            f" runner.resources, unless the run sets it): give limits.{name} too")
+    own = [{"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": NODE_LOSS_TOLERATION_S}
+           for key in OPERATOR_TOLERATION_KEYS]
+    run_tolerations = [t.model_dump(exclude_none=True) for t in spec.tolerations]
+    affinity = spec.affinity.model_dump(exclude_none=True, exclude_defaults=True) if spec.affinity is not None else cfg.affinity
+    return {
+        "image": image,
+        "resources": resources,
+        "nodeSelector": {**cfg.node_selector, **spec.nodeSelector},
+        "tolerations": [*own, *cfg.tolerations, *run_tolerations],
+        "affinity": affinity or None,
+        "priorityClassName": spec.priorityClassName or cfg.priority_class or None,
+    }
 
 
 def _fit63(text: str, key: str) -> str:
@@ -141,7 +339,11 @@ def build_pod(body: dict[str, Any], cfg: RunnerConfig, *, attempt: int = 1, coun
     (``{"name", "key"}``) of the ModelConfig the run was registered with, or None (the scripted
     model, an endpoint without a key): that one Secret key, and no other, becomes
     ``AGENTFAST_MODEL_API_KEY``, a fixed name of ours; nothing in the AgentRun's spec reaches the
-    environment. Raises ValueError when ``model_key`` is the DSN's Secret key itself."""
+    environment. Image, resources and placement: :func:`runner_settings` (chart defaults, then
+    the run's ``spec.runner``, whose other parts never reach the pod).
+
+    Raises ValueError when ``model_key`` is the DSN's Secret key itself, SpecError (a ValueError)
+    when ``spec.runner`` is not allowed (:func:`runner_settings`)."""
     meta = body["metadata"]
     name, namespace = meta["name"], meta.get("namespace", "default")
     env: list[dict[str, Any]] = [
@@ -165,25 +367,27 @@ def build_pod(body: dict[str, Any], cfg: RunnerConfig, *, attempt: int = 1, coun
         if (model_key["name"], model_key["key"]) == (cfg.dsn_secret, cfg.dsn_secret_key) or model_key["name"] == RUNNER_SECRET:
             raise ValueError(f"the model key would be a Postgres credential (Secret {model_key['name']!r}, key {model_key['key']!r})")
         env.append({"name": MODEL_API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": model_key["name"], "key": model_key["key"]}}})
+    placed = runner_settings(body, cfg)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
+        # The runner needs no Kubernetes credentials; a token in the pod would be the tools' too.
+        "automountServiceAccountToken": cfg.automount_token,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": cfg.termination_grace_s,
         "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
-        # A lost node's pods are evicted after 20 s instead of the default 300 s; the operator
-        # replaces a pod once its deletion deadline passes, even if the kubelet never confirms (G6
-        # fences a runner that is in fact still alive there).
-        "tolerations": [{"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": NODE_LOSS_TOLERATION_S}
-                        for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")],
+        # First the operator's own: a lost node's pods are evicted after 20 s instead of the
+        # default 300 s; the operator replaces a pod once its deletion deadline passes, even if
+        # the kubelet never confirms (G6 fences a runner that is in fact still alive there).
+        # Then the chart's, then the run's.
+        "tolerations": placed["tolerations"],
         "containers": [
             {
                 "name": RUNNER_CONTAINER,
-                "image": cfg.image,
+                "image": placed["image"],
                 "imagePullPolicy": cfg.image_pull_policy,
                 "command": ["agentfast", "resume", f"{namespace}/{name}"],
                 "env": env,
-                "resources": cfg.resources,
+                "resources": placed["resources"],
                 "securityContext": {
                     "allowPrivilegeEscalation": False,
                     "readOnlyRootFilesystem": True,
@@ -194,7 +398,10 @@ def build_pod(body: dict[str, Any], cfg: RunnerConfig, *, attempt: int = 1, coun
         ],
         "volumes": volumes,
     }
-    if cfg.service_account:
+    for key in ("nodeSelector", "affinity", "priorityClassName"):
+        if placed[key]:
+            pod_spec[key] = placed[key]
+    if cfg.service_account:  # the chart's, never a run's: spec.runner names no ServiceAccount
         pod_spec["serviceAccountName"] = cfg.service_account
     pod_meta = _runner_object_meta(name, namespace)
     pod_meta["name"] = pod_name(name, attempt)

@@ -278,6 +278,216 @@ class BudgetSpec(Budget):
         return v if v in ("heuristic", "none") else _check_ref_shape(v)
 
 
+#: A label key (``kubernetes.io/os``, ``pool``): an optional DNS-subdomain prefix and ``/``, then a name of 1-63 characters.
+LABEL_KEY_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
+#: A CPU or memory quantity in the plain forms (``500m``, ``2``, ``0.5``, ``128Mi``, ``1G``): no exponent, no sign.
+QUANTITY_PATTERN = r"^[0-9]{1,9}(\.[0-9]{1,6})?(m|k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$"
+#: A container image reference: [registry[:port]/]path[:tag][@sha256:digest], path components in
+#: lower case (the grammar of github.com/distribution/reference, sha256 digests only). ``..`` and
+#: empty components cannot occur, so a prefix match on ``/`` boundaries means what it says.
+_IMG_DOMAIN = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]{1,5})?"
+_IMG_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_PATTERN = (rf"^(?:{_IMG_DOMAIN}/)?{_IMG_COMPONENT}(?:/{_IMG_COMPONENT})*"
+                 r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$")
+#: An allow-list entry that is a path prefix (``registry.example.com/team-a/``): it ends with ``/``.
+IMAGE_PREFIX_PATTERN = rf"^{_IMG_DOMAIN}(?:/{_IMG_COMPONENT})*/$"
+MAX_IMAGE_CHARS = 512
+#: Tolerations the operator itself sets on every runner pod (a lost node is detected in 20 s): a run cannot restate them.
+OPERATOR_TOLERATION_KEYS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+#: Bounds of spec.runner (the CRD's maxItems/maxProperties): enough to place a pod, small enough
+#: that the CEL immutability check stays cheap and the AgentRun small (G9).
+MAX_SELECTOR_LABELS = 32
+MAX_TOLERATIONS = 32
+MAX_TERMS = 8
+MAX_EXPRESSIONS = 8
+MAX_VALUES = 32
+
+_LabelKey = Field(min_length=1, max_length=317, pattern=LABEL_KEY_PATTERN)
+
+
+class ResourceList(_Spec):
+    """CPU and memory quantities of a runner container (``cpu: 500m``, ``memory: 1Gi``)."""
+
+    cpu: str | None = Field(None, max_length=32, pattern=QUANTITY_PATTERN)
+    memory: str | None = Field(None, max_length=32, pattern=QUANTITY_PATTERN)
+
+
+class RunnerResources(_Spec):
+    """A run's requests and limits, cpu and memory only (no GPUs, no ephemeral storage: an admin's)."""
+
+    requests: ResourceList | None = None
+    limits: ResourceList | None = None
+
+
+class Toleration(_Spec):
+    """A Kubernetes toleration (core/v1 Toleration)."""
+
+    key: str | None = Field(None, max_length=317, pattern=LABEL_KEY_PATTERN)
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = Field(None, max_length=63, pattern=LABEL_VALUE_PATTERN)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    tolerationSeconds: int | None = Field(None, ge=0, le=31_536_000)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Toleration":
+        if self.operator == "Exists" and self.value:
+            raise ValueError("a toleration with operator Exists has no value")
+        if self.tolerationSeconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds is given only with effect NoExecute")
+        return self
+
+
+class SelectorRequirement(_Spec):
+    """One ``matchExpressions`` entry of a node selector: In/NotIn take values, Exists/DoesNotExist
+    none, Gt/Lt one integer (the API server's own rules: a pod breaking them would be refused)."""
+
+    key: str = _LabelKey
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    values: list[str] = Field(default_factory=list, max_length=MAX_VALUES)
+
+    @model_validator(mode="after")
+    def _values(self) -> "SelectorRequirement":
+        if any(len(v) > 253 for v in self.values):
+            raise ValueError("values are at most 253 characters")
+        if self.operator in ("In", "NotIn") and not self.values:
+            raise ValueError(f"operator {self.operator} needs values")
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(f"operator {self.operator} takes no values")
+        if self.operator in ("Gt", "Lt") and (len(self.values) != 1 or not re.fullmatch(r"-?[0-9]{1,18}", self.values[0])):
+            raise ValueError(f"operator {self.operator} takes exactly one integer value")
+        return self
+
+
+class LabelSelectorRequirement(SelectorRequirement):
+    """One ``matchExpressions`` entry of a label selector (no Gt/Lt)."""
+
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+
+
+class NodeSelectorTerm(_Spec):
+    """Node selector terms are ORed; the requirements inside one are ANDed. ``matchFields`` takes
+    only ``metadata.name`` with In or NotIn."""
+
+    matchExpressions: list[SelectorRequirement] = Field(default_factory=list, max_length=MAX_EXPRESSIONS)
+    matchFields: list[SelectorRequirement] = Field(default_factory=list, max_length=MAX_EXPRESSIONS)
+
+    @field_validator("matchFields")
+    @classmethod
+    def _fields(cls, reqs: list[SelectorRequirement]) -> list[SelectorRequirement]:
+        if any(r.key != "metadata.name" or r.operator not in ("In", "NotIn") for r in reqs):
+            raise ValueError("matchFields takes key metadata.name with operator In or NotIn only")
+        return reqs
+
+
+class NodeSelector(_Spec):
+    nodeSelectorTerms: list[NodeSelectorTerm] = Field(min_length=1, max_length=MAX_TERMS)
+
+
+class PreferredSchedulingTerm(_Spec):
+    weight: int = Field(ge=1, le=100)
+    preference: NodeSelectorTerm
+
+
+class NodeAffinity(_Spec):
+    requiredDuringSchedulingIgnoredDuringExecution: NodeSelector | None = None
+    preferredDuringSchedulingIgnoredDuringExecution: list[PreferredSchedulingTerm] = Field(default_factory=list, max_length=MAX_TERMS)
+
+
+class LabelSelector(_Spec):
+    matchLabels: dict[str, str] = Field(default_factory=dict, max_length=MAX_SELECTOR_LABELS)
+    matchExpressions: list[LabelSelectorRequirement] = Field(default_factory=list, max_length=MAX_EXPRESSIONS)
+
+    @field_validator("matchLabels")
+    @classmethod
+    def _labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        return _check_labels(labels)
+
+
+class PodAffinityTerm(_Spec):
+    labelSelector: LabelSelector | None = None
+    namespaceSelector: LabelSelector | None = None
+    namespaces: list[str] = Field(default_factory=list, max_length=16)
+    topologyKey: str = _LabelKey
+
+    @field_validator("namespaces")
+    @classmethod
+    def _namespaces(cls, names: list[str]) -> list[str]:
+        if any(not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", n) or len(n) > 63 for n in names):
+            raise ValueError("namespaces are DNS labels of at most 63 characters")
+        return names
+
+
+class WeightedPodAffinityTerm(_Spec):
+    weight: int = Field(ge=1, le=100)
+    podAffinityTerm: PodAffinityTerm
+
+
+class PodAffinity(_Spec):
+    requiredDuringSchedulingIgnoredDuringExecution: list[PodAffinityTerm] = Field(default_factory=list, max_length=MAX_TERMS)
+    preferredDuringSchedulingIgnoredDuringExecution: list[WeightedPodAffinityTerm] = Field(default_factory=list, max_length=MAX_TERMS)
+
+
+class Affinity(_Spec):
+    """A pod's affinity (core/v1 Affinity), with bounded lists."""
+
+    nodeAffinity: NodeAffinity | None = None
+    podAffinity: PodAffinity | None = None
+    podAntiAffinity: PodAffinity | None = None
+
+
+def _check_labels(labels: dict[str, str]) -> dict[str, str]:
+    for k, v in labels.items():
+        if len(k) > 317 or not re.match(LABEL_KEY_PATTERN, k):
+            raise ValueError(f"{k[:64]!r} is not a label key (e.g. kubernetes.io/os)")
+        if len(v) > 63 or not re.match(LABEL_VALUE_PATTERN, v):
+            raise ValueError(f"the value of {k[:64]!r} is not a label value (at most 63 letters, digits, -_.)")
+    return labels
+
+
+class RunnerSpec(_Spec):
+    """Where and in what the run's runner pod runs: the fields a team may set on its own runs.
+
+    Each field replaces the chart's ``runner.*`` default of the same name, per key (see
+    ``operator/workload.py``, ``runner_settings``): ``resources`` per requests/limits entry,
+    ``nodeSelector`` per label, ``tolerations`` are added to the chart's, ``affinity``,
+    ``priorityClassName`` and ``image`` replace the chart's. Nothing here reaches the pod's
+    environment, volumes, security context, command or service account. The image must be one
+    the admin allows (the chart's ``runner.allowedImages``; checked by the operator by name only,
+    never pulled or read: G12).
+    """
+
+    image: str | None = Field(None, min_length=1, max_length=MAX_IMAGE_CHARS, pattern=IMAGE_PATTERN,
+                              description="the runner image: one of the cluster's runner.allowedImages")
+    resources: RunnerResources | None = None
+    nodeSelector: dict[str, str] = Field(default_factory=dict, max_length=MAX_SELECTOR_LABELS)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_TOLERATIONS)
+    affinity: Affinity | None = None
+    priorityClassName: str | None = Field(None, min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN)
+
+    @field_validator("nodeSelector")
+    @classmethod
+    def _node_selector(cls, labels: dict[str, str]) -> dict[str, str]:
+        return _check_labels(labels)
+
+    @field_validator("tolerations")
+    @classmethod
+    def _tolerations(cls, tolerations: list[Toleration]) -> list[Toleration]:
+        for t in tolerations:
+            if not t.key:
+                raise ValueError("a run's toleration names a key: one without tolerates every taint (only an admin's chart may say so)")
+            if t.key in OPERATOR_TOLERATION_KEYS:
+                raise ValueError(f"{t.key} is the operator's own toleration (a lost node is detected in 20 s); a run cannot change it")
+        return tolerations
+
+    @field_validator("priorityClassName")
+    @classmethod
+    def _priority(cls, name: str | None) -> str | None:
+        if name is not None and name.startswith("system-"):
+            raise ValueError(f"{name!r}: the system- priority classes are the cluster's own, not a run's")
+        return name
+
+
 class AgentRunSpec(_Spec):
     adapter: Literal["vanilla", "langgraph"] = "vanilla"
     model: ModelSpec
@@ -298,6 +508,7 @@ class AgentRunSpec(_Spec):
     cancel: bool = Field(False, description="true: stop the run at its next safe point (no new tool call), keep everything"
                                             " done, end it Cancelled. Can be set once the run exists, never taken back")
     approvals: dict[str, ApprovalDecision] = Field(default_factory=dict, max_length=MAX_APPROVALS)
+    runner: RunnerSpec | None = Field(None, description="the runner pod's image, resources and placement (chart defaults otherwise)")
 
     @field_validator("approvals")
     @classmethod
@@ -585,3 +796,65 @@ def check_cluster_policy(run: AgentRun, allowed_modules: tuple[str, ...], bundle
         problems.append(f"spec.model.script: {shown!r} is not a bundled script; in a cluster only these are: {', '.join(bundled_scripts) or 'none'}")
     if problems:
         raise SpecError("\n".join(problems))
+
+
+def split_image(image: str) -> tuple[str, str | None, str | None]:
+    """``(repository, tag, digest)`` of an image reference (``reg.io:5000/a/b:1.2@sha256:...``):
+    the tag is after the last ``:`` that follows the last ``/`` (a registry's port is not a tag)."""
+    rest, _, digest = image.partition("@")
+    slash = rest.rfind("/")
+    colon = rest.rfind(":")
+    if colon > slash:
+        return rest[:colon], rest[colon + 1:], digest or None
+    return rest, None, digest or None
+
+
+def image_allowed(image: str, allowed: tuple[str, ...], own_image: str) -> bool:
+    """True when ``image`` may run a runner: it is the cluster's own runner image (``own_image``,
+    the chart's ``image``), or it matches an entry of ``allowed`` (the chart's
+    ``runner.allowedImages``). An entry ending with ``/`` allows every image under that path
+    (``reg.io/team-a/`` allows ``reg.io/team-a/tools:1``, not ``reg.io/team-a-x/tools``); an entry
+    with a tag or a digest allows exactly that reference; an entry without either allows that
+    repository at any tag or digest (``reg.io/team-a/tools`` allows ``reg.io/team-a/tools:2``,
+    not ``reg.io/team-a/tools-x``). Strings are compared as written, never resolved or pulled
+    (``agentfast:dev`` and ``docker.io/library/agentfast:dev`` are different entries): an image
+    that is not well-formed (:data:`IMAGE_PATTERN`) is never allowed."""
+    if len(image) > MAX_IMAGE_CHARS or not re.match(IMAGE_PATTERN, image):
+        return False
+    if image == own_image:
+        return True
+    repository, _, _ = split_image(image)
+    for entry in allowed:
+        if entry.endswith("/"):
+            if image.startswith(entry):
+                return True
+        elif split_image(entry)[1:] != (None, None):
+            if image == entry:
+                return True
+        elif repository == entry:
+            return True
+    return False
+
+
+def check_allowed_images(entries: Any, where: str) -> tuple[str, ...]:
+    """``entries`` (an admin's allow-list) as a tuple, each entry an image reference or a path
+    prefix ending with ``/``. Raises ValueError naming ``where`` and the bad entry."""
+    if not isinstance(entries, list) or len(entries) > 256:
+        raise ValueError(f"{where}: expected a list of at most 256 image references or prefixes ending with /")
+    for i, entry in enumerate(entries):
+        ok = isinstance(entry, str) and len(entry) <= MAX_IMAGE_CHARS and (
+            re.match(IMAGE_PREFIX_PATTERN, entry) if entry.endswith("/") else re.match(IMAGE_PATTERN, entry))
+        if not ok:
+            raise ValueError(f"{where}[{i}]: {str(entry)[:80]!r} is neither an image reference (reg.io/team/tools:1.0,"
+                             " reg.io/team/tools) nor a path prefix ending with / (reg.io/team/)")
+    return tuple(entries)
+
+
+def check_runner_image(run: AgentRun, allowed_images: tuple[str, ...], own_image: str) -> None:
+    """Raise SpecError unless the run's ``spec.runner.image`` (when set) is allowed
+    (:func:`image_allowed`). Only the name is compared: nothing is pulled or read (G12)."""
+    image = run.spec.runner.image if run.spec.runner is not None else None
+    if image is not None and not image_allowed(image, allowed_images, own_image):
+        listed = ", ".join([own_image, *allowed_images][:8])
+        raise SpecError(f"spec.runner.image: {image[:128]!r} is not an image this cluster allows for runners"
+                        f" (runner.allowedImages: {listed})")

@@ -308,3 +308,76 @@ def test_the_bundled_postgres_admits_only_operator_and_runner_pods(helm: str) ->
 
     [_, runner] = policy["spec"]["ingress"][0]["from"]
     assert runner["podSelector"]["matchExpressions"] == [{"key": LABEL_RUN, "operator": "Exists"}]
+
+
+# -- runner pods configurable (issue 14 item 7) -----------------------------------------------------
+
+
+def _operator_env(docs: list[dict]) -> dict[str, str]:
+    op = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-operator"))
+    return {e["name"]: e.get("value") for e in op["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def _render_values(helm: str, values: dict) -> subprocess.CompletedProcess:
+    import json
+
+    return subprocess.run([helm, "template", "agentfast", str(CHART), "--namespace", "agentfast", "-f", "-"], input=json.dumps(values),
+                          capture_output=True, text=True)
+
+
+def test_runner_values_reach_the_operator_and_its_parser_accepts_them(helm: str) -> None:
+    from agentfast.operator.workload import RunnerConfig, build_pod
+
+    default = RunnerConfig.from_env(_operator_env(render(helm)))
+    assert default.resources == {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
+    assert default.allowed_images == () and default.service_account == "" and not default.automount_token
+    values = {"runner": {
+        "resources": {"requests": {"cpu": 1, "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
+        "nodeSelector": {"pool": "agents"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "agents", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}]}}},
+        "priorityClassName": "agents",
+        "allowedImages": ["reg.example.com/team-a/", "reg.example.com/shared/agent"],
+        "serviceAccount": {"create": True, "annotations": {"iam.gke.io/gcp-service-account": "runner@p.iam.gserviceaccount.com"}},
+    }}
+    proc = _render_values(helm, values)
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    cfg = RunnerConfig.from_env(_operator_env(docs))
+    assert cfg.resources == {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+    assert cfg.node_selector == {"pool": "agents"} and cfg.tolerations[0]["key"] == "dedicated" and cfg.priority_class == "agents"
+    assert cfg.allowed_images == ("reg.example.com/team-a/", "reg.example.com/shared/agent")
+    assert cfg.service_account == "agentfast-runner" and cfg.service_account_create
+    assert cfg.service_account_annotations == {"iam.gke.io/gcp-service-account": "runner@p.iam.gserviceaccount.com"}
+    pod = build_pod({"metadata": {"name": "r", "namespace": "team-a", "uid": "u"}, "spec": {}}, cfg)["spec"]
+    assert pod["containers"][0]["resources"]["limits"] == {"memory": "2Gi"} and pod["nodeSelector"] == {"pool": "agents"}
+    # the operator may manage ServiceAccounts only when asked to make them
+    def sa_verbs(docs: list[dict]) -> set[str]:
+        role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-operator"))
+        return {v for rule in role["rules"] if "serviceaccounts" in rule["resources"] for v in rule["verbs"]}
+
+    assert sa_verbs(docs) == {"get", "create", "patch"} and sa_verbs(render(helm)) == set()
+
+
+@pytest.mark.parametrize("values, problem", [
+    ({"runner": {"allowedImages": ["*"]}}, "allowedImages"),
+    ({"runner": {"allowedImages": ["reg.example.com/team"]}}, None),  # a repository
+    ({"runner": {"allowedImages": ["reg.example.com/../x/"]}}, "allowedImages"),
+    ({"runner": {"resources": {"requests": {"cpu": "lots"}}}}, "cpu"),
+    ({"runner": {"resources": {"claims": []}}}, "claims"),
+    ({"runner": {"tolerations": [{"key": "x", "operator": "Maybe"}]}}, "operator"),
+    ({"runner": {"affinity": {"nodeAfinity": {}}}}, "nodeAfinity"),
+    ({"runner": {"priorityClassName": "Not_A_Name"}}, "priorityClassName"),
+    ({"runner": {"serviceAccount": {"name": "team/x"}}}, "name"),
+    ({"runner": {"serviceAccount": {"annotations": {"a": "b"}}}}, "only with runner.serviceAccount.create"),
+    ({"runner": {"serviceAccount": {"create": True, "name": "default"}}}, "default ServiceAccount"),
+    ({"runner": {"serviceAccount": {"name": "agentfast-operator"}}}, "operator's own ServiceAccount"),
+    ({"runner": {"serviceAccount": {"token": True}}}, "token"),
+])
+def test_bad_runner_values_are_refused_at_install(helm: str, values: dict, problem: str | None) -> None:
+    proc = _render_values(helm, values)
+    if problem is None:
+        assert proc.returncode == 0, proc.stderr
+    else:
+        assert proc.returncode != 0 and problem in proc.stderr, proc.stderr

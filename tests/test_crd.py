@@ -185,3 +185,61 @@ def test_cancel_is_a_one_way_switch_and_the_deadline_the_runners() -> None:
     one_way = [r for r in spec_schema()["x-kubernetes-validations"] if r.get("fieldPath") == ".cancel"]
     assert [r["rule"] for r in one_way] == ["!has(oldSelf.cancel) || !oldSelf.cancel || (has(self.cancel) && self.cancel)"]
     assert "cannot be taken back" in one_way[0]["message"]
+
+
+def test_spec_runner_mirrors_the_runners_model_and_is_bounded_everywhere() -> None:
+    # Issue 14 item 7: the same fields at every depth (an unknown field is pruned by the API server
+    # and refused by the runner's model), the same patterns, and every list, map and string bounded.
+    from agentfast.runner import spec as s
+
+    runner = spec_schema()["properties"]["runner"]
+
+    def model_of(annotation: Any) -> Any:
+        import typing
+
+        for arg in typing.get_args(annotation) or (annotation,):
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                return arg
+            inner = model_of(arg) if typing.get_args(arg) else None
+            if inner is not None:
+                return inner
+        return None
+
+    def walk(schema: dict[str, Any], model: type[BaseModel], path: str) -> None:
+        assert set(schema["properties"]) == fields(model), path
+        for name, prop in schema["properties"].items():
+            sub = model_of(model.model_fields[name].annotation)
+            if prop["type"] == "array":
+                assert "maxItems" in prop, f"{path}.{name}"
+                if sub is not None:
+                    walk(prop["items"], sub, f"{path}.{name}[]")
+            elif prop["type"] == "object" and "additionalProperties" in prop:
+                assert "maxProperties" in prop, f"{path}.{name}"
+            elif prop["type"] == "object":
+                assert sub is not None, f"{path}.{name}"
+                walk(prop, sub, f"{path}.{name}")
+            elif prop["type"] == "string":
+                assert "maxLength" in prop or "enum" in prop, f"{path}.{name}"
+
+    walk(runner, s.RunnerSpec, "spec.runner")
+    props = runner["properties"]
+    assert props["image"]["pattern"] == s.IMAGE_PATTERN and props["image"]["maxLength"] == s.MAX_IMAGE_CHARS
+    assert props["nodeSelector"]["maxProperties"] == s.MAX_SELECTOR_LABELS and props["tolerations"]["maxItems"] == s.MAX_TOLERATIONS
+    assert props["nodeSelector"]["additionalProperties"]["pattern"] == s.LABEL_VALUE_PATTERN
+    assert props["tolerations"]["items"]["properties"]["key"]["pattern"] == s.LABEL_KEY_PATTERN
+    assert props["resources"]["properties"]["limits"]["properties"]["memory"]["pattern"] == s.QUANTITY_PATTERN
+    assert props["priorityClassName"]["pattern"] == s.DNS1123_SUBDOMAIN
+    terms = props["affinity"]["properties"]["nodeAffinity"]["properties"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["properties"]["nodeSelectorTerms"]["maxItems"] == s.MAX_TERMS
+    # what the CRD refuses by CEL, the runner's model refuses too (the operator's check, and `agentfast run`)
+    tol_rules = " ".join(r["rule"] for r in props["tolerations"]["items"]["x-kubernetes-validations"])
+    assert all(k in tol_rules for k in s.OPERATOR_TOLERATION_KEYS)
+    assert "startsWith('system-')" in props["priorityClassName"]["x-kubernetes-validations"][0]["rule"]
+
+
+def test_spec_runner_is_immutable_like_the_rest_of_spec() -> None:
+    [immutable] = [r for r in spec_schema()["x-kubernetes-validations"] if r["message"].startswith("spec is immutable after creation")]
+    assert "has(self.runner) == has(oldSelf.runner) && (!has(self.runner) || self.runner == oldSelf.runner)" in immutable["rule"]
+    # every field of spec but approvals and cancel is in the rule (a field left out would be editable)
+    for name in fields(AgentRunSpec) - {"approvals", "cancel"}:
+        assert f"self.{name}" in immutable["rule"], name

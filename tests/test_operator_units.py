@@ -448,3 +448,276 @@ def test_status_shows_the_reason_suspension_and_a_blocked_pod() -> None:
     s = status_from_store(None, None, generation=1, old=None, blocked=("CreateContainerConfigError", "runner pod x cannot start: secret"))
     assert (s["phase"], s["reason"]) == ("Pending", "CreateContainerConfigError") and "cannot start" in s["message"]
     assert {c["type"]: c["status"] for c in s["conditions"]}["RunnerPodReady"] == "False"
+
+
+# -- issue 14 item 7: runner pods configurable from the chart and per run ---------------------------
+
+
+def _with_runner(runner: dict, body: dict = BODY) -> dict:
+    return {**body, "spec": {**body["spec"], "runner": runner}}
+
+
+CHART_ENV = {
+    "AGENTFAST_RUNNER_IMAGE": "reg.example.com/agentfast:1.4",
+    "AGENTFAST_RUNNER_RESOURCES": '{"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi", "nvidia.com/gpu": 1}}',
+    "AGENTFAST_RUNNER_NODE_SELECTOR": '{"pool": "agents", "kubernetes.io/arch": "amd64"}',
+    "AGENTFAST_RUNNER_TOLERATIONS": '[{"key": "dedicated", "operator": "Equal", "value": "agents", "effect": "NoSchedule"}]',
+    "AGENTFAST_RUNNER_AFFINITY": '{"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 50, "podAffinityTerm":'
+                                 ' {"labelSelector": {"matchLabels": {"app.kubernetes.io/component": "runner"}}, "topologyKey": "kubernetes.io/hostname"}}]}}',
+    "AGENTFAST_RUNNER_PRIORITY_CLASS": "agents",
+    "AGENTFAST_RUNNER_ALLOWED_IMAGES": '["reg.example.com/team-a/", "reg.example.com/shared/agent", "ghcr.io/acme/tools:2.0"]',
+    "AGENTFAST_RUNNER_SERVICE_ACCOUNT_CREATE": "true",
+    "AGENTFAST_RUNNER_SERVICE_ACCOUNT_ANNOTATIONS": '{"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/runner"}',
+    "AGENTFAST_OPERATOR_SERVICE_ACCOUNT": "agentfast-operator",
+}
+
+
+def test_the_charts_runner_settings_reach_every_runner_pod() -> None:
+    cfg = RunnerConfig.from_env(CHART_ENV)
+    assert cfg.service_account == "agentfast-runner" and cfg.service_account_create and not cfg.automount_token
+    pod = build_pod(BODY, cfg)["spec"]
+    [c] = pod["containers"]
+    assert c["image"] == "reg.example.com/agentfast:1.4"
+    # runner.resources is applied (it used to change nothing); numbers from helm's toJson become strings
+    assert c["resources"] == {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi", "nvidia.com/gpu": "1"}}
+    assert pod["nodeSelector"] == {"pool": "agents", "kubernetes.io/arch": "amd64"} and pod["priorityClassName"] == "agents"
+    assert pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["weight"] == 50
+    keys = [t["key"] for t in pod["tolerations"]]
+    assert keys == ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable", "dedicated"]  # the operator's own first
+    assert pod["serviceAccountName"] == "agentfast-runner" and pod["automountServiceAccountToken"] is False
+    # nothing set: the pod as before, with the chart's default resources
+    plain = build_pod(BODY, RunnerConfig.from_env({}))["spec"]
+    assert plain["containers"][0]["resources"] == {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
+    assert not {"nodeSelector", "affinity", "priorityClassName", "serviceAccountName"} & set(plain)
+    assert plain["automountServiceAccountToken"] is False
+    opted_in = RunnerConfig.from_env({**CHART_ENV, "AGENTFAST_RUNNER_AUTOMOUNT_TOKEN": "true"})
+    assert build_pod(BODY, opted_in)["spec"]["automountServiceAccountToken"] is True
+
+
+def test_a_runs_spec_runner_replaces_the_charts_values_per_key() -> None:
+    cfg = RunnerConfig.from_env(CHART_ENV)
+    run = _with_runner({
+        "image": "reg.example.com/team-a/tools:3.1",
+        "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "4", "memory": "2Gi"}},
+        "nodeSelector": {"pool": "big", "kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["eu-1a", "eu-1b"]}]}]}}},
+        "priorityClassName": "batch-high",
+    })
+    pod = build_pod(run, cfg)["spec"]
+    [c] = pod["containers"]
+    assert c["image"] == "reg.example.com/team-a/tools:3.1"
+    assert c["resources"] == {"requests": {"cpu": "2", "memory": "256Mi"}, "limits": {"memory": "2Gi", "nvidia.com/gpu": "1", "cpu": "4"}}
+    assert pod["nodeSelector"] == {"pool": "big", "kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux"}
+    assert [t["key"] for t in pod["tolerations"]][2:] == ["dedicated", "gpu"]  # added to the chart's
+    assert list(pod["affinity"]) == ["nodeAffinity"]  # replaced as a whole: the chart's anti-affinity is gone
+    expr = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"][0]
+    assert expr == {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["eu-1a", "eu-1b"]}
+    assert pod["priorityClassName"] == "batch-high"
+    # everything else of the pod is the operator's, whatever the run says
+    base = build_pod(BODY, cfg)["spec"]
+    for key in ("securityContext", "volumes", "serviceAccountName", "automountServiceAccountToken", "enableServiceLinks", "restartPolicy"):
+        assert pod[key] == base[key], key
+    for key in ("command", "env", "securityContext", "volumeMounts", "imagePullPolicy"):
+        assert c[key] == base["containers"][0][key], key
+
+
+def test_a_request_above_its_merged_limit_is_refused_naming_the_field() -> None:
+    from agentfast.operator.workload import parse_quantity, runner_settings
+    from agentfast.runner.spec import SpecError
+
+    assert parse_quantity("500m") == parse_quantity("0.5") and parse_quantity("1Gi") == 1024 ** 3 and parse_quantity("1e3") is None
+    cfg = RunnerConfig()  # limits.memory 512Mi
+    with pytest.raises(SpecError, match=r"spec.runner.resources: requests.memory 1Gi is above limits.memory 512Mi .*give limits.memory too"):
+        runner_settings(_with_runner({"resources": {"requests": {"memory": "1Gi"}}}), cfg)
+    ok = runner_settings(_with_runner({"resources": {"requests": {"memory": "1Gi"}, "limits": {"memory": "1Gi"}}}), cfg)
+    assert ok["resources"]["requests"]["memory"] == ok["resources"]["limits"]["memory"] == "1Gi"
+    with pytest.raises(SpecError, match="requests.cpu 2 is above limits.cpu 500m"):
+        runner_settings(_with_runner({"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "500m"}}}), cfg)
+
+
+@pytest.mark.parametrize("image, allowed", [
+    ("agentfast:dev", True),  # the chart's own image, always
+    ("reg.example.com/team-a/tools:1", True),  # under a prefix
+    ("reg.example.com/team-a/sub/tools@sha256:" + "a" * 64, True),
+    ("reg.example.com/shared/agent:9", True),  # a repository: any tag
+    ("reg.example.com/shared/agent@sha256:" + "b" * 64, True),
+    ("ghcr.io/acme/tools:2.0", True),  # exactly
+    ("ghcr.io/acme/tools:2.1", False),  # an entry with a tag allows that tag only
+    ("reg.example.com/team-ab/tools:1", False),  # a prefix ends at a /
+    ("reg.example.com/shared/agent-evil:1", False),  # a repository is not a prefix
+    ("reg.example.com/shared/agent/sub:1", False),
+    ("agentfast:evil", False),  # the own image exactly, not its repository
+    ("docker.io/library/agentfast:dev", False),  # compared as written, never resolved
+    ("reg.example.com/team-a/../evil/x:1", False),  # not a reference at all
+    ("reg.example.com/team-a/Tools:1", False),
+    ("reg.example.com:443/team-a/tools:1", False),
+    ("evil.example.com/reg.example.com/team-a/tools:1", False),
+])
+def test_only_allowed_images_run_compared_by_name(image: str, allowed: bool) -> None:
+    from agentfast.runner.spec import image_allowed
+
+    entries = ("reg.example.com/team-a/", "reg.example.com/shared/agent", "ghcr.io/acme/tools:2.0")
+    assert image_allowed(image, entries, "agentfast:dev") is allowed
+
+
+def test_an_image_outside_the_allow_list_is_refused_before_any_pod_naming_the_field() -> None:
+    from agentfast.runner.spec import SpecError
+
+    cfg = RunnerConfig()  # default: allowedImages [] - only the chart's own image
+    for image in ("evil.example.com/miner:latest", "agentfast:latest", "reg.example.com/team-a/tools:1"):
+        with pytest.raises(SpecError) as err:
+            build_pod(_with_runner({"image": image}), cfg)
+        assert str(err.value).startswith(f"spec.runner.image: '{image}' is not an image this cluster allows") and "agentfast:dev" in str(err.value)
+    assert build_pod(_with_runner({"image": "agentfast:dev"}), cfg)["spec"]["containers"][0]["image"] == "agentfast:dev"
+
+
+@pytest.mark.parametrize("runner, problem", [
+    # nothing of a pod's security or identity can be said through spec.runner: unknown keys are refused
+    ({"securityContext": {"privileged": True}}, "securityContext"),
+    ({"privileged": True}, "privileged"),
+    ({"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}, "volumes"),
+    ({"hostPID": True}, "hostPID"),
+    ({"hostNetwork": True}, "hostNetwork"),
+    ({"serviceAccountName": "kube-system/admin"}, "serviceAccountName"),
+    ({"serviceAccount": "default"}, "serviceAccount"),
+    ({"automountServiceAccountToken": True}, "automountServiceAccountToken"),
+    ({"env": [{"name": "LD_PRELOAD", "value": "/tmp/x.so"}]}, "env"),
+    ({"command": ["sh", "-c", "id"]}, "command"),
+    ({"imagePullSecrets": [{"name": "agentfast-postgres"}]}, "imagePullSecrets"),
+    ({"resources": {"requests": {"cpu": "1", "hugepages-2Mi": "1Gi"}}}, "hugepages-2Mi"),
+    ({"resources": {"claims": [{"name": "gpu"}]}}, "claims"),
+    ({"resources": {"limits": {"memory": "-1Gi"}}}, "limits.memory"),
+    ({"tolerations": [{"operator": "Exists"}]}, "names a key"),  # tolerate every taint: an admin's only
+    ({"tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}]}, "operator's own"),
+    ({"priorityClassName": "system-node-critical"}, "system- priority classes"),
+    ({"nodeSelector": {"a" * 400: "x"}}, "label key"),
+    ({"nodeSelector": {f"k{i}": "v" for i in range(33)}}, "nodeSelector"),
+    ({"tolerations": [{"key": f"k{i}", "operator": "Exists"} for i in range(33)]}, "tolerations"),
+    ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "k", "operator": "In", "values": ["v"] * 33}]}]}}}}, "values"),
+    ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "k", "operator": "In"}]}]}}}}, "needs values"),
+    ({"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchExpressions": [{"key": "k", "operator": "Gt", "values": ["1"]}]}, "topologyKey": "zone"}]}}}, "operator"),
+    ({"image": "x" * 600}, "image"),
+])
+def test_spec_runner_cannot_reach_anything_but_image_resources_and_placement(runner: dict, problem: str) -> None:
+    from agentfast.runner.spec import SpecError, parse_agentrun
+
+    with pytest.raises(SpecError) as err:
+        build_pod(_with_runner(runner), RunnerConfig.from_env(CHART_ENV))
+    assert err.value.args[0].startswith("spec.runner") and problem in str(err.value)
+    with pytest.raises(SpecError) as err:  # and the operator's reconcile refuses the same spec: Failed, InvalidSpec
+        parse_agentrun(_with_runner(runner, {**BODY, "spec": {**BODY["spec"], "model": {"name": "m", "script": "refund"}}}), check_imports=False)
+    assert "spec.runner" in str(err.value)
+
+
+def test_the_pods_identity_and_security_are_built_from_the_chart_alone() -> None:
+    # By construction: build_pod reads spec.runner only through runner_settings, whose model has
+    # these fields and no other (extra="forbid"); a spec.runner carrying more is refused before
+    # anything is built (the parametrized attacks above).
+    from agentfast.runner.spec import RunnerSpec
+
+    assert set(RunnerSpec.model_fields) == {"image", "resources", "nodeSelector", "tolerations", "affinity", "priorityClassName"}
+    assert RunnerSpec.model_config["extra"] == "forbid"
+    cfg = RunnerConfig.from_env(CHART_ENV)
+    pod = build_pod(_with_runner({"nodeSelector": {"kubernetes.io/os": "linux"}}), cfg)
+    assert pod["spec"]["serviceAccountName"] == cfg.service_account  # the chart's, never the run's
+
+
+@pytest.mark.parametrize("env, problem", [
+    ({"AGENTFAST_RUNNER_RESOURCES": "{nope"}, "AGENTFAST_RUNNER_RESOURCES is not JSON"),
+    ({"AGENTFAST_RUNNER_RESOURCES": '{"request": {}}'}, "requests and limits"),
+    ({"AGENTFAST_RUNNER_RESOURCES": '{"limits": {"memory": true}}'}, "AGENTFAST_RUNNER_RESOURCES.limits"),
+    ({"AGENTFAST_RUNNER_NODE_SELECTOR": '["pool"]'}, "AGENTFAST_RUNNER_NODE_SELECTOR"),
+    ({"AGENTFAST_RUNNER_TOLERATIONS": '{"key": "x"}'}, "AGENTFAST_RUNNER_TOLERATIONS: expected a list"),
+    ({"AGENTFAST_RUNNER_TOLERATIONS": '[{"key": "x", "operator": "Maybe"}]'}, "AGENTFAST_RUNNER_TOLERATIONS: [0].operator"),
+    ({"AGENTFAST_RUNNER_AFFINITY": '{"nodeAfinity": {}}'}, "AGENTFAST_RUNNER_AFFINITY: nodeAfinity"),
+    ({"AGENTFAST_RUNNER_PRIORITY_CLASS": "Not A Name"}, "AGENTFAST_RUNNER_PRIORITY_CLASS"),
+    ({"AGENTFAST_RUNNER_ALLOWED_IMAGES": '"reg.io/team/"'}, "AGENTFAST_RUNNER_ALLOWED_IMAGES: expected a list"),
+    ({"AGENTFAST_RUNNER_ALLOWED_IMAGES": '["reg.io/team-a"]'}, None),  # a repository: fine
+    ({"AGENTFAST_RUNNER_ALLOWED_IMAGES": '["reg.io/team/../x/"]'}, "AGENTFAST_RUNNER_ALLOWED_IMAGES[0]"),
+    ({"AGENTFAST_RUNNER_ALLOWED_IMAGES": '["*"]'}, "AGENTFAST_RUNNER_ALLOWED_IMAGES[0]"),
+    ({"AGENTFAST_RUNNER_SERVICE_ACCOUNT": "agentfast-operator", "AGENTFAST_OPERATOR_SERVICE_ACCOUNT": "agentfast-operator"}, "operator's own"),
+    ({"AGENTFAST_RUNNER_SERVICE_ACCOUNT": "default", "AGENTFAST_RUNNER_SERVICE_ACCOUNT_CREATE": "true"}, "default ServiceAccount"),
+    ({"AGENTFAST_RUNNER_SERVICE_ACCOUNT": "team-a/admin"}, "not a ServiceAccount name"),
+    ({"AGENTFAST_RUNNER_SERVICE_ACCOUNT_ANNOTATIONS": '{"a": "b"}'}, "only with AGENTFAST_RUNNER_SERVICE_ACCOUNT_CREATE"),
+    ({"AGENTFAST_RUNNER_SERVICE_ACCOUNT_CREATE": "yes"}, "expected true or false"),
+])
+def test_malformed_runner_settings_are_refused_naming_the_variable(env: dict, problem: str | None) -> None:
+    if problem is None:
+        RunnerConfig.from_env(env)
+        return
+    with pytest.raises(ValueError) as err:
+        RunnerConfig.from_env(env)
+    assert problem in str(err.value)
+
+
+class _ServiceAccounts:
+    """The three ServiceAccount calls operator/identity.py makes, over a dict (like _ModelConfigs)."""
+
+    def __init__(self, objects: dict) -> None:
+        self.objects, self.calls = objects, []
+
+    def read_namespaced_service_account(self, name, namespace, **_):
+        from types import SimpleNamespace
+
+        from kubernetes.client.rest import ApiException
+
+        self.calls.append(("read", namespace, name))
+        if (namespace, name) not in self.objects:
+            raise ApiException(status=404, reason="Not Found")
+        meta = self.objects[(namespace, name)]["metadata"]
+        return SimpleNamespace(metadata=SimpleNamespace(labels=meta.get("labels"), annotations=meta.get("annotations")))
+
+    def create_namespaced_service_account(self, namespace, body, **_):
+        self.calls.append(("create", namespace, body["metadata"]["name"]))
+        self.objects[(namespace, body["metadata"]["name"])] = body
+
+    def patch_namespaced_service_account(self, name, namespace, patch, **_):
+        self.calls.append(("patch", namespace, name))
+        self.objects[(namespace, name)]["metadata"].setdefault("annotations", {}).update(patch["metadata"]["annotations"])
+
+
+def test_the_operator_makes_the_runner_service_account_with_the_charts_annotations_and_leaves_others_alone() -> None:
+    from agentfast.operator import identity
+
+    identity.forget()
+    api = _ServiceAccounts({("team-b", "agentfast-runner"): {"metadata": {"labels": {"team": "b"}, "annotations": {"x": "team-b's"}}}})
+    assert identity.ensure_runner_service_account("team-a", api, RunnerConfig()) == "off"
+    assert RunnerConfig(service_account_create=True).service_account == "agentfast-runner"  # what it makes is what pods name
+    cfg = RunnerConfig.from_env(CHART_ENV)
+    assert identity.ensure_runner_service_account("team-a", api, cfg) == "created"
+    made = api.objects[("team-a", "agentfast-runner")]
+    assert made["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/runner"}
+    assert made["automountServiceAccountToken"] is False and made["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "agentfast"
+    assert identity.ensure_runner_service_account("team-a", api, cfg) == "cached"
+    # the chart's annotation changed: the next check (after forget, or RECHECK_S) sets it
+    identity.forget("team-a")
+    moved = RunnerConfig.from_env({**CHART_ENV, "AGENTFAST_RUNNER_SERVICE_ACCOUNT_ANNOTATIONS": '{"eks.amazonaws.com/role-arn": "arn:new"}'})
+    assert identity.ensure_runner_service_account("team-a", api, moved) == "updated"
+    assert api.objects[("team-a", "agentfast-runner")]["metadata"]["annotations"]["eks.amazonaws.com/role-arn"] == "arn:new"
+    # one of that name the operator did not make: never patched
+    assert identity.ensure_runner_service_account("team-b", api, cfg) == "foreign"
+    assert api.objects[("team-b", "agentfast-runner")]["metadata"]["annotations"] == {"x": "team-b's"}
+    assert not any(c[0] in ("create", "patch") and c[1] == "team-b" for c in api.calls)
+    identity.forget()
+
+
+def test_reconcile_fails_a_run_naming_a_foreign_image_before_registering_it(store, monkeypatch) -> None:
+    from agentfast.operator import main
+
+    published = []
+    monkeypatch.setattr(main.STATE, "store", store)
+    monkeypatch.setattr(main, "publish_status", lambda body, ctx, pending, **kw: published.append(kw.get("override")))
+    monkeypatch.setattr(main.SETTINGS, "runner", RunnerConfig())
+    scripted = {**BODY, "spec": {"model": {"name": "m", "script": "refund"}, "input": "hi"}}
+    main.reconcile(_with_runner({"image": "evil.example.com/miner:1"}, scripted))
+    [(phase, reason, message)] = published
+    assert (phase, reason) == ("Failed", "InvalidSpec") and message.startswith("spec.runner.image: 'evil.example.com/miner:1' is not")
+    published.clear()
+    main.reconcile(_with_runner({"resources": {"requests": {"memory": "4Gi"}}}, scripted))
+    assert published[0][:2] == ("Failed", "InvalidSpec") and "spec.runner.resources" in published[0][2]
+    assert store.list_runs() == []  # nothing registered, no pod asked for

@@ -72,6 +72,23 @@ BAD = [
     ("deadline without bound", lambda s: s.update(activeDeadlineSeconds=10**9), "spec.activeDeadlineSeconds"),
     ("cancel not a boolean", lambda s: s.update(cancel="yes"), "spec.cancel"),
     ("too many approval keys", lambda s: s.update(approvals={f"call-{i}-0": {"decision": "approve", "decidedBy": "u"} for i in range(129)}), "spec.approvals: Too many"),
+    # issue 14 item 7: spec.runner sizes and places the pod, nothing else of it, and is bounded
+    ("runner securityContext", lambda s: s.update(runner={"securityContext": {"privileged": True}}), 'unknown field "spec.runner.securityContext"'),
+    ("runner volumes", lambda s: s.update(runner={"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}), 'unknown field "spec.runner.volumes"'),
+    ("runner serviceAccountName", lambda s: s.update(runner={"serviceAccountName": "admin"}), 'unknown field "spec.runner.serviceAccountName"'),
+    ("runner env", lambda s: s.update(runner={"env": [{"name": "LD_PRELOAD", "value": "x"}]}), 'unknown field "spec.runner.env"'),
+    ("runner resource other than cpu and memory", lambda s: s.update(runner={"resources": {"limits": {"nvidia.com/gpu": "8"}}}),
+     'unknown field "spec.runner.resources.limits.nvidia.com/gpu"'),
+    ("runner quantity not a quantity", lambda s: s.update(runner={"resources": {"requests": {"cpu": "all"}}}), "spec.runner.resources.requests.cpu"),
+    ("runner image not a reference", lambda s: s.update(runner={"image": "reg.io/team/../x:1"}), "spec.runner.image"),
+    ("runner too many node labels", lambda s: s.update(runner={"nodeSelector": {f"k{i}": "v" for i in range(33)}}), "spec.runner.nodeSelector: Too many"),
+    ("runner too many tolerations", lambda s: s.update(runner={"tolerations": [{"key": f"k{i}"} for i in range(33)]}), "spec.runner.tolerations: Too many"),
+    ("runner toleration of every taint", lambda s: s.update(runner={"tolerations": [{"operator": "Exists"}]}), "spec.runner.tolerations[0].key: Required value"),
+    ("runner restates the node-loss toleration", lambda s: s.update(runner={"tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists"}]}),
+     "the operator's own tolerations"),
+    ("runner system priority class", lambda s: s.update(runner={"priorityClassName": "system-cluster-critical"}), "the system- priority classes"),
+    ("runner too many affinity terms", lambda s: s.update(runner={"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"topologyKey": "kubernetes.io/hostname"}] * 9}}}), "Too many"),
 ]
 
 
@@ -155,6 +172,9 @@ def test_spec_is_immutable(kube: Kube) -> None:
     kube.apply(doc)
     changed = kube.run("patch", "agentrun", name, "--type", "merge", "-p", '{"spec":{"input":"refund everything"}}', check=False)
     assert changed.returncode != 0 and "spec is immutable after creation" in changed.stderr
+    for runner in ({"nodeSelector": {"kubernetes.io/os": "linux"}}, {"image": "agentfast:dev"}):  # spec.runner too (issue 14 item 7)
+        added = kube.run("patch", "agentrun", name, "--type", "merge", "-p", json.dumps({"spec": {"runner": runner}}), check=False)
+        assert added.returncode != 0 and "spec is immutable after creation" in added.stderr, runner
     explain = kube.run("explain", "agentrun.spec.budget", namespaced=False)
     assert "max_iterations" in explain.stdout and "exceeding one ends the run as" in explain.stdout.replace("\n", " ").replace("  ", " ")
 
