@@ -289,7 +289,12 @@ def _drive_runner(body: dict[str, Any], record: Any, ctx: Any, pending: Any,
             _event(body, "Warning", "RunnerLost", f"the runner pod of this run is gone; starting {pod_name(name, step.attempt)}")
         if lost_at is not None:
             _LOST_AT[uid] = lost_at
-        _create_pod(body, (record.spec.get("modelConfig") or {}).get("apiKeySecretRef"), step, lost_at)
+        try:
+            _create_pod(body, (record.spec.get("modelConfig") or {}).get("apiKeySecretRef"), step, lost_at)
+        except kopf.TemporaryError as err:  # refused by the API server (a missing ServiceAccount, a quota): say so, retry
+            info["blocked"] = ("RunnerPodRefused", str(err))
+            _look_again(namespace, name, 30)
+            return None, info
         _prune_pods(namespace, pods, keep_from=step.attempt - 1)
         info["name"] = pod_name(name, step.attempt)
     elif step.action == "later":
