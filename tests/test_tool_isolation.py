@@ -102,16 +102,22 @@ def test_a_tool_host_that_dies_mid_call_leaves_the_call_in_flight_and_the_resume
 def test_tool_environment_drops_credentials_and_adds_the_tools_own_settings(tmp_path: Path) -> None:
     settings = tmp_path / "tool-env"
     settings.mkdir()
-    (settings / "STRIPE_KEY").write_text("sk_live_tools_own")
+    # as the kubelet mounts a Secret: each key a symlink into a timestamped ..data directory
+    (settings / "..2026_12_01").mkdir()
+    (settings / "..2026_12_01" / "STRIPE_KEY").write_text("sk_live_tools_own")
+    (settings / "..2026_12_01" / EXAMPLES_DSN_ENV).write_text("host=db user=agentfast_examples")
+    (settings / "..data").symlink_to("..2026_12_01")
+    for key in ("STRIPE_KEY", EXAMPLES_DSN_ENV):
+        (settings / key).symlink_to(f"..data/{key}")
     (settings / "LD_PRELOAD").write_text("/tmp/evil.so")  # would change how the host starts
     (settings / "AGENTFAST_DSN").write_text("postgresql://tools@db/x")  # would pose as the store's
     (settings / "not-a-name").write_text("x")
     (settings / "LEAK").write_text("has s3cret-pw inside")
-    (settings / "..data").mkdir()  # a mounted Secret's bookkeeping
     env = {"AGENTFAST_DSN": "postgresql://r:s3cret-pw@db/af", "AGENTFAST_MODEL_API_KEY": "sk-1", "PGPASSWORD": "p",
            "HOME": "/tmp", "COPY": "s3cret-pw", "AGENTFAST_TOOL_ENV_DIR": str(settings)}
     got = tool_environment(env, secrets=("s3cret-pw", "sk-1", ""))
-    assert got == {"HOME": "/tmp", "AGENTFAST_TOOL_ENV_DIR": str(settings), "STRIPE_KEY": "sk_live_tools_own"}
+    assert got == {"HOME": "/tmp", "AGENTFAST_TOOL_ENV_DIR": str(settings), "STRIPE_KEY": "sk_live_tools_own",
+                   EXAMPLES_DSN_ENV: "host=db user=agentfast_examples"}
 
 
 def test_a_tool_module_that_raises_on_import_fails_the_run_not_the_runner(dsn: str, tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 The example tools keep real records (a refund ledger, case notes, the chaos suite's outbox) so
 tests count effects from rows. They keep them as any team's tools would (G11): in a database of
 their own, named in their own environment, never with the runner's store credential, which no
-tool receives. Their connection is ``AGENTFAST_EXAMPLES_DSN``: the role ``agentfast_examples``,
+tool receives. Their connection is ``EXAMPLE_TOOLS_DSN``: the role ``agentfast_examples``,
 whose tables live in the schema of the same name (Postgres's default ``search_path`` starts with
 ``"$user"``), made by :func:`provision`, with one function, ``run_epoch(run_id)``, through which
 the chaos suite's notification service checks fencing tokens:
@@ -24,13 +24,13 @@ import psycopg
 from psycopg import sql
 
 #: The variable the example tools read their connection from.
-EXAMPLES_DSN_ENV = "AGENTFAST_EXAMPLES_DSN"
+EXAMPLES_DSN_ENV = "EXAMPLE_TOOLS_DSN"
 #: Their role, and the schema of their tables.
 EXAMPLES_ROLE = "agentfast_examples"
 
 
 class NoExamplesDatabase(RuntimeError):
-    """``AGENTFAST_EXAMPLES_DSN`` is not set: the example tools have nowhere to keep their records."""
+    """``EXAMPLE_TOOLS_DSN`` is not set: the example tools have nowhere to keep their records."""
 
 
 def examples_dsn() -> str:

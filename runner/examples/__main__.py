@@ -5,7 +5,7 @@ Run it in the trial server's pod, which has what it needs in its environment (th
 password, ``POSTGRES_PASSWORD``, used over the pod's loopback only; the operator's DSN,
 ``AGENTFAST_DSN``, for the address runners use)::
 
-    kubectl -n demo create secret generic agentfast-tools --from-literal=AGENTFAST_EXAMPLES_DSN="$(
+    kubectl -n demo create secret generic agentfast-tools --from-literal=EXAMPLE_TOOLS_DSN="$(
       kubectl -n agentfast-system exec deploy/agentfast-postgresql -- python -m agentfast.runner.examples)"
 
 The role's password is derived from the superuser's (HMAC-SHA256), so every call prints the same

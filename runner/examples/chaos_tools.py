@@ -1,6 +1,6 @@
 """Tools for the chaos suite (tests/chaos/): effects a test can count from rows, never mocks.
 
-Every body writes to the examples' own database (``AGENTFAST_EXAMPLES_DSN``:
+Every body writes to the examples' own database (``EXAMPLE_TOOLS_DSN``:
 ``runner/examples/__init__.py``), never the run's store, in tables of its own:
 
 - ``chaos_invocations``: one row each time a tool body starts, with the call's idempotency key,

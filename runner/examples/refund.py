@@ -1,7 +1,7 @@
 """The refund demo's tools: a support agent looks up an order and refunds a duplicate charge.
 
 They keep real records so tests count effects from rows, not mocks, in the examples' own database
-(``AGENTFAST_EXAMPLES_DSN``: ``runner/examples/__init__.py``), never the run's store:
+(``EXAMPLE_TOOLS_DSN``: ``runner/examples/__init__.py``), never the run's store:
 
 - ``demo_refund_ledger``: one row per refund, keyed by the idempotency key (a re-run with the same
   key cannot refund twice; this is how a payment API's ``Idempotency-Key`` behaves).

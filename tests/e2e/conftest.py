@@ -213,4 +213,4 @@ def give_example_tools(k: Kube, examples_dsn: str) -> None:
     """The Secret agentfast-tools in ``k``'s namespace, as a team gives its tools their settings:
     the example tools' DSN (the operator mounts it for the tool host only)."""
     k.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "agentfast-tools", "namespace": k.namespace},
-             "stringData": {"AGENTFAST_EXAMPLES_DSN": examples_dsn}})
+             "stringData": {"EXAMPLE_TOOLS_DSN": examples_dsn}})

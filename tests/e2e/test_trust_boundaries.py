@@ -151,6 +151,6 @@ def test_a_hostile_tool_in_a_runner_pod_reads_no_credential_of_the_runner(releas
     assert password and password not in json.dumps(found), "the runner's Postgres password reached a tool"
     assert found["uid"] == 10001 and found["parent"] == 1, found  # the host, child of the runner (PID 1)
     assert "AGENTFAST_DSN" not in found["environ"] and "AGENTFAST_MODEL_API_KEY" not in found["environ"]
-    assert "user=agentfast_examples" in found["environ"]["AGENTFAST_EXAMPLES_DSN"]  # its own settings did arrive
+    assert "user=agentfast_examples" in found["environ"]["EXAMPLE_TOOLS_DSN"]  # its own settings did arrive
     for path in ("/proc/1/environ", "/proc/1/mem"):
         assert found["reads"][path].startswith("denied: PermissionError"), (path, found["reads"][path][:200])
