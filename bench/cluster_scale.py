@@ -165,7 +165,7 @@ class Cluster:
         """The Secret agentfast-tools in NS with the example tools' own DSN (docs/tools.md)."""
         dsn = self.kubectl("-n", NS, "exec", "deploy/agentfast-postgresql", "--", "python", "-m", "agentfast.runner.examples").strip()
         secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "agentfast-tools", "namespace": NS},
-                  "stringData": {"AGENTFAST_EXAMPLES_DSN": dsn}}
+                  "stringData": {"EXAMPLE_TOOLS_DSN": dsn}}
         self._count()
         p = subprocess.run([KUBECTL, "--kubeconfig", KUBECONFIG, "apply", "-f", "-"], input=json.dumps(secret), capture_output=True, text=True)
         if p.returncode != 0:
