@@ -247,9 +247,10 @@ def pids_matching(needle: str) -> list[int]:
 
 
 def kopf_pid() -> int | None:
-    p = subprocess.run(["pgrep", "-f", "kopf run"], capture_output=True, text=True)
-    pids = [int(x) for x in p.stdout.split()]
-    return pids[0] if pids else None
+    """The acting operator's host pid: of the operator replicas (``python -m agentfast.operator``)
+    the one with the largest resident set (the leader runs kopf; a standby only waits)."""
+    pids = pids_matching("-m agentfast.operator ")
+    return max(pids, key=lambda p: proc_status(p).get("VmRSS", 0)) if pids else None
 
 
 def machine() -> dict[str, Any]:
