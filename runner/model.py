@@ -24,14 +24,16 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import openai
 from pydantic import BaseModel, Field
 
 from .snapshot import Message, ToolCall
 from .spec import MODEL_API_KEY_ENV, NO_KEY, ModelSpec, ResolvedModelConfig, check_model_allowed
 from .storable import storable_text
+
+if TYPE_CHECKING:
+    import openai
 
 __all__ = ["ChatModel", "ModelError", "ModelReply", "OpenAIChatModel", "distinct_tool_call_ids", "model_from_spec"]
 
@@ -137,7 +139,10 @@ class OpenAIChatModel(ChatModel):
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.temperature = temperature
-        self._client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=max_retries)
+        self._api_key = api_key
+        # Made at the first call: importing openai takes ~0.5 s, and a runner taking a run over
+        # (a lost pod's replacement) commits its takeover before it needs the model.
+        self._client: openai.OpenAI | None = None
         self._on_close: list[Callable[[], None]] = []
         self._closed = False
         #: The ScriptedModelServer behind this model when built by ``model_from_spec`` from a
@@ -158,6 +163,10 @@ class OpenAIChatModel(ChatModel):
             kwargs["temperature"] = self.temperature
         if self.max_tokens is not None:
             kwargs["max_completion_tokens"] = self.max_tokens
+        import openai
+
+        if self._client is None:
+            self._client = openai.OpenAI(base_url=self.base_url, api_key=self._api_key, timeout=self.timeout_s, max_retries=self.max_retries)
         try:
             response = self._client.chat.completions.create(**kwargs)
         except openai.APIStatusError as err:
@@ -230,7 +239,8 @@ class OpenAIChatModel(ChatModel):
             return
         self._closed = True
         try:
-            self._client.close()
+            if self._client is not None:
+                self._client.close()
         finally:
             for hook in self._on_close:
                 hook()
