@@ -394,6 +394,39 @@ def loss_trial(k: Cluster, session: str, kind: str, i: int, losses: int) -> list
     return took
 
 
+def decision_trial(k: Cluster, session: str, i: int, suspend: bool) -> float:
+    """Approve the refund of a waiting run and time approve -> the refund's tool call started (its
+    journal row's ``started_at``), with the runner still there or after it released its pod."""
+    name = f"csb-{session}-{'sus' if suspend else 'hot'}{i}"
+    run_id = f"{NS}/{name}"
+    doc = yaml.safe_load((REPO / "manifests" / "examples" / "refund.yaml").read_text())
+    doc["metadata"] = {"name": name, "namespace": NS, "labels": {SESSION_LABEL: session}}
+    doc["spec"]["suspendAfter"] = 2 if suspend else 0
+    k._count()
+    k.custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, doc)
+
+    def ready() -> bool:
+        st = k.get_run(name).get("status") or {}
+        suspended = any(c.get("type") == "Suspended" and c.get("status") == "True" for c in st.get("conditions") or [])
+        return st.get("phase") == "WaitingForApproval" and suspended == suspend
+    wait_for(f"{name} waiting{' and suspended' if suspend else ''}", ready, 240, 0.2)
+    if not suspend:
+        wait_for("the runner to listen", lambda: (k.get_run(name).get("status") or {}).get("awaiting") == CALL, 60, 0.1)
+    t = time.time()
+    k.approve(name)
+    [[started]] = wait_for("the refund call to start", lambda: (r := k.sql(
+        "SELECT extract(epoch FROM started_at)::float8 FROM agentfast_tool_calls WHERE run_id = %s AND call_id = %s"
+        " AND started_at IS NOT NULL", run_id, CALL)) and r, 120, 0.1)
+    wait_for(f"{name} Succeeded", lambda: (k.get_run(name).get("status") or {}).get("phase") == "Succeeded", 180, 0.2)
+    log(f"decision {'suspended' if suspend else 'runner present'} {i}: {started - t:.2f} s")
+    return started - t
+
+
+def bench_decisions(k: Cluster, session: str, reps: int) -> dict[str, Any]:
+    return {key: spread([decision_trial(k, session, i, key == "suspended") for i in range(reps)])
+            for key in ("runner_present", "suspended")}
+
+
 def bench_losses(k: Cluster, session: str, reps: int, losses: int = 5) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for kind in ("delete", "evict", "kill"):
@@ -560,6 +593,11 @@ def report(res: dict[str, Any]) -> str:
         for kind, r in res["losses"].items():
             out.append(f"| {kind} | {r['p50']:.2f} | {r['p99']:.2f} | {r['first']['median']:.2f} | {r['fifth']['median']:.2f} | {r['all']['n']} |")
         out.append("")
+    if "decisions" in res:
+        d = res["decisions"]
+        out += ["| approve (kubectl patch) → the approved tool call started (median (min–max, n)) | value |", "|---|---|",
+                f"| the runner still waiting in its pod | {fmt(d['runner_present'])} |",
+                f"| the run suspended (its pod released) | {fmt(d['suspended'])} |", ""]
     if "scale" in res:
         c = res["scale"]
         lag = c["status_lag_s"]
@@ -592,6 +630,7 @@ def main() -> None:
     ap.add_argument("--skip-scale", action="store_true")
     ap.add_argument("--loss-reps", type=int, default=2, help="runs per kind of loss (each loses its runner 5 times)")
     ap.add_argument("--skip-losses", action="store_true")
+    ap.add_argument("--decision-reps", type=int, default=3, help="approvals timed with the runner present, and as many suspended")
     ap.add_argument("--json", type=Path, default=Path(os.path.expanduser("~/.cache/agentfast/bench")) / "cluster_scale.json")
     a = ap.parse_args()
     k = Cluster()
@@ -602,6 +641,8 @@ def main() -> None:
         k.give_example_tools()
         if not a.skip_losses:
             res["losses"] = bench_losses(k, session, a.loss_reps)
+        if a.decision_reps:
+            res["decisions"] = bench_decisions(k, session, a.decision_reps)
         if not a.skip_resume:
             res["resume"] = bench_resume(k, session, a.resume_reps)
         if not a.skip_scale:
