@@ -368,6 +368,23 @@ def _kube_user() -> str:
     return review.status.user_info.username
 
 
+def _agentrun_as_reviewed(run: str, namespace: Optional[str], uid: Optional[str], *, nothing_done: str) -> tuple[Any, str, str, dict]:
+    """``(api, namespace, name, body)`` of the AgentRun ``run`` in the cluster. Raises typer.Exit
+    (2) when it cannot be read, or when ``uid`` is given and the AgentRun has another (it was
+    re-created since the caller reviewed it: ``nothing_done`` says what was not done)."""
+    from kubernetes.client.rest import ApiException
+
+    api, ns = _kube_api(namespace)
+    name = run.rsplit("/", 1)[-1]
+    try:
+        body = api.get_namespaced_custom_object("agentfast.dev", "v1alpha1", ns, "agentruns", name)
+    except ApiException as e:
+        raise _fail(f"cannot read agentrun {ns}/{name}: {e.reason}") from None
+    if uid is not None and uid != body["metadata"]["uid"]:
+        raise _fail(f"agentrun {ns}/{name} has uid {body['metadata']['uid']}, not {uid}: it was re-created since you reviewed it; {nothing_done}")
+    return api, ns, name, body
+
+
 def _patch_approval(run: str, call_id: str, decision: str, reason: Optional[str], result: Optional[str],
                     namespace: Optional[str], uid: Optional[str] = None) -> None:
     """``kubectl patch agentrun RUN --type merge -p '{"spec":{"approvals":{CALL_ID:{...}}}}'``, made
@@ -384,15 +401,8 @@ def _patch_approval(run: str, call_id: str, decision: str, reason: Optional[str]
     """
     from kubernetes.client.rest import ApiException
 
-    api, ns = _kube_api(namespace)
-    name = run.rsplit("/", 1)[-1]
-    try:
-        body = api.get_namespaced_custom_object("agentfast.dev", "v1alpha1", ns, "agentruns", name)
-    except ApiException as e:
-        raise _fail(f"cannot read agentrun {ns}/{name}: {e.reason}") from None
+    api, ns, name, body = _agentrun_as_reviewed(run, namespace, uid, nothing_done="nothing was decided")
     seen_uid = body["metadata"]["uid"]
-    if uid is not None and uid != seen_uid:
-        raise _fail(f"agentrun {ns}/{name} has uid {seen_uid}, not {uid}: it was re-created since you reviewed it; nothing was decided")
     earlier = ((body.get("spec") or {}).get("approvals") or {}).get(call_id)
     if earlier is not None:
         said = earlier.get("decision", "?") + (f" ({earlier['reason']})" if earlier.get("reason") else "")
@@ -461,15 +471,8 @@ def _patch_cancel(run: str, namespace: Optional[str], uid: Optional[str]) -> Non
     already ended, or the API server refuses the patch; exit 0 when spec.cancel was already true."""
     from kubernetes.client.rest import ApiException
 
-    api, ns = _kube_api(namespace)
-    name = run.rsplit("/", 1)[-1]
-    try:
-        body = api.get_namespaced_custom_object("agentfast.dev", "v1alpha1", ns, "agentruns", name)
-    except ApiException as e:
-        raise _fail(f"cannot read agentrun {ns}/{name}: {e.reason}") from None
+    api, ns, name, body = _agentrun_as_reviewed(run, namespace, uid, nothing_done="nothing was cancelled")
     seen_uid = body["metadata"]["uid"]
-    if uid is not None and uid != seen_uid:
-        raise _fail(f"agentrun {ns}/{name} has uid {seen_uid}, not {uid}: it was re-created since you reviewed it; nothing was cancelled")
     phase = (body.get("status") or {}).get("phase")
     if (body.get("spec") or {}).get("cancel") is True:
         out.print(f"agentrun.agentfast.dev/{name}: a cancel was already requested (spec.cancel is true; phase {phase or 'unknown'})",
