@@ -29,6 +29,15 @@ e2e_helm_install() {
     --namespace "$E2E_NAMESPACE" --create-namespace \
     --set image.repository="$repo" --set image.tag="$tag" --set image.pullPolicy=IfNotPresent \
     --wait --timeout 5m
+  # An operator of the previous release keeps acting until its pod is gone (it holds the leader
+  # Lease until then), and the runner pods it makes name the previous image, which images.sh has
+  # replaced on the node: start the tests only once no operator pod of an older template is left.
+  "${KUBECTL:-kubectl}" -n "$E2E_NAMESPACE" rollout status deploy/"$E2E_RELEASE"-operator --timeout=5m
+  local hash
+  hash="$("${KUBECTL:-kubectl}" -n "$E2E_NAMESPACE" get rs -l app.kubernetes.io/component=operator \
+    -o jsonpath='{range .items[?(@.status.replicas>0)]}{.metadata.labels.pod-template-hash}{"\n"}{end}' | tail -1)"
+  "${KUBECTL:-kubectl}" -n "$E2E_NAMESPACE" wait --for=delete pod \
+    -l "app.kubernetes.io/component=operator,pod-template-hash!=$hash" --timeout=5m 2>/dev/null || true
 }
 
 # e2e_pytest REPO_ROOT [PYTEST ARGS...]: the e2e suite against $KUBECONFIG.
