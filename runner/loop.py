@@ -235,6 +235,9 @@ class RunnerBase:
                 snap.context.counters.resumes += 1
                 self._commit()  # the takeover is visible at once (status.restarts), not at the next step
             self._emit("started")
+            warm = getattr(self.model, "warm", None)  # the model client's imports, off the takeover's path
+            if warm is not None:
+                warm()
             return self._drive()
         except BudgetExceeded as err:
             return self._finish("Failed", "BudgetExceeded", str(err))

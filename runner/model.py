@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -143,6 +144,7 @@ class OpenAIChatModel(ChatModel):
         # Made at the first call: importing openai takes ~0.5 s, and a runner taking a run over
         # (a lost pod's replacement) commits its takeover before it needs the model.
         self._client: openai.OpenAI | None = None
+        self._client_lock = threading.Lock()
         self._on_close: list[Callable[[], None]] = []
         self._closed = False
         #: The ScriptedModelServer behind this model when built by ``model_from_spec`` from a
@@ -151,6 +153,21 @@ class OpenAIChatModel(ChatModel):
 
     def __repr__(self) -> str:
         return f"OpenAIChatModel(base_url={self.base_url!r}, model={self.model!r})"
+
+    def client(self) -> "openai.OpenAI":
+        """The ``openai.OpenAI`` client, made (and openai imported) on first use. Thread-safe."""
+        with self._client_lock:
+            if self._client is None:
+                import openai
+
+                self._client = openai.OpenAI(base_url=self.base_url, api_key=self._api_key, timeout=self.timeout_s,
+                                             max_retries=self.max_retries)
+            return self._client
+
+    def warm(self) -> None:
+        """Make the client in a background thread (the runner calls this once it holds the run and
+        committed its takeover), so the next model call does not pay the import either."""
+        threading.Thread(target=self.client, name="agentfast-model-warm", daemon=True).start()
 
     def complete(self, messages: list[Message], tools: list[dict[str, Any]]) -> ModelReply:
         """One Chat Completions call (with the client's retries). Raises :class:`ModelError`."""
@@ -165,10 +182,9 @@ class OpenAIChatModel(ChatModel):
             kwargs["max_completion_tokens"] = self.max_tokens
         import openai
 
-        if self._client is None:
-            self._client = openai.OpenAI(base_url=self.base_url, api_key=self._api_key, timeout=self.timeout_s, max_retries=self.max_retries)
+        client = self.client()
         try:
-            response = self._client.chat.completions.create(**kwargs)
+            response = client.chat.completions.create(**kwargs)
         except openai.APIStatusError as err:
             raise self._status_error(err) from err
         except openai.APITimeoutError as err:
