@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 from kubernetes.client.rest import ApiException
 
-from .workload import API_TIMEOUT_S, RUNNER_SECRET, RUNNER_SECRET_KEY
+from .workload import API_TIMEOUT_S, RUNNER_SECRET, RUNNER_SECRET_KEY, read_or_none
 
 CREDENTIAL_ANNOTATION = "agentfast.dev/credential-id"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "agentfast", "app.kubernetes.io/component": "runner-credentials"}
@@ -56,7 +56,7 @@ def ensure_runner_secret(namespace: str, store: Any, core: Any, operator_dsn: st
         seen = _verified.get(namespace)
         if tenant is not None and seen is not None and seen[0] == tenant[1] and time.monotonic() - seen[1] < RECHECK_S:
             return False
-        found = _read_secret(core, namespace)
+        found = read_or_none(core.read_namespaced_secret, RUNNER_SECRET, namespace)
         rotate = namespace in _stale
         if not rotate and tenant is not None and found is not None and (found.metadata.annotations or {}).get(CREDENTIAL_ANNOTATION) == tenant[1]:
             _verified[namespace] = (tenant[1], time.monotonic())
@@ -120,12 +120,3 @@ def forget(namespace: str | None = None) -> None:
             _verified.clear()
         else:
             _verified.pop(namespace, None)
-
-
-def _read_secret(core: Any, namespace: str) -> Any:
-    try:
-        return core.read_namespaced_secret(RUNNER_SECRET, namespace, _request_timeout=API_TIMEOUT_S)
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise

@@ -22,7 +22,7 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from .workload import RunnerConfig
+from .workload import RunnerConfig, read_or_none
 
 log = logging.getLogger("agentfast.operator")
 MANAGED_BY = {"app.kubernetes.io/managed-by": "agentfast", "app.kubernetes.io/component": "runner-identity"}
@@ -46,36 +46,36 @@ def ensure_runner_service_account(namespace: str, core: Any, cfg: RunnerConfig, 
         at = _seen.get(namespace)
         if at is not None and time.monotonic() - at < RECHECK_S:
             return "cached"
-        try:
-            found = core.read_namespaced_service_account(name, namespace, _request_timeout=timeout_s)
-        except ApiException as err:
-            if err.status != 404:
-                raise
-            found = None
-        if found is None:
-            body = {"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": cfg.automount_token,
-                    "metadata": {"name": name, "namespace": namespace, "labels": dict(MANAGED_BY),
-                                 "annotations": dict(cfg.service_account_annotations)}}
-            try:
-                core.create_namespaced_service_account(namespace, body, _request_timeout=timeout_s)
-            except ApiException as err:
-                if err.status != 409:
-                    raise
-            _seen[namespace] = time.monotonic()
-            return "created"
-        labels = found.metadata.labels or {}
-        if any(labels.get(k) != v for k, v in MANAGED_BY.items()):
-            log.warning("ServiceAccount %s/%s exists and was not made by agentfast: runner pods use it as it is", namespace, name)
-            _seen[namespace] = time.monotonic()
-            return "foreign"
-        have = found.metadata.annotations or {}
-        if any(have.get(k) != v for k, v in cfg.service_account_annotations.items()):
-            core.patch_namespaced_service_account(name, namespace, {"metadata": {"annotations": dict(cfg.service_account_annotations)}},
-                                                  _request_timeout=timeout_s)
-            _seen[namespace] = time.monotonic()
-            return "updated"
+        found = read_or_none(core.read_namespaced_service_account, name, namespace, _request_timeout=timeout_s)
+        done = _make_or_mend(found, namespace, core, cfg, timeout_s)
         _seen[namespace] = time.monotonic()
-        return "unchanged"
+        return done
+
+
+def _make_or_mend(found: Any, namespace: str, core: Any, cfg: RunnerConfig, timeout_s: float) -> str:
+    """Create the ServiceAccount when ``found`` is None, else set the chart's annotations on one
+    the operator made; returns what it did (see :func:`ensure_runner_service_account`)."""
+    name = cfg.service_account
+    if found is None:
+        body = {"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": cfg.automount_token,
+                "metadata": {"name": name, "namespace": namespace, "labels": dict(MANAGED_BY),
+                             "annotations": dict(cfg.service_account_annotations)}}
+        try:
+            core.create_namespaced_service_account(namespace, body, _request_timeout=timeout_s)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+        return "created"
+    labels = found.metadata.labels or {}
+    if any(labels.get(k) != v for k, v in MANAGED_BY.items()):
+        log.warning("ServiceAccount %s/%s exists and was not made by agentfast: runner pods use it as it is", namespace, name)
+        return "foreign"
+    have = found.metadata.annotations or {}
+    if any(have.get(k) != v for k, v in cfg.service_account_annotations.items()):
+        core.patch_namespaced_service_account(name, namespace, {"metadata": {"annotations": dict(cfg.service_account_annotations)}},
+                                              _request_timeout=timeout_s)
+        return "updated"
+    return "unchanged"
 
 
 def forget(namespace: str | None = None) -> None:

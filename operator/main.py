@@ -56,7 +56,7 @@ from .identity import ensure_runner_service_account
 from .status import MAX_DECISIONS, status_from_store
 from .lifecycle import RunnerPod, Step, next_step
 from .workload import (API_TIMEOUT_S, ANNOTATION_RUN, LABEL_RUN, LABEL_RUN_UID, RUNNER_SECRET, EgressPolicy, RunnerConfig, build_network_policy,
-                       build_pod, pod_name, runner_settings)
+                       build_pod, pod_name, read_or_none, runner_settings)
 
 GROUP, VERSION, PLURAL = "agentfast.dev", "v1alpha1", "agentruns"
 MODELCONFIGS = "modelconfigs"
@@ -291,7 +291,7 @@ def _drive_runner(body: dict[str, Any], record: Any, ctx: Any, pending: Any,
             _LOST_AT[uid] = lost_at
         try:
             _create_pod(body, (record.spec.get("modelConfig") or {}).get("apiKeySecretRef"), step, lost_at)
-        except kopf.TemporaryError as err:  # refused by the API server (a missing ServiceAccount, a quota): say so, retry
+        except RunnerPodRefused as err:  # a missing ServiceAccount, a quota: say so, try again in 30 s
             info["blocked"] = ("RunnerPodRefused", str(err))
             _look_again(namespace, name, 30)
             return None, info
@@ -354,14 +354,11 @@ def _with_model_config(run: AgentRun, doc: dict[str, Any], run_id: str, uid: str
     if existing is not None and existing.run_uid == uid and existing.spec.get("modelConfig"):
         return existing.spec
     namespace, name = run.metadata.namespace, run.spec.model.config
-    try:
-        obj = STATE.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, MODELCONFIGS, name, _request_timeout=API_TIMEOUT_S)
-    except ApiException as err:
-        if err.status == 404:
-            raise ModelConfigNotFound(
-                f"spec.model.config names ModelConfig {name!r}, which does not exist in namespace {namespace!r};"
-                " the run starts once an admin creates it (kubectl get modelconfigs)") from None
-        raise
+    obj = read_or_none(STATE.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, MODELCONFIGS, name)
+    if obj is None:
+        raise ModelConfigNotFound(
+            f"spec.model.config names ModelConfig {name!r}, which does not exist in namespace {namespace!r};"
+            " the run starts once an admin creates it (kubectl get modelconfigs)")
     resolved = resolve_model_config(run, parse_modelconfig(obj))
     key = resolved.modelConfig.apiKeySecretRef if resolved.modelConfig else None
     if key is not None and ((key.name, key.key) == (SETTINGS.runner.dsn_secret, SETTINGS.runner.dsn_secret_key) or key.name == RUNNER_SECRET):
@@ -519,7 +516,8 @@ def _warn_once(body: dict[str, Any], call_id: str, reason: str, message: str) ->
 def _create_pod(body: dict[str, Any], model_key: dict[str, str] | None, step: Step, lost_at: datetime | None) -> None:
     """Create runner pod ``step.attempt`` (and first, when enabled, its NetworkPolicy, so the pod
     never runs without it), owned by the AgentRun. ``model_key``: the registered ModelConfig's
-    apiKeySecretRef. A 409 (an earlier attempt of this reconcile made it) is success."""
+    apiKeySecretRef. A 409 (an earlier attempt of this reconcile made it) is success. Raises
+    RunnerPodRefused on a 403, ApiException otherwise."""
     namespace = body["metadata"]["namespace"]
     if SETTINGS.egress is not None:
         policy = build_network_policy(body, SETTINGS.egress)
@@ -538,10 +536,15 @@ def _create_pod(body: dict[str, Any], model_key: dict[str, str] | None, step: St
         if err.status == 409:
             return
         if err.status == 403:  # e.g. the runner ServiceAccount does not exist (yet) there, a quota: retried
-            raise kopf.TemporaryError(f"the API server refused runner pod {pod['metadata']['name']}: {_api_message(err)}", delay=30) from None
+            raise RunnerPodRefused(f"the API server refused runner pod {pod['metadata']['name']}: {_api_message(err)}") from None
         raise
     if step.attempt == 1:
         _event(body, "Normal", "RunnerCreated", f"created runner pod {pod['metadata']['name']}")
+
+
+class RunnerPodRefused(Exception):
+    """The API server refused to create a runner pod (403: its ServiceAccount is missing, a quota).
+    ``str(err)`` is the sentence status shows."""
 
 
 def _api_message(err: ApiException) -> str:
@@ -565,12 +568,7 @@ def _prune_pods(namespace: str, pods: list[RunnerPod], keep_from: int) -> None:
 
 
 def _get_agentrun(namespace: str, name: str) -> dict[str, Any] | None:
-    try:
-        return STATE.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, _request_timeout=API_TIMEOUT_S)
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
+    return read_or_none(STATE.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
 
 
 # -- status, its one writer ----------------------------------------------------------------------

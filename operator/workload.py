@@ -30,7 +30,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from decimal import Decimal
 
@@ -55,6 +55,21 @@ ANNOTATION_LOST_AT = "agentfast.dev/replaces-loss-at"
 #: Seconds any one Kubernetes API call of the operator may take; then it is given up (the next
 #: reconcile or resync tries again), so one hung call never stalls a handler for ever.
 API_TIMEOUT_S = 30
+
+
+def read_or_none(read: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``read(*args, **kwargs)``, a kubernetes client read, with the API timeout unless
+    ``_request_timeout`` is given; None when the object does not exist (404). Raises any other
+    ApiException."""
+    from kubernetes.client.rest import ApiException
+
+    kwargs.setdefault("_request_timeout", API_TIMEOUT_S)
+    try:
+        return read(*args, **kwargs)
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
 #: Seconds a runner pod stays bound to a node that stopped answering before it is evicted.
 NODE_LOSS_TOLERATION_S = 20
 #: The Secret in a run's namespace holding its runners' DSN (made by operator/credentials.py).
