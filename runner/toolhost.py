@@ -198,7 +198,8 @@ class ToolHost:
         self._waiting: dict[int, list[Any]] = {}  # id -> [Event, answer]
         self._next_id = 1
         self._lost: str | None = None
-        self._load = self._register(0)
+        with self._lock:
+            self._load = self._register(0)
         self._reader = threading.Thread(target=self._read, name="toolhost-reader", daemon=True)
         self._reader.start()
 
@@ -243,7 +244,7 @@ class ToolHost:
         with self._lock:
             rid = self._next_id
             self._next_id += 1
-            slot = self._register(rid, locked=True)
+            slot = self._register(rid)
         try:
             with self._send_lock:
                 _send(self._sock, {"id": rid, "op": op, **payload})
@@ -266,11 +267,9 @@ class ToolHost:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _register(self, rid: int, locked: bool = False) -> list[Any]:
+    def _register(self, rid: int) -> list[Any]:
+        """A slot ``[Event, answer]`` for request ``rid``; the caller holds ``self._lock``."""
         slot = [threading.Event(), None]
-        if not locked:
-            with self._lock:
-                return self._register(rid, locked=True)
         self._waiting[rid] = slot
         if self._lost is not None:  # the host is gone already: nothing will answer
             slot[0].set()
