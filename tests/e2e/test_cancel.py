@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from .conftest import Kube
-from .test_operator import apply_refund, refund_manifest, release, runner_pods, sql, status, wait_awaiting  # noqa: F401 (fixture)
+from .test_operator import apply_refund, release, runner_pods, sql, status, wait_awaiting  # noqa: F401 (fixture)
 
 
 def events(k: Kube, name: str, reason: str) -> list[dict[str, Any]]:
@@ -89,10 +89,7 @@ def test_cancel_with_the_kubectl_plugin(release: Kube) -> None:
 
 def test_an_agentrun_created_cancelled_never_gets_a_runner(release: Kube) -> None:
     k = release
-    doc = refund_manifest(k)
-    doc["spec"]["cancel"] = True
-    name = doc["metadata"]["name"]
-    k.apply(doc)
+    name, _ = apply_refund(k, cancel=True)
     k.wait_for(f"{name} to be Cancelled", lambda: status(k, name).get("phase") == "Cancelled", timeout=60)
     time.sleep(5)
     assert runner_pods(k, name) == []
@@ -101,11 +98,7 @@ def test_an_agentrun_created_cancelled_never_gets_a_runner(release: Kube) -> Non
 
 def test_a_deadline_ends_a_run_waiting_for_approval(release: Kube) -> None:
     k = release
-    doc = refund_manifest(k)
-    doc["spec"]["activeDeadlineSeconds"] = 45
-    name = doc["metadata"]["name"]
-    k.apply(doc)
-    uid = k.get("agentrun", name)["metadata"]["uid"]
+    name, uid = apply_refund(k, activeDeadlineSeconds=45)
     wait_awaiting(k, name)
     k.wait_for(f"{name} to fail on its deadline", lambda: status(k, name).get("phase") == "Failed", timeout=90, interval=1)
     st = status(k, name)

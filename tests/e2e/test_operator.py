@@ -68,8 +68,11 @@ def refund_manifest(k: Kube, name: str | None = None, example: str = "refund.yam
     return doc
 
 
-def apply_refund(k: Kube, example: str = "refund.yaml") -> tuple[str, str]:
+def apply_refund(k: Kube, example: str = "refund.yaml", **spec: Any) -> tuple[str, str]:
+    """Apply an example AgentRun in ``k``'s namespace, with ``spec`` set over the example's;
+    returns its name and uid."""
     doc = refund_manifest(k, example=example)
+    doc["spec"].update(spec)
     name = doc["metadata"]["name"]
     k.apply(doc)
     uid = k.get("agentrun", name)["metadata"]["uid"]
@@ -269,11 +272,7 @@ def test_a_run_waiting_for_a_human_releases_its_pod_and_a_decision_resumes_it(re
     # WaitingForApproval with the condition Suspended, no runner pod runs; an approval starts a
     # new runner that resumes at the exact step.
     k = release
-    doc = refund_manifest(k)
-    doc["spec"]["suspendAfter"] = 3
-    name = doc["metadata"]["name"]
-    k.apply(doc)
-    uid = k.get("agentrun", name)["metadata"]["uid"]
+    name, uid = apply_refund(k, suspendAfter=3)
     call = wait_awaiting(k, name)
 
     def suspended() -> bool:
