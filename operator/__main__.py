@@ -84,6 +84,10 @@ def main(args: list[str]) -> int:
         with _standby_health(_liveness_url(args)):
             elector.acquire(stop)
         elector.keep(stop, on_lost=lambda: os._exit(1))
+    # kopf run installs its own log handler on the root logger; ours served the wait for the Lease
+    # only, and kept would print every line twice.
+    for handler in list(logging.root.handlers):
+        logging.root.removeHandler(handler)
     try:
         kopf.cli.main(args=["run", *args], prog_name="kopf", standalone_mode=False)
         return 0
