@@ -308,6 +308,17 @@ def _is_connection_error(err: BaseException) -> bool:
     return isinstance(err, psycopg.OperationalError)
 
 
+@dataclass(frozen=True)
+class RunMark:
+    """What :meth:`Store.change_marks` says of one run: ``run_uid``; ``checkpoint_id``, its latest
+    checkpoint (None: none yet); ``control``, what changes without a checkpoint: (fencing epoch,
+    decisions recorded, decisions voided, cancel requested)."""
+
+    run_uid: str
+    checkpoint_id: int | None
+    control: tuple[int, int, int, bool]
+
+
 class Store:
     """Postgres-backed durable state of agent runs.
 
@@ -685,6 +696,19 @@ class Store:
                  AND ended_ms < (extract(epoch FROM clock_timestamp()) * 1000)::bigint - ttl * 1000
                ORDER BY run_id""", (default_ttl_s, sorted(TERMINAL_PHASES))).fetchall())
         return [(r["run_id"], r["run_uid"]) for r in rows]
+
+    def change_marks(self) -> dict[str, "RunMark"]:
+        """``run_id -> RunMark`` for every registered run, in one query: a mark changes whenever
+        the store's side of a run does, and not on a runner's heartbeat. The operator's resync
+        reconciles only runs whose mark moved (operator/main.py ``_resync_due``)."""
+        rows = self._retry(lambda c: c.execute(
+            """SELECT r.run_id, r.run_uid, r.epoch,
+                      (SELECT max(checkpoint_id) FROM agentfast_checkpoints c WHERE c.run_id = r.run_id) AS checkpoint,
+                      (SELECT count(*) FROM agentfast_approvals a WHERE a.run_id = r.run_id) AS decisions,
+                      (SELECT count(*) FROM agentfast_void_decisions v WHERE v.run_id = r.run_id) AS voided,
+                      EXISTS (SELECT 1 FROM agentfast_cancel_requests q WHERE q.run_id = r.run_id) AS cancel
+               FROM agentfast_runs r""").fetchall())
+        return {r["run_id"]: RunMark(r["run_uid"], r["checkpoint"], (r["epoch"], r["decisions"], r["voided"], r["cancel"])) for r in rows}
 
     def orphans(self, live: dict[str, str]) -> list[str]:
         """Unfinished runs (not archived: no ``@`` in the id) whose AgentRun is gone: ``live``

@@ -721,3 +721,124 @@ def test_reconcile_fails_a_run_naming_a_foreign_image_before_registering_it(stor
     main.reconcile(_with_runner({"resources": {"requests": {"memory": "4Gi"}}}, scripted))
     assert published[0][:2] == ("Failed", "InvalidSpec") and "spec.runner.resources" in published[0][2]
     assert store.list_runs() == []  # nothing registered, no pod asked for
+
+
+def _scripted(name: str, **spec) -> dict:
+    return {"apiVersion": "agentfast.dev/v1alpha1", "kind": "AgentRun",
+            "metadata": {"name": name, "namespace": "team-a", "uid": f"uid-{name}", "generation": 1},
+            "spec": {"model": {"name": "m", "script": "refund"}, "input": "hi", **spec}}
+
+
+def test_the_resync_reconciles_only_runs_whose_state_changed(store, monkeypatch) -> None:
+    """Issue 14 item 4: a resync pass costs what changed, not every run. Real store marks."""
+    from agentfast.operator import main
+    from agentfast.runner.snapshot import RunContext, RunStatus, Session, StateSnapshot
+
+    runs = {n: _scripted(n) for n in ("a", "b", "c")}
+    runs["d"] = _scripted("d", activeDeadlineSeconds=600)  # a deadline passes without any event
+    runs["e"] = _scripted("e")  # never registered (a missing ModelConfig keeps a run out of the store)
+    for n in "abcd":
+        store.create_run(f"team-a/{n}", f"uid-{n}", {"spec": {}})
+    reconciled: list[str] = []
+    monkeypatch.setattr(main.STATE, "store", store)
+    monkeypatch.setattr(main.STATE, "listening", (1, True))
+    monkeypatch.setattr(main, "_list_agentruns", lambda: list(runs.values()))
+    monkeypatch.setattr(main, "reconcile", lambda body: reconciled.append(body["metadata"]["name"]))
+    monkeypatch.setattr(main, "_retain", lambda live: None)
+    monkeypatch.setattr(main, "revoke_unused", lambda *a: [])
+    monkeypatch.setattr(main.STATE, "core", None, raising=False)
+    monkeypatch.setattr(main, "FULL_EVERY", 10**9)  # no full turn in this test (checked last)
+    monkeypatch.setattr(main, "_RESYNCED", {})
+    monkeypatch.setattr(main, "_resync_state", {"passes": 1, "listener": None})
+
+    def resync() -> list[str]:
+        reconciled.clear()
+        main._resync()
+        return sorted(reconciled)
+
+    assert resync() == ["a", "b", "c", "d", "e"]  # the first pass: everything
+    assert resync() == ["d", "e"]  # nothing changed
+    # a's runner commits: the listener published it, as long as its session lasted
+    lease = store.acquire_lease("team-a/a")
+    assert resync() == ["a", "d", "e"]  # the takeover (epoch) is a control change
+    ctx = RunContext(session=Session(run_uid="uid-a"), status=RunStatus(phase="Running"))
+    store.commit_checkpoint(lease, StateSnapshot(run_id="team-a/a", context=ctx, messages=[], saved_at=1), stored_messages=0)
+    assert resync() == ["d", "e"]
+    store.commit_checkpoint(lease, StateSnapshot(run_id="team-a/a", context=ctx, messages=[], saved_at=2), stored_messages=0)
+    monkeypatch.setattr(main.STATE, "listening", (2, True))  # the listener reconnected: commits may have been missed
+    assert resync() == ["a", "d", "e"]
+    store.request_cancel("team-a/b", "cli:alice")  # a cancel from the CLI: no AgentRun event
+    store.void_decision("team-a/c", "call-1-0", "test")
+    runs["a"] = {**runs["a"], "metadata": {**runs["a"]["metadata"], "generation": 2}}  # spec.approvals patched
+    assert resync() == ["a", "b", "c", "d", "e"]
+    assert resync() == ["d", "e"]
+    main._UNPUBLISHED.add("team-a/b")  # its progress publish failed
+    assert resync() == ["b", "d", "e"] and "team-a/b" not in main._UNPUBLISHED
+    # every run gets a full reconcile in its turn
+    monkeypatch.setattr(main, "FULL_EVERY", 1)
+    assert resync() == ["a", "b", "c", "d", "e"]
+
+
+def test_a_run_is_validated_and_registered_once_per_generation(store, monkeypatch) -> None:
+    from agentfast.operator import main
+    from agentfast.runner import spec as spec_module
+
+    parsed = []
+    real_parse = spec_module.parse_agentrun
+    monkeypatch.setattr(main, "parse_agentrun", lambda doc, **kw: parsed.append(1) or real_parse(doc, **kw))
+    monkeypatch.setattr(main.STATE, "store", store)
+    monkeypatch.setattr(main.SETTINGS, "runner", RunnerConfig())
+    monkeypatch.setattr(main, "publish_status", lambda *a, **kw: None)
+    monkeypatch.setattr(main, "ensure_runner_secret", lambda *a, **kw: False)
+    monkeypatch.setattr(main, "ensure_runner_service_account", lambda *a, **kw: None)
+    monkeypatch.setattr(main, "_drive_runner", lambda *a, **kw: (None, {}))
+    monkeypatch.setattr(main, "_ADMITTED", {})
+    monkeypatch.setattr(main.STATE, "core", None, raising=False)
+    body = _scripted("once")
+    for _ in range(3):
+        main.reconcile(body)
+    assert len(parsed) == 1 and [r.run_id for r, _ in store.list_runs()] == ["team-a/once"]
+    main.reconcile({**body, "metadata": {**body["metadata"], "generation": 2}})  # spec.approvals or spec.cancel patched
+    assert len(parsed) == 2
+    main._forget_run("uid-once")  # the AgentRun was deleted
+    assert not main._ADMITTED
+
+
+def test_a_runner_secret_gone_with_its_namespace_is_made_again_when_a_pod_misses_it(store, monkeypatch) -> None:
+    """A namespace deleted and made again within credentials.RECHECK_S: the operator still trusts
+    the Secret it saw; the first runner pod that misses it makes it come back at once."""
+    from kubernetes import client as k8s
+    from kubernetes.client.rest import ApiException
+    from agentfast.operator import credentials, main
+
+    class Core:
+        def __init__(self) -> None:
+            self.created: list[str] = []
+
+        def list_namespaced_pod(self, namespace, **kw):
+            waiting = k8s.V1ContainerStateWaiting(reason="CreateContainerConfigError", message='secret "agentfast-runner" not found')
+            pod = k8s.V1Pod(metadata=k8s.V1ObjectMeta(name="agentrun-once-1", annotations={"agentfast.dev/attempt": "1"}),
+                            status=k8s.V1PodStatus(phase="Pending", container_statuses=[k8s.V1ContainerStatus(
+                                name="runner", image="i", image_id="", ready=False, restart_count=0, state=k8s.V1ContainerState(waiting=waiting))]))
+            return k8s.V1PodList(items=[pod])
+
+        def read_namespaced_secret(self, name, namespace, **kw):
+            raise ApiException(status=404)
+
+        def create_namespaced_secret(self, namespace, body, **kw):
+            self.created.append(f"{namespace}/{body['metadata']['name']}")
+
+    core = Core()
+    monkeypatch.setattr(main.STATE, "store", store)
+    monkeypatch.setattr(main.STATE, "core", core, raising=False)
+    monkeypatch.setattr(main.SETTINGS, "dsn", store.dsn)
+    credentials.forget()
+    credentials.ensure_runner_secret("team-a", store, core, store.dsn)
+    assert core.created == ["team-a/agentfast-runner"]  # made; now trusted for RECHECK_S
+    assert credentials.ensure_runner_secret("team-a", store, core, store.dsn) is False
+    body = _scripted("once")
+    record = store.create_run("team-a/once", "uid-once", {"spec": {}})
+    _, info = main._drive_runner(body, record, None, None, {})
+    assert info["blocked"][0] == "CreateContainerConfigError"
+    assert core.created == ["team-a/agentfast-runner"] * 2
+    credentials.forget()
