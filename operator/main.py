@@ -25,6 +25,7 @@ Deployment does). Settings come from the environment (see :class:`Settings`).
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import os
@@ -308,15 +309,58 @@ def _drive_runner(body: dict[str, Any], record: Any, ctx: Any, pending: Any,
 #: uid -> when its runner pod was lost, for the Resumed Event's "time lost" (in memory: after an
 #: operator restart a Resumed Event just lacks the figure).
 _LOST_AT: dict[str, datetime] = {}
-_timers: dict[str, threading.Timer] = {}
 
 
-def _look_again(namespace: str, name: str, delay_s: float) -> None:
-    """Reconcile the AgentRun again in ``delay_s`` (one pending timer per run)."""
-    key = f"{namespace}/{name}"
+class _Later:
+    """Delayed reconciles: at most one pending per AgentRun (the earliest asked for), kept in a
+    heap served by one thread rather than a thread per pending wake-up, since many runs may wait
+    at once, and for long (a backoff of up to 5 min; an ended run, for its pods' time to live:
+    an hour by default). Due reconciles run on a few workers, so one slow API call does not hold
+    up the others. In memory: after a restart kopf's resume pass reconciles every AgentRun, which
+    asks again for what is still due."""
 
-    def fire() -> None:
-        _timers.pop(key, None)
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._due: dict[str, float] = {}  # NS/NAME -> time.monotonic() when due
+        self._heap: list[tuple[float, str]] = []
+        self._thread: threading.Thread | None = None
+        self._workers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="agentfast-later")
+
+    def add(self, key: str, delay_s: float) -> None:
+        due = time.monotonic() + max(0.5, delay_s)
+        with self._cv:
+            if key in self._due and self._due[key] <= due:
+                return
+            self._due[key] = due
+            heapq.heappush(self._heap, (due, key))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="agentfast-later", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def pending(self) -> dict[str, float]:
+        """NS/NAME -> seconds until its reconcile (for tests and logs)."""
+        now = time.monotonic()
+        with self._cv:
+            return {k: due - now for k, due in self._due.items()}
+
+    def _serve(self) -> None:
+        while True:
+            with self._cv:
+                while True:
+                    while self._heap and self._due.get(self._heap[0][1]) != self._heap[0][0]:
+                        heapq.heappop(self._heap)  # superseded by an earlier one, or fired
+                    wait = self._heap[0][0] - time.monotonic() if self._heap else None
+                    if wait is not None and wait <= 0:
+                        _, key = heapq.heappop(self._heap)
+                        del self._due[key]
+                        break
+                    self._cv.wait(wait)
+            self._workers.submit(self._fire, key)
+
+    @staticmethod
+    def _fire(key: str) -> None:
+        namespace, _, name = key.partition("/")
         try:
             run = _get_agentrun(namespace, name)
             if run is not None:
@@ -324,12 +368,14 @@ def _look_again(namespace: str, name: str, delay_s: float) -> None:
         except Exception:
             log.exception("the delayed reconcile of %s failed", key)
 
-    with _lock_for("timers"):
-        if key in _timers:
-            return
-        timer = _timers[key] = threading.Timer(max(0.5, delay_s), fire)
-        timer.daemon = True
-        timer.start()
+
+_LATER = _Later()
+
+
+def _look_again(namespace: str, name: str, delay_s: float) -> None:
+    """Reconcile the AgentRun again in ``delay_s`` (at least 0.5 s; one pending per run, the
+    earliest asked for)."""
+    _LATER.add(f"{namespace}/{name}", delay_s)
 
 
 class ModelConfigNotFound(Exception):

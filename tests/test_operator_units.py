@@ -721,3 +721,30 @@ def test_reconcile_fails_a_run_naming_a_foreign_image_before_registering_it(stor
     main.reconcile(_with_runner({"resources": {"requests": {"memory": "4Gi"}}}, scripted))
     assert published[0][:2] == ("Failed", "InvalidSpec") and "spec.runner.resources" in published[0][2]
     assert store.list_runs() == []  # nothing registered, no pod asked for
+
+
+# -- delayed reconciles -------------------------------------------------------------------------------
+
+
+def test_delayed_reconciles_share_one_thread_and_the_earliest_wins(monkeypatch) -> None:
+    import threading
+    import time
+
+    from agentfast.operator import main
+
+    fired: list[tuple[str, float]] = []
+    done = threading.Event()
+    monkeypatch.setattr(main, "_get_agentrun", lambda ns, name: {"metadata": {"namespace": ns, "name": name}})
+    monkeypatch.setattr(main, "reconcile", lambda body: (fired.append((body["metadata"]["name"], time.monotonic())), done.set()))
+    later = main._Later()
+    start = time.monotonic()
+    later.add("team-a/a", 3600)
+    later.add("team-a/a", 0.5)  # earlier: replaces the hour
+    later.add("team-a/b", 3600)
+    later.add("team-a/b", 7200)  # later: the hour stands
+    assert done.wait(10), "the delayed reconcile never ran"
+    assert [n for n, _ in fired] == ["a"] and 0.4 <= fired[0][1] - start < 5
+    pending = later.pending()
+    assert list(pending) == ["team-a/b"] and 3500 < pending["team-a/b"] <= 3600
+    threads = [t for t in threading.enumerate() if t.name == "agentfast-later"]
+    assert len(threads) == 1  # one thread however many runs wait
