@@ -254,10 +254,10 @@ def reconcile(body: dict[str, Any]) -> None:
         try:
             ensure_runner_secret(namespace, STATE.store, STATE.core, SETTINGS.dsn)  # before its first pod needs it
             ensure_runner_service_account(namespace, STATE.core, SETTINGS.runner, timeout_s=API_TIMEOUT_S)  # runner.serviceAccount.create
+            with _lock_for(f"pods:{uid}"):  # one decision at a time per run: never two pods for one attempt
+                override, pod_info = _drive_runner(body, record, ctx, pending, extra)
         except StoreUnavailable as err:
             raise kopf.TemporaryError(f"Postgres unavailable: {err}", delay=10) from None
-        with _lock_for(f"pods:{uid}"):  # one decision at a time per run: never two pods for one attempt
-            override, pod_info = _drive_runner(body, record, ctx, pending, extra)
     publish_status(body, ctx, pending, override=override, pod=pod_info, **extra)
 
 
@@ -302,6 +302,12 @@ def _drive_runner(body: dict[str, Any], record: Any, ctx: Any, pending: Any,
         info["blocked"] = (step.reason, step.message)
         _look_again(namespace, name, step.delay_s)
     elif step.action == "fail":
+        # Recorded as the run's ending in the store, as a runner records its own: the run stays
+        # Failed whatever becomes of its pods (once deleted, by hand or after their time to live,
+        # they would otherwise read as "no pod yet" and start it again), and `agentfast status`
+        # says what the AgentRun says.
+        assert STATE.store is not None
+        STATE.store.end_run(f"{namespace}/{name}", "Failed", step.reason, step.message)
         return ("Failed", step.reason, step.message), info
     return None, info
 

@@ -723,6 +723,104 @@ def test_reconcile_fails_a_run_naming_a_foreign_image_before_registering_it(stor
     assert store.list_runs() == []  # nothing registered, no pod asked for
 
 
+# -- the operator's verdict from the pods is the run's ending ---------------------------------------
+
+
+def api_pod(p: RunnerPod):
+    """``p`` as the kubernetes client returns it (the attributes RunnerPod.from_api reads)."""
+    from types import SimpleNamespace as NS
+
+    from agentfast.operator.workload import ANNOTATION_ATTEMPT, ANNOTATION_COUNTED
+
+    terminated = NS(exit_code=p.exit_code, reason=p.exit_reason, started_at=p.started_at, finished_at=p.finished_at) if p.exit_code is not None else None
+    waiting = NS(reason=p.waiting_reason, message="secret \"k\" not found") if p.waiting_reason else None
+    running = NS(started_at=p.started_at) if terminated is None and waiting is None else None
+    return NS(metadata=NS(name=p.name, annotations={ANNOTATION_ATTEMPT: str(p.attempt), ANNOTATION_COUNTED: str(p.counted)},
+                          creation_timestamp=p.created_at, deletion_timestamp=p.deletion_due),
+              status=NS(phase=p.phase, conditions=[], container_statuses=[NS(name="runner", state=NS(terminated=terminated, waiting=waiting,
+                                                                                                     running=running))]))
+
+
+class _Pods:
+    """The pod calls of the operator (list by the run's uid label, create, delete), over a list."""
+
+    def __init__(self, pods: list[RunnerPod]) -> None:
+        self.pods, self.calls = list(pods), []
+
+    def list_namespaced_pod(self, namespace, label_selector, **_):
+        from types import SimpleNamespace
+
+        self.calls.append(("list", namespace, label_selector))
+        return SimpleNamespace(items=[api_pod(p) for p in self.pods])
+
+    def delete_namespaced_pod(self, name, namespace, **_):
+        self.calls.append(("delete", namespace, name))
+        self.pods = [p for p in self.pods if p.name != name]
+
+    def create_namespaced_pod(self, namespace, body, **_):
+        self.calls.append(("create", namespace, body["metadata"]["name"]))
+
+
+SCRIPTED = {**BODY, "metadata": {**BODY["metadata"], "generation": 1}, "spec": {"model": {"name": "m", "script": "refund"}, "input": "hi"}}
+
+
+def _ended_status(phase: str, ago_s: float, **extra) -> dict:
+    ctype = {"Succeeded": "Ready", "Failed": "Failed", "Cancelled": "Cancelled"}[phase]
+    at = (datetime.now(timezone.utc) - timedelta(seconds=ago_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"phase": phase, "observedGeneration": 1, "runnerPod": "agentrun-refund-demo-2",
+            "conditions": [{"type": ctype, "status": "True", "lastTransitionTime": at}], **extra}
+
+
+@pytest.fixture
+def operator_on(store, monkeypatch):
+    """The operator's module wired to ``store``, fake pods, no NetworkPolicies; publish_status and
+    _look_again recorded, not done."""
+    from agentfast.operator import main
+
+    seen = {"published": [], "later": []}
+    monkeypatch.setattr(main.STATE, "store", store)
+    monkeypatch.setattr(main.SETTINGS, "egress", None)
+    monkeypatch.setattr(main, "publish_status", lambda body, ctx, pending, **kw: seen["published"].append(kw))
+    monkeypatch.setattr(main, "_look_again", lambda ns, name, delay: seen["later"].append((ns, name, delay)))
+    monkeypatch.setattr(main, "ensure_runner_secret", lambda *a, **kw: None)
+    monkeypatch.setattr(main, "ensure_runner_service_account", lambda *a, **kw: None)
+    monkeypatch.setattr(main, "_event", lambda *a, **kw: None)
+
+    def wire(pods: list[RunnerPod]) -> _Pods:
+        api = _Pods(pods)
+        monkeypatch.setattr(main.STATE, "core", api, raising=False)
+        monkeypatch.setattr(main.SETTINGS, "runner", RunnerConfig())
+        return api
+
+    seen["wire"] = wire
+    return main, seen
+
+
+def test_a_run_the_operator_failed_stays_failed_when_its_pods_are_gone(store, operator_on) -> None:
+    # RestartLimit is decided from the pods; it is committed as the run's ending, so once the pods
+    # are deleted (by hand, say) the run does not read as "no pod yet" and start again.
+    main, seen = operator_on
+    store.create_run("team-a/refund-demo", "u1", _doc(SCRIPTED))
+    crash = rp(7, code=3, ran_s=0.8, counted=6, finished_ago_s=5)  # the 7th crash at start in a row
+    crash = RunnerPod(**{**crash.__dict__, "name": "agentrun-refund-demo-7", "finished_at": datetime.now(timezone.utc) - timedelta(seconds=5),
+                         "started_at": datetime.now(timezone.utc) - timedelta(seconds=5.8)})
+    api = seen["wire"]([crash])
+    main.reconcile({**SCRIPTED, "status": {"phase": "Pending", "observedGeneration": 1}})
+    override = seen["published"][-1]["override"]
+    assert override[:2] == ("Failed", "RestartLimit") and "7 times in a row" in override[2]
+    context, _ = store.load_context("team-a/refund-demo")
+    assert (context.status.phase, context.status.reason) == ("Failed", "RestartLimit") and "7 times in a row" in context.status.message
+    assert not any(c[0] == "create" for c in api.calls)
+    # The pod is deleted; the next reconcile finds none at all: the run stays Failed, nothing is started.
+    api.pods = []
+    main.reconcile({**SCRIPTED, "status": _ended_status("Failed", 1)})
+    assert not any(c[0] == "create" for c in api.calls)
+    assert seen["published"][-1].get("override") is None
+    # status says the operator's own sentence, not a pointer to Postgres
+    s = status_from_store(context, None, generation=1, old=None, run_id="team-a/refund-demo")
+    assert s["reason"] == "RestartLimit" and "7 times in a row" in s["message"]
+
+
 # -- delayed reconciles -------------------------------------------------------------------------------
 
 
