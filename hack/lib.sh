@@ -13,7 +13,10 @@ e2e_image_parts() {
 }
 
 # e2e_helm_install REPO_ROOT IMAGE: install the project's chart with the image already on the node.
-# The chart is optional while it does not exist yet; the smoke tests do not need it.
+# The chart is optional while it does not exist yet; the smoke tests do not need it. An ended run's
+# runner pods live 30 s (E2E_POD_TTL_SECONDS), not the chart's hour, so that
+# tests/e2e/test_runner_pod_ttl.py sees them go; long enough for the tests that look at a pod just
+# after its run ended.
 e2e_helm_install() {
   local root="$1" image="$2" helm="${HELM:-helm}" repo tag
   read -r repo tag <<<"$(e2e_image_parts "$image")"
@@ -28,6 +31,7 @@ e2e_helm_install() {
   "$helm" upgrade --install "$E2E_RELEASE" "$root/charts/agentfast" \
     --namespace "$E2E_NAMESPACE" --create-namespace \
     --set image.repository="$repo" --set image.tag="$tag" --set image.pullPolicy=IfNotPresent \
+    --set runner.podTTLSecondsAfterFinished="${E2E_POD_TTL_SECONDS:-30}" \
     --wait --timeout 5m
   # An operator of the previous release keeps acting until its pod is gone (it holds the leader
   # Lease until then), and the runner pods it makes name the previous image, which images.sh has

@@ -179,3 +179,46 @@ def next_step(pods: list[RunnerPod], now: datetime, *, phase: str | None, all_de
         return Step("later", delay_s=wait, reason="BackingOff",
                     message=f"runner pod {last.name} {last.loss()}; failure {counted} of at most {restart_limit}, next attempt in {wait:.0f} s")
     return Step("create", attempt=attempt, counted=counted, lost=last)
+
+
+# -- after the run: its runner pods' time to live ----------------------------------------------------
+
+#: The condition whose ``lastTransitionTime`` says when a run reached each terminal phase.
+END_CONDITIONS = {"Succeeded": "Ready", "Failed": "Failed", "Cancelled": "Cancelled"}
+
+
+def ended_at(status: dict[str, Any], now: datetime) -> datetime:
+    """When the run ended, as its AgentRun's ``status`` says: the ``lastTransitionTime`` of the
+    condition of its terminal phase (written by the operator when it first published the end;
+    kept in the object, so an operator restart does not reset the clock). ``now`` when status does
+    not show the end yet (the reconcile asking is about to publish it) or the time is unreadable."""
+    ctype = END_CONDITIONS.get(status.get("phase") or "")
+    found = next((c.get("lastTransitionTime") for c in status.get("conditions") or []
+                  if c.get("type") == ctype and c.get("status") == "True"), None)
+    if not found:
+        return now
+    try:
+        return datetime.fromisoformat(str(found).replace("Z", "+00:00"))
+    except ValueError:
+        return now
+
+
+def expired_pods(pods: list[RunnerPod], now: datetime, *, ended: datetime, ttl_s: float) -> tuple[list[RunnerPod], float | None]:
+    """The runner pods of a run that ended at ``ended`` whose time is up (the chart's
+    ``runner.podTTLSecondsAfterFinished``, ``ttl_s``), and in how many seconds the next one is
+    due (None: none left to wait for). A pod's time counts from the run's end, or from when its
+    runner stopped if that was later (a runner exits just after it commits the end); a pod that
+    never stopped (one that could not start, say) from the run's end. A pod already being deleted
+    is left to its deletion."""
+    due: list[RunnerPod] = []
+    wait: float | None = None
+    for p in pods:
+        if p.deletion_due is not None:
+            continue
+        since = max(ended, p.finished_at) if p.finished_at is not None else ended
+        left = (since - now).total_seconds() + ttl_s
+        if left <= 0:
+            due.append(p)
+        else:
+            wait = left if wait is None else min(wait, left)
+    return due, wait

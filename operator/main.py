@@ -17,6 +17,9 @@ Deployment does). Settings come from the environment (see :class:`Settings`).
   needs no Kubernetes credentials.
 - **Status** has one writer, :func:`publish_status`, used by both paths; it posts a Kubernetes
   Event for each phase transition.
+- **Ended runs**: their remaining runner pods (and NetworkPolicy) are deleted
+  ``runner.podTTLSecondsAfterFinished`` after the end (:func:`_collect_runner_pods`), by a
+  delayed reconcile (:func:`_look_again`), never by the resync, which skips ended runs.
 - **Deletion**: the runner pods are garbage-collected through ownerReferences. With
   ``AGENTFAST_DELETE_DATA=true`` a finalizer makes sure the run's rows in Postgres go too;
   otherwise no finalizer is added (a delete never hangs on a stopped operator) and the data is
@@ -25,6 +28,7 @@ Deployment does). Settings come from the environment (see :class:`Settings`).
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import os
@@ -55,9 +59,9 @@ from .credentials import ensure_runner_secret, revoke_unused
 from .credentials import forget as forget_credential
 from .identity import ensure_runner_service_account
 from .status import MAX_DECISIONS, status_from_store
-from .lifecycle import RunnerPod, Step, next_step
+from .lifecycle import RunnerPod, Step, ended_at, expired_pods, next_step
 from .workload import (API_TIMEOUT_S, ANNOTATION_RUN, LABEL_RUN, LABEL_RUN_UID, RUNNER_SECRET, EgressPolicy, RunnerConfig, build_network_policy,
-                       build_pod, pod_name, read_or_none, runner_settings)
+                       build_pod, pod_name, read_or_none, runner_name, runner_settings)
 
 GROUP, VERSION, PLURAL = "agentfast.dev", "v1alpha1", "agentruns"
 MODELCONFIGS = "modelconfigs"
@@ -262,10 +266,15 @@ def reconcile(body: dict[str, Any]) -> None:
         try:
             ensure_runner_secret(namespace, STATE.store, STATE.core, SETTINGS.dsn)  # before its first pod needs it
             ensure_runner_service_account(namespace, STATE.core, SETTINGS.runner, timeout_s=API_TIMEOUT_S)  # runner.serviceAccount.create
+            with _lock_for(f"pods:{uid}"):  # one decision at a time per run: never two pods for one attempt
+                override, pod_info = _drive_runner(body, record, ctx, pending, extra)
         except StoreUnavailable as err:
             raise kopf.TemporaryError(f"Postgres unavailable: {err}", delay=10) from None
-        with _lock_for(f"pods:{uid}"):  # one decision at a time per run: never two pods for one attempt
-            override, pod_info = _drive_runner(body, record, ctx, pending, extra)
+    if (override[0] if override else ctx.status.phase if ctx is not None else None) in TERMINAL_PHASES:
+        deleted_at = _collect_runner_pods(body)
+        if deleted_at is not None:
+            old = body.get("status") or {}
+            pod_info = {**(pod_info or {"name": old.get("runnerPod"), "suspended": False, "blocked": None}), "deleted_at": deleted_at}
     publish_status(body, ctx, pending, override=override, pod=pod_info, **extra)
 
 
@@ -344,6 +353,12 @@ def _drive_runner(body: dict[str, Any], record: Any, ctx: Any, pending: Any,
         info["blocked"] = (step.reason, step.message)
         _look_again(namespace, name, step.delay_s)
     elif step.action == "fail":
+        # Recorded as the run's ending in the store, as a runner records its own: the run stays
+        # Failed whatever becomes of its pods (once deleted, by hand or after their time to live,
+        # they would otherwise read as "no pod yet" and start it again), and `agentfast status`
+        # says what the AgentRun says.
+        assert STATE.store is not None
+        STATE.store.end_run(f"{namespace}/{name}", "Failed", step.reason, step.message)
         return ("Failed", step.reason, step.message), info
     return None, info
 
@@ -351,15 +366,58 @@ def _drive_runner(body: dict[str, Any], record: Any, ctx: Any, pending: Any,
 #: uid -> when its runner pod was lost, for the Resumed Event's "time lost" (in memory: after an
 #: operator restart a Resumed Event just lacks the figure).
 _LOST_AT: dict[str, datetime] = {}
-_timers: dict[str, threading.Timer] = {}
 
 
-def _look_again(namespace: str, name: str, delay_s: float) -> None:
-    """Reconcile the AgentRun again in ``delay_s`` (one pending timer per run)."""
-    key = f"{namespace}/{name}"
+class _Later:
+    """Delayed reconciles: at most one pending per AgentRun (the earliest asked for), kept in a
+    heap served by one thread rather than a thread per pending wake-up, since many runs may wait
+    at once, and for long (a backoff of up to 5 min; an ended run, for its pods' time to live:
+    an hour by default). Due reconciles run on a few workers, so one slow API call does not hold
+    up the others. In memory: after a restart kopf's resume pass reconciles every AgentRun, which
+    asks again for what is still due."""
 
-    def fire() -> None:
-        _timers.pop(key, None)
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._due: dict[str, float] = {}  # NS/NAME -> time.monotonic() when due
+        self._heap: list[tuple[float, str]] = []
+        self._thread: threading.Thread | None = None
+        self._workers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="agentfast-later")
+
+    def add(self, key: str, delay_s: float) -> None:
+        due = time.monotonic() + max(0.5, delay_s)
+        with self._cv:
+            if key in self._due and self._due[key] <= due:
+                return
+            self._due[key] = due
+            heapq.heappush(self._heap, (due, key))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="agentfast-later", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def pending(self) -> dict[str, float]:
+        """NS/NAME -> seconds until its reconcile (for tests and logs)."""
+        now = time.monotonic()
+        with self._cv:
+            return {k: due - now for k, due in self._due.items()}
+
+    def _serve(self) -> None:
+        while True:
+            with self._cv:
+                while True:
+                    while self._heap and self._due.get(self._heap[0][1]) != self._heap[0][0]:
+                        heapq.heappop(self._heap)  # superseded by an earlier one, or fired
+                    wait = self._heap[0][0] - time.monotonic() if self._heap else None
+                    if wait is not None and wait <= 0:
+                        _, key = heapq.heappop(self._heap)
+                        del self._due[key]
+                        break
+                    self._cv.wait(wait)
+            self._workers.submit(self._fire, key)
+
+    @staticmethod
+    def _fire(key: str) -> None:
+        namespace, _, name = key.partition("/")
         try:
             run = _get_agentrun(namespace, name)
             if run is not None:
@@ -367,12 +425,14 @@ def _look_again(namespace: str, name: str, delay_s: float) -> None:
         except Exception:
             log.exception("the delayed reconcile of %s failed", key)
 
-    with _lock_for("timers"):
-        if key in _timers:
-            return
-        timer = _timers[key] = threading.Timer(max(0.5, delay_s), fire)
-        timer.daemon = True
-        timer.start()
+
+_LATER = _Later()
+
+
+def _look_again(namespace: str, name: str, delay_s: float) -> None:
+    """Reconcile the AgentRun again in ``delay_s`` (at least 0.5 s; one pending per run, the
+    earliest asked for)."""
+    _LATER.add(f"{namespace}/{name}", delay_s)
 
 
 class ModelConfigNotFound(Exception):
@@ -600,14 +660,85 @@ def _api_message(err: ApiException) -> str:
 
 def _prune_pods(namespace: str, pods: list[RunnerPod], keep_from: int) -> None:
     """Delete stopped runner pods older than attempt ``keep_from`` (the last stopped one stays,
-    for ``kubectl logs``)."""
+    for ``kubectl logs``, until the run has ended ``runner.podTTLSecondsAfterFinished`` ago:
+    :func:`_collect_runner_pods`)."""
+    _delete_pods(namespace, [p for p in pods if p.attempt < keep_from and p.deletion_due is None])
+
+
+def _delete_pods(namespace: str, pods: list[RunnerPod]) -> bool:
+    """Delete these runner pods (gone already is fine); False when the API server refused one
+    (logged)."""
+    ok = True
     for p in pods:
-        if p.attempt < keep_from and p.deletion_due is None:
-            try:
-                STATE.core.delete_namespaced_pod(p.name, namespace, _request_timeout=API_TIMEOUT_S)
-            except ApiException as err:
-                if err.status != 404:
-                    log.warning("could not delete old runner pod %s/%s: %s", namespace, p.name, err.reason)
+        try:
+            STATE.core.delete_namespaced_pod(p.name, namespace, _request_timeout=API_TIMEOUT_S)
+        except ApiException as err:
+            if err.status != 404:
+                ok = False
+                log.warning("could not delete runner pod %s/%s: %s", namespace, p.name, err.reason)
+    return ok
+
+
+#: When an ended run's pods could not all be deleted (an API error), look again this much later, s.
+COLLECT_RETRY_S = 60.0
+
+
+def _collect_runner_pods(body: dict[str, Any]) -> str | None:
+    """For an ended run: delete its runner pods once ``runner.podTTLSecondsAfterFinished`` has
+    passed since it ended (:func:`lifecycle.expired_pods`; the end as status records it,
+    :func:`lifecycle.ended_at`), and then its NetworkPolicy; until then, look again when the next
+    one is due. Returns the time (ISO 8601) when nothing of the runner was left, for
+    ``status.runnerPodsDeletedAt``, else None. Nothing is done with the setting at -1 (keep) or
+    once status has ``runnerPodsDeletedAt``: an ended run gets no new pod, so a reconcile of a
+    run whose pods are collected (kopf's resume pass, a late pod event) costs no API call here,
+    and the resync skips ended runs altogether (:func:`_settled`)."""
+    ttl = SETTINGS.runner.pod_ttl_s
+    old = body.get("status") or {}
+    if ttl is None or old.get("runnerPodsDeletedAt"):
+        return None
+    meta = body["metadata"]
+    namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+    now = datetime.now(timezone.utc)
+    with _lock_for(f"pods:{uid}"):
+        pods = [RunnerPod.from_api(p) for p in STATE.core.list_namespaced_pod(
+            namespace, label_selector=f"{LABEL_RUN_UID}={uid}", _request_timeout=API_TIMEOUT_S).items]
+        due, wait = expired_pods(pods, now, ended=ended_at(old, now), ttl_s=ttl)
+        if not _delete_pods(namespace, due):
+            _look_again(namespace, name, COLLECT_RETRY_S)
+            return None
+        if due:
+            log.info("deleted %d runner pod(s) of %s/%s: the run ended over %d s ago", len(due), namespace, name, ttl)
+        if wait is not None:
+            _look_again(namespace, name, wait)
+            return None
+        if not _delete_network_policy(body):
+            _look_again(namespace, name, COLLECT_RETRY_S)
+            return None
+    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _delete_network_policy(body: dict[str, Any]) -> bool:
+    """Delete the run's egress NetworkPolicy (``build_network_policy``) if there is one and it is
+    this AgentRun's (its ownerReference; a policy of that name someone else made is left alone).
+    A no-op without ``networkPolicy.enabled`` (the chart grants the delete only then; a policy
+    left from before is the AgentRun's and goes with it). False when the API server refused."""
+    if SETTINGS.egress is None:
+        return True
+    meta = body["metadata"]
+    namespace, policy = meta["namespace"], runner_name(meta["name"])
+    try:
+        found = read_or_none(STATE.networking.read_namespaced_network_policy, policy, namespace)
+        if found is None or not any(o.uid == meta["uid"] for o in (found.metadata.owner_references or [])):
+            return True
+        STATE.networking.delete_namespaced_network_policy(
+            policy, namespace, body=kubernetes.client.V1DeleteOptions(preconditions=kubernetes.client.V1Preconditions(uid=found.metadata.uid)),
+            _request_timeout=API_TIMEOUT_S)
+    except ApiException as err:
+        if err.status in (404, 409):  # gone meanwhile, or replaced by another (its uid differs)
+            return True
+        log.warning("could not delete the NetworkPolicy %s/%s: %s", namespace, policy, err.reason)
+        return False
+    return True
 
 
 def _get_agentrun(namespace: str, name: str) -> dict[str, Any] | None:
@@ -643,6 +774,8 @@ def publish_status(body: dict[str, Any], ctx: Any, pending: Any, *, override: tu
                             suspended=bool(pod.get("suspended")), blocked=pod.get("blocked"))
     if pod.get("name"):
         new["runnerPod"] = pod["name"]
+    if pod.get("deleted_at"):  # set once; later patches leave it (a merge patch keeps what it does not name)
+        new["runnerPodsDeletedAt"] = pod["deleted_at"]
     if all(old.get(k) == v for k, v in new.items()):
         return
     with _lock_for(f"{meta['namespace']}/{meta['name']}"):

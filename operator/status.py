@@ -31,7 +31,10 @@ MAX_PENDING = 128  # awaited calls listed in status (G9: the resource stays smal
 # Reasons whose runner message is a sentence of our own (counts, limits, ids, field paths): copied.
 # Any other message may quote foreign text (a model's answer, an endpoint's error body) and stays
 # in Postgres unless the admin opts in (the chart's operator.statusSummary).
-OWN_SENTENCE_REASONS = frozenset({"Started", "Decided", "BudgetExceeded", "InvalidSpec", "RunnerStarting", "Cancelled", "DeadlineExceeded"})
+# RestartLimit and RunnerFailed are the operator's, committed by it as the run's ending (pod names,
+# counts, exit codes).
+OWN_SENTENCE_REASONS = frozenset({"Started", "Decided", "BudgetExceeded", "InvalidSpec", "RunnerStarting", "Cancelled", "DeadlineExceeded",
+                                  "RestartLimit", "RunnerFailed"})
 
 
 def public_message(phase: str, reason: str, message: str, ctx: RunContext | None, pending: PendingToolCall | None,

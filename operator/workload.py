@@ -83,6 +83,11 @@ TOOL_ENV_DIR = "/var/run/agentfast/tool-env"
 DEFAULT_RESOURCES: dict[str, Any] = {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
 #: The ServiceAccount the operator makes in each run namespace when runner.serviceAccount.create and no name is given.
 DEFAULT_RUNNER_SERVICE_ACCOUNT = "agentfast-runner"
+#: How long an ended run's last runner pod stays for ``kubectl logs``, s (the chart's
+#: runner.podTTLSecondsAfterFinished default; its comment says why an hour).
+DEFAULT_POD_TTL_S = 3600
+#: The longest runner.podTTLSecondsAfterFinished, s (a year; longer is "keep": -1).
+MAX_POD_TTL_S = 31536000
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,9 @@ class RunnerConfig:
     restart_limit: int = 6
     # A run waiting for a human longer than this releases its pod (spec.suspendAfter wins; 0: never), s.
     suspend_after_s: int = 60
+    # An ended run's runner pods (and its NetworkPolicy) are deleted this long after it ended, s
+    # (the chart's runner.podTTLSecondsAfterFinished; 0: at once; None: kept, as before).
+    pod_ttl_s: int | None = DEFAULT_POD_TTL_S
     service_account: str = ""
     service_account_create: bool = False
     service_account_annotations: dict[str, str] = field(default_factory=dict)
@@ -138,7 +146,8 @@ class RunnerConfig:
         ``AGENTFAST_RUNNER_SERVICE_ACCOUNT_ANNOTATIONS`` ({key: value}); plain:
         ``AGENTFAST_RUNNER_PRIORITY_CLASS``, ``AGENTFAST_RUNNER_SERVICE_ACCOUNT``,
         ``AGENTFAST_RUNNER_SERVICE_ACCOUNT_CREATE`` and ``AGENTFAST_RUNNER_AUTOMOUNT_TOKEN``
-        (true/false). Raises ValueError naming the variable: malformed JSON or shape, the tool
+        (true/false), ``AGENTFAST_RUNNER_POD_TTL_SECONDS`` (seconds; -1 or empty: keep the pods).
+        Raises ValueError naming the variable: malformed JSON or shape, the tool
         Secret being a Postgres credential (the runners' or the operator's Secret), the runner
         ServiceAccount being the operator's own (``AGENTFAST_OPERATOR_SERVICE_ACCOUNT``) or
         ``default`` with create."""
@@ -170,6 +179,7 @@ class RunnerConfig:
             dsn_secret_key=e.get("AGENTFAST_DSN_SECRET_KEY", cls.dsn_secret_key),
             restart_limit=int(e.get("AGENTFAST_RESTART_LIMIT", cls.restart_limit)),
             suspend_after_s=int(e.get("AGENTFAST_SUSPEND_AFTER_SECONDS", cls.suspend_after_s)),
+            pod_ttl_s=_pod_ttl(e),
             service_account=account,
             service_account_create=create,
             service_account_annotations=annotations,
@@ -182,6 +192,25 @@ class RunnerConfig:
             allowed_images=check_allowed_images(_env_json(e, "AGENTFAST_RUNNER_ALLOWED_IMAGES", []), "AGENTFAST_RUNNER_ALLOWED_IMAGES"),
             tool_secret=tool_secret,
         )
+
+
+def _pod_ttl(env: dict[str, str]) -> int | None:
+    """``AGENTFAST_RUNNER_POD_TTL_SECONDS``: seconds from 0 to :data:`MAX_POD_TTL_S`; -1, empty or
+    ``null`` (the chart's null): None, keep the pods; unset: :data:`DEFAULT_POD_TTL_S`."""
+    raw = env.get("AGENTFAST_RUNNER_POD_TTL_SECONDS")
+    if raw is None:
+        return DEFAULT_POD_TTL_S
+    raw = raw.strip()
+    if raw in ("", "-1", "null"):
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -2
+    if not 0 <= value <= MAX_POD_TTL_S:
+        raise ValueError(f"AGENTFAST_RUNNER_POD_TTL_SECONDS: expected seconds from 0 to {MAX_POD_TTL_S}, or -1 to keep the pods,"
+                         f" not {raw[:16]!r}")
+    return value
 
 
 def _env_bool(env: dict[str, str], name: str) -> bool:

@@ -381,3 +381,30 @@ def test_bad_runner_values_are_refused_at_install(helm: str, values: dict, probl
         assert proc.returncode == 0, proc.stderr
     else:
         assert proc.returncode != 0 and problem in proc.stderr, proc.stderr
+
+
+# -- an ended run's runner pods: runner.podTTLSecondsAfterFinished (issue 14 item 3) ----------------
+
+
+def test_the_runner_pod_ttl_reaches_the_operator_and_keep_is_minus_one_or_null(helm: str) -> None:
+    from agentfast.operator.workload import RunnerConfig
+
+    assert RunnerConfig.from_env(_operator_env(render(helm))).pod_ttl_s == 3600  # the default: an hour for kubectl logs
+    for value, expected in (("0", 0), ("-1", None), ("null", None)):
+        assert RunnerConfig.from_env(_operator_env(render(helm, f"runner.podTTLSecondsAfterFinished={value}"))).pod_ttl_s == expected, value
+    # from a values file a number is a float to helm: a month must not render as 2.592e+06
+    proc = _render_values(helm, {"runner": {"podTTLSecondsAfterFinished": 2592000}})
+    assert proc.returncode == 0, proc.stderr
+    assert RunnerConfig.from_env(_operator_env([d for d in yaml.safe_load_all(proc.stdout) if d])).pod_ttl_s == 2592000
+    for bad in (-2, "1h", 31536001):
+        proc = _render_values(helm, {"runner": {"podTTLSecondsAfterFinished": bad}})
+        assert proc.returncode != 0 and "podTTLSecondsAfterFinished" in proc.stderr, (bad, proc.stderr)
+
+
+def test_the_operator_may_delete_network_policies_only_when_it_makes_them(helm: str) -> None:
+    def np_verbs(docs: list[dict]) -> list[str]:
+        role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "agentfast-operator")
+        return next(r["verbs"] for r in role["rules"] if "networkpolicies" in r["resources"])
+
+    assert np_verbs(render(helm)) == ["get", "create"]
+    assert np_verbs(render(helm, "networkPolicy.enabled=true")) == ["get", "create", "delete"]

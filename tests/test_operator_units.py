@@ -723,6 +723,279 @@ def test_reconcile_fails_a_run_naming_a_foreign_image_before_registering_it(stor
     assert store.list_runs() == []  # nothing registered, no pod asked for
 
 
+# -- the operator's verdict from the pods is the run's ending ---------------------------------------
+
+
+def api_pod(p: RunnerPod):
+    """``p`` as the kubernetes client returns it (the attributes RunnerPod.from_api reads)."""
+    from types import SimpleNamespace as NS
+
+    from agentfast.operator.workload import ANNOTATION_ATTEMPT, ANNOTATION_COUNTED
+
+    terminated = NS(exit_code=p.exit_code, reason=p.exit_reason, started_at=p.started_at, finished_at=p.finished_at) if p.exit_code is not None else None
+    waiting = NS(reason=p.waiting_reason, message="secret \"k\" not found") if p.waiting_reason else None
+    running = NS(started_at=p.started_at) if terminated is None and waiting is None else None
+    return NS(metadata=NS(name=p.name, annotations={ANNOTATION_ATTEMPT: str(p.attempt), ANNOTATION_COUNTED: str(p.counted)},
+                          creation_timestamp=p.created_at, deletion_timestamp=p.deletion_due),
+              status=NS(phase=p.phase, conditions=[], container_statuses=[NS(name="runner", state=NS(terminated=terminated, waiting=waiting,
+                                                                                                     running=running))]))
+
+
+class _Pods:
+    """The pod calls of the operator (list by the run's uid label, create, delete), over a list."""
+
+    def __init__(self, pods: list[RunnerPod]) -> None:
+        self.pods, self.calls = list(pods), []
+
+    def list_namespaced_pod(self, namespace, label_selector, **_):
+        from types import SimpleNamespace
+
+        self.calls.append(("list", namespace, label_selector))
+        return SimpleNamespace(items=[api_pod(p) for p in self.pods])
+
+    def delete_namespaced_pod(self, name, namespace, **_):
+        self.calls.append(("delete", namespace, name))
+        self.pods = [p for p in self.pods if p.name != name]
+
+    def create_namespaced_pod(self, namespace, body, **_):
+        self.calls.append(("create", namespace, body["metadata"]["name"]))
+
+
+SCRIPTED = {**BODY, "metadata": {**BODY["metadata"], "generation": 1}, "spec": {"model": {"name": "m", "script": "refund"}, "input": "hi"}}
+
+
+def _ended_status(phase: str, ago_s: float, **extra) -> dict:
+    ctype = {"Succeeded": "Ready", "Failed": "Failed", "Cancelled": "Cancelled"}[phase]
+    at = (datetime.now(timezone.utc) - timedelta(seconds=ago_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"phase": phase, "observedGeneration": 1, "runnerPod": "agentrun-refund-demo-2",
+            "conditions": [{"type": ctype, "status": "True", "lastTransitionTime": at}], **extra}
+
+
+@pytest.fixture
+def operator_on(store, monkeypatch):
+    """The operator's module wired to ``store``, fake pods, no NetworkPolicies; publish_status and
+    _look_again recorded, not done."""
+    from agentfast.operator import main
+
+    seen = {"published": [], "later": []}
+    monkeypatch.setattr(main.STATE, "store", store)
+    monkeypatch.setattr(main.SETTINGS, "egress", None)
+    monkeypatch.setattr(main, "publish_status", lambda body, ctx, pending, **kw: seen["published"].append(kw))
+    monkeypatch.setattr(main, "_look_again", lambda ns, name, delay: seen["later"].append((ns, name, delay)))
+    monkeypatch.setattr(main, "ensure_runner_secret", lambda *a, **kw: None)
+    monkeypatch.setattr(main, "ensure_runner_service_account", lambda *a, **kw: None)
+    monkeypatch.setattr(main, "_event", lambda *a, **kw: None)
+
+    def wire(pods: list[RunnerPod], ttl: int | None = None) -> _Pods:
+        api = _Pods(pods)
+        monkeypatch.setattr(main.STATE, "core", api, raising=False)
+        monkeypatch.setattr(main.SETTINGS, "runner", RunnerConfig(pod_ttl_s=ttl))
+        return api
+
+    seen["wire"] = wire
+    return main, seen
+
+
+def test_a_run_the_operator_failed_stays_failed_when_its_pods_are_gone(store, operator_on) -> None:
+    # RestartLimit is decided from the pods; it is committed as the run's ending, so once the pods
+    # are deleted (here by their TTL, 0) the run does not read as "no pod yet" and start again.
+    main, seen = operator_on
+    store.create_run("team-a/refund-demo", "u1", _doc(SCRIPTED))
+    crash = rp(7, code=3, ran_s=0.8, counted=6, finished_ago_s=5)  # the 7th crash at start in a row
+    crash = RunnerPod(**{**crash.__dict__, "name": "agentrun-refund-demo-7", "finished_at": datetime.now(timezone.utc) - timedelta(seconds=5),
+                         "started_at": datetime.now(timezone.utc) - timedelta(seconds=5.8)})
+    api = seen["wire"]([crash], 0)
+    main.reconcile({**SCRIPTED, "status": {"phase": "Pending", "observedGeneration": 1}})
+    override = seen["published"][-1]["override"]
+    assert override[:2] == ("Failed", "RestartLimit") and "7 times in a row" in override[2]
+    context, _ = store.load_context("team-a/refund-demo")
+    assert (context.status.phase, context.status.reason) == ("Failed", "RestartLimit") and "7 times in a row" in context.status.message
+    assert ("delete", "team-a", "agentrun-refund-demo-7") in api.calls  # TTL 0: at once
+    assert not any(c[0] == "create" for c in api.calls)
+    # The next reconcile finds no pod at all: the run stays Failed, nothing is started.
+    main.reconcile({**SCRIPTED, "status": _ended_status("Failed", 1)})
+    assert not any(c[0] == "create" for c in api.calls)
+    published = seen["published"][-1]
+    assert published.get("override") is None and (published.get("pod") or {}).get("deleted_at")
+    # status says the operator's own sentence, not a pointer to Postgres
+    s = status_from_store(context, None, generation=1, old=None, run_id="team-a/refund-demo")
+    assert s["reason"] == "RestartLimit" and "7 times in a row" in s["message"]
+
+
+# -- issue 14 item 3: an ended run's runner pods are deleted after runner.podTTLSecondsAfterFinished --
+
+
+def test_an_ended_runs_pods_are_due_ttl_after_the_end_or_after_they_stopped() -> None:
+    from agentfast.operator.lifecycle import ended_at, expired_pods
+
+    ended = T0 - timedelta(seconds=100)
+    stopped_before = rp(1, code=0, reason="Completed", finished_ago_s=400)  # released its pod long before the run ended
+    stopped_after = rp(2, code=0, reason="Completed", finished_ago_s=40)  # exited just after committing the end
+    blocked = rp(3, phase="Pending", code=None, waiting="CreateContainerConfigError")  # never started, never stops
+    going = rp(4, code=0, reason="Completed", finished_ago_s=999, deleting=True)
+    due, wait = expired_pods([stopped_before, stopped_after, blocked, going], T0, ended=ended, ttl_s=90)
+    assert due == [stopped_before, blocked] and wait == pytest.approx(50.0)  # stopped_after: 90 s from its own stop
+    due, wait = expired_pods([stopped_before, stopped_after], T0, ended=ended, ttl_s=3600)
+    assert due == [] and wait == pytest.approx(3500.0)
+    assert expired_pods([stopped_after], T0, ended=T0, ttl_s=0) == ([stopped_after], None)  # 0: at once
+    assert expired_pods([going], T0, ended=ended, ttl_s=0) == ([], None)  # being deleted already: nothing to wait for
+    assert expired_pods([], T0, ended=ended, ttl_s=0) == ([], None)
+    # The end is the status' own record (an operator restart does not reset the clock) ...
+    for phase, ctype in (("Succeeded", "Ready"), ("Failed", "Failed"), ("Cancelled", "Cancelled")):
+        st = {"phase": phase, "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": "2020-01-01T00:00:00Z"},
+                                             {"type": ctype, "status": "True", "lastTransitionTime": "2026-11-30T08:00:00Z"}]}
+        assert ended_at(st, T0) == datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc), phase
+    # ... and now when status does not show the end yet (this reconcile publishes it)
+    assert ended_at({"phase": "Running", "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2020-01-01T00:00:00Z"}]},
+                    T0) == T0
+    assert ended_at({}, T0) == T0
+    assert ended_at({"phase": "Succeeded", "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "soon"}]}, T0) == T0
+
+
+@pytest.mark.parametrize("value, expected", [
+    (None, 3600), ("0", 0), ("86400", 86400), ("-1", None), ("", None), ("null", None),
+    ("-2", "AGENTFAST_RUNNER_POD_TTL_SECONDS"), ("1h", "AGENTFAST_RUNNER_POD_TTL_SECONDS"), ("31536001", "AGENTFAST_RUNNER_POD_TTL_SECONDS"),
+])
+def test_the_pod_ttl_setting(value: str | None, expected) -> None:
+    env = {} if value is None else {"AGENTFAST_RUNNER_POD_TTL_SECONDS": value}
+    if isinstance(expected, str):
+        with pytest.raises(ValueError, match=expected):
+            RunnerConfig.from_env(env)
+    else:
+        assert RunnerConfig.from_env(env).pod_ttl_s == expected
+
+
+def test_an_ended_runs_pods_are_deleted_once_their_ttl_has_passed(store, operator_on) -> None:
+    main, seen = operator_on
+    store.create_run("team-a/refund-demo", "u1", _doc(SCRIPTED))
+    store.cancel_run("team-a/refund-demo", "cancelled by a test", reason="Cancelled")
+    now = datetime.now(timezone.utc)
+    released = RunnerPod(name="agentrun-refund-demo-2", attempt=2, counted=0, phase="Succeeded", created_at=now - timedelta(hours=3),
+                         started_at=now - timedelta(hours=3), exit_code=0, exit_reason="Completed", finished_at=now - timedelta(hours=2))
+    # Ended 10 minutes ago, an hour to live: kept, and looked at again when it is due (not at every resync).
+    api = seen["wire"]([released], 3600)
+    main.reconcile({**SCRIPTED, "status": _ended_status("Cancelled", 600)})
+    assert [c[0] for c in api.calls] == ["list"] and api.calls[0][2] == "agentfast.dev/run-uid=u1"
+    [(ns, name, delay)] = seen["later"]
+    assert (ns, name) == ("team-a", "refund-demo") and 2990 <= delay <= 3001, delay
+    assert not (seen["published"][-1].get("pod") or {}).get("deleted_at")
+    # Ended two hours ago (the operator was down, say): deleted now, and status records it.
+    seen["later"].clear()
+    main.reconcile({**SCRIPTED, "status": _ended_status("Cancelled", 7200)})
+    assert ("delete", "team-a", "agentrun-refund-demo-2") in api.calls and api.pods == [] and seen["later"] == []
+    pod = seen["published"][-1]["pod"]
+    assert pod["deleted_at"] and pod["name"] == "agentrun-refund-demo-2"
+    # Once recorded, a reconcile (kopf's resume pass after a restart, a late pod event) asks the API nothing.
+    api = seen["wire"]([released], 3600)
+    main.reconcile({**SCRIPTED, "status": _ended_status("Cancelled", 7200, runnerPodsDeletedAt=pod["deleted_at"])})
+    assert api.calls == [] and seen["later"] == []
+    # -1 (null in the chart): kept, as before.
+    api = seen["wire"]([released], None)
+    main.reconcile({**SCRIPTED, "status": _ended_status("Cancelled", 7200)})
+    assert api.calls == [] and seen["later"] == []
+    # 0: at once, at the reconcile that first sees the end (status does not show it yet).
+    api = seen["wire"]([released], 0)
+    main.reconcile({**SCRIPTED, "status": {"phase": "Running", "observedGeneration": 1}})
+    assert ("delete", "team-a", "agentrun-refund-demo-2") in api.calls and seen["published"][-1]["pod"]["deleted_at"]
+
+
+def test_publish_status_records_when_the_pods_were_deleted(monkeypatch) -> None:
+    from agentfast.operator import main
+
+    patches = []
+
+    class _Custom:
+        def patch_namespaced_custom_object_status(self, group, version, namespace, plural, name, body, **_):
+            patches.append(body["status"])
+
+    monkeypatch.setattr(main.STATE, "custom", _Custom(), raising=False)
+    monkeypatch.setattr(main, "_event", lambda *a, **kw: None)
+    body = {**SCRIPTED, "metadata": {**SCRIPTED["metadata"], "uid": "u-published"}}
+    main.publish_status(body, ctx("Succeeded"), None, pod={"name": "agentrun-refund-demo-1", "deleted_at": "2026-12-01T12:00:00Z"})
+    assert patches[-1]["runnerPodsDeletedAt"] == "2026-12-01T12:00:00Z" and patches[-1]["runnerPod"] == "agentrun-refund-demo-1"
+    main.publish_status({**body, "status": patches[-1]}, ctx("Succeeded"), None)
+    assert len(patches) == 1  # nothing changed: no patch (and a later one would not name, so not remove, the field)
+
+
+class _NetworkPolicies:
+    def __init__(self, owner_uid: str | None) -> None:
+        self.owner_uid, self.calls = owner_uid, []
+
+    def read_namespaced_network_policy(self, name, namespace, **_):
+        from types import SimpleNamespace as NS
+
+        from kubernetes.client.rest import ApiException
+
+        self.calls.append(("read", namespace, name))
+        if self.owner_uid is None:
+            raise ApiException(status=404, reason="Not Found")
+        return NS(metadata=NS(uid="np-uid", owner_references=[NS(uid=self.owner_uid, kind="AgentRun")]))
+
+    def delete_namespaced_network_policy(self, name, namespace, body=None, **_):
+        self.calls.append(("delete", namespace, name, body.preconditions.uid))
+
+
+@pytest.mark.parametrize("owner, deleted", [("u1", True), ("someone-else", False), (None, False)])
+def test_the_runs_own_network_policy_goes_with_its_pods(store, operator_on, monkeypatch, owner, deleted) -> None:
+    from agentfast.operator.workload import EgressPolicy
+
+    main, seen = operator_on
+    monkeypatch.setattr(main.SETTINGS, "egress", EgressPolicy(postgres=({"to": [{"podSelector": {}}]},)))
+    policies = _NetworkPolicies(owner)
+    monkeypatch.setattr(main.STATE, "networking", policies, raising=False)
+    store.create_run("team-a/refund-demo", "u1", _doc(SCRIPTED))
+    store.cancel_run("team-a/refund-demo", "cancelled by a test", reason="Cancelled")
+    seen["wire"]([], 0)
+    main.reconcile({**SCRIPTED, "status": _ended_status("Cancelled", 5)})
+    assert policies.calls[0] == ("read", "team-a", "agentrun-refund-demo")
+    assert (("delete", "team-a", "agentrun-refund-demo", "np-uid") in policies.calls) is deleted  # with a uid precondition
+    assert seen["published"][-1]["pod"]["deleted_at"]  # a foreign one (or none) does not hold the run's pods up
+
+
+def test_the_resync_leaves_ended_runs_alone(store, monkeypatch) -> None:
+    from agentfast.operator import main
+
+    monkeypatch.setattr(main.STATE, "store", store)
+    monkeypatch.setattr(main, "_RESYNCED", {})
+    reconciled = []
+    settled = {**SCRIPTED, "status": _ended_status("Succeeded", 5)}  # pods maybe not deleted yet: its own timer does that
+    moving = {**SCRIPTED, "metadata": {**SCRIPTED["metadata"], "name": "moving", "uid": "u2"}, "status": {"phase": "Running", "observedGeneration": 1}}
+    monkeypatch.setattr(main, "_list_agentruns", lambda: [settled, moving])
+    monkeypatch.setattr(main, "reconcile", lambda body: reconciled.append(body["metadata"]["name"]))
+    monkeypatch.setattr(main, "_retain", lambda live: None)
+    monkeypatch.setattr(main, "revoke_unused", lambda *a: [])
+    monkeypatch.setattr(main.STATE, "core", None, raising=False)
+    main._resync()
+    assert reconciled == ["moving"]
+
+
+# -- delayed reconciles -------------------------------------------------------------------------------
+
+
+def test_delayed_reconciles_share_one_thread_and_the_earliest_wins(monkeypatch) -> None:
+    import threading
+    import time
+
+    from agentfast.operator import main
+
+    fired: list[tuple[str, float]] = []
+    done = threading.Event()
+    monkeypatch.setattr(main, "_get_agentrun", lambda ns, name: {"metadata": {"namespace": ns, "name": name}})
+    monkeypatch.setattr(main, "reconcile", lambda body: (fired.append((body["metadata"]["name"], time.monotonic())), done.set()))
+    later = main._Later()
+    start = time.monotonic()
+    later.add("team-a/a", 3600)
+    later.add("team-a/a", 0.5)  # earlier: replaces the hour
+    later.add("team-a/b", 3600)
+    later.add("team-a/b", 7200)  # later: the hour stands
+    assert done.wait(10), "the delayed reconcile never ran"
+    assert [n for n, _ in fired] == ["a"] and 0.4 <= fired[0][1] - start < 5
+    pending = later.pending()
+    assert list(pending) == ["team-a/b"] and 3500 < pending["team-a/b"] <= 3600
+    threads = [t for t in threading.enumerate() if t.name == "agentfast-later"]
+    assert len(threads) == 1  # one thread however many runs wait
+
+
 def _scripted(name: str, **spec) -> dict:
     return {"apiVersion": "agentfast.dev/v1alpha1", "kind": "AgentRun",
             "metadata": {"name": name, "namespace": "team-a", "uid": f"uid-{name}", "generation": 1},

@@ -13,6 +13,10 @@ carrying the key of a Secret. An admin's ModelConfig points at it and names that
   ModelConfigNotFound) without a runner, and starts once the ModelConfig is created (the
   operator's periodic resync, 30 s in the chart's default).
 - A model name the ModelConfig does not allow ends the run Failed/InvalidSpec, naming both.
+- A ModelConfig naming a Secret the namespace does not have: the runner pod waits in
+  CreateContainerConfigError, which status (reason, message, condition RunnerPodReady) and
+  ``kubectl get agentruns`` (the REASON column) show within seconds; once the Secret exists the
+  kubelet starts that same pod, the run completes and the condition clears (issue 14 item 6).
 - The NetworkPolicy the operator gives a runner pod (networkPolicy.enabled) is accepted by the
   API server (whether it is enforced depends on the CNI; the test cluster's bridge CNI does not).
 
@@ -22,6 +26,7 @@ Runs in the chart's namespace (AGENTFAST_NAMESPACE), where runner pods find the 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from typing import Any, Iterator
 
@@ -203,3 +208,57 @@ def test_the_runner_network_policy_is_accepted_by_the_api_server(release: Kube) 
     body = {"metadata": {"name": f"np-{uuid.uuid4().hex[:6]}-" + "x" * 240, "namespace": k.namespace}}
     proc = k.run("apply", "--dry-run=server", "-f", "-", input=json.dumps(build_network_policy(body, policy)), check=False)
     assert proc.returncode == 0, proc.stderr
+
+
+def _get_agentruns_row(k: Kube, name: str) -> dict[str, str]:
+    """The row ``kubectl get agentruns`` prints for ``name``, by column header (the CRD's printer
+    columns; only the columns before the first empty one line up, NAME, PHASE and REASON among them)."""
+    header, *rows = k.run("get", "agentruns").stdout.splitlines()
+    row = next(r for r in rows if r.split()[0] == name)
+    return dict(zip(header.split(), row.split()))
+
+
+def test_a_runner_that_cannot_start_says_why_until_its_secret_exists(release: Kube, model_server: dict[str, str]) -> None:
+    # Issue 14 item 6: the ModelConfig names a Secret the namespace does not have (yet). The runner
+    # pod waits in CreateContainerConfigError; status says so at once (reason, message, condition
+    # RunnerPodReady False), not "waiting for the runner pod to start" for ever, and so does
+    # `kubectl get agentruns`. Once an admin creates the Secret the kubelet starts the same pod,
+    # the run goes on and the condition clears.
+    k, server = release, model_server
+    tag = server["tag"]
+    late = f"late-key-{tag}"
+    mc = modelconfig(k, server, f"late-secret-{tag}")
+    mc["spec"]["apiKeySecretRef"] = {"name": late, "key": server["key"]}
+    k.apply(mc)
+    name = f"mc-no-secret-{tag}"
+    k.apply(agentrun(k, server, name, mc["metadata"]["name"]))
+    started = time.monotonic()
+    k.wait_for("the reason the runner cannot start",
+               lambda: status(k, name).get("reason") == "CreateContainerConfigError", timeout=90, interval=0.5)
+    print(f"status said CreateContainerConfigError {time.monotonic() - started:.1f} s after the AgentRun was applied")
+    st = status(k, name)
+    pod = _pod(k, name)
+    assert pod is not None and pod["metadata"]["name"] in st["message"], (st, pod)
+    assert st["phase"] == "Pending" and "cannot start" in st["message"] and late in st["message"], st
+    assert st["message"] != "waiting for the runner pod to start"
+    ready = _condition(k, name, "RunnerPodReady")
+    assert ready["status"] == "False" and ready["reason"] == "CreateContainerConfigError" and late in ready["message"], ready
+    assert ready["observedGeneration"] == k.get("agentrun", name)["metadata"]["generation"]
+    row = _get_agentruns_row(k, name)
+    assert (row["PHASE"], row["REASON"]) == ("Pending", "CreateContainerConfigError"), row
+    # It stays blocked (and says so) rather than failing the run or looping through pods.
+    time.sleep(10)
+    assert status(k, name).get("reason") == "CreateContainerConfigError" and len(runner_pods(k, name)) == 1
+
+    k.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": late, "namespace": k.namespace, "labels": _labels(tag)},
+             "type": "Opaque", "stringData": {server["key"]: server["key_value"]}})
+    k.wait_for("the run to go on once the Secret exists",
+               lambda: status(k, name).get("phase") in ("Running", "WaitingForApproval", "Succeeded", "Failed"), timeout=180, interval=1)
+    k.wait_for("the condition to clear", lambda: _condition(k, name, "RunnerPodReady").get("status") == "True", timeout=60)
+    assert _condition(k, name, "RunnerPodReady")["reason"] == "RunnerPodOK"
+    assert status(k, name).get("reason") != "CreateContainerConfigError"
+    assert _get_agentruns_row(k, name)["REASON"] != "CreateContainerConfigError"
+    st = _finish(k, name)
+    assert st.get("restarts", 0) == 0, st  # the kubelet started the same pod: no replacement was needed
+    [only] = runner_pods(k, name)
+    assert only["metadata"]["name"] == pod["metadata"]["name"]
