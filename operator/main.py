@@ -102,6 +102,12 @@ def _allowed_modules() -> tuple[str, ...]:
 
 
 SETTINGS = Settings()
+#: Progress publishes in flight at once: each waits mostly on Postgres and the API server, so a
+#: few overlap well on one core (bench/cluster_load.py: 4 could not keep up with 100 commits/s).
+PUBLISH_WORKERS = 8
+#: The operator's Postgres connections: the publishers, plus the resync, kopf's handlers and the
+#: delayed reconciles.
+STORE_CONNECTIONS = PUBLISH_WORKERS + 4
 
 
 class _State:
@@ -144,7 +150,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     if not SETTINGS.dsn:
         raise kopf.PermanentError("AGENTFAST_DSN is not set: the operator needs the runs' Postgres")
     try:
-        STATE.store = Store(SETTINGS.dsn)
+        STATE.store = Store(SETTINGS.dsn, pool_max=STORE_CONNECTIONS)
         STATE.store.migrate()
     except InvalidDsn as err:  # quotes none of the DSN; retrying cannot help
         raise kopf.PermanentError(f"AGENTFAST_DSN: {err}") from None
@@ -845,7 +851,7 @@ def _progress_listener() -> None:
     missed meanwhile is caught by the resync.
     """
     assert STATE.store is not None
-    workers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="agentfast-publish")
+    workers = ThreadPoolExecutor(max_workers=PUBLISH_WORKERS, thread_name_prefix="agentfast-publish")
     while not STATE.stop.is_set():
         try:
             with psycopg.connect(STATE.store.dsn, autocommit=True, connect_timeout=5) as conn:
