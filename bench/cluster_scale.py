@@ -47,7 +47,6 @@ from typing import Any, Callable
 
 import kubernetes
 import yaml
-from kubernetes.client.rest import ApiException
 
 REPO = Path(__file__).resolve().parents[1]
 NS = os.environ.get("AGENTFAST_NAMESPACE", "agentfast-system")
@@ -133,10 +132,11 @@ class Cluster:
         out = self.kubectl("-n", NS, "exec", "deploy/agentfast-postgresql", "--", "python", "-c", code, json.dumps([query, list(params)]))
         return json.loads(out)
 
-    def create_run(self, name: str, session: str) -> None:
+    def create_run(self, name: str, session: str, suspend_after: int = 0) -> None:
         doc = yaml.safe_load((REPO / "manifests" / "examples" / "refund.yaml").read_text())
         doc["metadata"] = {"name": name, "namespace": NS, "labels": {SESSION_LABEL: session}}
-        doc["spec"]["suspendAfter"] = 0  # the runner keeps its pod while it waits: these losses are what is timed
+        # 0: the runner keeps its pod while it waits (the losses timed); else it releases it after that, s
+        doc["spec"]["suspendAfter"] = suspend_after
         self._count()
         self.custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, doc)
 
@@ -460,7 +460,19 @@ def capacity(k: Cluster) -> dict[str, int]:
             "max_by_pods": free_pods, "max_by_cpu": free_cpu_runs, "max": min(free_pods, free_cpu_runs)}
 
 
-def bench_scale(k: Cluster, session: str, n_req: int) -> dict[str, Any]:
+def waiting_cost(k: Cluster, session: str) -> dict[str, int]:
+    """What the session's waiting runs hold now: runner pods not ended (Pending or Running), the
+    CPU they request (m), and the runners' Postgres sessions (runner roles, ``agentfast_r_*``)."""
+    pods = [p for p in k.runner_pods(f"{SESSION_LABEL}={session}") if p.status.phase not in ("Succeeded", "Failed")]
+    cpu_m = sum(int(str(((c.resources and c.resources.requests) or {}).get("cpu", "0m")).rstrip("m") or 0) for p in pods for c in p.spec.containers)
+    [[conns]] = k.sql("SELECT count(*) FROM pg_stat_activity WHERE usename LIKE 'agentfast_r_%%'")
+    return {"live_runner_pods": len(pods), "requested_cpu_m": cpu_m, "runner_pg_sessions": int(conns)}
+
+
+def bench_scale(k: Cluster, session: str, n_req: int, suspend_after: int = 0) -> dict[str, Any]:
+    """N concurrent runs to WaitingForApproval, approve all, wait all Succeeded. With
+    ``suspend_after`` (s) the runs release their pods while they wait: before approving, wait
+    until every run says Suspended and count what they still hold (:func:`waiting_cost`)."""
     cap = capacity(k)
     n = min(n_req, cap["max"])
     if n < n_req:
@@ -507,11 +519,21 @@ def bench_scale(k: Cluster, session: str, n_req: int) -> dict[str, Any]:
 
     t0 = time.time()
     for nm in names:
-        k.create_run(nm, session)
+        k.create_run(nm, session, suspend_after)
     t_created = time.time()
     log(f"created {n} AgentRuns in {t_created - t0:.1f}s")
     t_all_wfa = poll_until(lambda: all("WaitingForApproval" in s or "Succeeded" in s or "Failed" in s for s in seen.values()), 900)
     log(f"all waiting for approval after {t_all_wfa - t0:.1f}s")
+    suspended: dict[str, Any] = {}
+    if suspend_after:
+        def all_suspended() -> bool:
+            items = k.list_runs(session)
+            return sum(any(c.get("type") == "Suspended" and c.get("status") == "True" for c in (r.get("status") or {}).get("conditions") or [])
+                       for r in items) >= n
+        suspended["all_suspended_s"] = wait_for("every run Suspended", all_suspended, 600, 1.0) and time.time() - t0
+        time.sleep(3.0)  # the last runners' exits reach the kubelet and Postgres
+        suspended["held_while_waiting"] = waiting_cost(k, session)
+        log(f"all suspended after {suspended['all_suspended_s']:.1f}s: {suspended['held_while_waiting']}")
     t_appr = time.time()
     for nm in names:
         k.approve(nm)
@@ -542,6 +564,7 @@ def bench_scale(k: Cluster, session: str, n_req: int) -> dict[str, Any]:
     hwms = [h for h in runner_hwm.values() if h]
     return {
         "n_requested": n_req, "n": n, "capacity": cap, "succeeded": succeeded, "other_active_agentruns": len(others),
+        "suspend_after_s": suspend_after, **suspended,
         "create_s": t_created - t0,
         "create_to_waiting_s": spread(wfa),
         "all_waiting_s": t_all_wfa - t0,
@@ -610,6 +633,10 @@ def report(res: dict[str, Any]) -> str:
                 f"| create → runner's WaitingForApproval commit per run | {fmt(c['create_to_waiting_commit_s'])} |",
                 f"| WaitingForApproval status lag (status seen − runner commit) | {fmt(c['waiting_status_lag_s'])}, p95 {c['waiting_status_lag_s'].get('p95', math.nan):.2f} s |",
                 f"| create → all WaitingForApproval | {c['all_waiting_s']:.1f} s |",
+                *([f"| suspendAfter {c['suspend_after_s']} s: create → all Suspended | {c['all_suspended_s']:.1f} s |",
+                   f"| held by the N suspended runs: live runner pods / requested CPU / runner Postgres sessions |"
+                   f" {c['held_while_waiting']['live_runner_pods']} / {c['held_while_waiting']['requested_cpu_m']}m /"
+                   f" {c['held_while_waiting']['runner_pg_sessions']} |"] if c.get("suspend_after_s") else []),
                 f"| approve all (N patches) | {c['approve_patches_s']:.1f} s |",
                 f"| approve → all Succeeded | {c['approve_to_all_done_s']:.1f} s |",
                 f"| total, create → all Succeeded | {c['total_s']:.1f} s |",
@@ -628,6 +655,8 @@ def main() -> None:
     ap.add_argument("--resume-reps", type=int, default=5)
     ap.add_argument("--skip-resume", action="store_true")
     ap.add_argument("--skip-scale", action="store_true")
+    ap.add_argument("--suspend-after", type=int, default=0,
+                    help="scale: the runs release their pods after waiting this long, s, and what they hold is counted (0: they keep them)")
     ap.add_argument("--loss-reps", type=int, default=2, help="runs per kind of loss (each loses its runner 5 times)")
     ap.add_argument("--skip-losses", action="store_true")
     ap.add_argument("--decision-reps", type=int, default=3, help="approvals timed with the runner present, and as many suspended")
@@ -646,7 +675,7 @@ def main() -> None:
         if not a.skip_resume:
             res["resume"] = bench_resume(k, session, a.resume_reps)
         if not a.skip_scale:
-            res["scale"] = bench_scale(k, session, a.runs)
+            res["scale"] = bench_scale(k, session, a.runs, a.suspend_after)
     finally:
         res["machine_after"] = machine()
         k.cleanup(session)

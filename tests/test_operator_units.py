@@ -1022,6 +1022,7 @@ def test_the_resync_reconciles_only_runs_whose_state_changed(store, monkeypatch)
     monkeypatch.setattr(main.STATE, "core", None, raising=False)
     monkeypatch.setattr(main, "FULL_EVERY", 10**9)  # no full turn in this test (checked last)
     monkeypatch.setattr(main, "_RESYNCED", {})
+    monkeypatch.setattr(main, "_RECONCILED_AT", {})
     monkeypatch.setattr(main, "_resync_state", {"passes": 1, "listener": None})
 
     def resync() -> list[str]:
@@ -1029,7 +1030,8 @@ def test_the_resync_reconciles_only_runs_whose_state_changed(store, monkeypatch)
         main._resync()
         return sorted(reconciled)
 
-    assert resync() == ["a", "b", "c", "d", "e"]  # the first pass: everything
+    main._RECONCILED_AT["uid-c"] = __import__("time").monotonic()  # an event reconciled c just now (a new run)
+    assert resync() == ["a", "b", "d", "e"]  # the first pass: everything, but what an event just did
     assert resync() == ["d", "e"]  # nothing changed
     # a's runner commits: the listener published it, as long as its session lasted
     lease = store.acquire_lease("team-a/a")
