@@ -54,7 +54,8 @@ from .cluster_scale import GROUP, KUBECONFIG, KUBECTL, PLURAL, REPO, VERSION, lo
 SYSTEM_NS = os.environ.get("AGENTFAST_NAMESPACE", "agentfast-system")
 #: A node label no node has: the runner pods the operator makes for these runs are never scheduled.
 NO_NODE = {"agentfast.dev/load-generator": "no-such-node"}
-HOST_PROCS = {"kube-apiserver": "kube-apiserver ", "etcd": "etcd ", "postgres": "postgres"}
+HOST_PROCS = {"kube-apiserver": "kube-apiserver ", "etcd": "etcd ", "postgres": "postgres", "kube-scheduler": "kube-scheduler ",
+              "kube-controller-manager": "kube-controller-manager ", "kubelet": "kubelet "}
 
 
 # -- host /proc ----------------------------------------------------------------------------------
@@ -92,6 +93,12 @@ def cgroup_cpu_s(pid: int) -> float:
     return 0.0
 
 
+def idle_s() -> float:
+    """The machine's idle CPU time so far (all cores, /proc/stat idle + iowait), s."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    return (int(fields[3]) + int(fields[4])) / CLK_TCK
+
+
 def rss(pids: list[int]) -> int:
     """Sum of VmRSS of ``pids``, bytes."""
     total = 0
@@ -117,6 +124,7 @@ def host_pids() -> dict[str, list[int]]:
     for name, needle in HOST_PROCS.items():
         found[name] = [p for p in pids_matching(needle) if Path(f"/proc/{p}/comm").read_text().strip().startswith(name[:15])]
     found["postgres"] = sorted(found["postgres"])[:1]  # the postmaster; its cgroup holds every backend
+    found["this generator"] = [os.getpid()]
     return found
 
 
@@ -334,11 +342,13 @@ def trial(k: Cluster, n: int, period: float, steady: float) -> dict[str, Any]:
         time.sleep(min(30.0, period))  # let the admission's tail settle before measuring
         pids = host_pids()
         cpu0 = {name: cpu_of(name, p) for name, p in pids.items()}
+        idle0 = idle_s()
         req0, s0 = k.request_totals(), time.time()
         runs.drive(names, period, s0 + steady)
         s1 = time.time()
         req1 = k.request_totals()
         cpu1 = {name: cpu_of(name, p) for name, p in pids.items()}
+        busy = (os.cpu_count() or 1) - (idle_s() - idle0) / (time.time() - s0)  # cores busy, all processes
         mem = {name: rss(p) for name, p in pids.items()}
         time.sleep(5.0)  # the last commits' status
         lags = [t_seen - t for name, it, t in runs.commits if (t_seen := watch.first_seen(name, it)) is not None]
@@ -363,7 +373,7 @@ def trial(k: Cluster, n: int, period: float, steady: float) -> dict[str, Any]:
             "api_requests": {"total_per_s": round(total / secs, 1), "per_commit": round(total / max(1, len(runs.commits)), 2),
                              "per_run_minute": round(total / n / (secs / 60), 2), "top": {k_: round(v) for k_, v in top.items()}},
             "resync_passes": resyncs,
-            "machine": machine(),
+            "machine": machine(), "machine_cpu_busy": round(busy, 2),
         }
     finally:
         watch.stop.set()
@@ -386,8 +396,9 @@ def trial(k: Cluster, n: int, period: float, steady: float) -> dict[str, Any]:
 
 def report(results: list[dict[str, Any]]) -> str:
     rows = ["| N | commits/s | status lag p50 / p95 / p99 / max, s | Succeeded lag p95, s | operator CPU, cores | operator RSS, MiB |"
-            " apiserver / etcd / postgres CPU, cores | API requests per commit | per run-minute | last resync pass, s (reconciled/runs); slowest |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            " apiserver / etcd / postgres / scheduler / this generator CPU, cores | machine busy, cores of 2 | API requests per commit | per run-minute |"
+            " last resync pass, s (reconciled/runs); slowest |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lag, c, m = r["lag_s"], r["cpu_cores"], r["rss_mib"]
         passes = r["resync_passes"]
@@ -395,7 +406,8 @@ def report(results: list[dict[str, Any]]) -> str:
               if passes else "n/a")
         rows.append(f"| {r['n']} | {r['commits'] / r['steady_s']:.1f} | {lag['p50']:.2f} / {lag['p95']:.2f} / {lag['p99']:.2f} / {lag['max']:.2f}"
                     f" | {r['succeeded_lag_s']['p95']:.2f} | {c['operator']:.2f} | {m['operator']:.0f}"
-                    f" | {c['kube-apiserver']:.2f} / {c['etcd']:.2f} / {c['postgres']:.2f}"
+                    f" | {c['kube-apiserver']:.2f} / {c['etcd']:.2f} / {c['postgres']:.2f} / {c.get('kube-scheduler', 0):.2f} / {c.get('this generator', 0):.2f}"
+                    f" | {r.get('machine_cpu_busy', float('nan')):.2f}"
                     f" | {r['api_requests']['per_commit']:.2f} | {r['api_requests']['per_run_minute']:.1f} | {rs} |")
     return "\n".join(rows)
 

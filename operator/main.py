@@ -991,6 +991,7 @@ def _resync() -> None:
     marks = STATE.store.change_marks()
     listener_whole = listener_before[1] and listener_before == _resync_state.get("listener")
     full_slot = _resync_state["passes"] % FULL_EVERY
+    previous_start, _resync_state["started"] = _resync_state.get("started", 0.0), started
     reconciled = 0
     for body in items:
         meta = body["metadata"]
@@ -999,10 +1000,9 @@ def _resync() -> None:
         run_id = f"{meta['namespace']}/{meta['name']}"
         mark = marks.get(run_id)
         uid = meta["uid"]
-        if (uid not in _RESYNCED and mark is not None and mark.run_uid == uid
-                and time.monotonic() - _RECONCILED_AT.get(uid, -1e9) < SETTINGS.resync_s):
-            # An event reconciled it moments ago (a new run): that is this pass's baseline, so a
-            # burst of new runs is not reconciled twice (bench/cluster_load.py's admission).
+        if uid not in _RESYNCED and mark is not None and mark.run_uid == uid and _RECONCILED_AT.get(uid, -1.0) >= previous_start:
+            # An event reconciled it since the previous pass (a new run; kopf's resume pass at
+            # start): that is its baseline, so a burst of new runs is not reconciled twice.
             _RESYNCED[uid] = (meta.get("generation", 1), mark.control, mark.checkpoint_id)
             continue
         if not _resync_due(body, mark, listener_whole, full_slot):
