@@ -191,7 +191,7 @@ def _check_admin_policy(run: AgentRun) -> None:
 
 
 def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool, force: bool = False,
-           host: ToolHost | None = None) -> Outcome:
+           host: ToolHost | None = None, wait_for_holder_s: float | None = None) -> Outcome:
     """Run ``run`` to its end, a pause or a stop; its tools run in a tool host (``host``, or one
     started here) that never receives the store's credential or the model key (G11)."""
     from .model import ModelError, model_from_spec
@@ -206,12 +206,12 @@ def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool, force:
             model = model_from_spec(run.spec.model, run.modelConfig)  # the endpoint the run was registered with
         except SpecError as e:
             # Recorded as the run's ending (Failed/InvalidSpec): the operator shows it and nothing retries it.
-            ended = fail_invalid_spec(store, run, str(e), force=force)
+            ended = fail_invalid_spec(store, run, str(e), force=force, wait_for_holder_s=wait_for_holder_s)
             code = EXIT_BAD_INPUT if ended.phase == "Failed" else ended.exit_code
             raise _fail(f"run {run_id_of(run)} cannot run:\n{e}", code) from None
         except ModelError as e:
             raise _fail(str(e)) from None
-        return _drive_with(store, run, model, tools, wait=wait, interactive=interactive, force=force)
+        return _drive_with(store, run, model, tools, wait=wait, interactive=interactive, force=force, wait_for_holder_s=wait_for_holder_s)
     finally:
         if host is not None:
             host.close()
@@ -232,7 +232,7 @@ def _credentials(dsn: str) -> tuple[str, str]:
 
 
 def _drive_with(store: Store, run: AgentRun, model: ChatModel, tools: ToolRegistry, *, wait: bool, interactive: bool,
-                force: bool) -> Outcome:
+                force: bool, wait_for_holder_s: float | None = None) -> Outcome:
     stop = threading.Event()
 
     def on_term(signum: int, frame: object) -> None:
@@ -252,6 +252,7 @@ def _drive_with(store: Store, run: AgentRun, model: ChatModel, tools: ToolRegist
         runner = runner_class(
             store, run, model, tools, wait_for_approval=wait, stop=stop, on_event=_Progress(store, run_id_of(run), interactive),
             force=force, suspend_after_s=_suspend_after_s(),
+            wait_for_holder_s=wait_for_holder_s,
         )
         with output.detached_writes():  # a reader that stops reading must not hold up the run
             outcome = runner.run()
@@ -314,16 +315,25 @@ def run(
     raise typer.Exit(outcome.exit_code)
 
 
+WaitForHolderOption = typer.Option(
+    None, "--wait-for-holder", envvar="AGENTFAST_WAIT_FOR_HOLDER_SECONDS", min=0.0,
+    help="seconds to wait for a runner that holds the run to let go before refusing (exit 76); default 1."
+         " A runner pod waits longer: the operator starts it while its predecessor is still stopping",
+)
+
+
 @app.command()
 def resume(run: str = typer.Argument(..., help="run name"), dsn: Optional[str] = DsnOption,
-           wait: bool = typer.Option(True, "--wait/--no-wait"), force: bool = ForceOption) -> None:
+           wait: bool = typer.Option(True, "--wait/--no-wait"), force: bool = ForceOption,
+           wait_for_holder: Optional[float] = WaitForHolderOption) -> None:
     """Continue a run from its last checkpoint, at the exact step it stopped.
 
-    Refuses (exit 76) while a live runner owns the run, naming it; --force takes it over anyway.
+    Refuses (exit 76) while a live runner owns the run, naming it (after waiting --wait-for-holder
+    seconds for it to let go); --force takes it over anyway.
     """
     store = _open_store(dsn)
     agentrun = _load_registered(store, run)
-    outcome = _drive(store, agentrun, wait=wait, interactive=_interactive(wait), force=force)
+    outcome = _drive(store, agentrun, wait=wait, interactive=_interactive(wait), force=force, wait_for_holder_s=wait_for_holder)
     raise typer.Exit(outcome.exit_code)
 
 

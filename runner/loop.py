@@ -47,7 +47,7 @@ from .snapshot import (
     idempotency_key,
 )
 from .spec import AgentRun, SpecError
-from .liveness import RunnerAlive, RunnerClaim
+from .liveness import EXIT_GRACE_S, ClaimStopped, RunnerAlive, RunnerClaim
 from .store import (
     Decision, JournalEntry, LeaseLost, RunRecord, Store, StoreUnavailable, Turn, cancelled_message, deadline_message,
 )
@@ -104,7 +104,7 @@ def preflight(run: AgentRun) -> None:
             raise SpecError(f"spec.model.script: {e}") from None
 
 
-def fail_invalid_spec(store: Store, run: AgentRun, message: str, *, force: bool = False) -> Outcome:
+def fail_invalid_spec(store: Store, run: AgentRun, message: str, *, force: bool = False, wait_for_holder_s: float | None = None) -> Outcome:
     """End a registered run as ``Failed`` / ``InvalidSpec`` with ``message``, running nothing of it.
 
     For a spec the runner cannot resolve (a ref that does not import or raises, a tool's gate
@@ -113,7 +113,8 @@ def fail_invalid_spec(store: Store, run: AgentRun, message: str, *, force: bool 
     retries it. A run already finished keeps its ending. Returns the Outcome (exit code 2 when
     recorded; 76 when a live runner owns the run; 75 when Postgres is unavailable).
     """
-    return _InvalidSpecRunner(store, run, _NoModel(), ToolRegistry([]), wait_for_approval=False, force=force, message=message).run()
+    return _InvalidSpecRunner(store, run, _NoModel(), ToolRegistry([]), wait_for_approval=False, force=force, message=message,
+                              wait_for_holder_s=wait_for_holder_s).run()
 
 
 class _NoModel:
@@ -152,7 +153,9 @@ class RunnerBase:
     no new tool call, commits what it has, and returns exit code 75. ``wait_for_approval``:
     False returns at the first pause (exit 0, phase WaitingForApproval) instead of waiting.
     ``suspend_after_s``: waiting longer than this (s) returns the same way (a runner pod then
-    frees itself, ``spec.suspendAfter``); None: wait as long as it takes.
+    frees itself, ``spec.suspendAfter``); None: wait as long as it takes. ``wait_for_holder_s``:
+    how long the claim waits for a runner still holding the run to let go (:meth:`run`; None:
+    ``liveness.EXIT_GRACE_S``).
 
     Safe points (:meth:`_halted`): at the top of every iteration, before every tool call and
     while waiting for a decision, the runner also reads the run's cancel request and age from
@@ -176,9 +179,11 @@ class RunnerBase:
         on_event: Callable[[ProgressEvent], None] | None = None,
         force: bool = False,
         suspend_after_s: float | None = None,
+        wait_for_holder_s: float | None = None,
     ):
         self.store = store
         self.force = force
+        self.wait_for_holder_s = EXIT_GRACE_S if wait_for_holder_s is None else wait_for_holder_s
         self.suspend_after_s = suspend_after_s or None
         self.run_spec = run
         self.spec = run.spec
@@ -199,17 +204,20 @@ class RunnerBase:
     def run(self) -> Outcome:
         """Run until finished, paused or stopped. Never raises for run-level failures.
 
-        First claims the run (``runner/liveness.py``): a live runner already holding it ends
-        this one at once with exit 76 and a message naming the holder, unless ``force``.
+        First claims the run (``runner/liveness.py``): a runner already holding it is given
+        ``wait_for_holder_s`` seconds to let go; one still alive then ends this one with exit 76
+        and a message naming the holder, unless ``force`` (a ``stop`` meanwhile: exit 75, nothing taken).
         Raises UnreadableState (exit 2) when the stored state is not readable by this release.
         """
         record = self.store.get_run(self.run_id)
         if record is None:
             raise KeyError(f"run {self.run_id} is not registered in the store")
         try:
-            claim = RunnerClaim.acquire(self.store, self.run_id, force=self.force)
+            claim = RunnerClaim.acquire(self.store, self.run_id, force=self.force, wait_s=self.wait_for_holder_s, stop=self.stop)
         except RunnerAlive as err:
             return Outcome("Owned", EXIT_LEASE_LOST, str(err))
+        except ClaimStopped as err:
+            return Outcome("Stopped", EXIT_RETRY, str(err))
         except StoreUnavailable as err:
             return Outcome("Unavailable", EXIT_RETRY, f"Postgres unavailable; nothing is lost, resume later: {err}")
         try:
