@@ -94,10 +94,10 @@ def preflight(run: AgentRun) -> None:
     which alone imports them: ``runner/toolhost.py``). Without them a bad file was found only
     after ``create_run``: a traceback and a run record left behind. Raises SpecError naming the field.
     """
-    from .scripted import load_script
-
     get_classifier(run.spec.budget.classifier)
     if run.spec.model.script:
+        from .scripted import load_script  # only then: an endpoint's run never imports the scripted server
+
         try:
             load_script(run.spec.model.script)
         except ValueError as e:
@@ -155,7 +155,9 @@ class RunnerBase:
     ``suspend_after_s``: waiting longer than this (s) returns the same way (a runner pod then
     frees itself, ``spec.suspendAfter``); None: wait as long as it takes. ``wait_for_holder_s``:
     how long the claim waits for a runner still holding the run to let go (:meth:`run`; None:
-    ``liveness.EXIT_GRACE_S``).
+    ``liveness.EXIT_GRACE_S``). ``tools``: the registry, or a function that returns it (the tool
+    host's: it imports the tools while this runner takes the run over), called once the takeover
+    is committed and before anything runs; a SpecError it raises ends the run ``InvalidSpec``.
 
     Safe points (:meth:`_halted`): at the top of every iteration, before every tool call and
     while waiting for a decision, the runner also reads the run's cancel request and age from
@@ -172,7 +174,7 @@ class RunnerBase:
         store: Store,
         run: AgentRun,
         model: ChatModel,
-        tools: ToolRegistry,
+        tools: ToolRegistry | Callable[[], ToolRegistry],
         *,
         wait_for_approval: bool = True,
         stop: threading.Event | None = None,
@@ -189,7 +191,8 @@ class RunnerBase:
         self.spec = run.spec
         self.run_id = run_id_of(run)
         self.model = model
-        self.tools = tools
+        self.tools: ToolRegistry = tools if isinstance(tools, ToolRegistry) else ToolRegistry([])
+        self._resolve_tools: Callable[[], ToolRegistry] | None = None if isinstance(tools, ToolRegistry) else tools
         self.wait_for_approval = wait_for_approval
         self.stop = stop or threading.Event()
         self.on_event = on_event or (lambda e: None)
@@ -229,7 +232,6 @@ class RunnerBase:
         self.store.load_context(self.run_id)  # unreadable state (UnreadableState) stops us before the takeover
         try:
             self.lease = self.store.acquire_lease(self.run_id)
-            self.executor = CallExecutor(self.store, self.lease, record.run_uid, self.tools)
             snap = self.store.load_snapshot(self.run_id)
             self._active_since = time.monotonic()
             if snap is None:
@@ -242,10 +244,13 @@ class RunnerBase:
                     return self._outcome_of_terminal()
                 snap.context.counters.resumes += 1
                 self._commit()  # the takeover is visible at once (status.restarts), not at the next step
-            self._emit("started")
             warm = getattr(self.model, "warm", None)  # the model client's imports, off the takeover's path
             if warm is not None:
                 warm()
+            if self._resolve_tools is not None:  # the run is ours and the old runner fenced: now wait for the tools
+                self.tools, self._resolve_tools = self._resolve_tools(), None
+            self.executor = CallExecutor(self.store, self.lease, record.run_uid, self.tools)
+            self._emit("started")
             return self._drive()
         except BudgetExceeded as err:
             return self._finish("Failed", "BudgetExceeded", str(err))
