@@ -42,6 +42,16 @@ RUN (useradd --uid 10001 --user-group --home-dir /home/agentfast --create-home -
       || { echo 'agentfast:x:10001:10001::/home/agentfast:/usr/sbin/nologin' >>/etc/passwd; \
            echo 'agentfast:x:10001:' >>/etc/group; mkdir -p /home/agentfast; chown 10001:10001 /home/agentfast; })
 COPY --from=build /opt/agentfast /opt/agentfast
+# Bytecode, made once here. A runner pod's root is read-only and PYTHONDONTWRITEBYTECODE is set, and
+# neither the base image nor the build stage keeps a __pycache__, so without this every pod start
+# compiled every module it imports, stdlib included, in the runner and again in its tool host:
+# about 1.4 s of a runner's start to its takeover commit on 2 CPUs (python -m bench.runner_start
+# --no-bytecode). Timestamp-checked .pyc (the default): a derived image that changes a source file
+# still runs its source. Test folders are skipped (the stdlib's lib2to3 test data is Python 2); a
+# file that does not compile is listed and compiles at import, as before.
+RUN python3 -m compileall -q -j 0 -x '/(test|tests|idle_test)/' /opt/agentfast \
+      "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')" \
+    || echo "compileall: the files listed above did not compile; they compile at import"
 LABEL org.opencontainers.image.title=agentfast
 USER 10001:10001
 WORKDIR /home/agentfast

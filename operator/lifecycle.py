@@ -1,23 +1,33 @@
 """What to do next with a run's runner pods: the replacement policy (pure; the operator acts on it).
 
 The runner commits every iteration (G1) and resumes at the exact step (G2), so a lost runner pod
-costs only the time to start the next one. :func:`next_step` therefore replaces a pod as soon
-as its runner container has stopped, without backoff, when the loss says nothing about the next
-attempt:
+costs only the time to start the next one. :func:`next_step` therefore starts the next pod
+without backoff when the loss says nothing about the next attempt, and as early as it can:
 
-- deleted, evicted or preempted (the ``DisruptionTarget`` condition), or its node stopped
-  answering (the pod is still there past its deletion deadline: the fencing epoch, G6, makes a
-  runner that is in fact alive there harmless);
-- exit 75 ("retry me": SIGTERM, Postgres or the model unavailable), 143 or 137 without an OOM kill
-  (a killed container), or any exit after the runner ran a while.
+- a pod that is **leaving** (``metadata.deletionTimestamp`` set: deleted, evicted, preempted,
+  taken off a lost node; or a ``DisruptionTarget`` condition True) is replaced at the deletion
+  event, while its runner is still stopping, not once its container has exited: the old runner
+  got SIGTERM, starts no new tool call and lets go of the run within a second or so (a tool call
+  in flight finishes first, for at most the grace period), and the new runner's claim waits for
+  it (``runner/liveness.py``; ``AGENTFAST_WAIT_FOR_HOLDER_SECONDS``, ``workload.holder_wait_s``)
+  before it takes the run over. Two runners
+  may overlap for that while; only one holds the run's lock, and the fencing epoch (G6) keeps a
+  runner that lost the run from committing anything. Once a newer pod exists, the leaving one
+  stopping starts nothing more: the newest pod's state decides;
+- a pod that stopped on its own with exit 75 ("retry me": SIGTERM, Postgres or the model
+  unavailable), 143 or 137 without an OOM kill (a killed container), or any exit after the runner
+  ran a while, is replaced once it has stopped; so is a leaving pod first seen past its deletion
+  deadline (its node stopped answering), should no newer pod exist.
 
 A failure that would repeat is counted and backed off (5 s, 10 s, 20 s, ... capped at 5 min), and
 ``restart_limit`` failures in a row fail the run: an OOM kill (the same step would need the same
 memory) and a runner that dies within :data:`FAST_FAILURE_S` of starting (a broken image, a
 store that refuses it). Exit 1 or 2 is the run's own ending (budget, model, bad input: the runner
 committed it); exit 76 means another runner holds the run, so the next pod starts only once the
-store says no runner is alive. Exit 0 with the run still waiting for a human means the runner
-released its pod (``spec.suspendAfter``): the next pod starts once every awaited call is decided.
+store says no runner is alive, never as a retry loop. Exit 0 with the run still waiting for a
+human means the runner released its pod (``spec.suspendAfter``): the next pod starts once every
+awaited call is decided. A replacement for a leaving pod is not counted (a deletion says nothing
+about the next attempt) and resets the count.
 """
 
 from __future__ import annotations
@@ -90,6 +100,11 @@ class RunnerPod:
             waiting_message=(waiting.message or "") if waiting else "",
         )
 
+    def leaving(self) -> bool:
+        """It is going away: being deleted (``deletionTimestamp``) or marked by a disruption
+        (eviction, preemption, the taint manager, the kubelet: ``DisruptionTarget`` True)."""
+        return self.deletion_due is not None or self.disrupted is not None
+
     def stopped(self, now: datetime) -> bool:
         """Its runner is not running and will not run: ended, or deleted past its deadline."""
         if self.phase in ("Succeeded", "Failed") or self.exit_code is not None:
@@ -104,7 +119,7 @@ class RunnerPod:
             return {"EvictionByEvictionAPI": "evicted", "PreemptionByScheduler": "preempted",
                     "DeletionByTaintManager": "evicted from a lost node"}.get(self.disrupted, f"disrupted ({self.disrupted})")
         if self.exit_code is None:
-            return "deleted, and its node stopped answering" if self.deletion_due is not None else "gone"
+            return "deleted" if self.deletion_due is not None else "gone"
         if self.deletion_due is not None:
             return f"deleted (its runner exited {self.exit_code})"
         return f"exited {self.exit_code}" + (f" ({self.exit_reason})" if self.exit_reason not in (None, "Error", "Completed") else "")
@@ -151,9 +166,9 @@ def next_step(pods: list[RunnerPod], now: datetime, *, phase: str | None, all_de
     """
     if phase in TERMINAL_PHASES:
         return Step("none")
-    live = [p for p in pods if not p.stopped(now)]
-    if live:
-        current = max(live, key=lambda p: p.attempt)
+    staying = [p for p in pods if not p.stopped(now) and not p.leaving()]
+    if staying:  # a runner runs or starts (beside a leaving one, the replacement already made)
+        current = max(staying, key=lambda p: p.attempt)
         if current.waiting_reason in CANNOT_START:
             return Step("none", blocked=(current.waiting_reason, f"runner pod {current.name} cannot start: "
                                                                  f"{current.waiting_message or current.waiting_reason}"))
@@ -162,6 +177,9 @@ def next_step(pods: list[RunnerPod], now: datetime, *, phase: str | None, all_de
         return Step("create", attempt=1)
     last = max(pods, key=lambda p: p.attempt)
     attempt = last.attempt + 1
+    if not last.stopped(now):  # the newest pod is leaving, its runner still stopping: start the next one now, beside it
+        return Step("create", attempt=attempt, lost=last)
+    # The newest pod has stopped (an older one may still be leaving: its runner, if alive, holds the run).
     if last.exit_code == 0 and last.deletion_due is None:
         if phase == "WaitingForApproval" and not all_decided:
             return Step("none", suspended=True)

@@ -9,7 +9,8 @@ Deployment does). Settings come from the environment (see :class:`Settings`).
   (:func:`_resync_loop`), so a missed event is only a delay.
   It registers the run in the store, records ``spec.approvals`` as decisions (write-once, and
   a NOTIFY wakes the waiting runner), starts the next runner pod when the run needs one
-  (``operator/lifecycle.py``: at once after a loss, backed off only from failures that repeat;
+  (``operator/lifecycle.py``: at the deletion event of a leaving pod, at once after a loss,
+  backed off only from failures that repeat;
   one name per attempt, so a retry after the operator was killed mid-create gets 409, never a
   second runner), and publishes ``status``.
 - **Progress** reaches ``status`` within a second or two of the runner's commit: a background

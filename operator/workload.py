@@ -39,6 +39,7 @@ from pydantic import ValidationError
 from agentfast.runner.spec import (
     DNS1123_SUBDOMAIN, MODEL_API_KEY_ENV, OPERATOR_TOLERATION_KEYS, QUANTITY_PATTERN, RunnerSpec, SpecError, Affinity, Toleration, check_allowed_images, image_allowed,
 )
+from agentfast.runner.liveness import STALE_AFTER_S
 from agentfast.runner.toolhost import TOOL_ENV_DIR_ENV
 
 LABEL_RUN = "agentfast.dev/run"
@@ -399,6 +400,8 @@ def build_pod(body: dict[str, Any], cfg: RunnerConfig, *, attempt: int = 1, coun
         {"name": "AGENTFAST_ALLOWED_MODULES", "value": ",".join(allowed_modules)},
         # A run waiting for a human longer than this commits, exits 0 and frees its pod (spec.suspendAfter wins).
         {"name": "AGENTFAST_SUSPEND_AFTER_SECONDS", "value": str(suspend_after_s(body, cfg))},
+        # Started while its predecessor is still stopping (operator/lifecycle.py): wait for it to let go.
+        {"name": "AGENTFAST_WAIT_FOR_HOLDER_SECONDS", "value": str(holder_wait_s(cfg))},
     ]
     mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
@@ -461,6 +464,16 @@ def suspend_after_s(body: dict[str, Any], cfg: RunnerConfig) -> int:
     ``spec.suspendAfter``, else the chart's ``runner.suspendAfterSeconds``; 0: never."""
     value = (body.get("spec") or {}).get("suspendAfter")
     return cfg.suspend_after_s if value is None else int(value)
+
+
+def holder_wait_s(cfg: RunnerConfig) -> int:
+    """How long a runner pod's claim waits for the run's previous runner to let go before it
+    gives up with exit 76, s. The operator starts a replacement as soon as the old pod is being
+    deleted: that runner lets go when it exits (within a second of SIGTERM, or when a tool call in
+    flight ends), at the latest when the kubelet kills it at the end of its grace period; a
+    runner on a lost node never exits, and its heartbeat goes stale after ``STALE_AFTER_S``
+    (then it is taken over). A few seconds on top of the longer of the two."""
+    return int(max(cfg.termination_grace_s, STALE_AFTER_S)) + 5
 
 
 #: Egress to the cluster DNS when the admin gives none: kube-system, port 53 over UDP and TCP.

@@ -20,10 +20,9 @@ import sys
 import threading
 import uuid
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Optional, get_args
+from typing import TYPE_CHECKING, Any, Callable, Optional, get_args
 
 import typer
-from rich.table import Column, Table
 
 from . import output
 from .loop import EXIT_BAD_INPUT, Outcome, ProgressEvent, VanillaRunner, fail_invalid_spec, preflight, run_id_of
@@ -182,36 +181,47 @@ def _check_admin_policy(run: AgentRun) -> None:
     """Where an admin set ``AGENTFAST_ALLOWED_MODULES`` (the operator does, in every runner pod):
     refs only from those module prefixes, and only bundled model scripts, checked before anything
     is imported (spec.check_cluster_policy). Unset (a local CLI): no list. Raises SpecError."""
-    from .scripted import bundled_scripts
     from .spec import allowed_modules_from_env, check_cluster_policy
 
     allowed = allowed_modules_from_env()
     if allowed is not None:
-        check_cluster_policy(run, allowed, bundled_scripts())
+        bundled: list[str] = []
+        if run.spec.model.script is not None:  # the scripted model's module (HTTP server, YAML) only for a run that names one
+            from .scripted import bundled_scripts
+
+            bundled = bundled_scripts()
+        check_cluster_policy(run, allowed, bundled)
 
 
 def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool, force: bool = False,
-           host: ToolHost | None = None) -> Outcome:
+           host: ToolHost | None = None, wait_for_holder_s: float | None = None) -> Outcome:
     """Run ``run`` to its end, a pause or a stop; its tools run in a tool host (``host``, or one
-    started here) that never receives the store's credential or the model key (G11)."""
+    started here) that never receives the store's credential or the model key (G11).
+
+    The host imports the tools while the runner takes the run over: the runner asks for them
+    (``host.registry``) only once its takeover is committed, so a replacement fences its
+    predecessor and shows its takeover without waiting for a second Python to start. A tool that
+    no longer imports (a registered run's module changed) then ends the run ``InvalidSpec``, as
+    before, from inside the runner (``RunnerBase``)."""
     from .model import ModelError, model_from_spec
     from .toolhost import ToolHost
 
     try:
         try:
-            _check_admin_policy(run)
+            _check_admin_policy(run)  # before the host is told what to import
             preflight(run)  # a registered run's classifier or script may have stopped resolving since it was created
             host = host or ToolHost.spawn(run, secrets=_credentials(store.dsn))
-            tools = host.registry()  # a registered run's tool may have stopped importing since it was created
+            tools = host.registry  # called after the takeover: a registered run's tool may have stopped importing since it was created
             model = model_from_spec(run.spec.model, run.modelConfig)  # the endpoint the run was registered with
         except SpecError as e:
             # Recorded as the run's ending (Failed/InvalidSpec): the operator shows it and nothing retries it.
-            ended = fail_invalid_spec(store, run, str(e), force=force)
+            ended = fail_invalid_spec(store, run, str(e), force=force, wait_for_holder_s=wait_for_holder_s)
             code = EXIT_BAD_INPUT if ended.phase == "Failed" else ended.exit_code
             raise _fail(f"run {run_id_of(run)} cannot run:\n{e}", code) from None
         except ModelError as e:
             raise _fail(str(e)) from None
-        return _drive_with(store, run, model, tools, wait=wait, interactive=interactive, force=force)
+        return _drive_with(store, run, model, tools, wait=wait, interactive=interactive, force=force,
+                           wait_for_holder_s=wait_for_holder_s)
     finally:
         if host is not None:
             host.close()
@@ -231,8 +241,8 @@ def _credentials(dsn: str) -> tuple[str, str]:
     return (parse_dsn(dsn).get("password", ""), os.environ.get(MODEL_API_KEY_ENV, ""))
 
 
-def _drive_with(store: Store, run: AgentRun, model: ChatModel, tools: ToolRegistry, *, wait: bool, interactive: bool,
-                force: bool) -> Outcome:
+def _drive_with(store: Store, run: AgentRun, model: ChatModel, tools: ToolRegistry | Callable[[], ToolRegistry], *, wait: bool,
+                interactive: bool, force: bool, wait_for_holder_s: float | None = None) -> Outcome:
     stop = threading.Event()
 
     def on_term(signum: int, frame: object) -> None:
@@ -252,6 +262,7 @@ def _drive_with(store: Store, run: AgentRun, model: ChatModel, tools: ToolRegist
         runner = runner_class(
             store, run, model, tools, wait_for_approval=wait, stop=stop, on_event=_Progress(store, run_id_of(run), interactive),
             force=force, suspend_after_s=_suspend_after_s(),
+            wait_for_holder_s=wait_for_holder_s,
         )
         with output.detached_writes():  # a reader that stops reading must not hold up the run
             outcome = runner.run()
@@ -314,16 +325,25 @@ def run(
     raise typer.Exit(outcome.exit_code)
 
 
+WaitForHolderOption = typer.Option(
+    None, "--wait-for-holder", envvar="AGENTFAST_WAIT_FOR_HOLDER_SECONDS", min=0.0,
+    help="seconds to wait for a runner that holds the run to let go before refusing (exit 76); default 1."
+         " A runner pod waits longer: the operator starts it while its predecessor is still stopping",
+)
+
+
 @app.command()
 def resume(run: str = typer.Argument(..., help="run name"), dsn: Optional[str] = DsnOption,
-           wait: bool = typer.Option(True, "--wait/--no-wait"), force: bool = ForceOption) -> None:
+           wait: bool = typer.Option(True, "--wait/--no-wait"), force: bool = ForceOption,
+           wait_for_holder: Optional[float] = WaitForHolderOption) -> None:
     """Continue a run from its last checkpoint, at the exact step it stopped.
 
-    Refuses (exit 76) while a live runner owns the run, naming it; --force takes it over anyway.
+    Refuses (exit 76) while a live runner owns the run, naming it (after waiting --wait-for-holder
+    seconds for it to let go); --force takes it over anyway.
     """
     store = _open_store(dsn)
     agentrun = _load_registered(store, run)
-    outcome = _drive(store, agentrun, wait=wait, interactive=_interactive(wait), force=force)
+    outcome = _drive(store, agentrun, wait=wait, interactive=_interactive(wait), force=force, wait_for_holder_s=wait_for_holder)
     raise typer.Exit(outcome.exit_code)
 
 
@@ -630,6 +650,8 @@ def status(run: str, dsn: Optional[str] = DsnOption, output: str = typer.Option(
         }
         out.print_json(json.dumps(doc))
         return
+    from rich.table import Table
+
     c, u, b = ctx.counters, ctx.usage, ctx.budget
     t = Table(show_header=False, box=None)
     t.add_row("run", key)
@@ -761,6 +783,8 @@ def _iso(value: Any) -> Any:
 @app.command("list")
 def list_runs(dsn: Optional[str] = DsnOption) -> None:
     """Every run in the store with its phase, iteration and the time of its latest checkpoint."""
+    from rich.table import Column, Table
+
     store = _open_store(dsn)
     t = Table(*(Column(h, overflow="fold") for h in ("run", "phase", "iteration", "latest checkpoint")))
     unreadable = []

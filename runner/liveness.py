@@ -22,6 +22,16 @@ lost runner is taken over after at most about 30 s, a dead one at once. The fenc
 stays the safety net: the lock is about not stealing a run, the epoch about a zombie never
 committing after it lost it.
 
+**Waiting for a holder that is leaving.** A claim that finds the lock held looks again for a
+while (``wait_s``) before it calls the holder alive and gives up (:class:`RunnerAlive`, exit 76):
+one second by default (a killed holder's socket closing), longer for a runner pod
+(``AGENTFAST_WAIT_FOR_HOLDER_SECONDS``, set by the operator): the operator starts it as soon as
+its predecessor's pod is being deleted, when that runner has just got SIGTERM and lets go
+within a second or so, or at the end of a tool call in flight, or never answers again (its node
+is gone: a half-open session, freed by keepalives, or its heartbeat goes stale, then taken
+over). While it waits it takes nothing: no lock, no epoch; a holder that goes stale meanwhile
+is taken over as above.
+
 Needs a session-mode connection to Postgres (direct, or a pooler in session mode): with a
 transaction-mode pooler (PgBouncer ``pool_mode=transaction``) session locks do not work.
 """
@@ -49,10 +59,17 @@ log = logging.getLogger(__name__)
 HEARTBEAT_S = 2.0
 STALE_AFTER_S = 30.0
 TAKEOVER_WAIT_S = 5.0
+#: How long a claim looks again at a held lock before calling its holder alive, by default (s).
 EXIT_GRACE_S = 1.0
+#: How often a waiting claim asks whether the holder went stale (s).
+STALE_CHECK_S = 0.5
 # libpq (client side) and server-side TCP keepalives: a half-open connection is declared dead
 # after about KEEPALIVE_IDLE_S + KEEPALIVE_COUNT * KEEPALIVE_INTERVAL_S seconds.
 KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 10, 5, 3
+
+
+class ClaimStopped(StoreError):
+    """The claim was told to stop (SIGTERM) while it waited for a holder to let go; it took nothing."""
 
 
 class RunnerAlive(StoreError):
@@ -225,14 +242,17 @@ class RunnerClaim:
     # -- acquire / release ----------------------------------------------------------------------
 
     @classmethod
-    def acquire(cls, store: Store, run_id: str, *, force: bool = False, **kw: Any) -> "RunnerClaim":
+    def acquire(cls, store: Store, run_id: str, *, force: bool = False, wait_s: float = EXIT_GRACE_S,
+                stop: threading.Event | None = None, **kw: Any) -> "RunnerClaim":
         """Take the run's lock and start heartbeating; returns the claim.
 
-        A holder that is alive (lock held, heartbeat fresh) makes this raise :class:`RunnerAlive`
-        unless ``force``. A stale holder (or any holder, with ``force``) has its session ended
-        first; if the lock still cannot be taken within ``TAKEOVER_WAIT_S`` (no privilege to end
-        it), the claim goes on without it and keeps trying at each heartbeat: the fencing epoch
-        keeps the old holder from committing. Raises StoreUnavailable.
+        A held lock is looked at again for ``wait_s`` seconds (a holder that was killed, or got
+        SIGTERM, lets go meanwhile). A holder still alive then (lock held, heartbeat fresh) makes
+        this raise :class:`RunnerAlive` unless ``force``. A stale holder (or any holder, with
+        ``force``) has its session ended first; if the lock still cannot be taken within
+        ``TAKEOVER_WAIT_S`` (no privilege to end it), the claim goes on without it and keeps
+        trying at each heartbeat: the fencing epoch keeps the old holder from committing.
+        ``stop`` set while waiting raises :class:`ClaimStopped`. Raises StoreUnavailable.
         """
         claim = cls(store, run_id, **kw)
         deadline = time.monotonic() + store.retry_for_s
@@ -240,7 +260,7 @@ class RunnerClaim:
         while True:
             claim._conn = claim._connect_retrying()
             try:
-                claim._claim(force)
+                claim._claim(force, wait_s, stop)
                 break
             except psycopg.Error as err:
                 claim._conn.close()
@@ -260,26 +280,46 @@ class RunnerClaim:
         claim._thread.start()
         return claim
 
-    def _claim(self, force: bool) -> None:
-        self.locked = self._try_lock()
-        # A holder that was just killed frees the lock when Postgres sees its socket close, a few
-        # milliseconds later: look again for a moment before calling it alive.
-        grace_until = time.monotonic() + EXIT_GRACE_S
-        while not self.locked and time.monotonic() < grace_until:
-            time.sleep(0.05)
+    def _wait_for_holder(self, wait_s: float, stop: threading.Event | None) -> RunnerInfo | None:
+        """Try the lock until it is ours or ``wait_s`` has passed; returns None once locked, else
+        the holder as last seen. Stops early, holder returned, when the holder's heartbeat went
+        stale (the caller takes it over). Raises ClaimStopped when ``stop`` is set."""
+        start = time.monotonic()
+        until, look_at = start + wait_s, start + min(EXIT_GRACE_S, wait_s)
+        while True:
             self.locked = self._try_lock()
-        if not self.locked:
-            holder = self._state()
+            if self.locked:
+                return None
+            now = time.monotonic()
+            if now >= until:
+                return self._state()
+            if now >= look_at:  # after the first second: a holder gone stale is taken over now, not at the end
+                holder = self._state()
+                if holder.state == "stale":
+                    return holder
+                look_at = now + STALE_CHECK_S
+            # Every 50 ms at first (a killed holder's socket closes within milliseconds), then every 200 ms.
+            pause = 0.05 if now - start < EXIT_GRACE_S else 0.2
+            if stop is not None:
+                if stop.wait(pause):
+                    raise ClaimStopped(f"run {self.run_id}: stopped while waiting for its runner to let go; nothing was taken")
+            else:
+                time.sleep(pause)
+
+    def _claim(self, force: bool, wait_s: float = EXIT_GRACE_S, stop: threading.Event | None = None) -> None:
+        holder = self._wait_for_holder(wait_s, stop)
+        if holder is not None:
             if holder.alive and not force:
                 raise RunnerAlive(self.run_id, holder)
-            why = "--force" if holder.alive else f"its heartbeat is stale ({holder.describe()})"
-            log.warning("taking run %s over from %s: %s", self.run_id, holder.describe(), why)
-            if holder.backend_pid is not None:
-                try:
-                    assert self._conn is not None
-                    self._conn.execute("SELECT pg_terminate_backend(%s)", (holder.backend_pid,))
-                except psycopg.Error as err:  # not permitted: the epoch still fences the old holder
-                    log.warning("could not end the old runner's session (backend %s): %s", holder.backend_pid, err)
+            if holder.state != "none":  # stale, or alive and --force (none: it let go just now, nothing to end)
+                why = "--force" if holder.alive else f"its heartbeat is stale ({holder.describe()})"
+                log.warning("taking run %s over from %s: %s", self.run_id, holder.describe(), why)
+                if holder.backend_pid is not None:
+                    try:
+                        assert self._conn is not None
+                        self._conn.execute("SELECT pg_terminate_backend(%s)", (holder.backend_pid,))
+                    except psycopg.Error as err:  # not permitted: the epoch still fences the old holder
+                        log.warning("could not end the old runner's session (backend %s): %s", holder.backend_pid, err)
             deadline = time.monotonic() + TAKEOVER_WAIT_S
             while not self.locked and time.monotonic() < deadline:
                 time.sleep(0.1)

@@ -47,7 +47,7 @@ from .snapshot import (
     idempotency_key,
 )
 from .spec import AgentRun, SpecError
-from .liveness import RunnerAlive, RunnerClaim
+from .liveness import EXIT_GRACE_S, ClaimStopped, RunnerAlive, RunnerClaim
 from .store import (
     Decision, JournalEntry, LeaseLost, RunRecord, Store, StoreUnavailable, Turn, cancelled_message, deadline_message,
 )
@@ -94,17 +94,17 @@ def preflight(run: AgentRun) -> None:
     which alone imports them: ``runner/toolhost.py``). Without them a bad file was found only
     after ``create_run``: a traceback and a run record left behind. Raises SpecError naming the field.
     """
-    from .scripted import load_script
-
     get_classifier(run.spec.budget.classifier)
     if run.spec.model.script:
+        from .scripted import load_script  # only then: an endpoint's run never imports the scripted server
+
         try:
             load_script(run.spec.model.script)
         except ValueError as e:
             raise SpecError(f"spec.model.script: {e}") from None
 
 
-def fail_invalid_spec(store: Store, run: AgentRun, message: str, *, force: bool = False) -> Outcome:
+def fail_invalid_spec(store: Store, run: AgentRun, message: str, *, force: bool = False, wait_for_holder_s: float | None = None) -> Outcome:
     """End a registered run as ``Failed`` / ``InvalidSpec`` with ``message``, running nothing of it.
 
     For a spec the runner cannot resolve (a ref that does not import or raises, a tool's gate
@@ -113,7 +113,8 @@ def fail_invalid_spec(store: Store, run: AgentRun, message: str, *, force: bool 
     retries it. A run already finished keeps its ending. Returns the Outcome (exit code 2 when
     recorded; 76 when a live runner owns the run; 75 when Postgres is unavailable).
     """
-    return _InvalidSpecRunner(store, run, _NoModel(), ToolRegistry([]), wait_for_approval=False, force=force, message=message).run()
+    return _InvalidSpecRunner(store, run, _NoModel(), ToolRegistry([]), wait_for_approval=False, force=force, message=message,
+                              wait_for_holder_s=wait_for_holder_s).run()
 
 
 class _NoModel:
@@ -152,7 +153,11 @@ class RunnerBase:
     no new tool call, commits what it has, and returns exit code 75. ``wait_for_approval``:
     False returns at the first pause (exit 0, phase WaitingForApproval) instead of waiting.
     ``suspend_after_s``: waiting longer than this (s) returns the same way (a runner pod then
-    frees itself, ``spec.suspendAfter``); None: wait as long as it takes.
+    frees itself, ``spec.suspendAfter``); None: wait as long as it takes. ``wait_for_holder_s``:
+    how long the claim waits for a runner still holding the run to let go (:meth:`run`; None:
+    ``liveness.EXIT_GRACE_S``). ``tools``: the registry, or a function that returns it (the tool
+    host's: it imports the tools while this runner takes the run over), called once the takeover
+    is committed and before anything runs; a SpecError it raises ends the run ``InvalidSpec``.
 
     Safe points (:meth:`_halted`): at the top of every iteration, before every tool call and
     while waiting for a decision, the runner also reads the run's cancel request and age from
@@ -169,22 +174,25 @@ class RunnerBase:
         store: Store,
         run: AgentRun,
         model: ChatModel,
-        tools: ToolRegistry,
+        tools: ToolRegistry | Callable[[], ToolRegistry],
         *,
         wait_for_approval: bool = True,
         stop: threading.Event | None = None,
         on_event: Callable[[ProgressEvent], None] | None = None,
         force: bool = False,
         suspend_after_s: float | None = None,
+        wait_for_holder_s: float | None = None,
     ):
         self.store = store
         self.force = force
+        self.wait_for_holder_s = EXIT_GRACE_S if wait_for_holder_s is None else wait_for_holder_s
         self.suspend_after_s = suspend_after_s or None
         self.run_spec = run
         self.spec = run.spec
         self.run_id = run_id_of(run)
         self.model = model
-        self.tools = tools
+        self.tools: ToolRegistry = tools if isinstance(tools, ToolRegistry) else ToolRegistry([])
+        self._resolve_tools: Callable[[], ToolRegistry] | None = None if isinstance(tools, ToolRegistry) else tools
         self.wait_for_approval = wait_for_approval
         self.stop = stop or threading.Event()
         self.on_event = on_event or (lambda e: None)
@@ -199,17 +207,20 @@ class RunnerBase:
     def run(self) -> Outcome:
         """Run until finished, paused or stopped. Never raises for run-level failures.
 
-        First claims the run (``runner/liveness.py``): a live runner already holding it ends
-        this one at once with exit 76 and a message naming the holder, unless ``force``.
+        First claims the run (``runner/liveness.py``): a runner already holding it is given
+        ``wait_for_holder_s`` seconds to let go; one still alive then ends this one with exit 76
+        and a message naming the holder, unless ``force`` (a ``stop`` meanwhile: exit 75, nothing taken).
         Raises UnreadableState (exit 2) when the stored state is not readable by this release.
         """
         record = self.store.get_run(self.run_id)
         if record is None:
             raise KeyError(f"run {self.run_id} is not registered in the store")
         try:
-            claim = RunnerClaim.acquire(self.store, self.run_id, force=self.force)
+            claim = RunnerClaim.acquire(self.store, self.run_id, force=self.force, wait_s=self.wait_for_holder_s, stop=self.stop)
         except RunnerAlive as err:
             return Outcome("Owned", EXIT_LEASE_LOST, str(err))
+        except ClaimStopped as err:
+            return Outcome("Stopped", EXIT_RETRY, str(err))
         except StoreUnavailable as err:
             return Outcome("Unavailable", EXIT_RETRY, f"Postgres unavailable; nothing is lost, resume later: {err}")
         try:
@@ -221,7 +232,6 @@ class RunnerBase:
         self.store.load_context(self.run_id)  # unreadable state (UnreadableState) stops us before the takeover
         try:
             self.lease = self.store.acquire_lease(self.run_id)
-            self.executor = CallExecutor(self.store, self.lease, record.run_uid, self.tools)
             snap = self.store.load_snapshot(self.run_id)
             self._active_since = time.monotonic()
             if snap is None:
@@ -234,10 +244,13 @@ class RunnerBase:
                     return self._outcome_of_terminal()
                 snap.context.counters.resumes += 1
                 self._commit()  # the takeover is visible at once (status.restarts), not at the next step
-            self._emit("started")
             warm = getattr(self.model, "warm", None)  # the model client's imports, off the takeover's path
             if warm is not None:
                 warm()
+            if self._resolve_tools is not None:  # the run is ours and the old runner fenced: now wait for the tools
+                self.tools, self._resolve_tools = self._resolve_tools(), None
+            self.executor = CallExecutor(self.store, self.lease, record.run_uid, self.tools)
+            self._emit("started")
             return self._drive()
         except BudgetExceeded as err:
             return self._finish("Failed", "BudgetExceeded", str(err))

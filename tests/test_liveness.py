@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -22,7 +23,7 @@ import psutil
 import psycopg
 import pytest
 
-from agentfast.runner.liveness import RunnerClaim, RunnerInfo, runner_state
+from agentfast.runner.liveness import ClaimStopped, RunnerAlive, RunnerClaim, RunnerInfo, runner_state
 from agentfast.runner.loop import EXIT_LEASE_LOST, VanillaRunner, run_id_of
 from agentfast.runner.model import model_from_spec
 from agentfast.runner.store import Store, UnreadableState
@@ -162,6 +163,123 @@ def test_claims_in_process_lock_heartbeat_and_release(store: Store) -> None:
     finally:
         claim.release()
     assert runner_state(store, "default/claimed").state == "none"
+
+
+# -- issue 14: a replacement waits for a holder that is leaving ------------------------------------------
+
+
+def _timed_claim(store: Store, run_id: str, **kw) -> tuple[object, float]:
+    """``(claim or the exception it raised, seconds it took)``."""
+    t0 = time.monotonic()
+    try:
+        got: object = RunnerClaim.acquire(store, run_id, **kw)
+    except Exception as err:  # noqa: BLE001 - the test looks at which
+        got = err
+    return got, time.monotonic() - t0
+
+
+def test_a_claim_waits_for_a_holder_that_lets_go_and_refuses_one_that_stays(store: Store) -> None:
+    run_id = "default/leaving"
+    store.create_run(run_id, str(uuid.uuid4()), {"spec": {}})
+    holder = RunnerClaim.acquire(store, run_id, heartbeat_s=0.2)
+    let_go = threading.Timer(2.5, holder.release)  # the old runner got SIGTERM and exits a moment later
+    let_go.start()
+    try:
+        taker, took = _timed_claim(store, run_id, wait_s=30)
+    finally:
+        let_go.cancel()
+        holder.release()
+    assert isinstance(taker, RunnerClaim), taker
+    try:
+        assert 2.3 <= took < 10, took  # it waited for the holder, and took the run as soon as it let go
+        assert taker.locked and runner_state(store, run_id).runner_id == taker.runner_id
+    finally:
+        taker.release()
+
+    # A holder that stays alive (beating) past the wait: refused, naming it, after wait_s and not before.
+    holder = RunnerClaim.acquire(store, run_id, heartbeat_s=0.2)
+    try:
+        refused, took = _timed_claim(store, run_id, wait_s=3)
+        assert isinstance(refused, RunnerAlive) and holder.runner_id in str(refused), refused
+        assert 2.9 <= took < 8, took
+        refused, took = _timed_claim(store, run_id)  # the default (a CLI's resume): one second
+        assert isinstance(refused, RunnerAlive) and took < 3, took
+        assert runner_state(store, run_id).runner_id == holder.runner_id  # still the holder's, still beating
+        assert store.get_run(run_id).epoch == 0  # a claim takes no lease: nothing was fenced
+    finally:
+        holder.release()
+
+
+def test_a_waiting_claim_takes_over_a_holder_that_stops_beating(store: Store) -> None:
+    # The holder's process is frozen or its node is gone with its connection half-open: it keeps
+    # its session and the lock but never beats again. The waiting claim does not wait its whole
+    # wait_s: once the heartbeat is stale it ends the holder's session and takes the lock.
+    run_id = "default/half-open"
+    store.create_run(run_id, str(uuid.uuid4()), {"spec": {}})
+    holder = RunnerClaim.acquire(store, run_id, heartbeat_s=0.2)
+    holder._stop.set()  # no more heartbeats; the connection, and so the lock, stay
+    holder._thread.join(timeout=5)
+    try:
+        taker, took = _timed_claim(store, run_id, wait_s=60, stale_after_s=2.0)
+        assert isinstance(taker, RunnerClaim), taker
+        try:
+            assert took < 10, took  # the heartbeat went stale after ~2 s: not the 60 s wait
+            assert taker.locked and runner_state(store, run_id).runner_id == taker.runner_id
+            with pytest.raises(psycopg.OperationalError):  # the holder's session was ended
+                holder._conn.execute("SELECT 1")
+        finally:
+            taker.release()
+    finally:
+        holder._stop.set()
+        if holder._conn is not None:
+            holder._conn.close()
+
+
+def test_a_claim_told_to_stop_while_waiting_takes_nothing(store: Store) -> None:
+    run_id = "default/stopped-waiting"
+    store.create_run(run_id, str(uuid.uuid4()), {"spec": {}})
+    holder = RunnerClaim.acquire(store, run_id, heartbeat_s=0.2)
+    stop = threading.Event()
+    threading.Timer(1.5, stop.set).start()  # SIGTERM on the waiting replacement (its pod deleted in turn)
+    try:
+        stopped, took = _timed_claim(store, run_id, wait_s=60, stop=stop)
+        assert isinstance(stopped, ClaimStopped) and took < 5, (stopped, took)
+        assert runner_state(store, run_id).runner_id == holder.runner_id
+    finally:
+        holder.release()
+
+
+def test_a_replacement_started_mid_tool_call_waits_for_the_old_runner_then_resumes(tmp_path: Path, dsn: str, store: Store,
+                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # What a runner pod meets when the operator starts it at its predecessor's deletion: the old
+    # runner is inside a tool call, gets SIGTERM, finishes and records the call, and exits 75. The
+    # replacement waits for it (not exit 76), then takes the run over: the tool ran once.
+    monkeypatch.setenv("CASE07_TOOL_S", "10")
+    case = Case("07", tmp_path, dsn)
+    run_id = "default/case07-live-runner"
+    first = case.spawn("run", "agentrun.yaml")
+    second = None
+    try:
+        wait_until(lambda: case.executions("start") >= 1, timeout=30, what="the first runner to enter its tool")
+        epoch = store.get_run(run_id).epoch
+        second = case.spawn("resume", "case07-live-runner", "--wait-for-holder", "60")
+        time.sleep(3)  # the replacement is up and finds the run held
+        assert case.executions("ran") == 0, "the tool ended before the replacement met the old runner: inconclusive"
+        assert second.poll() is None, second.communicate()
+        assert store.get_run(run_id).epoch == epoch  # waiting, it took nothing: the old runner is not fenced
+        first.send_signal(signal.SIGTERM)  # the kubelet, at the deletion
+        out1, err1 = first.communicate(timeout=60)
+        out2, err2 = second.communicate(timeout=90)
+    finally:
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert first.returncode == 75, out1 + err1  # it finished its call, recorded it, and let go
+    assert second.returncode == 0, out2 + err2
+    assert case.executions("start") == 1 and case.executions("ran") == 1  # the replacement reused the recorded result
+    doc = case.status_json("case07-live-runner")
+    assert doc["context"]["status"]["phase"] == "Succeeded" and doc["context"]["counters"]["resumes"] == 1
 
 
 # -- case 09: status tells whether a runner is alive -------------------------------------------------------

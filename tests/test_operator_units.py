@@ -40,6 +40,10 @@ def test_the_runner_pod_runs_the_runner_without_credentials_as_non_root() -> Non
     assert env["AGENTFAST_DSN"]["valueFrom"]["secretKeyRef"] == {"name": "agentfast-runner", "key": "dsn"}  # the namespace's own credential
     assert env["AGENTFAST_MODEL_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "s", "key": "k"}
     assert env["AGENTFAST_SUSPEND_AFTER_SECONDS"]["value"] == "60"  # the chart's default; spec.suspendAfter wins
+    # started while its predecessor may still be stopping: waits for it past its grace period and a stale heartbeat
+    assert env["AGENTFAST_WAIT_FOR_HOLDER_SECONDS"]["value"] == "35"
+    long_grace = build_pod(BODY, RunnerConfig(termination_grace_s=120))["spec"]["containers"][0]["env"]
+    assert {e["name"]: e.get("value") for e in long_grace}["AGENTFAST_WAIT_FOR_HOLDER_SECONDS"] == "125"
     meta = manifest["metadata"]
     assert meta["name"] == "agentrun-refund-demo-4" and meta["labels"]["agentfast.dev/run-uid"] == "u1"
     assert meta["annotations"]["agentfast.dev/attempt"] == "4" and meta["annotations"]["agentfast.dev/counted-failures"] == "2"
@@ -400,10 +404,52 @@ def test_a_lost_runner_is_replaced_at_once_however_often_it_is_lost() -> None:
     assert step([]).attempt == 1 and step([]).action == "create"  # the first runner (or every pod gone)
 
 
-def test_a_runner_that_is_still_stopping_is_not_replaced_yet() -> None:
-    # deleted, its runner not yet exited (the grace period): one runner at a time
-    assert step([rp(2, code=None, phase="Running", deleting=True)]).action == "none"
-    assert step([rp(1, code=None, phase="Pending")]).action == "none"
+def running(attempt: int, **kw) -> RunnerPod:
+    return rp(attempt, code=None, phase="Running", **kw)
+
+
+def test_a_leaving_pod_is_replaced_at_its_deletion_not_at_its_runners_exit() -> None:
+    # Deleted (deletionTimestamp), evicted (DisruptionTarget before the deletion lands), taken off a
+    # lost node: its runner still runs (SIGTERM, grace period), and the next pod is created now,
+    # uncounted and without backoff even after failures that counted (a deletion says nothing of them).
+    for leaving in (running(3, deleting=True), running(3, disrupted="EvictionByEvictionAPI"),
+                    running(3, deleting=True, disrupted="DeletionByTaintManager", counted=4),
+                    rp(3, code=None, phase="Pending", deleting=True, waiting="ContainerCreating")):
+        s = step([rp(2, code=137, reason="OOMKilled", counted=3), leaving])
+        assert (s.action, s.attempt, s.counted, s.lost, s.delay_s) == ("create", 4, 0, leaving, 0.0), leaving
+    assert step([running(1, deleting=True)], "WaitingForApproval", all_decided=False).action == "create"  # its runner waits in it
+    assert running(1, deleting=True).loss() == "deleted" and running(1, disrupted="PreemptionByScheduler").loss() == "preempted"
+    assert running(1, deleting=True, disrupted="DeletionByTaintManager").loss() == "evicted from a lost node"
+
+
+def test_no_second_replacement_when_the_leaving_pod_finally_stops() -> None:
+    # The replacement exists (starting or running): the old pod still stopping, then stopped, then
+    # gone, each changes nothing; nor does a node that never confirms (past the deletion deadline).
+    for old in (running(1, deleting=True), rp(1, code=75, deleting=True), rp(1, code=137, disrupted="EvictionByEvictionAPI"),
+                running(1, deleting=True, disrupted="DeletionByTaintManager")):
+        for new in (rp(2, code=None, phase="Pending"), running(2)):
+            for now in (T0, T0 + timedelta(seconds=120)):
+                assert step([old, new], now=now).action == "none", (old, new, now)
+    assert step([running(2)]).action == "none"
+    # A replacement that cannot start is reported, its leaving predecessor beside it or not.
+    s = step([running(1, deleting=True), rp(2, code=None, phase="Pending", waiting="CreateContainerConfigError")])
+    assert s.action == "none" and s.blocked[0] == "CreateContainerConfigError" and "agentrun-r-2" in s.blocked[1]
+    # A pod that is not leaving is never replaced while it runs or starts.
+    assert step([rp(1, code=None, phase="Pending")]).action == "none" and step([running(1)]).action == "none"
+
+
+def test_a_replacement_that_found_the_run_held_waits_for_the_old_runner() -> None:
+    # The replacement gave up waiting (exit 76) while the leaving pod's runner still holds the run:
+    # look again later, never a third pod at once (no retry loop); once no runner is alive, go on.
+    old, owned = running(1, deleting=True), rp(2, code=76, ran_s=40.0)
+    s = step([old, owned], alive=True)
+    assert (s.action, s.reason) == ("later", "RunnerElsewhere")
+    s = step([old, owned], alive=False)
+    assert (s.action, s.attempt) == ("create", 3)
+    assert step([rp(1, code=75, deleting=True), owned], alive=False).attempt == 3
+    # A replacement that exits on its own beside a leaving pod is judged as before: its own exit code.
+    assert step([old, rp(2, code=2)]).reason == "RunnerFailed"
+    assert step([old, rp(2, code=137, reason="OOMKilled")]).reason == "BackingOff"
 
 
 def test_failures_that_would_repeat_back_off_and_end_at_the_restart_limit() -> None:

@@ -127,3 +127,42 @@ def test_a_tool_module_that_raises_on_import_fails_the_run_not_the_runner(dsn: s
     done = run_cli("run", str(path), dsn=dsn, env={"PYTHONPATH": str(tmp_path)})
     assert done.returncode == 2, done.stdout
     assert "importing module 'bad_tools_mod' raised RuntimeError" in done.stdout  # the text goes to the log only
+
+
+SLOW_TOOLS = '''
+import os, time
+time.sleep(float(os.environ["SLOW_IMPORT_S"]))
+from agentfast.runner.examples.refund import add_case_note, issue_refund, lookup_order
+with open(os.environ["SLOW_IMPORTED_AT"], "a") as f:
+    f.write(repr(time.time()) + "\\n")
+'''
+
+
+def test_a_replacement_commits_its_takeover_while_the_tool_host_still_imports(dsn: str, tmp_path: Path) -> None:
+    # Issue 14: the runner takes the run over (lease, epoch bump, checkpoint) while the tool host
+    # imports the tools beside it, and asks for them only then; nothing runs before the takeover.
+    (tmp_path / "slow_tools.py").write_text(SLOW_TOOLS)
+    imported_at = tmp_path / "imported-at"
+    doc = yaml.safe_load((Path(__file__).resolve().parent.parent / "manifests" / "examples" / "refund.yaml").read_text())
+    doc["metadata"]["uid"] = str(uuid.uuid4())
+    for t in doc["spec"]["tools"]:
+        t["ref"] = "slow_tools:" + t["ref"].partition(":")[2]
+    path = tmp_path / "slow.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    env = {"PYTHONPATH": str(tmp_path), "SLOW_IMPORT_S": "3", "SLOW_IMPORTED_AT": str(imported_at)}
+    first = run_cli("run", str(path), "--no-wait", dsn=dsn, env=env, timeout=90)
+    assert first.returncode == 0 and "WaitingForApproval" in first.stdout, first.stdout
+    run_id = "default/refund-demo"
+    with Store(dsn) as s:
+        epoch = s.get_run(run_id).epoch
+    resumed = run_cli("resume", "refund-demo", "--no-wait", dsn=dsn, env=env, timeout=90)
+    assert resumed.returncode == 0 and "WaitingForApproval" in resumed.stdout, resumed.stdout
+    with psycopg.connect(dsn) as conn:
+        [(takeover_ms,)] = conn.execute("SELECT min(saved_at) FROM agentfast_checkpoints WHERE run_id = %s AND epoch > %s",
+                                        (run_id, epoch)).fetchall()
+    tools_ready = float(imported_at.read_text().splitlines()[-1])  # the resume's tool host, done importing
+    assert takeover_ms / 1000 < tools_ready - 1.5, (takeover_ms / 1000, tools_ready)  # committed well before the tools were there
+    with Store(dsn) as s:
+        ctx, pending = s.load_context(run_id)
+        assert ctx.counters.resumes == 1 and pending.awaiting[0].call_id == "call-2-0"
+        assert [e.state for e in s.journal(run_id)] == ["done", "planned", "done"]  # nothing ran again, nothing new ran
