@@ -530,7 +530,9 @@ class Store:
             row = conn.execute("SELECT run_id, run_uid, spec, epoch FROM agentfast_runs WHERE run_id = %s", (run_id,)).fetchone()
             if row is None:
                 conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_UID_LOCK, run_uid))
-                other = conn.execute("SELECT run_id FROM agentfast_runs WHERE run_uid = %s LIMIT 1", (run_uid,)).fetchone()
+                # Not this id: a concurrent registration of this same run (two reconciles) got here first.
+                other = conn.execute("SELECT run_id FROM agentfast_runs WHERE run_uid = %s AND run_id <> %s LIMIT 1",
+                                     (run_uid, run_id)).fetchone()
                 if other is not None:
                     raise UidTaken(f"uid {run_uid} is already run {other['run_id']}'s: a uid names one run for good"
                                    " (its tools' idempotency keys are made from it); give this run another uid")

@@ -67,3 +67,36 @@ def test_a_uid_names_one_run_for_good(store: Store) -> None:
     with pytest.raises(UidTaken, match=f"already run {archived}'s"):
         store.create_run("default/a", uid, {})  # an archived run keeps its uid (and its tools' keys)
     assert store.create_run("default/a", "00000000-0000-4000-8000-0000000000d2", {}).run_uid.endswith("d2")
+
+
+def test_two_registrations_of_one_run_at_once_both_get_it(store: Store) -> None:
+    """Two reconciles of a new AgentRun (its create handler and the resync) register it at once:
+    the one that waits on the uid's lock finds the run the other made, the same run, and is
+    given it (it once raised UidTaken against itself)."""
+    import threading
+
+    import psycopg
+
+    from agentfast.runner.store import _UID_LOCK
+
+    uid = "00000000-0000-4000-8000-0000000000d3"
+    with psycopg.connect(store.dsn) as other:  # the first registration, between its lock and its commit
+        other.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_UID_LOCK, uid))
+        got: list[object] = []
+        second = threading.Thread(target=lambda: got.append(_outcome(lambda: store.create_run("default/r", uid, {"x": 2}))))
+        second.start()
+        second.join(1.0)
+        assert second.is_alive(), "the second registration should wait on the uid's lock"
+        other.execute("INSERT INTO agentfast_runs (run_id, run_uid, spec) VALUES ('default/r', %s, '{\"x\": 1}')", (uid,))
+        other.commit()
+    second.join(10)
+    [record] = got
+    assert not isinstance(record, Exception), record
+    assert record.run_uid == uid and record.spec == {"x": 1}
+
+
+def _outcome(fn):  # the value, or the exception raised
+    try:
+        return fn()
+    except Exception as err:  # noqa: BLE001
+        return err
