@@ -135,6 +135,9 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="agentfast.dev", key="last-handled-configuration")
     settings.persistence.finalizer = "agentfast.dev/cleanup"
     settings.posting.level = logging.WARNING  # our own Events say what happened; kopf's say only on trouble
+    # kopf logs every handler's success per object at INFO: thousands of lines a minute with 1,000
+    # runs (CPU, and the container log rotated away within minutes). Its warnings and errors stay.
+    logging.getLogger("kopf.objects").setLevel(os.environ.get("AGENTFAST_KOPF_LOG_LEVEL", "WARNING"))
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
     settings.watching.inactivity_timeout = 300  # re-open a silently stalled watch
