@@ -38,7 +38,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import kopf
@@ -50,7 +50,7 @@ from agentfast.runner.scripted import bundled_scripts
 from agentfast.runner.snapshot import TERMINAL_PHASES
 from agentfast.runner.spec import CALL_ID_PATTERN, DEFAULT_ALLOWED_MODULES, SpecError, allowed_modules_from_env, check_cluster_policy, parse_agentrun
 from agentfast.runner.spec import AgentRun, parse_modelconfig, resolve_model_config
-from agentfast.runner.liveness import runner_state
+from agentfast.runner.liveness import runner_state, runs_held
 from agentfast.runner.store import (
     PROGRESS_CHANNEL, DecisionConflict, RunMark, InvalidDecision, InvalidDsn, Store, StoreUnavailable, UnknownCall, UnreadableState,
     cancelled_message, deadline_message,
@@ -186,7 +186,7 @@ def on_runner_pod(body: kopf.Body, **_: Any) -> None:
     meta = body["metadata"]
     # The label holds the name only when it fits a label (63 characters); the annotation always does.
     name = (meta.get("annotations") or {}).get(ANNOTATION_RUN) or meta["labels"][LABEL_RUN]
-    run = _get_agentrun(meta["namespace"], name)
+    run = _BODIES.get(f"{meta['namespace']}/{name}") or _get_agentrun(meta["namespace"], name)  # as the watch showed it last
     if run is not None and run["metadata"]["uid"] == meta["labels"][LABEL_RUN_UID]:  # not a pod of an earlier run of that name
         reconcile(run)
 
@@ -967,9 +967,10 @@ FULL_EVERY = 10
 def _resync_due(body: dict[str, Any], mark: RunMark | None, listener_whole: bool, full_slot: int) -> bool:
     """Whether the resync reconciles the AgentRun ``body`` this pass: when something changed that
     no event may have delivered, or its turn for a full reconcile came. ``mark``: its
-    ``Store.change_marks`` entry (None: not registered yet, e.g. its ModelConfig is missing);
-    ``listener_whole``: the progress listener kept one session since the previous pass, so every
-    checkpoint since was published from its NOTIFY."""
+    ``Store.change_marks`` entry, its control part extended with whether its runner lock is held
+    (a runner SIGKILLed outside a pod sends no event; None: not registered yet, e.g. its
+    ModelConfig is missing); ``listener_whole``: the progress listener kept one session since the
+    previous pass, so every checkpoint since was published from its NOTIFY."""
     meta = body["metadata"]
     uid, run_id = meta["uid"], f"{meta['namespace']}/{meta['name']}"
     last = _RESYNCED.get(uid)
@@ -993,6 +994,8 @@ def _resync() -> None:
     listener_before = STATE.listening
     items = _list_agentruns()
     marks = STATE.store.change_marks()
+    held = runs_held(STATE.store, list(marks))
+    marks = {run_id: replace(m, control=(*m.control, run_id in held)) for run_id, m in marks.items()}
     listener_whole = listener_before[1] and listener_before == _resync_state.get("listener")
     full_slot = _resync_state["passes"] % FULL_EVERY
     previous_start, _resync_state["started"] = _resync_state.get("started", 0.0), started

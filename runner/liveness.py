@@ -144,6 +144,17 @@ LEFT JOIN agentfast_runners r ON r.run_id = %(run_id)s
 """
 
 
+def runs_held(store: Store, run_ids: Sequence[str]) -> set[str]:
+    """Which of ``run_ids`` have their runner lock held now (a runner alive, or frozen: see
+    :func:`runner_state` for the story), in one query for all of them. Raises StoreUnavailable."""
+    rows = store._retry(lambda c: c.execute(
+        """SELECT classid::bigint AS classid, objid::bigint AS objid FROM pg_locks
+           WHERE locktype = 'advisory' AND granted AND objsubid = 1
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())""").fetchall())
+    held = {(r["classid"], r["objid"]) for r in rows}
+    return {run_id for run_id in run_ids if _lock_parts(run_id) in held}
+
+
 def _info(row: dict[str, Any] | None, stale_after_s: float) -> RunnerInfo:
     if row is None:
         return RunnerInfo(alive=False, state="none")

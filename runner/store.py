@@ -316,7 +316,7 @@ class RunMark:
 
     run_uid: str
     checkpoint_id: int | None
-    control: tuple[int, int, int, bool]
+    control: tuple[Any, ...]
 
 
 class Store:

@@ -1093,6 +1093,13 @@ def test_the_resync_reconciles_only_runs_whose_state_changed(store, monkeypatch)
     runs["a"] = {**runs["a"], "metadata": {**runs["a"]["metadata"], "generation": 2}}  # spec.approvals patched
     assert resync() == ["a", "b", "c", "d", "e"]
     assert resync() == ["d", "e"]
+    from agentfast.runner.liveness import RunnerClaim
+    claim = RunnerClaim.acquire(store, "team-a/c")  # a runner outside any pod takes c ...
+    assert resync() == ["c", "d", "e"]
+    claim._conn.close()  # ... and dies (SIGKILL): no event, no checkpoint, but its lock is gone
+    claim._stop.set()
+    assert resync() == ["c", "d", "e"]
+    assert resync() == ["d", "e"]
     main._UNPUBLISHED.add("team-a/b")  # its progress publish failed
     assert resync() == ["b", "d", "e"] and "team-a/b" not in main._UNPUBLISHED
     # every run gets a full reconcile in its turn
