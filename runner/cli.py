@@ -25,18 +25,23 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, get_args
 import typer
 
 from . import output
-from .loop import EXIT_BAD_INPUT, Outcome, ProgressEvent, VanillaRunner, fail_invalid_spec, preflight, run_id_of
 from .output import err, one_line, out, styled
 from .snapshot import AwaitedCall, PendingToolCall, Phase, RunContext, StateSnapshot
 from .spec import MODEL_API_KEY_ENV, AgentRun, InvalidDecision, SpecError, check_decision, import_refs, load_agentrun, parse_agentrun
 from .store import (CheckpointInfo, DecisionConflict, InvalidDsn, JournalEntry, Store, StoreUnavailable, UidTaken, UnknownCall, UnreadableState,
                     parse_dsn)
 
+# Imported only by the commands that drive a run (run, resume), inside them: the runner loop
+# (budget, journal, model, tool host) is most of this module's import time, and status,
+# approve, history, list, deny, complete, cancel and --help never use it (issue 15;
+# tests/test_cli_imports.py keeps it so).
 if TYPE_CHECKING:
+    from .loop import Outcome, ProgressEvent
     from .model import ChatModel
     from .toolhost import ToolHost
     from .tools import ToolRegistry
 
+EXIT_BAD_INPUT = 2  # loop.EXIT_BAD_INPUT, not imported from there (see above); a test checks they agree
 EXIT_NO_POSTGRES = 3
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Durable execution for AI agent runs.")
@@ -203,6 +208,7 @@ def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool, force:
     predecessor and shows its takeover without waiting for a second Python to start. A tool that
     no longer imports (a registered run's module changed) then ends the run ``InvalidSpec``, as
     before, from inside the runner (``RunnerBase``)."""
+    from .loop import fail_invalid_spec, preflight, run_id_of
     from .model import ModelError, model_from_spec
     from .toolhost import ToolHost
 
@@ -243,6 +249,8 @@ def _credentials(dsn: str) -> tuple[str, str]:
 
 def _drive_with(store: Store, run: AgentRun, model: ChatModel, tools: ToolRegistry | Callable[[], ToolRegistry], *, wait: bool,
                 interactive: bool, force: bool, wait_for_holder_s: float | None = None) -> Outcome:
+    from .loop import VanillaRunner, run_id_of
+
     stop = threading.Event()
 
     def on_term(signum: int, frame: object) -> None:
@@ -285,6 +293,7 @@ def run(
     A run on a real endpoint names a ModelConfig (``spec.model.config``) given as another
     document of the same file; its key, if it names one, is read from AGENTFAST_MODEL_API_KEY.
     """
+    from .loop import preflight, run_id_of
     from .toolhost import ToolHost
 
     try:
