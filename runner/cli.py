@@ -26,18 +26,17 @@ import typer
 
 from . import output
 from .output import err, one_line, out, styled
-from .snapshot import AwaitedCall, PendingToolCall, Phase, RunContext, StateSnapshot
-from .spec import MODEL_API_KEY_ENV, AgentRun, InvalidDecision, SpecError, check_decision, import_refs, load_agentrun, parse_agentrun
-from .store import (CheckpointInfo, DecisionConflict, InvalidDsn, JournalEntry, Store, StoreUnavailable, UidTaken, UnknownCall, UnreadableState,
-                    parse_dsn)
 
-# Imported only by the commands that drive a run (run, resume), inside them: the runner loop
-# (budget, journal, model, tool host) is most of this module's import time, and status,
-# approve, history, list, deny, complete, cancel and --help never use it (issue 15;
-# tests/test_cli_imports.py keeps it so).
+# Everything else is imported by the commands that use it, inside them, so that a command pays
+# only for its own imports (issue 15; tests/test_cli_imports.py keeps it so): the runner loop
+# (budget, journal, model, tool host) only run and resume need; the store (psycopg and
+# the snapshot and spec models) every command but --help.
 if TYPE_CHECKING:
     from .loop import Outcome, ProgressEvent
     from .model import ChatModel
+    from .snapshot import AwaitedCall, PendingToolCall, RunContext, StateSnapshot
+    from .spec import AgentRun
+    from .store import CheckpointInfo, JournalEntry, Store
     from .toolhost import ToolHost
     from .tools import ToolRegistry
 
@@ -61,6 +60,8 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> "typer.Exit":
 
 
 def _open_store(dsn: Optional[str]) -> Store:
+    from .store import InvalidDsn, Store, StoreUnavailable
+
     if not dsn:
         from .embedded import embedded_dsn
 
@@ -87,6 +88,8 @@ def _run_key(name: str) -> str:
 
 
 def _load_registered(store: Store, run: str) -> AgentRun:
+    from .spec import SpecError, parse_agentrun
+
     record = store.get_run(_run_key(run))
     if record is None:
         raise _fail(f"no run named {run!r} (see `agentfast list`)")
@@ -158,6 +161,9 @@ class _Progress:
         waiting for a decision made elsewhere (`agentfast approve/deny/complete`), never stops it."""
         import click
 
+        from .spec import InvalidDecision
+        from .store import DecisionConflict, UnknownCall
+
         try:
             with output.attached_writes():  # each question in order, before input() reads the answer
                 answer = typer.prompt(f"Approve {a.call_id} ({a.tool_call.name}) now? [y]es / [n]o / [w]ait", default="w").strip().lower()
@@ -210,6 +216,7 @@ def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool, force:
     before, from inside the runner (``RunnerBase``)."""
     from .loop import fail_invalid_spec, preflight, run_id_of
     from .model import ModelError, model_from_spec
+    from .spec import SpecError
     from .toolhost import ToolHost
 
     try:
@@ -244,6 +251,9 @@ def _suspend_after_s() -> float | None:
 
 def _credentials(dsn: str) -> tuple[str, str]:
     """What no tool may see: the password of ``dsn`` (the store's) and the model key (either may be empty)."""
+    from .spec import MODEL_API_KEY_ENV
+    from .store import parse_dsn
+
     return (parse_dsn(dsn).get("password", ""), os.environ.get(MODEL_API_KEY_ENV, ""))
 
 
@@ -294,6 +304,8 @@ def run(
     document of the same file; its key, if it names one, is read from AGENTFAST_MODEL_API_KEY.
     """
     from .loop import preflight, run_id_of
+    from .spec import SpecError, import_refs, load_agentrun
+    from .store import UidTaken
     from .toolhost import ToolHost
 
     try:
@@ -459,6 +471,9 @@ def _patch_approval(run: str, call_id: str, decision: str, reason: Optional[str]
 def _decide(run: str, call_id: str, decision: str, reason: Optional[str], dsn: Optional[str],
             kube: Optional[bool], namespace: Optional[str], result: Optional[str] = None, uid: Optional[str] = None) -> None:
     """Record one decision (the store's rules: only for a call awaiting one now, once); exit 2 when refused."""
+    from .spec import InvalidDecision, check_decision
+    from .store import DecisionConflict, UnknownCall
+
     try:
         reason, result = check_decision(decision, reason, result)
     except InvalidDecision as e:
@@ -794,6 +809,9 @@ def list_runs(dsn: Optional[str] = DsnOption) -> None:
     """Every run in the store with its phase, iteration and the time of its latest checkpoint."""
     from rich.table import Column, Table
 
+    from .snapshot import Phase
+    from .store import UnreadableState
+
     store = _open_store(dsn)
     t = Table(*(Column(h, overflow="fold") for h in ("run", "phase", "iteration", "latest checkpoint")))
     unreadable = []
@@ -831,7 +849,12 @@ def main() -> None:
     logging.basicConfig(level=os.environ.get("AGENTFAST_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
     try:
         app()
-    except UnreadableState as e:  # any command that read state this release cannot interpret
+    except Exception as e:
+        # Only the store raises UnreadableState (any command that read state this release cannot
+        # interpret), so a command that has not imported it cannot have raised it.
+        store = sys.modules.get(f"{__package__}.store")
+        if store is None or not isinstance(e, store.UnreadableState):
+            raise
         err.print(f"error: {e}")
         sys.exit(EXIT_BAD_INPUT)
     finally:
