@@ -27,7 +27,8 @@ from typing import Any, TypeVar
 REPLACEMENT = "\ufffd"
 
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-_SURROGATE = re.compile("[\ud800-\udfff]")
+#: A lone or paired surrogate code point in a str (what UTF-8, hence Postgres, cannot hold).
+SURROGATE = re.compile("[\ud800-\udfff]")
 
 T = TypeVar("T")
 
@@ -39,7 +40,7 @@ def storable_text(text: str) -> str:
     """
     if not _UNSTORABLE.search(text):
         return text
-    if _SURROGATE.search(text):
+    if SURROGATE.search(text):
         # UTF-16 round trip: a high+low pair becomes its character, a lone half becomes U+FFFD.
         text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
     return text.replace("\x00", REPLACEMENT)

@@ -44,13 +44,14 @@ from pydantic import BaseModel
 
 from .migrations import MIGRATIONS
 import pydantic
+import pydantic_core
 
 from .snapshot import (
     SCHEMA_VERSION, TERMINAL_PHASES, AwaitedCall, Phase, Message, PendingToolCall, RunContext, RunStatus, StateSnapshot, ToolCall,
     ToolResult, Session, now_ms,
 )
 from .decisions import InvalidDecision, check_decision  # noqa: F401  (InvalidDecision: raised by Store.decide; not from .spec, whose models status, history and list never need)
-from .storable import storable, storable_text
+from .storable import SURROGATE, storable, storable_text
 
 PROGRESS_CHANNEL = "agentfast_progress"
 APPROVAL_CHANNEL = "agentfast_approval"
@@ -308,6 +309,19 @@ def _is_connection_error(err: BaseException) -> bool:
     return isinstance(err, psycopg.OperationalError)
 
 
+class _AfterSync:
+    """What a pipelined transaction's ``op`` returns (see :meth:`Store._retry`): ``read`` runs
+    once the pipeline has synced, when its cursors hold their results."""
+
+    __slots__ = ("read",)
+
+    def __init__(self, read: Callable[[], Any]):
+        self.read = read
+
+    def value(self) -> Any:
+        return self.read()
+
+
 @dataclass(frozen=True)
 class RunMark:
     """What :meth:`Store.change_marks` says of one run: ``run_uid``; ``checkpoint_id``, its latest
@@ -353,7 +367,8 @@ class Store:
             min_size=1,
             max_size=pool_max,
             kwargs={"row_factory": dict_row, "connect_timeout": max(1, int(connect_timeout_s))},
-            check=ConnectionPool.check_connection,  # a connection killed by a restart is replaced, not handed out
+            # No check on checkout (a round trip per transaction): _retry tests the pool's idle
+            # connections after the first connection error instead.
             timeout=connect_timeout_s,
             open=False,
             name="agentfast",
@@ -376,19 +391,32 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _retry(self, op: Callable[[psycopg.Connection], T], *, lease: Lease | None = None) -> T:
-        """Run ``op`` in one transaction, retrying connection failures with backoff."""
+    def _retry(self, op: Callable[[psycopg.Connection], Any], *, lease: Lease | None = None, pipeline: bool = False) -> Any:
+        """Run ``op`` in one transaction, retrying connection failures with backoff.
+
+        ``lease``: the fencing epoch the transaction's writes carry (G6). ``pipeline``: send the
+        transaction's statements in psycopg's pipeline mode, so the client waits for the server
+        once per transaction instead of once per statement; ``op`` then must not read a result
+        before the end (a fetch forces an extra round trip) and returns an :class:`_AfterSync`
+        whose function reads them once the pipeline synced. Returns what ``op`` returned (or its
+        ``_AfterSync``'s value).
+        """
         deadline = time.monotonic() + self.retry_for_s
         delay = 0.1
         attempt = 0
+        checked = False
         while True:
             try:
                 with self._pool.connection() as conn:
                     try:
-                        with conn.transaction():
-                            if lease is not None:
-                                conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(lease.epoch),))
-                            return op(conn)
+                        if pipeline:
+                            out = self._pipelined(conn, op, lease)
+                        else:
+                            with conn.transaction():
+                                if lease is not None:
+                                    conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(lease.epoch),))
+                                out = op(conn)
+                        return out.value() if isinstance(out, _AfterSync) else out
                     except psycopg.Error as err:
                         if getattr(err, "sqlstate", None) in _RETRY_ON_NEW_CONNECTION:
                             conn.close()  # the pool replaces a closed connection
@@ -401,6 +429,13 @@ class Store:
                     raise StoreUnavailable(f"Postgres refused the store's role a privilege (nothing is lost; fix the grant, then resume): {err}") from None
                 if not (_is_connection_error(err) or sqlstate in _RETRY_ON_NEW_CONNECTION):
                     raise
+                if not checked:
+                    # Connections are not tested on checkout (that costs a round trip per
+                    # transaction): the first failure tests the idle ones instead, so after a
+                    # Postgres restart the retry gets a live connection, not the next dead one.
+                    checked = True
+                    self._pool.check()
+                    continue
                 if time.monotonic() + delay > deadline:
                     raise StoreUnavailable(f"Postgres unavailable for {self.retry_for_s:.0f}s: {err}") from None
                 attempt += 1
@@ -410,6 +445,40 @@ class Store:
                          attempt, delay)
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+    @staticmethod
+    def _pipelined(conn: psycopg.Connection, op: Callable[[psycopg.Connection], Any], lease: Lease | None) -> Any:
+        """``op``'s statements as one transaction in one round trip: queued in pipeline mode on
+        an autocommit connection, they run in the implicit transaction the extended protocol
+        gives everything up to the pipeline's one Sync (PostgreSQL docs, "Pipelining"; psycopg's
+        ``transaction()`` would add a Sync of its own at each end). An error anywhere rolls all
+        of it back and is raised when the pipeline ends; an exception ``op`` raises closes the
+        connection before anything is committed."""
+        conn.autocommit = True
+        try:
+            with conn.pipeline():
+                try:
+                    if lease is not None:
+                        conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(lease.epoch),))
+                    return op(conn)
+                except BaseException:
+                    # psycopg would still send the Sync, committing what was queued: closing
+                    # first means no Sync is sent, and the server rolls all of it back.
+                    conn.close()
+                    raise
+        finally:
+            if not conn.closed:
+                conn.autocommit = False
+
+    def _read(self, query: str, params: Any, *, all: bool = False) -> Any:
+        """One read-only query in a pipelined transaction (one wait for the server): its first
+        row (None if none), or every row with ``all``. Retried like every store call."""
+
+        def op(conn: psycopg.Connection) -> _AfterSync:
+            cur = conn.execute(query, params)
+            return _AfterSync(cur.fetchall if all else cur.fetchone)
+
+        return self._retry(op, pipeline=True)
 
     def schema_version(self) -> int:
         """The store's schema version (0: no schema yet), read without taking any lock or right
@@ -666,22 +735,26 @@ class Store:
             "SELECT requested_by, requested_at FROM agentfast_cancel_requests WHERE run_id = %s", (run_id,)).fetchone())
         return CancelRequest(**row) if row else None
 
+    _END_REQUESTS = """SELECT extract(epoch FROM clock_timestamp() - r.created_at)::float8 AS age_s, q.requested_by, q.requested_at
+                       FROM agentfast_runs r LEFT JOIN agentfast_cancel_requests q ON q.run_id = r.run_id
+                       WHERE r.run_id = %s"""
+
     @staticmethod
-    def _end_requests(conn: psycopg.Connection, run_id: str) -> EndRequests | None:
-        row = conn.execute(
-            """SELECT extract(epoch FROM clock_timestamp() - r.created_at)::float8 AS age_s, q.requested_by, q.requested_at
-               FROM agentfast_runs r LEFT JOIN agentfast_cancel_requests q ON q.run_id = r.run_id
-               WHERE r.run_id = %s""", (run_id,)).fetchone()
+    def _end_requests_of(row: dict[str, Any] | None) -> EndRequests | None:
         if row is None:
             return None
         cancel = CancelRequest(row["requested_by"], row["requested_at"]) if row["requested_by"] is not None else None
         return EndRequests(cancel, row["age_s"])
 
+    @classmethod
+    def _end_requests(cls, conn: psycopg.Connection, run_id: str) -> EndRequests | None:
+        return cls._end_requests_of(conn.execute(cls._END_REQUESTS, (run_id,)).fetchone())
+
     def end_requests(self, run_id: str) -> EndRequests | None:
         """The run's cancel request and age (one cheap query; a runner's role may make it), or
         None for no such run. Ages are by the database's clock, so runners on hosts whose clocks
         differ agree."""
-        return self._retry(lambda c: self._end_requests(c, run_id))
+        return self._end_requests_of(self._read(self._END_REQUESTS, (run_id,)))
 
     def expired_runs(self, default_ttl_s: int) -> list[tuple[str, str]]:
         """``(run_id, run_uid)`` of every run past its retention: ended (or never started) longer
@@ -757,33 +830,43 @@ class Store:
         ``snapshot`` are replaced in place by their stored form (:mod:`.storable`), so the runner
         continues with exactly what a resume would read. Raises LeaseLost, StoreUnavailable.
         """
+        return self._commit_checkpoint(lease, snapshot, stored_messages, read_ends=False)[0]
+
+    def commit_checkpoint_then_read_end_requests(self, lease: Lease, snapshot: StateSnapshot, *,
+                                                 stored_messages: int) -> tuple[int, EndRequests | None]:
+        """:meth:`commit_checkpoint`, plus the run's :meth:`end_requests` read in the same
+        transaction (no extra round trip), for a runner whose next step is a safe point: the
+        read is as fresh as one made there, since nothing but its own computing lies between."""
+        return self._commit_checkpoint(lease, snapshot, stored_messages, read_ends=True)
+
+    def _commit_checkpoint(self, lease: Lease, snapshot: StateSnapshot, stored_messages: int, *,
+                           read_ends: bool) -> tuple[int, EndRequests | None]:
         key = uuid.uuid4()
         iteration = snapshot.context.counters.iterations
-        snapshot.messages[stored_messages:] = [_stored_form(m) for m in snapshot.messages[stored_messages:]]
-        snapshot.context = _stored_form(snapshot.context)
-        snapshot.pending = _stored_form(snapshot.pending) if snapshot.pending else None
-        new = snapshot.messages[stored_messages:]
-        context = snapshot.context.model_dump(mode="json")
-        pending = snapshot.pending.model_dump(mode="json") if snapshot.pending else None
+        stored = [_stored_json(m, exclude_defaults=True) for m in snapshot.messages[stored_messages:]]
+        snapshot.messages[stored_messages:] = [m for m, _ in stored]
+        new = [text for _, text in stored]
+        snapshot.context, context = _stored_json(snapshot.context)
+        pending = None
+        if snapshot.pending:
+            snapshot.pending, pending = _stored_json(snapshot.pending)
 
-        def op(conn: psycopg.Connection) -> int:
-            done = conn.execute("SELECT checkpoint_id FROM agentfast_checkpoints WHERE run_id = %s AND checkpoint_key = %s",
-                                (snapshot.run_id, key)).fetchone()
-            if done:  # a retry after a commit whose acknowledgement was lost
-                return done["checkpoint_id"]
-            if new:
-                with conn.cursor() as cur:
-                    cur.executemany(
-                        "INSERT INTO agentfast_messages (run_id, seq, iteration, message, epoch) VALUES (%s, %s, %s, %s, 0)",
-                        [
-                            (snapshot.run_id, stored_messages + i, iteration, Jsonb(m.model_dump(mode="json", exclude_defaults=True)))
-                            for i, m in enumerate(new)
-                        ],
-                    )
-            row = conn.execute(
+        # One pipelined transaction (one wait for the server). A retry after a commit whose
+        # acknowledgement was lost finds its rows there (ON CONFLICT keeps them); the id is read
+        # by the checkpoint's key either way.
+        def op(conn: psycopg.Connection) -> _AfterSync:
+            if new:  # one statement for all of them, sent as one JSON array (no per-element quoting)
+                conn.execute(
+                    """INSERT INTO agentfast_messages (run_id, seq, iteration, message, epoch)
+                       SELECT %s, %s + m.i - 1, %s, m.message, 0 FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS m(message, i)
+                       ON CONFLICT (run_id, seq) DO NOTHING""",
+                    (snapshot.run_id, stored_messages, iteration, "[" + ",".join(new) + "]"),
+                )
+            conn.execute(
                 """INSERT INTO agentfast_checkpoints (run_id, checkpoint_key, iteration, message_count, phase, schema_version,
                                                       context, pending, sdk_state, saved_at, epoch)
-                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0) RETURNING checkpoint_id""",
+                   VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s, %s, 0)
+                   ON CONFLICT (run_id, checkpoint_key) DO NOTHING""",
                 (
                     snapshot.run_id,
                     key,
@@ -791,13 +874,14 @@ class Store:
                     len(snapshot.messages),
                     snapshot.context.status.phase,
                     snapshot.schema_version,
-                    Jsonb(context),
-                    Jsonb(pending) if pending is not None else None,
+                    context,
+                    pending,
                     Jsonb(snapshot.sdk_state),
                     snapshot.saved_at,
                 ),
-            ).fetchone()
-            cid = row["checkpoint_id"]
+            )
+            mine = conn.execute("SELECT checkpoint_id FROM agentfast_checkpoints WHERE run_id = %s AND checkpoint_key = %s",
+                                (snapshot.run_id, key))
             # checkpoint_id is one sequence for all runs, so "the last K" is counted per run.
             conn.execute(
                 """DELETE FROM agentfast_checkpoints WHERE run_id = %s AND checkpoint_id <
@@ -806,9 +890,10 @@ class Store:
                 (snapshot.run_id, snapshot.run_id, self.retention_keep - 1),
             )
             conn.execute("SELECT pg_notify(%s, %s)", (PROGRESS_CHANNEL, snapshot.run_id))
-            return cid
+            ends = conn.execute(self._END_REQUESTS, (snapshot.run_id,)) if read_ends else None
+            return _AfterSync(lambda: (mine.fetchone()["checkpoint_id"], self._end_requests_of(ends.fetchone()) if ends else None))
 
-        return self._retry(op, lease=lease)
+        return self._retry(op, lease=lease, pipeline=True)
 
     def load_snapshot(self, run_id: str) -> StateSnapshot | None:
         """The run's latest checkpoint with its transcript, or None if it has none.
@@ -867,13 +952,14 @@ class Store:
         model again, so the calls (and their idempotency keys) can never change under a retry.
         Returns the turn as stored (text made storable: see :mod:`.storable`).
         """
-        turn = Turn(turn.iteration, _stored_form(turn.message), turn.prompt_tokens, turn.completion_tokens)
+        message, text = _stored_json(turn.message)
+        turn = Turn(turn.iteration, message, turn.prompt_tokens, turn.completion_tokens)
 
         def op(conn: psycopg.Connection) -> None:
             conn.execute(
                 """INSERT INTO agentfast_turns (run_id, iteration, message, prompt_tokens, completion_tokens, epoch)
-                   VALUES (%s, %s, %s, %s, %s, 0) ON CONFLICT (run_id, iteration) DO NOTHING""",
-                (lease.run_id, turn.iteration, Jsonb(turn.message.model_dump(mode="json")), turn.prompt_tokens, turn.completion_tokens),
+                   VALUES (%s, %s, %s::jsonb, %s, %s, 0) ON CONFLICT (run_id, iteration) DO NOTHING""",
+                (lease.run_id, turn.iteration, text, turn.prompt_tokens, turn.completion_tokens),
             )
             with conn.cursor() as cur:
                 cur.executemany(
@@ -888,15 +974,18 @@ class Store:
                     ],
                 )
 
-        self._retry(op, lease=lease)
+        self._retry(op, lease=lease, pipeline=True)
         return turn
 
+    def last_turn_iteration(self, run_id: str) -> int:
+        """The highest iteration with a saved model reply (0: none)."""
+        row = self._read("SELECT coalesce(max(iteration), 0) AS it FROM agentfast_turns WHERE run_id = %s", (run_id,))
+        return row["it"]
+
     def load_turn(self, run_id: str, iteration: int) -> Turn | None:
-        row = self._retry(
-            lambda c: c.execute(
-                "SELECT iteration, message, prompt_tokens, completion_tokens FROM agentfast_turns WHERE run_id = %s AND iteration = %s",
-                (run_id, iteration),
-            ).fetchone()
+        row = self._read(
+            "SELECT iteration, message, prompt_tokens, completion_tokens FROM agentfast_turns WHERE run_id = %s AND iteration = %s",
+            (run_id, iteration),
         )
         if row is None:
             return None
@@ -910,7 +999,7 @@ class Store:
         if iteration is not None:
             query += " AND iteration = %s"
             params.append(iteration)
-        rows = self._retry(lambda c: c.execute(query + " ORDER BY iteration, position", params).fetchall())
+        rows = self._read(query + " ORDER BY iteration, position", params, all=True)
         return [
             JournalEntry(
                 iteration=r["iteration"],
@@ -927,41 +1016,57 @@ class Store:
             for r in rows
         ]
 
-    def mark_started(self, lease: Lease, iteration: int, position: int) -> None:
-        """Record that a call is about to run (the write-ahead intent, G4). Never on a done call."""
+    def mark_started(self, lease: Lease, iteration: int, position: int, *, deadline_s: float | None = None) -> EndRequests | None:
+        """Record that a call is about to run (the write-ahead intent, G4), unless the run was
+        asked to end: one transaction checks the run's cancel request and its age against
+        ``deadline_s`` (``spec.activeDeadlineSeconds``; None: none) and marks the call only if
+        neither ends the run, so no call starts after a cancel was recorded. Never marks a done call.
 
-        def op(conn: psycopg.Connection) -> None:
+        Returns None when the call was marked (run it now), else the :class:`EndRequests` that
+        stopped it (the call stays as it was; don't run it). Raises LeaseLost, StoreError (not
+        in the journal, or done), StoreUnavailable.
+        """
+
+        def op(conn: psycopg.Connection) -> _AfterSync:
+            ends = conn.execute(self._END_REQUESTS, (lease.run_id,))
             cur = conn.execute(
                 """UPDATE agentfast_tool_calls SET state = 'started', attempts = attempts + 1, started_at = now()
-                   WHERE run_id = %s AND iteration = %s AND position = %s AND state <> 'done'""",
-                (lease.run_id, iteration, position),
+                   WHERE run_id = %(run)s AND iteration = %(it)s AND position = %(pos)s AND state <> 'done'
+                     AND NOT EXISTS (SELECT 1 FROM agentfast_cancel_requests q WHERE q.run_id = %(run)s)
+                     AND (%(deadline)s::float8 IS NULL OR (SELECT extract(epoch FROM clock_timestamp() - r.created_at)
+                                                           FROM agentfast_runs r WHERE r.run_id = %(run)s) < %(deadline)s::float8)""",
+                {"run": lease.run_id, "it": iteration, "pos": position, "deadline": deadline_s},
             )
-            if cur.rowcount != 1:
-                # No row changed, so the fence trigger never ran: a zombie whose successor already
-                # finished this call lands here, and must stop as a lost lease (exit 76), not crash.
-                row = conn.execute("SELECT epoch FROM agentfast_runs WHERE run_id = %s", (lease.run_id,)).fetchone()
-                if row is None or row["epoch"] != lease.epoch:
-                    current = row["epoch"] if row else None
-                    raise LeaseLost(f"agentfast: run {lease.run_id} lease lost: epoch {lease.epoch} is stale (current {current})")
-                raise StoreError(f"call {iteration}/{position} of {lease.run_id} is not in the journal or already done")
+            epoch = conn.execute("SELECT epoch FROM agentfast_runs WHERE run_id = %s", (lease.run_id,))
+            return _AfterSync(lambda: (cur.rowcount, self._end_requests_of(ends.fetchone()), epoch.fetchone()))
 
-        self._retry(op, lease=lease)
+        changed, ends, row = self._retry(op, lease=lease, pipeline=True)
+        if changed == 1:
+            return None
+        # No row changed, so the fence trigger never ran: a zombie whose successor already
+        # finished this call lands here, and must stop as a lost lease (exit 76), not crash.
+        if row is None or row["epoch"] != lease.epoch:
+            current = row["epoch"] if row else None
+            raise LeaseLost(f"agentfast: run {lease.run_id} lease lost: epoch {lease.epoch} is stale (current {current})")
+        if ends is not None and (ends.cancel is not None or (deadline_s is not None and ends.age_s >= deadline_s)):
+            return ends
+        raise StoreError(f"call {iteration}/{position} of {lease.run_id} is not in the journal or already done")
 
     def record_result(self, lease: Lease, iteration: int, position: int, result: ToolResult) -> ToolResult:
         """Persist a call's result; from now on it is never run again (G3).
 
         Returns the result as stored (text made storable: see :mod:`.storable`).
         """
-        result = _stored_form(result)
+        result, text = _stored_json(result)
 
         def op(conn: psycopg.Connection) -> None:
             conn.execute(
-                """UPDATE agentfast_tool_calls SET state = 'done', result = %s, finished_at = now()
+                """UPDATE agentfast_tool_calls SET state = 'done', result = %s::jsonb, finished_at = now()
                    WHERE run_id = %s AND iteration = %s AND position = %s""",
-                (Jsonb(result.model_dump(mode="json")), lease.run_id, iteration, position),
+                (text, lease.run_id, iteration, position),
             )
 
-        self._retry(op, lease=lease)
+        self._retry(op, lease=lease, pipeline=True)
         return result
 
     # -- approvals ------------------------------------------------------------------------------
@@ -1194,7 +1299,28 @@ class _StorableStrBinaryDumper(StrBinaryDumper):
 
 
 def _storable_json_dumps(obj: Any) -> str:
-    return json.dumps(storable(obj))
+    # The walk in storable() costs more than the encoding: do it only when the text shows a
+    # NUL (escaped) or a lone surrogate (kept as is with ensure_ascii=False). A false alarm (a
+    # literal backslash-u0000 in the text) only takes the slow path.
+    text = json.dumps(obj, ensure_ascii=False)
+    if "\\u0000" in text or SURROGATE.search(text):
+        text = json.dumps(storable(obj), ensure_ascii=False)
+    return text
+
+
+def _stored_json(model: M, **dump: Any) -> tuple[M, str]:
+    """``model`` as the store writes it (:func:`_stored_form`) and its JSON text
+    (``model_dump_json(**dump)``). The quick way when there is nothing to replace: pydantic's
+    serializer refuses any surrogate and escapes NUL as ``\\u0000``, so only a model whose text
+    shows either is walked (a literal backslash-u0000 is a harmless false alarm)."""
+    try:
+        text = model.model_dump_json(**dump)
+        if "\\u0000" not in text:
+            return model, text
+    except pydantic_core.PydanticSerializationError:
+        pass
+    model = _stored_form(model)
+    return model, model.model_dump_json(**dump)
 
 
 def _stored_form(model: M) -> M:
