@@ -19,25 +19,36 @@ import logging
 
 from . import faults
 from .snapshot import ToolResult
-from .store import JournalEntry, Lease, LeaseLost, Store, StoreUnavailable
+from .store import EndRequests, JournalEntry, Lease, LeaseLost, Store, StoreUnavailable
 from .toolhost import ToolHostLost
 from .tools import ToolArgumentsError, ToolContext, ToolRegistry, render_result
 
 log = logging.getLogger(__name__)
 
 
+class RunEnding(Exception):
+    """The store would not start a call: the run was cancelled or is past its deadline
+    (``ends`` says which). The call did not run and stays as it was."""
+
+    def __init__(self, ends: EndRequests):
+        super().__init__("the run was asked to end before this call")
+        self.ends = ends
+
+
 class CallExecutor:
     """Runs journaled calls of one run under one lease.
 
     Counters are the caller's to derive from the returned results (``ToolResult.error_kind``),
-    so they come out the same whether or not a process died along the way.
+    so they come out the same whether or not a process died along the way. ``deadline_s``:
+    the run's ``spec.activeDeadlineSeconds`` (None: none); past it, no call starts.
     """
 
-    def __init__(self, store: Store, lease: Lease, run_uid: str, tools: ToolRegistry):
+    def __init__(self, store: Store, lease: Lease, run_uid: str, tools: ToolRegistry, *, deadline_s: float | None = None):
         self.store = store
         self.lease = lease
         self.run_uid = run_uid
         self.tools = tools
+        self.deadline_s = deadline_s
 
     @staticmethod
     def in_flight_unsafe(entry: JournalEntry) -> bool:
@@ -84,8 +95,10 @@ class CallExecutor:
     def execute(self, entry: JournalEntry) -> ToolResult:
         """Run one call exactly once in effect; returns its (possibly stored) result.
 
-        Raises LeaseLost / StoreUnavailable from the journal writes: then nothing further runs.
-        A tool's own exception becomes an error result that the model reads.
+        Raises LeaseLost / StoreUnavailable from the journal writes: then nothing further runs;
+        RunEnding when the run was cancelled or passed its deadline (checked by the same write
+        that records the intent, so none starts after either). A tool's own exception becomes an
+        error result that the model reads.
         """
         if entry.state == "done" and entry.result is not None:
             return entry.result  # G3: replay the state, never the effect
@@ -100,7 +113,11 @@ class CallExecutor:
             result = self._result(entry, f"error: {err}. Call {name} again with valid JSON arguments.", "malformed")
             return self._persist(entry, result)
 
-        self.store.mark_started(self.lease, entry.iteration, entry.position)  # write-ahead intent
+        # The write-ahead intent, durable before the call: the journal counts every attempt, even
+        # across a Postgres crash (tests/chaos checks runs <= attempts), for idempotent tools too.
+        ends = self.store.mark_started(self.lease, entry.iteration, entry.position, deadline_s=self.deadline_s)
+        if ends is not None:
+            raise RunEnding(ends)
         faults.point("tool.before_call", name)
         ctx = self._context(entry)
         try:

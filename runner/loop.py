@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from . import faults
 from .budget import check_budget, get_classifier
-from .journal import CallExecutor
+from .journal import CallExecutor, RunEnding
 from .model import ChatModel, ModelError, ModelReply, distinct_tool_call_ids
 from .snapshot import (
     TERMINAL_PHASES,
@@ -49,12 +49,14 @@ from .snapshot import (
 from .spec import AgentRun, SpecError
 from .liveness import EXIT_GRACE_S, ClaimStopped, RunnerAlive, RunnerClaim
 from .store import (
-    Decision, JournalEntry, LeaseLost, RunRecord, Store, StoreUnavailable, Turn, cancelled_message, deadline_message,
+    Decision, EndRequests, JournalEntry, LeaseLost, RunRecord, Store, StoreUnavailable, Turn, cancelled_message, deadline_message,
 )
 from .toolhost import ToolHostLost
 from .tools import ToolRegistry
 
 log = logging.getLogger(__name__)
+
+_UNREAD = object()  # RunnerBase._halted: no end requests at hand, read them
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -161,7 +163,9 @@ class RunnerBase:
 
     Safe points (:meth:`_halted`): at the top of every iteration, before every tool call and
     while waiting for a decision, the runner also reads the run's cancel request and age from
-    the store. A cancel request ends the run ``Cancelled`` (reason ``Cancelled``, exit 0): no new
+    the store, in the same transaction as the write just before it where there is one (the
+    previous checkpoint; before a call, the write that marks it started, which refuses to once
+    either ends the run: :class:`~.journal.RunEnding`). A cancel request ends the run ``Cancelled`` (reason ``Cancelled``, exit 0): no new
     tool call starts, a call in flight finishes and its result is kept, a pending call stays
     undecided and never runs. A run older than ``spec.activeDeadlineSeconds`` (wall clock since
     it was registered) ends ``Failed`` (reason ``DeadlineExceeded``, exit 1).
@@ -198,6 +202,10 @@ class RunnerBase:
         self.on_event = on_event or (lambda e: None)
         self.snap: StateSnapshot
         self._stored = 0
+        self._turns_before = 0  # the last iteration whose model reply an earlier runner may have saved
+        self._last_turn: Turn | None = None  # the last turn this runner saved or read
+        self._planned: tuple[int, list[JournalEntry]] | None = None  # its journal entries, if this runner saved it
+        self._ends_read: EndRequests | None | object = _UNREAD  # read by the last commit for the next _halted()
         self._active_since: float | None = None
         self._ending: tuple[str, str, str] | None = None  # (phase, reason, message) a safe point found
         self._deadline_mono: float | None = None  # time.monotonic() when spec.activeDeadlineSeconds passes
@@ -233,6 +241,8 @@ class RunnerBase:
         try:
             self.lease = self.store.acquire_lease(self.run_id)
             snap = self.store.load_snapshot(self.run_id)
+            # Fenced now: any later turn is this runner's own, so only these are read back.
+            self._turns_before = self.store.last_turn_iteration(self.run_id)
             self._active_since = time.monotonic()
             if snap is None:
                 self.snap = self._initial_snapshot(record.run_uid)
@@ -249,11 +259,14 @@ class RunnerBase:
                 warm()
             if self._resolve_tools is not None:  # the run is ours and the old runner fenced: now wait for the tools
                 self.tools, self._resolve_tools = self._resolve_tools(), None
-            self.executor = CallExecutor(self.store, self.lease, record.run_uid, self.tools)
+            self.executor = CallExecutor(self.store, self.lease, record.run_uid, self.tools, deadline_s=self.spec.activeDeadlineSeconds)
             self._emit("started")
             return self._drive()
         except BudgetExceeded as err:
             return self._finish("Failed", "BudgetExceeded", str(err))
+        except RunEnding as err:  # a cancel or the deadline, found by the write that would have started a call
+            self._halted(err.ends)
+            return self._halt_outcome("stop requested before a tool call; resume to continue")
         except LeaseLost as err:
             log.error("lease lost: %s", err)
             return Outcome("LeaseLost", EXIT_LEASE_LOST, f"another runner took this run over; stopping without effects ({err})")
@@ -281,7 +294,11 @@ class RunnerBase:
         A new reply is asked only after the budget check (G7); it is persisted with the intent of
         each call it asks for before any tool runs. Raises BudgetExceeded, ModelError.
         """
-        turn = self.store.load_turn(self.run_id, it)
+        turn = None
+        if self._last_turn is not None and self._last_turn.iteration == it:
+            turn = self._last_turn  # a graph node re-executed (LangGraph) asks for its turn again
+        elif it <= self._turns_before:  # saved by an earlier runner: a resume reuses that reply
+            turn = self.store.load_turn(self.run_id, it)
         if turn is None:
             reason = check_budget(self.snap.context)
             if reason:
@@ -294,6 +311,9 @@ class RunnerBase:
             message = distinct_tool_call_ids(reply.message, messages, it)
             turn = Turn(it, message, reply.prompt_tokens, reply.completion_tokens)
             turn = self.store.save_turn(self.lease, turn, self._plan(it, turn.message))  # as stored: see runner/storable.py
+            # The journal now holds exactly this plan (of the stored message): the batch needs no read.
+            self._planned = (it, self._plan(it, turn.message))
+        self._last_turn = turn
         self._account(turn)
         return turn
 
@@ -332,6 +352,12 @@ class RunnerBase:
                 )
             )
         return entries
+
+    def _planned_entries(self, it: int) -> list[JournalEntry] | None:
+        """The journal entries of iteration ``it`` as this runner just saved them (taken once:
+        they go stale as the calls run), or None when the journal must be read."""
+        planned, self._planned = self._planned, None
+        return planned[1] if planned is not None and planned[0] == it else None
 
     def _triage(self, e: JournalEntry) -> ToolResult | str:
         """How one journaled call of the current batch goes on.
@@ -447,13 +473,15 @@ class RunnerBase:
 
     # -- safe points: stop, cancel, deadline -------------------------------------------------------
 
-    def _halted(self) -> bool:
+    def _halted(self, ends: EndRequests | None | object = _UNREAD) -> bool:
         """Whether the run must start nothing more now: ``stop`` is set (SIGTERM), or the store
         holds a cancel request for it, or it is past ``spec.activeDeadlineSeconds``. The last two
-        are remembered (:meth:`_halt_outcome` ends the run with them). One query to the store.
-        Raises StoreUnavailable."""
+        are remembered (:meth:`_halt_outcome` ends the run with them). ``ends``: the run's
+        :class:`EndRequests` as a write just read them (the same transaction); else one query
+        to the store. Raises StoreUnavailable."""
         if self._ending is None:
-            ends = self.store.end_requests(self.run_id)
+            if ends is _UNREAD:
+                ends = self.store.end_requests(self.run_id)
             deadline = self.spec.activeDeadlineSeconds
             if ends is not None and ends.cancel is not None:
                 self._ending = ("Cancelled", "Cancelled", cancelled_message(ends.cancel))
@@ -518,13 +546,18 @@ class RunnerBase:
             self.snap.context.usage.duration_ms += int((now - self._active_since) * 1000)
             self._active_since = now
 
-    def _commit(self) -> None:
+    def _commit(self, *, then_halted: bool = False) -> None:
+        """Commit the snapshot (G1). ``then_halted``: the caller's next step is :meth:`_halted`
+        (:meth:`_take_ends` gives it the run's end requests, read by the commit itself)."""
         self._account_active()
         self.snap.saved_at = int(time.time() * 1000)
         faults.point("checkpoint.before_commit")
         if len(self.snap.messages) < self._stored:
             raise RuntimeError(f"the transcript shrank from {self._stored} to {len(self.snap.messages)} messages; it is append-only")
-        self.store.commit_checkpoint(self.lease, self.snap, stored_messages=self._stored)
+        if then_halted:
+            _, self._ends_read = self.store.commit_checkpoint_then_read_end_requests(self.lease, self.snap, stored_messages=self._stored)
+        else:
+            self.store.commit_checkpoint(self.lease, self.snap, stored_messages=self._stored)
         self._stored = len(self.snap.messages)
         faults.point("checkpoint.after_commit")
         self._emit("checkpoint")
@@ -559,9 +592,14 @@ class VanillaRunner(RunnerBase):
 
     adapter = "vanilla"
 
+    def _take_ends(self) -> EndRequests | None | object:
+        """The end requests the last commit read for the :meth:`_halted` that follows it (once)."""
+        ends, self._ends_read = self._ends_read, _UNREAD
+        return ends
+
     def _drive(self) -> Outcome:
         while True:
-            if self._halted():
+            if self._halted(self._take_ends()):
                 return self._halt_outcome("stop requested (SIGTERM): state committed; resume to continue")
             outcome = self._iteration()
             if outcome is not None:
@@ -577,7 +615,7 @@ class VanillaRunner(RunnerBase):
         return self._run_batch(it, turn)
 
     def _run_batch(self, it: int, turn: Turn) -> Outcome | None:
-        entries = self.store.journal(self.run_id, it)
+        entries = self._planned_entries(it) or self.store.journal(self.run_id, it)
         results: dict[int, ToolResult] = {}
         waiting: list[JournalEntry] = []
         # G5: the calls that need no human run first, in the model's order.
@@ -588,7 +626,8 @@ class VanillaRunner(RunnerBase):
             elif t == "human":
                 waiting.append(e)
             else:
-                if self._halted():
+                # SIGTERM is checked here; a cancel or the deadline by the write that starts the call (RunEnding).
+                if self._ending is not None or self.stop.is_set():
                     return self._halt_outcome("stop requested (SIGTERM) before a tool call; resume to continue")
                 results[e.position] = self.executor.execute(e)
                 self._emit("tool_result", f"{e.call_id} {e.tool_call.name}")
@@ -613,7 +652,7 @@ class VanillaRunner(RunnerBase):
         self.snap.pending = None
         if ctx.status.phase != "Running":
             ctx.status = RunStatus(phase="Running")
-        self._commit()
+        self._commit(then_halted=True)  # _drive's next step is _halted()
         return None
 
 

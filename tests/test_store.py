@@ -550,3 +550,26 @@ def test_a_decision_made_before_waiting_is_found_at_once(store: Store) -> None:
     t0 = time.monotonic()
     d = store.wait_for_decision(run_id, "call-1-0", threading.Event(), poll_s=60)
     assert d.decision == "approve" and time.monotonic() - t0 < 1.0
+
+
+# -- starting a call against a cancel or a deadline -----------------------------------------------------
+
+
+def test_mark_started_refuses_once_the_run_is_cancelled_or_past_its_deadline(store: Store, dsn: str) -> None:
+    """The write that starts a call checks the run's end requests in the same transaction: after
+    a cancel, or past the deadline, it marks nothing and says why (no call can start after
+    either, whatever runs between a separate check and the call)."""
+    run_id, uid, lease = new_run(store, "ends")
+    turn, entries = planned(uid, 1, [("add_case_note", False, True), ("add_case_note", False, True), ("add_case_note", False, True)])
+    store.save_turn(lease, turn, entries)
+    assert store.mark_started(lease, 1, 0, deadline_s=3600) is None  # marked: run it
+    ends = store.mark_started(lease, 1, 1, deadline_s=0.0)  # the run is older than 0 s
+    assert ends is not None and ends.cancel is None and ends.age_s >= 0
+    store.request_cancel(run_id, "cli:alice")
+    ends = store.mark_started(lease, 1, 2)
+    assert ends is not None and ends.cancel is not None and ends.cancel.requested_by == "cli:alice"
+    assert [(e.state, e.attempts) for e in store.journal(run_id, 1)] == [("started", 1), ("planned", 0), ("planned", 0)]
+    # A lost lease is still a lost lease, cancelled or not.
+    store.acquire_lease(run_id)
+    with pytest.raises(LeaseLost):
+        store.mark_started(lease, 1, 1)
