@@ -8,8 +8,9 @@ background load hits a subject and its baseline at the same moments:
   store's connection settings). The cheapest durable write there is: one fsync'ed commit.
 - ``store``: ``Store.commit_checkpoint`` of one iteration: three new messages (the assistant
   reply with two tool calls, two ~300 B tool results) plus the context, on a run prefilled to n.
-- ``iteration``: every store call of one vanilla iteration (load_turn, save_turn, journal,
-  mark_started and record_result for two calls, commit_checkpoint): the whole durable overhead
+- ``iteration``: every store call of one vanilla iteration with two idempotent tool calls, as
+  the loop makes them (save_turn, then per call mark_started and record_result, then the
+  checkpoint; pinned by tests/test_bench_smoke.py): the whole durable overhead
   of an iteration, not only its checkpoint.
 - ``lg_saver``: langgraph-checkpoint-postgres ``PostgresSaver``, put_writes + put per superstep.
 - ``lg_adapter``: agentfast's LangGraph adapter, one superstep through ``_step_done``.
@@ -173,21 +174,33 @@ class Bench:
         self.floor_conn.execute("INSERT INTO bench_floor (run_id, payload) VALUES (%s, %s)", ("floor", FLOOR_PAYLOAD))
         self.floor_conn.commit()
 
-    def _iteration_step(self, lease, snap) -> None:  # noqa: ANN001
-        """What the vanilla loop asks of the store in one iteration, in its order."""
+    @staticmethod
+    def iteration_inputs(snap):  # noqa: ANN001, ANN205
+        """What one iteration writes (the model's reply, its plan, the two results), made before
+        the timed step: generating the synthetic text is the workload's cost, not the store's.
+        Advances ``snap`` by the iteration; returns the inputs of :meth:`iteration_step`."""
         it = snap.context.counters.iterations + 1
         uid = snap.context.session.run_uid
         msg = assistant_message(it)
-        self.store.load_turn(lease.run_id, it)
         planned = [JournalEntry(it, p, call_id(it, p), idempotency_key(uid, it, p), c, False, True, "planned", 0, None)
                    for p, c in enumerate(msg.tool_calls)]
-        self.store.save_turn(lease, Turn(it, msg, 900, 100), planned)
-        self.store.journal(lease.run_id, it)
-        for p in range(len(planned)):
-            self.store.mark_started(lease, it, p)
-            self.store.record_result(lease, it, p, tool_result(uid, it, p))
+        results = [tool_result(uid, it, p) for p in range(len(planned))]
         stored = advance(snap)
-        self.store.commit_checkpoint(lease, snap, stored_messages=stored)
+        return it, Turn(it, msg, 900, 100), planned, results, stored
+
+    @staticmethod
+    def iteration_step(store, lease, snap, inputs) -> None:  # noqa: ANN001
+        """What the vanilla loop asks of the store in one iteration of two idempotent tool calls,
+        in its order (tests/test_bench_smoke.py records the real loop's calls and compares): the
+        model's reply with the plan, per call the intent (which also checks for a cancel or the
+        deadline) and the result, then the checkpoint
+        with the read of the next iteration's safe point."""
+        it, turn, planned, results, stored = inputs
+        store.save_turn(lease, turn, planned)
+        for p, result in enumerate(results):
+            store.mark_started(lease, it, p, deadline_s=None)
+            store.record_result(lease, it, p, result)
+        store.commit_checkpoint_then_read_end_requests(lease, snap, stored_messages=stored)
 
     # -- blocks ----------------------------------------------------------------------------------
 
@@ -250,9 +263,10 @@ class Bench:
                         t = clock()
                         pipelined_commit(self.proto_conn, lease, snap, stored_messages=stored)
                     else:
+                        inputs = self.iteration_inputs(snap)
                         mark()
                         t = clock()
-                        self._iteration_step(lease, snap)
+                        self.iteration_step(self.store, lease, snap, inputs)
                     took(t)
                     if on_step:
                         on_step(("store", (lease, snap)))

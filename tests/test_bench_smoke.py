@@ -57,3 +57,62 @@ def test_throughput_workers_and_pgbench(dsn: str, tmp_path: Path) -> None:
     script.write_text(f"INSERT INTO bench_floor (run_id, payload) VALUES ('pgbench', '{FLOOR_PAYLOAD}');\n")
     tps, _ = pgbench_tps(dsn, script, 2, 1)
     assert tps > 0
+
+
+class _Recorder:
+    """A real Store whose public calls are recorded by name."""
+
+    def __init__(self, store) -> None:  # noqa: ANN001
+        self._store, self.calls = store, []
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        attr = getattr(self._store, name)
+        if name.startswith("_") or not callable(attr):
+            return attr
+
+        def recorded(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            self.calls.append(name)
+            return attr(*args, **kwargs)
+
+        return recorded
+
+
+def test_iteration_subject_makes_the_loops_store_calls(dsn: str, tmp_path: Path) -> None:
+    """The bench's "all store calls of one vanilla iteration" is what the real loop asks of the
+    store in a steady iteration of two idempotent calls: no more, no fewer, in the same order."""
+    import uuid
+
+    import yaml
+
+    from agentfast.runner.loop import VanillaRunner
+    from agentfast.runner.model import model_from_spec
+    from agentfast.runner.spec import parse_agentrun
+    from agentfast.runner.store import Store
+    from agentfast.runner.tools import ToolRegistry
+
+    from bench.workload import Prefiller
+
+    turns = [{"tool_calls": [{"id": f"c{i}{p}", "name": "echo", "arguments": {"text": f"{i}.{p}"}} for p in range(2)]}
+             for i in range(3)] + [{"content": "done"}]
+    script = tmp_path / "two-calls.yaml"
+    script.write_text(yaml.safe_dump({"model": "scripted-two", "turns": turns}))
+    run = parse_agentrun({
+        "apiVersion": "agentfast.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": "bench-pin", "uid": str(uuid.uuid4())},
+        "spec": {"model": {"name": "scripted-two", "script": str(script)}, "input": "go",
+                 "tools": [{"name": "echo", "ref": "agentfast.runner.examples.testing_tools:echo"}]},
+    })
+    with Store(dsn) as store:
+        store.migrate()
+        store.create_run("default/bench-pin", run.metadata.uid, run.model_dump(mode="json", exclude_none=True))
+        loop = _Recorder(store)
+        with model_from_spec(run.spec.model) as model:
+            outcome = VanillaRunner(loop, run, model, ToolRegistry.from_agentrun(run), wait_for_approval=False).run()
+        assert outcome.phase == "Succeeded"
+        # Iteration 2 (steady: neither the takeover nor the last): between the 2nd and 3rd checkpoints.
+        marks = [i for i, c in enumerate(loop.calls) if c.startswith("commit_checkpoint")]
+        steady = loop.calls[marks[1] + 1: marks[2] + 1]
+
+        bench = _Recorder(store)
+        lease, snap = Prefiller(store, dsn).make_run(10)
+        checkpoint.Bench.iteration_step(bench, lease, snap, checkpoint.Bench.iteration_inputs(snap))
+    assert bench.calls == steady, f"the bench makes {bench.calls}, the loop {steady}"
