@@ -310,8 +310,8 @@ def _is_connection_error(err: BaseException) -> bool:
 
 
 class _AfterSync:
-    """What a pipelined transaction's ``op`` returns (see :meth:`Store._retry`): ``read`` runs
-    once the pipeline has synced, when its cursors hold their results."""
+    """What a transaction's ``op`` may return (see :meth:`Store._retry`): ``read`` runs once the
+    transaction committed, and reads what its cursors hold."""
 
     __slots__ = ("read",)
 
@@ -391,15 +391,18 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _retry(self, op: Callable[[psycopg.Connection], Any], *, lease: Lease | None = None, pipeline: bool = False) -> Any:
+    def _retry(self, op: Callable[[psycopg.Connection], Any], *, lease: Lease | None = None) -> Any:
         """Run ``op`` in one transaction, retrying connection failures with backoff.
 
-        ``lease``: the fencing epoch the transaction's writes carry (G6). ``pipeline``: send the
-        transaction's statements in psycopg's pipeline mode, so the client waits for the server
-        once per transaction instead of once per statement; ``op`` then must not read a result
-        before the end (a fetch forces an extra round trip) and returns an :class:`_AfterSync`
-        whose function reads them once the pipeline synced. Returns what ``op`` returned (or its
-        ``_AfterSync``'s value).
+        ``lease``: the fencing epoch the transaction's writes carry (G6). ``op`` may return an
+        :class:`_AfterSync`, whose function reads its cursors once the transaction committed.
+        Returns what ``op`` returned (or its ``_AfterSync``'s value).
+
+        Not pipelined, on purpose: in psycopg's pipeline mode each statement is flushed as it is
+        queued and the transaction ends at the Sync, so a client frozen between the two (a GC
+        pause, SIGSTOP) leaves a backend holding the run row FOR SHARE that no
+        ``idle_in_transaction_session_timeout`` ends (it applies only once the server waits after
+        a Sync), and a successor's takeover waits for ever (tests/chaos/test_zombie.py).
         """
         deadline = time.monotonic() + self.retry_for_s
         delay = 0.1
@@ -409,13 +412,10 @@ class Store:
             try:
                 with self._pool.connection() as conn:
                     try:
-                        if pipeline:
-                            out = self._pipelined(conn, op, lease)
-                        else:
-                            with conn.transaction():
-                                if lease is not None:
-                                    conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(lease.epoch),))
-                                out = op(conn)
+                        with conn.transaction():
+                            if lease is not None:
+                                conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(lease.epoch),))
+                            out = op(conn)
                         return out.value() if isinstance(out, _AfterSync) else out
                     except psycopg.Error as err:
                         if getattr(err, "sqlstate", None) in _RETRY_ON_NEW_CONNECTION:
@@ -446,39 +446,15 @@ class Store:
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
 
-    @staticmethod
-    def _pipelined(conn: psycopg.Connection, op: Callable[[psycopg.Connection], Any], lease: Lease | None) -> Any:
-        """``op``'s statements as one transaction in one round trip: queued in pipeline mode on
-        an autocommit connection, they run in the implicit transaction the extended protocol
-        gives everything up to the pipeline's one Sync (PostgreSQL docs, "Pipelining"; psycopg's
-        ``transaction()`` would add a Sync of its own at each end). An error anywhere rolls all
-        of it back and is raised when the pipeline ends; an exception ``op`` raises closes the
-        connection before anything is committed."""
-        conn.autocommit = True
-        try:
-            with conn.pipeline():
-                try:
-                    if lease is not None:
-                        conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(lease.epoch),))
-                    return op(conn)
-                except BaseException:
-                    # psycopg would still send the Sync, committing what was queued: closing
-                    # first means no Sync is sent, and the server rolls all of it back.
-                    conn.close()
-                    raise
-        finally:
-            if not conn.closed:
-                conn.autocommit = False
-
     def _read(self, query: str, params: Any, *, all: bool = False) -> Any:
-        """One read-only query in a pipelined transaction (one wait for the server): its first
+        """One read-only query in its own transaction: its first
         row (None if none), or every row with ``all``. Retried like every store call."""
 
         def op(conn: psycopg.Connection) -> _AfterSync:
             cur = conn.execute(query, params)
             return _AfterSync(cur.fetchall if all else cur.fetchone)
 
-        return self._retry(op, pipeline=True)
+        return self._retry(op)
 
     def schema_version(self) -> int:
         """The store's schema version (0: no schema yet), read without taking any lock or right
@@ -851,7 +827,7 @@ class Store:
         if snapshot.pending:
             snapshot.pending, pending = _stored_json(snapshot.pending)
 
-        # One pipelined transaction (one wait for the server). A retry after a commit whose
+        # One transaction. A retry after a commit whose
         # acknowledgement was lost finds its rows there (ON CONFLICT keeps them); the id is read
         # by the checkpoint's key either way.
         def op(conn: psycopg.Connection) -> _AfterSync:
@@ -893,7 +869,7 @@ class Store:
             ends = conn.execute(self._END_REQUESTS, (snapshot.run_id,)) if read_ends else None
             return _AfterSync(lambda: (mine.fetchone()["checkpoint_id"], self._end_requests_of(ends.fetchone()) if ends else None))
 
-        return self._retry(op, lease=lease, pipeline=True)
+        return self._retry(op, lease=lease)
 
     def load_snapshot(self, run_id: str) -> StateSnapshot | None:
         """The run's latest checkpoint with its transcript, or None if it has none.
@@ -974,7 +950,7 @@ class Store:
                     ],
                 )
 
-        self._retry(op, lease=lease, pipeline=True)
+        self._retry(op, lease=lease)
         return turn
 
     def last_turn_iteration(self, run_id: str) -> int:
@@ -1040,7 +1016,7 @@ class Store:
             epoch = conn.execute("SELECT epoch FROM agentfast_runs WHERE run_id = %s", (lease.run_id,))
             return _AfterSync(lambda: (cur.rowcount, self._end_requests_of(ends.fetchone()), epoch.fetchone()))
 
-        changed, ends, row = self._retry(op, lease=lease, pipeline=True)
+        changed, ends, row = self._retry(op, lease=lease)
         if changed == 1:
             return None
         # No row changed, so the fence trigger never ran: a zombie whose successor already
@@ -1066,7 +1042,7 @@ class Store:
                 (text, lease.run_id, iteration, position),
             )
 
-        self._retry(op, lease=lease, pipeline=True)
+        self._retry(op, lease=lease)
         return result
 
     # -- approvals ------------------------------------------------------------------------------
