@@ -309,19 +309,6 @@ def _is_connection_error(err: BaseException) -> bool:
     return isinstance(err, psycopg.OperationalError)
 
 
-class _AfterSync:
-    """What a transaction's ``op`` may return (see :meth:`Store._retry`): ``read`` runs once the
-    transaction committed, and reads what its cursors hold."""
-
-    __slots__ = ("read",)
-
-    def __init__(self, read: Callable[[], Any]):
-        self.read = read
-
-    def value(self) -> Any:
-        return self.read()
-
-
 @dataclass(frozen=True)
 class RunMark:
     """What :meth:`Store.change_marks` says of one run: ``run_uid``; ``checkpoint_id``, its latest
@@ -391,12 +378,9 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _retry(self, op: Callable[[psycopg.Connection], Any], *, lease: Lease | None = None) -> Any:
-        """Run ``op`` in one transaction, retrying connection failures with backoff.
-
-        ``lease``: the fencing epoch the transaction's writes carry (G6). ``op`` may return an
-        :class:`_AfterSync`, whose function reads its cursors once the transaction committed.
-        Returns what ``op`` returned (or its ``_AfterSync``'s value).
+    def _retry(self, op: Callable[[psycopg.Connection], T], *, lease: Lease | None = None) -> T:
+        """Run ``op`` in one transaction, retrying connection failures with backoff; returns
+        what ``op`` returned. ``lease``: the fencing epoch the transaction's writes carry (G6).
 
         Not pipelined, on purpose: in psycopg's pipeline mode each statement is flushed as it is
         queued and the transaction ends at the Sync, so a client frozen between the two (a GC
@@ -415,8 +399,7 @@ class Store:
                         with conn.transaction():
                             if lease is not None:
                                 conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(lease.epoch),))
-                            out = op(conn)
-                        return out.value() if isinstance(out, _AfterSync) else out
+                            return op(conn)
                     except psycopg.Error as err:
                         if getattr(err, "sqlstate", None) in _RETRY_ON_NEW_CONNECTION:
                             conn.close()  # the pool replaces a closed connection
@@ -450,9 +433,9 @@ class Store:
         """One read-only query in its own transaction: its first
         row (None if none), or every row with ``all``. Retried like every store call."""
 
-        def op(conn: psycopg.Connection) -> _AfterSync:
+        def op(conn: psycopg.Connection) -> Any:
             cur = conn.execute(query, params)
-            return _AfterSync(cur.fetchall if all else cur.fetchone)
+            return cur.fetchall() if all else cur.fetchone()
 
         return self._retry(op)
 
@@ -711,26 +694,22 @@ class Store:
             "SELECT requested_by, requested_at FROM agentfast_cancel_requests WHERE run_id = %s", (run_id,)).fetchone())
         return CancelRequest(**row) if row else None
 
-    _END_REQUESTS = """SELECT extract(epoch FROM clock_timestamp() - r.created_at)::float8 AS age_s, q.requested_by, q.requested_at
-                       FROM agentfast_runs r LEFT JOIN agentfast_cancel_requests q ON q.run_id = r.run_id
-                       WHERE r.run_id = %s"""
-
     @staticmethod
-    def _end_requests_of(row: dict[str, Any] | None) -> EndRequests | None:
+    def _end_requests(conn: psycopg.Connection, run_id: str) -> EndRequests | None:
+        row = conn.execute(
+            """SELECT extract(epoch FROM clock_timestamp() - r.created_at)::float8 AS age_s, q.requested_by, q.requested_at
+               FROM agentfast_runs r LEFT JOIN agentfast_cancel_requests q ON q.run_id = r.run_id
+               WHERE r.run_id = %s""", (run_id,)).fetchone()
         if row is None:
             return None
         cancel = CancelRequest(row["requested_by"], row["requested_at"]) if row["requested_by"] is not None else None
         return EndRequests(cancel, row["age_s"])
 
-    @classmethod
-    def _end_requests(cls, conn: psycopg.Connection, run_id: str) -> EndRequests | None:
-        return cls._end_requests_of(conn.execute(cls._END_REQUESTS, (run_id,)).fetchone())
-
     def end_requests(self, run_id: str) -> EndRequests | None:
         """The run's cancel request and age (one cheap query; a runner's role may make it), or
         None for no such run. Ages are by the database's clock, so runners on hosts whose clocks
         differ agree."""
-        return self._end_requests_of(self._read(self._END_REQUESTS, (run_id,)))
+        return self._retry(lambda c: self._end_requests(c, run_id))
 
     def expired_runs(self, default_ttl_s: int) -> list[tuple[str, str]]:
         """``(run_id, run_uid)`` of every run past its retention: ended (or never started) longer
@@ -827,10 +806,9 @@ class Store:
         if snapshot.pending:
             snapshot.pending, pending = _stored_json(snapshot.pending)
 
-        # One transaction. A retry after a commit whose
-        # acknowledgement was lost finds its rows there (ON CONFLICT keeps them); the id is read
-        # by the checkpoint's key either way.
-        def op(conn: psycopg.Connection) -> _AfterSync:
+        # A retry after a commit whose acknowledgement was lost finds its rows there (ON CONFLICT
+        # keeps them); the id is read by the checkpoint's key either way.
+        def op(conn: psycopg.Connection) -> tuple[int, EndRequests | None]:
             if new:  # one statement for all of them, sent as one JSON array (no per-element quoting)
                 conn.execute(
                     """INSERT INTO agentfast_messages (run_id, seq, iteration, message, epoch)
@@ -856,8 +834,8 @@ class Store:
                     snapshot.saved_at,
                 ),
             )
-            mine = conn.execute("SELECT checkpoint_id FROM agentfast_checkpoints WHERE run_id = %s AND checkpoint_key = %s",
-                                (snapshot.run_id, key))
+            cid = conn.execute("SELECT checkpoint_id FROM agentfast_checkpoints WHERE run_id = %s AND checkpoint_key = %s",
+                               (snapshot.run_id, key)).fetchone()["checkpoint_id"]
             # checkpoint_id is one sequence for all runs, so "the last K" is counted per run.
             conn.execute(
                 """DELETE FROM agentfast_checkpoints WHERE run_id = %s AND checkpoint_id <
@@ -866,8 +844,7 @@ class Store:
                 (snapshot.run_id, snapshot.run_id, self.retention_keep - 1),
             )
             conn.execute("SELECT pg_notify(%s, %s)", (PROGRESS_CHANNEL, snapshot.run_id))
-            ends = conn.execute(self._END_REQUESTS, (snapshot.run_id,)) if read_ends else None
-            return _AfterSync(lambda: (mine.fetchone()["checkpoint_id"], self._end_requests_of(ends.fetchone()) if ends else None))
+            return cid, self._end_requests(conn, snapshot.run_id) if read_ends else None
 
         return self._retry(op, lease=lease)
 
@@ -1003,8 +980,7 @@ class Store:
         in the journal, or done), StoreUnavailable.
         """
 
-        def op(conn: psycopg.Connection) -> _AfterSync:
-            ends = conn.execute(self._END_REQUESTS, (lease.run_id,))
+        def op(conn: psycopg.Connection) -> tuple[int, EndRequests | None, dict[str, Any] | None]:
             cur = conn.execute(
                 """UPDATE agentfast_tool_calls SET state = 'started', attempts = attempts + 1, started_at = now()
                    WHERE run_id = %(run)s AND iteration = %(it)s AND position = %(pos)s AND state <> 'done'
@@ -1013,8 +989,11 @@ class Store:
                                                            FROM agentfast_runs r WHERE r.run_id = %(run)s) < %(deadline)s::float8)""",
                 {"run": lease.run_id, "it": iteration, "pos": position, "deadline": deadline_s},
             )
-            epoch = conn.execute("SELECT epoch FROM agentfast_runs WHERE run_id = %s", (lease.run_id,))
-            return _AfterSync(lambda: (cur.rowcount, self._end_requests_of(ends.fetchone()), epoch.fetchone()))
+            if cur.rowcount == 1:
+                return 1, None, None
+            # Why not: the reads the refusal below needs, only on this rare path.
+            epoch = conn.execute("SELECT epoch FROM agentfast_runs WHERE run_id = %s", (lease.run_id,)).fetchone()
+            return cur.rowcount, self._end_requests(conn, lease.run_id), epoch
 
         changed, ends, row = self._retry(op, lease=lease)
         if changed == 1:
