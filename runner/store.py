@@ -388,6 +388,19 @@ class Store:
         ``idle_in_transaction_session_timeout`` ends (it applies only once the server waits after
         a Sync), and a successor's takeover waits for ever (tests/chaos/test_zombie.py).
         """
+
+        def in_transaction(conn: psycopg.Connection) -> T:
+            with conn.transaction():
+                if lease is not None:
+                    conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(lease.epoch),))
+                return op(conn)
+
+        return self._attempt(in_transaction)
+
+    def _attempt(self, op: Callable[[psycopg.Connection], T]) -> T:
+        """Run ``op`` on a pooled (autocommit) connection, retrying connection failures with
+        backoff for ``retry_for_s``; maps the fence's SQLSTATE to LeaseLost, and a refused
+        privilege or an outage that outlasts the retries to StoreUnavailable."""
         deadline = time.monotonic() + self.retry_for_s
         delay = 0.1
         attempt = 0
@@ -396,10 +409,7 @@ class Store:
             try:
                 with self._pool.connection() as conn:
                     try:
-                        with conn.transaction():
-                            if lease is not None:
-                                conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(lease.epoch),))
-                            return op(conn)
+                        return op(conn)
                     except psycopg.Error as err:
                         if getattr(err, "sqlstate", None) in _RETRY_ON_NEW_CONNECTION:
                             conn.close()  # the pool replaces a closed connection
@@ -434,10 +444,10 @@ class Store:
         row (None if none), or every row with ``all``. Retried like every store call."""
 
         def op(conn: psycopg.Connection) -> Any:
-            cur = conn.execute(query, params)
+            cur = conn.execute(query, params)  # autocommit: one statement, one round trip
             return cur.fetchall() if all else cur.fetchone()
 
-        return self._retry(op)
+        return self._attempt(op)
 
     def schema_version(self) -> int:
         """The store's schema version (0: no schema yet), read without taking any lock or right
@@ -1300,7 +1310,8 @@ def _configure(conn: psycopg.Connection, idle_in_transaction_timeout_s: float) -
     conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
                  (str(max(1, int(idle_in_transaction_timeout_s * 1000))),))
     pin_search_path(conn)
-    conn.autocommit = False
+    # Left in autocommit: a lone read then costs no BEGIN/COMMIT round trips (Store._read);
+    # Store._retry opens its transactions explicitly (conn.transaction()).
 
 
 def pin_search_path(conn: psycopg.Connection) -> None:
