@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoint import LABELS, CheckpointResult
+from .model import ModelCallResult
 from .procs import ResumeResult, RssResult
 from .stats import Spread, fmt_bytes, pct
 from .throughput import ThroughputResult
@@ -145,6 +146,14 @@ def render(res: dict[str, Any]) -> str:
                      f"{Spread.of(rs.lease_to_commit_ms).median:.0f} ms")
         L.append(f"| resume (SIGKILL → next iteration committed by a new process) p50 ≤ 1 s | {p50.fmt(0, ' ms')} over {p50.n} kills"
                  f"{extra} | {_verdict(p50.median <= 1000)} |")
+    mc: ModelCallResult | None = res.get("model")
+    if mc:
+        lo, hi = min(mc.config.lengths), max(mc.config.lengths)
+        g = mc.growth("new")
+        L.append(f"| model call: client CPU at {hi:,} messages ≤ 1.5× that at {lo:,} | {g.fmt(2, '×')} over {g.n} rounds "
+                 f"(the SDK's own path: {mc.growth('old').fmt(1, '×')}; a bare `http.client` POST of the same bytes: "
+                 f"{mc.growth('floor').fmt(2, '×')}; body {fmt_bytes(mc.body_bytes[lo])} → {fmt_bytes(mc.body_bytes[hi])}) "
+                 f"| {_verdict(g.median <= 1.5)} |")
     if load:
         s = load["load_snapshot"]
         L.append(f"| load_snapshot of a 1,000-message run ≤ 50 ms | p50 {s.fmt(1, ' ms')} | {_verdict(s.median <= 50)} |")
@@ -256,6 +265,27 @@ def render(res: dict[str, Any]) -> str:
                      f"p99 {load['p99_ms'].median:.1f} ms; its two SQL queries alone (same rows fetched, no validation): "
                      f"{load['sql_only'].fmt(1, ' ms')}.")
             L.append("")
+
+    # -- part 6 (model client; placed here, after resume, in the document) ----------------------
+    if mc:
+        c6 = mc.config
+        L.append("### Model call: the client's cost by transcript length")
+        L.append("")
+        L.append("Client CPU (`time.process_time()` in the calling process; the scripted model server runs in its own process) "
+                 f"of one Chat Completions call, {c6.rounds} rounds interleaving lengths and paths; per round a sample is the "
+                 f"median of {c6.calls} calls (1 for the SDK's path). **new**: `OpenAIChatModel.complete`, each measured call one "
+                 "iteration (3 messages) after the previous one, as in a run; **SDK create()**: `chat.completions.create` as "
+                 "complete() called it before, with the same reply parsing; **floor**: the same body bytes posted with "
+                 "`http.client` and the reply `json.loads`-ed (what the bytes on the wire cost by themselves). Median (range) "
+                 "over rounds; wall time includes the server's.")
+        L.append("")
+        L.append("| messages | body | new CPU ms | SDK create() CPU ms | floor CPU ms | new wall ms | SDK create() wall ms |")
+        L.append("|---:|---:|---:|---:|---:|---:|---:|")
+        for n in c6.lengths:
+            L.append(f"| {n:,} | {fmt_bytes(mc.body_bytes[n])} | {Spread.of(mc.cpu_ms['new'][n]).fmt(2)} | "
+                     f"{Spread.of(mc.cpu_ms['old'][n]).fmt(1)} | {Spread.of(mc.cpu_ms['floor'][n]).fmt(2)} | "
+                     f"{Spread.of(mc.wall_ms['new'][n]).fmt(1)} | {Spread.of(mc.wall_ms['old'][n]).fmt(0)} |")
+        L.append("")
 
     # -- part 4 ------------------------------------------------------------------------------
     rss: list[RssResult] | None = res.get("rss")

@@ -321,17 +321,19 @@ class _WireBody:
 
         objs, parts = self._objs, self._parts
         # How many leading messages are the very objects serialised before: the usual case (the
-        # transcript only grew) is one identity pass in C; else find where it first differs.
-        same = len(objs)
-        if same > len(messages) or not all(map(operator.is_, objs, messages)):
-            same = next((i for i, (a, b) in enumerate(zip(objs, messages)) if a is not b), min(same, len(messages)))
+        # transcript only grew, or is one iteration shorter) is one identity pass in C; else find
+        # where the two first differ.
+        same = min(len(objs), len(messages))
+        if not all(map(operator.is_, objs, messages)):
+            same = next(i for i, (a, b) in enumerate(zip(objs, messages)) if a is not b)
         del objs[same:], parts[same:]
-        for m in messages[same:]:
+        for i, m in enumerate(messages[same:], same):
             objs.append(m)
-            parts.append(openapi_dumps(m.to_openai()))
+            # Every part but the first carries its separator: the body is then one join, one copy.
+            parts.append(b"," + openapi_dumps(m.to_openai()) if i else openapi_dumps(m.to_openai()))
         head = openapi_dumps({"model": model, "messages": []})[:-2]  # '{"model":...,"messages":['
         tail = b"]" + (b"," + openapi_dumps(dict(fields))[1:] if fields else b"}")
-        return b"".join((head, b",".join(parts), tail))
+        return b"".join([head, *parts, tail])
 
 
 #: Longest tool-call id the runtime makes: OpenAI rejects ids longer than 40 characters.
