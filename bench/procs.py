@@ -105,6 +105,7 @@ class Proc:
         self.maxrss_kib = 0
         self.returncode: int | None = None
         self.ended: float | None = None
+        self.cpu_s: float | None = None  # user + system CPU seconds of the process, from wait4
 
     @property
     def pid(self) -> int:
@@ -130,9 +131,10 @@ class Proc:
         deadline = time.monotonic() + timeout
         while True:
             self._hwm()
-            pid, status, _ = os.wait4(self.pid, os.WNOHANG)
+            pid, status, usage = os.wait4(self.pid, os.WNOHANG)
             if pid:
                 self.ended = time.monotonic()
+                self.cpu_s = usage.ru_utime + usage.ru_stime
                 self.returncode = os.waitstatus_to_exitcode(status)
                 self.popen.returncode = self.returncode
                 self._log.close()
@@ -159,24 +161,47 @@ def cli(*args: str) -> list[str]:
 # -- start-up ---------------------------------------------------------------------------------
 
 
+#: The commands people and scripts run at a terminal (issue 15 item 1: each <= 0.3 s wall).
+READ_COMMANDS = ("status", "history", "approve")
+
+
 def measure_startup(dsn: str, workdir: Path, reps: int) -> dict[str, Spread]:
-    cases = {
-        "python -c pass": ["-c", "pass"],
-        "import agentfast.runner.cli": ["-c", "import agentfast.runner.cli"],
-        "agentfast --help": cli("--help"),
-        "agentfast list (connect + migrate)": cli("list", "--dsn", dsn),
-    }
-    out: dict[str, list[float]] = {k: [] for k in cases}
-    rss: dict[str, list[float]] = {k: [] for k in cases}
-    for _ in range(reps):
+    """Wall time to exit (ms), CPU (ms, user + system, from wait4) and peak RSS (MiB) of short processes.
+
+    Per repetition: the interpreter alone, the floor of a command that reads Postgres through the
+    store (``import pydantic, psycopg``), importing the CLI, ``--help``, ``list``, and ``status``,
+    ``history`` and ``approve`` on a refund run paused for approval (made before, not timed;
+    approve decides its gated call for real). Keys: the case's label, ``cpu:LABEL``, ``rss:LABEL``.
+    Raises RuntimeError when a command exits non-zero.
+    """
+    out: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
+    rss: dict[str, list[float]] = {}
+    for rep in range(reps):
+        name = f"startup-{rep}-{uuid.uuid4().hex[:6]}"
+        paused = Proc(cli("run", str(example_copy(workdir, "refund.yaml", name)), "--dsn", dsn, "--no-wait"), dsn, workdir, "startup-run")
+        if paused.wait(120) != 0 or "call-2-0" not in paused.output():
+            raise RuntimeError(f"the refund run did not pause for approval: {paused.output()[-2000:]}")
+        cases = {
+            "python -c pass": ["-c", "pass"],
+            "floor: python -c 'import pydantic, psycopg'": ["-c", "import pydantic, psycopg"],
+            "import agentfast.runner.cli": ["-c", "import agentfast.runner.cli"],
+            "agentfast --help": cli("--help"),
+            "agentfast list (connect + migrate)": cli("list", "--dsn", dsn),
+        }
+        for cmd in READ_COMMANDS:
+            extra = ("call-2-0",) if cmd == "approve" else ()
+            cases[f"agentfast {cmd}"] = cli(cmd, name, *extra, "--dsn", dsn)
         for k, args in cases.items():
             p = Proc(args, dsn, workdir, "startup")
             rc = p.wait(60)
             if rc != 0:
                 raise RuntimeError(f"{k} exited {rc}: {p.output()[-2000:]}")
-            out[k].append((p.ended - p.started) * 1000)  # type: ignore[operator]
-            rss[k].append(p.maxrss_kib / 1024)
+            out.setdefault(k, []).append((p.ended - p.started) * 1000)  # type: ignore[operator]
+            cpu.setdefault(k, []).append((p.cpu_s or 0.0) * 1000)
+            rss.setdefault(k, []).append(p.maxrss_kib / 1024)
     res = {k: Spread.of(v) for k, v in out.items()}
+    res.update({f"cpu:{k}": Spread.of(v) for k, v in cpu.items()})
     res.update({f"rss:{k}": Spread.of(v) for k, v in rss.items()})
     return res
 
