@@ -19,11 +19,12 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import psycopg
 import yaml
@@ -35,6 +36,9 @@ from .stats import Spread
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "manifests" / "examples"
+#: Where the runner processes keep their bytecode (PYTHONPYCACHEPREFIX): outside the checkout,
+#: kept between runs (a changed source is compiled again, by its mtime).
+PYCACHE = Path(tempfile.gettempdir()) / "agentfast-bench-pycache"
 
 
 def write_script(path: Path, iterations: int) -> Path:
@@ -95,8 +99,12 @@ class Proc:
     """A runner process whose output goes to a file and whose rusage is collected by wait4."""
 
     def __init__(self, args: list[str], dsn: str, workdir: Path, tag: str):
-        env = {**os.environ, "AGENTFAST_DSN": dsn, "PYTHONPATH": str(REPO), EXAMPLES_DSN_ENV: _examples_dsn(dsn)}
+        env = {**os.environ, "AGENTFAST_DSN": dsn, "PYTHONPATH": str(REPO), EXAMPLES_DSN_ENV: _examples_dsn(dsn),
+               "PYTHONPYCACHEPREFIX": str(PYCACHE)}
         env.pop("AGENTFAST_FAULT", None)
+        # Byte-compiled once, as an installed package is: with PYTHONDONTWRITEBYTECODE (set on the
+        # project's machines) every start would compile agentfast's own sources again (~40 ms).
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         self.log_path = workdir / f"{tag}-{uuid.uuid4().hex[:6]}.log"
         self._log = open(self.log_path, "w")
         self.started = time.monotonic()
@@ -165,13 +173,15 @@ def cli(*args: str) -> list[str]:
 READ_COMMANDS = ("status", "history", "approve")
 
 
-def measure_startup(dsn: str, workdir: Path, reps: int) -> dict[str, Spread]:
+def measure_startup(dsn: str, workdir: Path, reps: int) -> dict[str, Any]:
     """Wall time to exit (ms), CPU (ms, user + system, from wait4) and peak RSS (MiB) of short processes.
 
     Per repetition: the interpreter alone, the floor of a command that reads Postgres through the
     store (``import pydantic, psycopg``), importing the CLI, ``--help``, ``list``, and ``status``,
     ``history`` and ``approve`` on a refund run paused for approval (made before, not timed;
-    approve decides its gated call for real). Keys: the case's label, ``cpu:LABEL``, ``rss:LABEL``.
+    approve decides its gated call for real). Keys: the case's label, ``cpu:LABEL``, ``rss:LABEL``
+    (Spreads), and ``imports:agentfast status``: one more ``status`` under ``-X importtime``, its
+    import time by package (:func:`import_self_ms`).
     Raises RuntimeError when a command exits non-zero.
     """
     out: dict[str, list[float]] = {}
@@ -192,6 +202,9 @@ def measure_startup(dsn: str, workdir: Path, reps: int) -> dict[str, Spread]:
         for cmd in READ_COMMANDS:
             extra = ("call-2-0",) if cmd == "approve" else ()
             cases[f"agentfast {cmd}"] = cli(cmd, name, *extra, "--dsn", dsn)
+        if rep == 0:  # unmeasured: fills the bytecode cache (PYCACHE); approve a call that does not exist (refused)
+            for args in cases.values():
+                Proc([a if a != "call-2-0" else "call-9-9" for a in args], dsn, workdir, "startup-warm").wait(60)
         for k, args in cases.items():
             p = Proc(args, dsn, workdir, "startup")
             rc = p.wait(60)
@@ -200,10 +213,27 @@ def measure_startup(dsn: str, workdir: Path, reps: int) -> dict[str, Spread]:
             out.setdefault(k, []).append((p.ended - p.started) * 1000)  # type: ignore[operator]
             cpu.setdefault(k, []).append((p.cpu_s or 0.0) * 1000)
             rss.setdefault(k, []).append(p.maxrss_kib / 1024)
-    res = {k: Spread.of(v) for k, v in out.items()}
+    res: dict[str, Any] = {k: Spread.of(v) for k, v in out.items()}
     res.update({f"cpu:{k}": Spread.of(v) for k, v in cpu.items()})
     res.update({f"rss:{k}": Spread.of(v) for k, v in rss.items()})
+    traced = Proc(["-X", "importtime", *cli("status", name, "--dsn", dsn)], dsn, workdir, "startup-importtime")
+    if traced.wait(60) != 0:
+        raise RuntimeError(f"status under -X importtime failed: {traced.output()[-2000:]}")
+    res["imports:agentfast status"] = import_self_ms(traced.output())
     return res
+
+
+def import_self_ms(importtime: str) -> dict[str, float]:
+    """``python -X importtime`` output -> import time (ms, each module's own, so no double
+    counting) summed by top-level package, largest first."""
+    by: dict[str, float] = {}
+    for line in importtime.splitlines():
+        if line.startswith("import time:") and line.count("|") == 2:
+            self_us, _, name = line[len("import time:"):].split("|")
+            if self_us.strip().isdigit():
+                root = name.strip().split(".")[0]
+                by[root] = by.get(root, 0.0) + int(self_us) / 1000
+    return dict(sorted(by.items(), key=lambda kv: -kv[1]))
 
 
 # -- resume latency ---------------------------------------------------------------------------

@@ -261,16 +261,24 @@ def render(res: dict[str, Any]) -> str:
             L.append("")
         st = res.get("startup")
         if st:
-            L.append("Process start-up alone (wall time to exit, median and range; peak RSS):")
+            L.append("Process start-up alone (wall time to exit, median and range; CPU; peak RSS). Bytecode is cached (as in an "
+                     "installed package); `status`, `history` and `approve` run against a refund run paused for approval, "
+                     "`approve` deciding its call:")
             L.append("")
             L.append("| command | wall | CPU (user + system) | peak RSS |")
             L.append("|---|---:|---:|---:|")
             for k, v in st.items():
-                if k.startswith(("rss:", "cpu:")):
+                if k.startswith(("rss:", "cpu:", "imports:")):
                     continue
                 c = st.get("cpu:" + k)
                 L.append(f"| `{k}` | {v.fmt(0, ' ms')} | {c.fmt(0, ' ms') if c else 'n/a'} | {st['rss:' + k].median:.0f} MiB |")
             L.append("")
+            imp = st.get("imports:agentfast status")
+            if imp:
+                L.append(f"Where `agentfast status` spends its imports (`-X importtime`, each module's own time summed by package; "
+                         f"{sum(imp.values()):.0f} ms in all, inflated by the tracing): "
+                         + ", ".join(f"{k} {v:.0f} ms" for k, v in list(imp.items())[:12]) + ".")
+                L.append("")
         if load:
             L.append(f"`Store.load_snapshot` of a run with 1,000 messages: p50 {load['load_snapshot'].fmt(1, ' ms')}, "
                      f"p99 {load['p99_ms'].median:.1f} ms; its two SQL queries alone (same rows fetched, no validation): "
