@@ -306,17 +306,22 @@ class _WireBody:
     serialisation per new message plus a join, instead of a transform and a dump of the whole
     list per call. Messages are values: the runtime never mutates one in place (a changed message
     is a new object), so an object seen at the same position before has the same bytes; any other
-    object there, and every one after it, is serialised again. Not thread-safe (one call at a time
-    per model, as the runner makes them).
+    object there, and every one after it, is serialised again. Holds the transcript's bytes once
+    (about its JSON size) for as long as the model lives. Thread-safe.
     """
 
     def __init__(self) -> None:
         self._objs: list[Message] = []  # held, so an id cannot be reused while its bytes are cached
         self._parts: list[bytes] = []
+        self._lock = threading.Lock()
 
     def body(self, model: str, messages: list[Message], fields: Mapping[str, Any]) -> bytes:
         """The request body (bytes). Raises ``ValueError`` (NaN) or ``UnicodeEncodeError`` (a lone
         surrogate) as the SDK would; the runtime stores only storable text (runner/storable.py)."""
+        with self._lock:
+            return self._body(model, messages, fields)
+
+    def _body(self, model: str, messages: list[Message], fields: Mapping[str, Any]) -> bytes:
         from openai._utils._json import openapi_dumps
 
         objs, parts = self._objs, self._parts
@@ -328,9 +333,10 @@ class _WireBody:
             same = next(i for i, (a, b) in enumerate(zip(objs, messages)) if a is not b)
         del objs[same:], parts[same:]
         for i, m in enumerate(messages[same:], same):
-            objs.append(m)
             # Every part but the first carries its separator: the body is then one join, one copy.
-            parts.append(b"," + openapi_dumps(m.to_openai()) if i else openapi_dumps(m.to_openai()))
+            part = openapi_dumps(m.to_openai())
+            parts.append(b"," + part if i else part)
+            objs.append(m)  # after its bytes: a message that cannot be serialised is not cached
         head = openapi_dumps({"model": model, "messages": []})[:-2]  # '{"model":...,"messages":['
         tail = b"]" + (b"," + openapi_dumps(dict(fields))[1:] if fields else b"}")
         return b"".join([head, *parts, tail])
