@@ -10,6 +10,8 @@ the same transcripts and the same server, interleaved round by round:
   an assistant message and two tool results), so the body cache holds what a real run's would.
 - ``old``: what complete() did before: ``client.chat.completions.create(**request_params)``
   (the SDK's per-call transform and dump of the whole transcript), then the same reply parsing.
+- ``post``: the SDK's transport alone: the same body bytes, built beforehand, through the
+  client's ``post`` as complete() sends them (what is left once serialising costs nothing).
 - ``floor``: the least any client pays for the same call: the same body bytes, built beforehand,
   POSTed with ``http.client`` on a kept-alive connection, the reply read and ``json.loads``-ed.
   Its growth is what the bytes on the wire (a kernel copy, loopback TCP) and the longer wait for
@@ -61,7 +63,7 @@ class ModelCallConfig:
 
 @dataclass
 class ModelCallResult:
-    """Per path (``"new"``, ``"old"``, ``"floor"``) and length: one CPU sample (ms) and one wall sample (ms) per
+    """Per path (``"new"``, ``"old"``, ``"post"``, ``"floor"``) and length: one CPU sample (ms) and one wall sample (ms) per
     round; ``body_bytes``: the request body's size by length."""
 
     config: ModelCallConfig
@@ -134,7 +136,7 @@ def run(workdir: Path, config: ModelCallConfig, log: Callable[[str], None]) -> M
 
     longest = max(config.lengths)
     server = _Server(workdir, longest // 3 + 5)
-    paths = ("new", "old", "floor")
+    paths = ("new", "old", "post", "floor")
     res = ModelCallResult(config, {p: {n: [] for n in config.lengths} for p in paths},
                           {p: {n: [] for n in config.lengths} for p in paths})
     transcripts = {n: transcript(n) for n in config.lengths}
@@ -153,6 +155,13 @@ def run(workdir: Path, config: ModelCallConfig, log: Callable[[str], None]) -> M
             bodies: dict[int, bytes] = {}
             headers = {"Content-Type": "application/json", "Authorization": "Bearer bench"}
 
+            def post(msgs: list[Any]) -> None:
+                from openai._base_client import make_request_options
+                from openai.types.chat import ChatCompletion
+
+                model._reply(client.post("/chat/completions", cast_to=ChatCompletion, content=bodies[len(msgs)],
+                                         options=make_request_options(security={"bearer_auth": True})))
+
             def floor(msgs: list[Any]) -> None:
                 raw.request("POST", "/v1/chat/completions", body=bodies[len(msgs)], headers=headers)
                 reply = raw.getresponse()
@@ -168,7 +177,7 @@ def run(workdir: Path, config: ModelCallConfig, log: Callable[[str], None]) -> M
                 floor(msgs)
             for r in range(config.rounds):
                 for n, msgs in transcripts.items():
-                    for path, call in (("new", new), ("old", old), ("floor", floor)):
+                    for path, call in (("new", new), ("old", old), ("post", post), ("floor", floor)):
                         cpu, wall = [], []
                         for _ in range(config.calls if path != "old" else 1):  # old: ~1 s a call at 3,000
                             if path == "new":
@@ -182,7 +191,7 @@ def run(workdir: Path, config: ModelCallConfig, log: Callable[[str], None]) -> M
             lo, hi = min(config.lengths), max(config.lengths)
             raw.close()
             log(f"  model: client CPU growth {lo:,} -> {hi:,} messages: new {res.growth('new').fmt(2, 'x')}, "
-                f"old {res.growth('old').fmt(1, 'x')}, floor {res.growth('floor').fmt(2, 'x')}")
+                f"old {res.growth('old').fmt(1, 'x')}, post {res.growth('post').fmt(2, 'x')}, floor {res.growth('floor').fmt(2, 'x')}")
     finally:
         server.stop()
     return res

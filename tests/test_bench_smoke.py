@@ -123,7 +123,7 @@ def test_model_part_measures_every_path_and_renders_its_target(tmp_path: Path) -
 
     cfg = model_part.ModelCallConfig(lengths=[10, 40], rounds=2, calls=2)
     res = model_part.run(tmp_path, cfg, lambda _: None)
-    for path in ("new", "old", "floor"):
+    for path in ("new", "old", "post", "floor"):
         for n in cfg.lengths:
             assert len(res.cpu_ms[path][n]) == 2 and all(x > 0 for x in res.cpu_ms[path][n]), (path, n)
             assert all(w >= 0 for w in res.wall_ms[path][n]), (path, n)
