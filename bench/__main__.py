@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-PARTS = ["checkpoint", "throughput", "resume", "rss", "profile"]
+PARTS = ["checkpoint", "throughput", "resume", "rss", "profile", "model"]
 
 
 @dataclasses.dataclass
@@ -40,6 +40,8 @@ class Plan:
     lg_iterations: int
     langgraph_refund: bool
     server_profile: bool
+    model_rounds: int = 7
+    model_calls: int = 7
 
 
 FULL = Plan(lengths=[10, 100, 1000, 10000], reps=5, samples=40, heavy_samples=8, bytes_samples=8, clients=[1, 8, 64],
@@ -47,7 +49,7 @@ FULL = Plan(lengths=[10, 100, 1000, 10000], reps=5, samples=40, heavy_samples=8,
             langgraph_refund=True, server_profile=True)
 QUICK = Plan(lengths=[10, 1000], reps=2, samples=10, heavy_samples=3, bytes_samples=3, clients=[1, 8], seconds=1,
              tp_reps=1, kills=2, startup_reps=1, load_reps=10, long_iterations=30, lg_iterations=0,
-             langgraph_refund=False, server_profile=False)
+             langgraph_refund=False, server_profile=False, model_rounds=3, model_calls=5)
 
 
 def _log(msg: str) -> None:
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     partial = args.quick or set(parts) != set(PARTS)
     out = args.out or (Path(tempfile.gettempdir()) / "agentfast-bench-quick.md" if partial else REPO / "docs" / "benchmarks.md")
 
-    from . import checkpoint, procs, profile, throughput
+    from . import checkpoint, model, procs, profile, throughput
     from .pg import start_server
     from .report import machine, render, write_doc
 
@@ -142,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
             if plan.server_profile:
                 prof["server"] = profile.server_statements(server, 1000, 300)
             res["profile"] = prof
+        if "model" in parts:
+            _log("part 6: model call client cost")
+            (work / "model").mkdir()
+            res["model"] = model.run(work / "model", model.ModelCallConfig([30, 300, 3000], plan.model_rounds, plan.model_calls), _log)
     finally:
         server.close()
     res["duration_s"] = time.monotonic() - t_start

@@ -19,11 +19,12 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import psycopg
 import yaml
@@ -35,6 +36,9 @@ from .stats import Spread
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "manifests" / "examples"
+#: Where the runner processes keep their bytecode (PYTHONPYCACHEPREFIX): outside the checkout,
+#: kept between runs (a changed source is compiled again, by its mtime).
+PYCACHE = Path(tempfile.gettempdir()) / "agentfast-bench-pycache"
 
 
 def write_script(path: Path, iterations: int) -> Path:
@@ -95,8 +99,12 @@ class Proc:
     """A runner process whose output goes to a file and whose rusage is collected by wait4."""
 
     def __init__(self, args: list[str], dsn: str, workdir: Path, tag: str):
-        env = {**os.environ, "AGENTFAST_DSN": dsn, "PYTHONPATH": str(REPO), EXAMPLES_DSN_ENV: _examples_dsn(dsn)}
+        env = {**os.environ, "AGENTFAST_DSN": dsn, "PYTHONPATH": str(REPO), EXAMPLES_DSN_ENV: _examples_dsn(dsn),
+               "PYTHONPYCACHEPREFIX": str(PYCACHE)}
         env.pop("AGENTFAST_FAULT", None)
+        # Byte-compiled once, as an installed package is: with PYTHONDONTWRITEBYTECODE (set on the
+        # project's machines) every start would compile agentfast's own sources again (~40 ms).
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         self.log_path = workdir / f"{tag}-{uuid.uuid4().hex[:6]}.log"
         self._log = open(self.log_path, "w")
         self.started = time.monotonic()
@@ -105,6 +113,7 @@ class Proc:
         self.maxrss_kib = 0
         self.returncode: int | None = None
         self.ended: float | None = None
+        self.cpu_s: float | None = None  # user + system CPU seconds of the process, from wait4
 
     @property
     def pid(self) -> int:
@@ -130,9 +139,10 @@ class Proc:
         deadline = time.monotonic() + timeout
         while True:
             self._hwm()
-            pid, status, _ = os.wait4(self.pid, os.WNOHANG)
+            pid, status, usage = os.wait4(self.pid, os.WNOHANG)
             if pid:
                 self.ended = time.monotonic()
+                self.cpu_s = usage.ru_utime + usage.ru_stime
                 self.returncode = os.waitstatus_to_exitcode(status)
                 self.popen.returncode = self.returncode
                 self._log.close()
@@ -159,26 +169,71 @@ def cli(*args: str) -> list[str]:
 # -- start-up ---------------------------------------------------------------------------------
 
 
-def measure_startup(dsn: str, workdir: Path, reps: int) -> dict[str, Spread]:
-    cases = {
-        "python -c pass": ["-c", "pass"],
-        "import agentfast.runner.cli": ["-c", "import agentfast.runner.cli"],
-        "agentfast --help": cli("--help"),
-        "agentfast list (connect + migrate)": cli("list", "--dsn", dsn),
-    }
-    out: dict[str, list[float]] = {k: [] for k in cases}
-    rss: dict[str, list[float]] = {k: [] for k in cases}
-    for _ in range(reps):
+#: The commands people and scripts run at a terminal (issue 15 item 1: each <= 0.3 s wall).
+READ_COMMANDS = ("status", "history", "approve")
+
+
+def measure_startup(dsn: str, workdir: Path, reps: int) -> dict[str, Any]:
+    """Wall time to exit (ms), CPU (ms, user + system, from wait4) and peak RSS (MiB) of short processes.
+
+    Per repetition: the interpreter alone, the floor of a command that reads Postgres through the
+    store (``import pydantic, psycopg``), importing the CLI, ``--help``, ``list``, and ``status``,
+    ``history`` and ``approve`` on a refund run paused for approval (made before, not timed;
+    approve decides its gated call for real). Keys: the case's label, ``cpu:LABEL``, ``rss:LABEL``
+    (Spreads), and ``imports:agentfast status``: one more ``status`` under ``-X importtime``, its
+    import time by package (:func:`import_self_ms`).
+    Raises RuntimeError when a command exits non-zero.
+    """
+    out: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
+    rss: dict[str, list[float]] = {}
+    for rep in range(reps):
+        name = f"startup-{rep}-{uuid.uuid4().hex[:6]}"
+        paused = Proc(cli("run", str(example_copy(workdir, "refund.yaml", name)), "--dsn", dsn, "--no-wait"), dsn, workdir, "startup-run")
+        if paused.wait(120) != 0 or "call-2-0" not in paused.output():
+            raise RuntimeError(f"the refund run did not pause for approval: {paused.output()[-2000:]}")
+        cases = {
+            "python -c pass": ["-c", "pass"],
+            "floor: python -c 'import pydantic, psycopg'": ["-c", "import pydantic, psycopg"],
+            "import agentfast.runner.cli": ["-c", "import agentfast.runner.cli"],
+            "agentfast --help": cli("--help"),
+            "agentfast list (connect + migrate)": cli("list", "--dsn", dsn),
+        }
+        for cmd in READ_COMMANDS:
+            extra = ("call-2-0",) if cmd == "approve" else ()
+            cases[f"agentfast {cmd}"] = cli(cmd, name, *extra, "--dsn", dsn)
+        if rep == 0:  # unmeasured: fills the bytecode cache (PYCACHE); approve a call that does not exist (refused)
+            for args in cases.values():
+                Proc([a if a != "call-2-0" else "call-9-9" for a in args], dsn, workdir, "startup-warm").wait(60)
         for k, args in cases.items():
             p = Proc(args, dsn, workdir, "startup")
             rc = p.wait(60)
             if rc != 0:
                 raise RuntimeError(f"{k} exited {rc}: {p.output()[-2000:]}")
-            out[k].append((p.ended - p.started) * 1000)  # type: ignore[operator]
-            rss[k].append(p.maxrss_kib / 1024)
-    res = {k: Spread.of(v) for k, v in out.items()}
+            out.setdefault(k, []).append((p.ended - p.started) * 1000)  # type: ignore[operator]
+            cpu.setdefault(k, []).append((p.cpu_s or 0.0) * 1000)
+            rss.setdefault(k, []).append(p.maxrss_kib / 1024)
+    res: dict[str, Any] = {k: Spread.of(v) for k, v in out.items()}
+    res.update({f"cpu:{k}": Spread.of(v) for k, v in cpu.items()})
     res.update({f"rss:{k}": Spread.of(v) for k, v in rss.items()})
+    traced = Proc(["-X", "importtime", *cli("status", name, "--dsn", dsn)], dsn, workdir, "startup-importtime")
+    if traced.wait(60) != 0:
+        raise RuntimeError(f"status under -X importtime failed: {traced.output()[-2000:]}")
+    res["imports:agentfast status"] = import_self_ms(traced.output())
     return res
+
+
+def import_self_ms(importtime: str) -> dict[str, float]:
+    """``python -X importtime`` output -> import time (ms, each module's own, so no double
+    counting) summed by top-level package, largest first."""
+    by: dict[str, float] = {}
+    for line in importtime.splitlines():
+        if line.startswith("import time:") and line.count("|") == 2:
+            self_us, _, name = line[len("import time:"):].split("|")
+            if self_us.strip().isdigit():
+                root = name.strip().split(".")[0]
+                by[root] = by.get(root, 0.0) + int(self_us) / 1000
+    return dict(sorted(by.items(), key=lambda kv: -kv[1]))
 
 
 # -- resume latency ---------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoint import LABELS, CheckpointResult
+from .model import ModelCallResult
 from .procs import ResumeResult, RssResult
 from .stats import Spread, fmt_bytes, pct
 from .throughput import ThroughputResult
@@ -134,6 +135,16 @@ def render(res: dict[str, Any]) -> str:
         bench_parts = "; ".join(f"{n}: {tp.ratio('store', 'pgbench', n).median:.2f}×" for n in tp.config.clients)
         L.append(f"| throughput ≥ ½ a Python INSERT + COMMIT client at {', '.join(str(n) for n in tp.config.clients)} runs | "
                  f"store ÷ that client by concurrency: {'; '.join(parts)} (store ÷ pgbench: {bench_parts}) | {_verdict(ok)} |")
+    st_ = res.get("startup") or {}
+    cmds = {k: v for k, v in st_.items() if k in ("agentfast status", "agentfast history", "agentfast approve")}
+    if cmds:
+        worst = max(cmds, key=lambda k: cmds[k].median)
+        floor, bare = st_.get("floor: python -c 'import pydantic, psycopg'"), st_.get("python -c pass")
+        L.append(f"| `agentfast status`, `history`, `approve` ≤ 0.3 s wall | "
+                 + "; ".join(f"{k.split()[1]} {v.fmt(0, ' ms')}" for k, v in cmds.items())
+                 + (f"; in the same run `python -c 'import pydantic, psycopg'` {floor.median:.0f} ms and `python -c pass` "
+                    f"{bare.median:.0f} ms" if floor and bare else "")
+                 + f" | {_verdict(cmds[worst].median <= 300)} |")
     if rs and rs.total_ms:
         p50 = Spread.of(rs.total_ms)
         st = res.get("startup") or {}
@@ -143,8 +154,17 @@ def render(res: dict[str, Any]) -> str:
             extra = (f"; importing the CLI alone takes {imp.median:.0f} ms in the same run "
                      f"({imp.median / p50.median:.0%} of it), the runtime's own part (lease → commit) "
                      f"{Spread.of(rs.lease_to_commit_ms).median:.0f} ms")
-        L.append(f"| resume (SIGKILL → next iteration committed by a new process) p50 ≤ 1 s | {p50.fmt(0, ' ms')} over {p50.n} kills"
-                 f"{extra} | {_verdict(p50.median <= 1000)} |")
+        L.append(f"| resume (SIGKILL → next iteration committed by a new process) p50 ≤ 0.5 s | {p50.fmt(0, ' ms')} over {p50.n} kills"
+                 f"{extra} | {_verdict(p50.median <= 500)} |")
+    mc: ModelCallResult | None = res.get("model")
+    if mc:
+        lo, hi = min(mc.config.lengths), max(mc.config.lengths)
+        g = mc.growth("new")
+        L.append(f"| model call: client CPU at {hi:,} messages ≤ 1.5× that at {lo:,} | {g.fmt(2, '×')} over {g.n} rounds "
+                 f"(the SDK's create(): {mc.growth('old').fmt(1, '×')}; the same bytes prebuilt, through the SDK's post: "
+                 f"{mc.growth('post').fmt(2, '×')}; through a bare `http.client`: {mc.growth('floor').fmt(2, '×')}; body "
+                 f"{fmt_bytes(mc.body_bytes[lo])} → {fmt_bytes(mc.body_bytes[hi])}) "
+                 f"| {_verdict(g.median <= 1.5)} |")
     if load:
         s = load["load_snapshot"]
         L.append(f"| load_snapshot of a 1,000-message run ≤ 50 ms | p50 {s.fmt(1, ' ms')} | {_verdict(s.median <= 50)} |")
@@ -242,20 +262,52 @@ def render(res: dict[str, Any]) -> str:
             L.append("")
         st = res.get("startup")
         if st:
-            L.append("Process start-up alone (wall time to exit, median and range; peak RSS):")
+            L.append("Process start-up alone (wall time to exit, median and range; CPU; peak RSS). Bytecode is cached (as in an "
+                     "installed package); `status`, `history` and `approve` run against a refund run paused for approval, "
+                     "`approve` deciding its call:")
             L.append("")
-            L.append("| command | wall | peak RSS |")
-            L.append("|---|---:|---:|")
+            L.append("| command | wall | CPU (user + system) | peak RSS |")
+            L.append("|---|---:|---:|---:|")
             for k, v in st.items():
-                if k.startswith("rss:"):
+                if k.startswith(("rss:", "cpu:", "imports:")):
                     continue
-                L.append(f"| `{k}` | {v.fmt(0, ' ms')} | {st['rss:' + k].median:.0f} MiB |")
+                c = st.get("cpu:" + k)
+                L.append(f"| `{k}` | {v.fmt(0, ' ms')} | {c.fmt(0, ' ms') if c else 'n/a'} | {st['rss:' + k].median:.0f} MiB |")
             L.append("")
+            imp = st.get("imports:agentfast status")
+            if imp:
+                L.append(f"Where `agentfast status` spends its imports (`-X importtime`, each module's own time summed by package; "
+                         f"{sum(imp.values()):.0f} ms in all, inflated by the tracing): "
+                         + ", ".join(f"{k} {v:.0f} ms" for k, v in list(imp.items())[:12]) + ".")
+                L.append("")
         if load:
             L.append(f"`Store.load_snapshot` of a run with 1,000 messages: p50 {load['load_snapshot'].fmt(1, ' ms')}, "
                      f"p99 {load['p99_ms'].median:.1f} ms; its two SQL queries alone (same rows fetched, no validation): "
                      f"{load['sql_only'].fmt(1, ' ms')}.")
             L.append("")
+
+    # -- part 6 (model client; placed here, after resume, in the document) ----------------------
+    if mc:
+        c6 = mc.config
+        L.append("### Model call: the client's cost by transcript length")
+        L.append("")
+        L.append("Client CPU (`time.process_time()` in the calling process; the scripted model server runs in its own process) "
+                 f"of one Chat Completions call, {c6.rounds} rounds interleaving lengths and paths; per round a sample is the "
+                 f"median of {c6.calls} calls (1 for the SDK's path). **new**: `OpenAIChatModel.complete`, each measured call one "
+                 "iteration (3 messages) after the previous one, as in a run; **SDK create()**: `chat.completions.create` as "
+                 "complete() called it before, with the same reply parsing; **post**: the same body bytes, built beforehand, "
+                 "through the client's `post` as complete() sends them; **floor**: the same bytes posted with "
+                 "`http.client` and the reply `json.loads`-ed (what the bytes on the wire cost by themselves). Median (range) "
+                 "over rounds; wall time includes the server's.")
+        L.append("")
+        L.append("| messages | body | new CPU ms | SDK create() CPU ms | post CPU ms | floor CPU ms | new wall ms | SDK create() wall ms |")
+        L.append("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for n in c6.lengths:
+            L.append(f"| {n:,} | {fmt_bytes(mc.body_bytes[n])} | {Spread.of(mc.cpu_ms['new'][n]).fmt(2)} | "
+                     f"{Spread.of(mc.cpu_ms['old'][n]).fmt(1)} | {Spread.of(mc.cpu_ms['post'][n]).fmt(2)} | "
+                     f"{Spread.of(mc.cpu_ms['floor'][n]).fmt(2)} | "
+                     f"{Spread.of(mc.wall_ms['new'][n]).fmt(1)} | {Spread.of(mc.wall_ms['old'][n]).fmt(0)} |")
+        L.append("")
 
     # -- part 4 ------------------------------------------------------------------------------
     rss: list[RssResult] | None = res.get("rss")

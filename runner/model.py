@@ -21,6 +21,7 @@ remote endpoint.
 from __future__ import annotations
 
 import json
+import operator
 import os
 import re
 import threading
@@ -145,6 +146,7 @@ class OpenAIChatModel(ChatModel):
         # (a lost pod's replacement) commits its takeover before it needs the model.
         self._client: openai.OpenAI | None = None
         self._client_lock = threading.Lock()
+        self._wire = _WireBody()
         self._on_close: list[Callable[[], None]] = []
         self._closed = False
         #: The ScriptedModelServer behind this model when built by ``model_from_spec`` from a
@@ -169,22 +171,49 @@ class OpenAIChatModel(ChatModel):
         committed its takeover), so the next model call does not pay the import either."""
         threading.Thread(target=self.client, name="agentfast-model-warm", daemon=True).start()
 
+    def request_params(self, messages: list[Message], tools: list[dict[str, Any]]) -> dict[str, Any]:
+        """The keyword arguments ``client.chat.completions.create`` would take for this call: ``model``,
+        ``messages`` (``Message.to_openai()`` each), and ``tools``, ``temperature``,
+        ``max_completion_tokens`` when set. :meth:`complete` sends the same body without building
+        this dict (see :class:`_WireBody`); tests and the benchmark use it as the SDK's own path."""
+        kwargs: dict[str, Any] = {"model": self.model, "messages": [m.to_openai() for m in messages]}
+        kwargs.update(self._fields(tools))
+        return kwargs
+
+    def _fields(self, tools: list[dict[str, Any]]) -> dict[str, Any]:
+        # In the order the SDK's create() writes them after "messages" (the wire bytes depend on it).
+        fields: dict[str, Any] = {}
+        if self.max_tokens is not None:
+            fields["max_completion_tokens"] = self.max_tokens
+        if self.temperature is not None:
+            fields["temperature"] = self.temperature
+        if tools:
+            fields["tools"] = tools
+        return fields
+
     def complete(self, messages: list[Message], tools: list[dict[str, Any]]) -> ModelReply:
-        """One Chat Completions call (with the client's retries). Raises :class:`ModelError`."""
+        """One Chat Completions call (with the client's retries). Raises :class:`ModelError`.
+
+        The body is the one ``chat.completions.create`` sends, byte for byte, but serialised by
+        :class:`_WireBody` (each message once per process) and posted with the client's ``post``:
+        the SDK's per-call transform walks the whole transcript, which made a call at 3,000
+        messages cost 50x one at 30 (issue 15, item 4). Retries, auth, errors and the parsed
+        ``ChatCompletion`` are the SDK's as before.
+        """
         if self._closed:
             raise ModelError(f"{self!r} is closed", retriable=False)
-        kwargs: dict[str, Any] = {"model": self.model, "messages": [m.to_openai() for m in messages]}
-        if tools:
-            kwargs["tools"] = tools
-        if self.temperature is not None:
-            kwargs["temperature"] = self.temperature
-        if self.max_tokens is not None:
-            kwargs["max_completion_tokens"] = self.max_tokens
         import openai
+        from openai._base_client import make_request_options
+        from openai.types.chat import ChatCompletion
 
         client = self.client()
+        body = self._wire.body(self.model, messages, self._fields(tools))
         try:
-            response = client.chat.completions.create(**kwargs)
+            response = client.post(
+                "/chat/completions", cast_to=ChatCompletion, content=body,
+                # What create() passes: the bearer key (auth), no extras.
+                options=make_request_options(security={"bearer_auth": True}),
+            )
         except openai.APIStatusError as err:
             raise self._status_error(err) from err
         except openai.APITimeoutError as err:
@@ -266,6 +295,51 @@ class OpenAIChatModel(ChatModel):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _WireBody:
+    """Serialises Chat Completions request bodies, each message once.
+
+    :meth:`body` returns the UTF-8 JSON bytes the openai SDK would send for ``{"model", "messages",
+    **fields}`` (its ``openapi_dumps``: compact separators, non-ASCII as is, no NaN). The bytes of
+    each message are cached against the ``Message`` object, so a growing transcript costs one
+    serialisation per new message plus a join, instead of a transform and a dump of the whole
+    list per call. Messages are values: the runtime never mutates one in place (a changed message
+    is a new object), so an object seen at the same position before has the same bytes; any other
+    object there, and every one after it, is serialised again. Holds the transcript's bytes once
+    (about its JSON size) for as long as the model lives. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._objs: list[Message] = []  # held, so an id cannot be reused while its bytes are cached
+        self._parts: list[bytes] = []
+        self._lock = threading.Lock()
+
+    def body(self, model: str, messages: list[Message], fields: Mapping[str, Any]) -> bytes:
+        """The request body (bytes). Raises ``ValueError`` (NaN) or ``UnicodeEncodeError`` (a lone
+        surrogate) as the SDK would; the runtime stores only storable text (runner/storable.py)."""
+        with self._lock:
+            return self._body(model, messages, fields)
+
+    def _body(self, model: str, messages: list[Message], fields: Mapping[str, Any]) -> bytes:
+        from openai._utils._json import openapi_dumps
+
+        objs, parts = self._objs, self._parts
+        # How many leading messages are the very objects serialised before: the usual case (the
+        # transcript only grew, or is one iteration shorter) is one identity pass in C; else find
+        # where the two first differ.
+        same = min(len(objs), len(messages))
+        if not all(map(operator.is_, objs, messages)):
+            same = next(i for i, (a, b) in enumerate(zip(objs, messages)) if a is not b)
+        del objs[same:], parts[same:]
+        for i, m in enumerate(messages[same:], same):
+            # Every part but the first carries its separator: the body is then one join, one copy.
+            part = openapi_dumps(m.to_openai())
+            parts.append(b"," + part if i else part)
+            objs.append(m)  # after its bytes: a message that cannot be serialised is not cached
+        head = openapi_dumps({"model": model, "messages": []})[:-2]  # '{"model":...,"messages":['
+        tail = b"]" + (b"," + openapi_dumps(dict(fields))[1:] if fields else b"}")
+        return b"".join([head, *parts, tail])
 
 
 #: Longest tool-call id the runtime makes: OpenAI rejects ids longer than 40 characters.

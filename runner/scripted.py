@@ -287,6 +287,9 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "agentfast-scripted/0.1"
     timeout = 60  # an idle keep-alive connection is closed after this many seconds
+    # TCP_NODELAY: a reply written in two sends (headers, body) would otherwise wait for the
+    # client's delayed ACK, 40 ms per request, which swamps what a benchmark measures.
+    disable_nagle_algorithm = True
     server: _HTTPServer
 
     def setup(self) -> None:
@@ -347,6 +350,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(413 if length > 0 else 400, _error_body("bad or too large Content-Length", "invalid_request_error"))
             return
         raw = self.rfile.read(length)
+        owner = self.server.owner
+        if owner.wire.maxlen:
+            with owner._lock:
+                owner.wire.append((dict(self.headers.items()), raw))
         if not self._authorized():
             return
         if self._path() not in ("/v1/chat/completions", "/chat/completions"):
@@ -366,12 +373,13 @@ class ScriptedModelServer:
     chat-completions request bodies received, in arrival order (the parsed JSON, or the raw text
     when it was not JSON), failed ones included. Bounded: each body carries the whole transcript,
     and a runner hosting the server for a long run must not keep them all (1.5 GiB after 1,000
-    iterations, measured in docs/benchmarks.md).
+    iterations, measured in docs/benchmarks.md). ``keep_wire`` (default 0) keeps that many raw
+    POSTs in ``wire``, headers and bytes as received.
     """
 
     def __init__(
         self, script: Script, host: str = "127.0.0.1", port: int = 0, keep_requests: int = 256, strict: bool | None = None,
-        api_key: str | None = None,
+        api_key: str | None = None, keep_wire: int = 0,
     ) -> None:
         if api_key is not None and not api_key:
             raise ValueError("api_key must be a non-empty string or None (no key checked)")
@@ -387,6 +395,10 @@ class ScriptedModelServer:
         self.host = host
         self.port = port
         self.requests: collections.deque[Any] = collections.deque(maxlen=keep_requests)
+        #: ``(headers, body bytes)`` of the latest ``keep_wire`` POSTs exactly as received (any path,
+        #: unauthorized ones too), in arrival order: what a client put on the wire. Off (0) unless
+        #: asked: it doubles what ``requests`` keeps.
+        self.wire: collections.deque[tuple[dict[str, str], bytes]] = collections.deque(maxlen=keep_wire)
         self._lock = threading.Lock()
         self._failures_served: dict[int, int] = {}
         self._conns: set[socket.socket] = set()

@@ -116,3 +116,29 @@ def test_iteration_subject_makes_the_loops_store_calls(dsn: str, tmp_path: Path)
         lease, snap = Prefiller(store, dsn).make_run(10)
         checkpoint.Bench.iteration_step(bench, lease, snap, checkpoint.Bench.iteration_inputs(snap))
     assert bench.calls == steady, f"the bench makes {bench.calls}, the loop {steady}"
+
+
+def test_model_part_measures_every_path_and_renders_its_target(tmp_path: Path) -> None:
+    from bench import model as model_part
+
+    cfg = model_part.ModelCallConfig(lengths=[10, 40], rounds=2, calls=2)
+    res = model_part.run(tmp_path, cfg, lambda _: None)
+    for path in ("new", "old", "post", "floor"):
+        for n in cfg.lengths:
+            assert len(res.cpu_ms[path][n]) == 2 and all(x > 0 for x in res.cpu_ms[path][n]), (path, n)
+            assert all(w >= 0 for w in res.wall_ms[path][n]), (path, n)
+        assert res.growth(path).n == 2
+    assert res.body_bytes[40] > 3 * res.body_bytes[10]
+    text = report.render({"mode": "test", "machine": {"cores": "2"}, "duration_s": 1.0, "load": (0.0, 0.0), "model": res})
+    assert "| model call: client CPU at 40 messages ≤ 1.5× that at 10 |" in text and "SDK create() CPU ms" in text
+
+
+def test_import_self_ms_sums_own_times_by_package() -> None:
+    from bench.procs import import_self_ms
+
+    trace = ("import time: self [us] | cumulative | imported package\n"
+             "import time:      1500 |       1500 |     psycopg.pq\n"
+             "import time:       500 |       2000 |   psycopg\n"
+             "import time:      3000 |       3000 | pydantic\n"
+             "status output line\n")
+    assert import_self_ms(trace) == {"pydantic": 3.0, "psycopg": 2.0}

