@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-PARTS = ["checkpoint", "throughput", "resume", "rss", "profile"]
+PARTS = ["checkpoint", "throughput", "resume", "rss", "profile", "payloads"]
 
 
 @dataclasses.dataclass
@@ -40,11 +40,13 @@ class Plan:
     lg_iterations: int
     langgraph_refund: bool
     server_profile: bool
+    payload_iterations: int = 3
+    payload_reps: int = 2
 
 
 FULL = Plan(lengths=[10, 100, 1000, 10000], reps=5, samples=40, heavy_samples=8, bytes_samples=8, clients=[1, 8, 64],
             seconds=10, tp_reps=2, kills=7, startup_reps=5, load_reps=30, long_iterations=1000, lg_iterations=100,
-            langgraph_refund=True, server_profile=True)
+            langgraph_refund=True, server_profile=True, payload_iterations=8, payload_reps=3)
 QUICK = Plan(lengths=[10, 1000], reps=2, samples=10, heavy_samples=3, bytes_samples=3, clients=[1, 8], seconds=1,
              tp_reps=1, kills=2, startup_reps=1, load_reps=10, long_iterations=30, lg_iterations=0,
              langgraph_refund=False, server_profile=False)
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     partial = args.quick or set(parts) != set(PARTS)
     out = args.out or (Path(tempfile.gettempdir()) / "agentfast-bench-quick.md" if partial else REPO / "docs" / "benchmarks.md")
 
-    from . import checkpoint, procs, profile, throughput
+    from . import checkpoint, payloads, procs, profile, throughput
     from .pg import start_server
     from .report import machine, render, write_doc
 
@@ -142,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
             if plan.server_profile:
                 prof["server"] = profile.server_statements(server, 1000, 300)
             res["profile"] = prof
+        if "payloads" in parts:
+            _log("part 6: large payloads")
+            res["payloads"] = payloads.run(server, payloads.PayloadsConfig(iterations=plan.payload_iterations, reps=plan.payload_reps), _log)
     finally:
         server.close()
     res["duration_s"] = time.monotonic() - t_start

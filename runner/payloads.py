@@ -198,17 +198,17 @@ def resolve(value: Any, contents: dict[str, str]) -> Any:
 
 def write(conn: Any, run_id: str, texts: dict[str, str]) -> None:
     """Insert ``texts`` (sha256 hex -> text, from :func:`externalize`) as payloads of ``run_id``,
-    in one statement on ``conn`` (a psycopg connection inside the caller's fenced transaction: the
-    rows carry the lease's epoch). A payload already stored (same run, same digest) is kept."""
-    if not texts:
-        return
-    digests = list(texts)
-    conn.execute(
-        """INSERT INTO agentfast_payloads (run_id, digest, size_bytes, content, epoch)
-           SELECT %s, t.d, octet_length(t.c), t.c, 0 FROM unnest(%s::text[], %s::text[]) AS t(d, c)
-           ON CONFLICT (run_id, digest) DO NOTHING""",
-        (run_id, digests, [texts[d] for d in digests]),
-    )
+    one statement each on ``conn`` (a psycopg connection inside the caller's fenced transaction:
+    the rows carry the lease's epoch). A payload already stored (same run, same digest) is kept.
+    One plain text parameter per row, not an array: psycopg quotes array elements with a regular
+    expression, which costs ~30 ms a MiB."""
+    for digest, text in texts.items():
+        conn.execute(
+            """INSERT INTO agentfast_payloads (run_id, digest, size_bytes, content, epoch)
+               SELECT %s, %s, octet_length(t.c), t.c, 0 FROM (SELECT %s::text AS c) t
+               ON CONFLICT (run_id, digest) DO NOTHING""",
+            (run_id, digest, text),
+        )
 
 
 def fetch(conn: Any, run_id: str, digests: set[str]) -> dict[str, str]:
