@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             res["profile"] = prof
         if "payloads" in parts:
             _log("part 6: large payloads")
-            res["payloads"] = payloads.run(server, payloads.PayloadsConfig(iterations=plan.payload_iterations, reps=plan.payload_reps), _log)
+            res["payloads"] = payloads.run(server.create_database, payloads.PayloadsConfig(iterations=plan.payload_iterations, reps=plan.payload_reps), _log)
     finally:
         server.close()
     res["duration_s"] = time.monotonic() - t_start

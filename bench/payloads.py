@@ -27,7 +27,7 @@ import statistics
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import psycopg
 
@@ -126,15 +126,16 @@ def _db_size(conn: psycopg.Connection) -> int:
     return conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
 
 
-def run(server: Any, cfg: PayloadsConfig, log: Callable[[str], None]) -> PayloadsResult:
-    """Measure the three subjects on ``server`` (bench.pg.BenchServer); see the module docstring."""
+def run(new_database: Callable[[str], str], cfg: PayloadsConfig, log: Callable[[str], None]) -> PayloadsResult:
+    """Measure the three subjects (see the module docstring); ``new_database(prefix)`` makes an
+    empty database on the server and returns its DSN (``BenchServer.create_database``)."""
     res = PayloadsResult(cfg)
     sizes = {"small": SMALL_BYTES, "large": cfg.payload_bytes, "inline": cfg.payload_bytes}
     limits = {"small": Limits(), "large": Limits(), "inline": Limits(threshold_bytes=1 << 30, max_bytes=1 << 30)}
     stores, conns = {}, {}
     try:
         for s in SUBJECTS:
-            dsn = server.create_database(f"pay_{s}")
+            dsn = new_database(f"pay_{s}")
             stores[s] = Store(dsn, payload_limits=limits[s])
             stores[s].migrate()
             conns[s] = psycopg.connect(dsn, autocommit=True)
@@ -162,7 +163,7 @@ def run(server: Any, cfg: PayloadsConfig, log: Callable[[str], None]) -> Payload
             log(f"payloads: repetition {rep + 1}/{cfg.reps}: p50 ms " +
                 ", ".join(f"{s} {statistics.median(times[s]) * 1000:.1f}" for s in SUBJECTS))
         # The ceiling: a value over max_bytes is refused before anything is written, never retried.
-        with Store(server.create_database("pay_ceiling"), payload_limits=Limits(max_bytes=1 << 20)) as st:
+        with Store(new_database("pay_ceiling"), payload_limits=Limits(max_bytes=1 << 20)) as st:
             st.migrate()
             r = _Run(st, cfg.payload_bytes)
             t0 = time.perf_counter()
