@@ -284,5 +284,11 @@ MIGRATIONS: list[str] = [
     CREATE POLICY agentfast_tenant ON agentfast_payloads TO agentfast_runner
         USING (split_part(run_id, '/', 1) = agentfast_tenant());
     GRANT SELECT, INSERT ON agentfast_payloads TO agentfast_runner;
+    -- lz4 where the server has it: pglz spends ~50 ms a MiB on output it then fails to compress
+    -- (base64, hex, already compressed data); lz4 gives up at memory speed.
+    DO $$ BEGIN
+        ALTER TABLE agentfast_payloads ALTER COLUMN content SET COMPRESSION lz4;
+    EXCEPTION WHEN feature_not_supported THEN NULL;
+    END $$;
     """,
 ]
