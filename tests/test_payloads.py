@@ -233,6 +233,8 @@ def test_the_threshold_is_configurable_and_lookalike_text_comes_back_verbatim(ds
     monkeypatch.delenv("AGENTFAST_PAYLOAD_THRESHOLD_BYTES")
     monkeypatch.delenv("AGENTFAST_PAYLOAD_MAX_BYTES")
     assert Limits.from_env() == Limits(MIB, 64 * MIB)
+    refused = run_cli("list", dsn=dsn, env={"AGENTFAST_PAYLOAD_MAX_BYTES": "64M"})  # a bad setting: bad input, no traceback
+    assert refused.returncode == 2 and "AGENTFAST_PAYLOAD_MAX_BYTES: '64M' is not a whole number of bytes" in refused.stdout, refused.stdout
     # Text that looks like a reference (a tool may return anything) is itself kept out of line,
     # so it reads back as written, never as some other payload of the run.
     lookalike = f"{PREFIX}sha256:{'0' * 64}:5"
