@@ -167,16 +167,20 @@ def externalize_json(text: str, limits: Limits, out: dict[str, str], *, what: st
 def references(value: Any, out: set[str] | None = None) -> set[str]:
     """The sha256 digests of every reference in ``value`` (JSON-shaped), added to ``out``."""
     found: set[str] = set() if out is None else out
-    if isinstance(value, str):
-        ref = parse_reference(value)
-        if ref is not None:
-            found.add(ref[0])
-    elif isinstance(value, dict):
-        for v in value.values():
-            references(v, found)
-    elif isinstance(value, list):
-        for v in value:
-            references(v, found)
+    # Iterative, exact types (what json decoding gives): every transcript row of a resume passes here.
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t is str:
+            if v.startswith(PREFIX):
+                ref = parse_reference(v)
+                if ref is not None:
+                    found.add(ref[0])
+        elif t is dict:
+            stack.extend(v.values())
+        elif t is list:
+            stack.extend(v)
     return found
 
 

@@ -941,15 +941,21 @@ class Store:
             ).fetchone()
             if cp is None:
                 return None
-            msgs = conn.execute(
-                "SELECT message FROM agentfast_messages WHERE run_id = %s AND seq < %s ORDER BY seq",
+            # As text (what the server sends for jsonb anyway), decoded here: a substring test
+            # finds the few rows that may hold a payload reference, not a walk of every message.
+            texts = [m["message"] for m in conn.execute(
+                "SELECT message::text AS message FROM agentfast_messages WHERE run_id = %s AND seq < %s ORDER BY seq",
                 (run_id, cp["message_count"]),
-            ).fetchall()
+            ).fetchall()]
+            msgs = [json.loads(t) for t in texts]
+            refer = [i for i, t in enumerate(texts) if payloads.PREFIX in t]
             where = f"checkpoint {cp['checkpoint_id']} (iteration {cp['iteration']})"
             got = self._resolved(run_id, [("agentfast_checkpoints", where, cp["context"]), ("agentfast_checkpoints", where, cp["pending"]),
-                                          *(("agentfast_messages", f"seq {i}", m["message"]) for i, m in enumerate(msgs))], conn)
+                                          *(("agentfast_messages", f"seq {i}", msgs[i]) for i in refer)], conn)
             cp["context"], cp["pending"] = got[0], got[1]
-            return cp, got[2:]
+            for i, value in zip(refer, got[2:]):
+                msgs[i] = value
+            return cp, msgs
 
         got = self._retry(op)
         return decode_snapshot(run_id, *got) if got is not None else None
