@@ -26,7 +26,9 @@ from agentfast.runner.spec import AgentRun, parse_agentrun
 from agentfast.runner.store import Store
 from agentfast.runner.tools import ToolRegistry
 
-from .conftest import count_rows, run_cli
+from agentfast.runner.examples import EXAMPLES_DSN_ENV
+
+from .conftest import count_rows, examples_dsn_for, run_cli
 
 MIB = 1 << 20
 BIG = {"name": "big_output", "ref": "agentfast.runner.examples.testing_tools:big_output"}
@@ -245,3 +247,20 @@ def test_the_threshold_is_configurable_and_lookalike_text_comes_back_verbatim(ds
     assert outcome.phase == "Succeeded" and outcome.message == lookalike
     snap = store.load_snapshot("default/mimic")
     assert snap.messages[-1].content == lookalike and lookalike in snap.messages[-2].content
+
+
+def test_a_namespaces_runner_role_stores_its_payloads_and_sees_no_others(dsn: str, store: Store, tmp_path: Path) -> None:
+    doc = _big_run(tmp_path, "tenant-big", 2 * MIB, seed="t")
+    doc["metadata"]["namespace"] = "team-a"
+    run_id = "team-a/tenant-big"
+    store.create_run(run_id, doc["metadata"]["uid"], doc)
+    role_a, _ = store.set_tenant_password("team-a", "pw-a")
+    role_b, _ = store.set_tenant_password("team-b", "pw-b")
+    # What a runner pod does: resume with the namespace's own role (G11), the tools with their own DSN.
+    done = run_cli("resume", run_id, dsn=psycopg.conninfo.make_conninfo(dsn, user=role_a, password="pw-a"),
+                   env={EXAMPLES_DSN_ENV: examples_dsn_for(dsn)}, timeout=120)
+    assert done.returncode == EXIT_OK, done.stdout
+    assert _payloads(dsn, run_id) == [2 * MIB]
+    assert [m.content for m in store.load_snapshot(run_id).messages if m.role == "tool"] == [big_text(2 * MIB, "t")]
+    with psycopg.connect(psycopg.conninfo.make_conninfo(dsn, user=role_b, password="pw-b"), autocommit=True) as b:
+        assert b.execute("SELECT count(*) FROM agentfast_payloads").fetchone()[0] == 0  # row-level security
