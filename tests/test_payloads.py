@@ -264,3 +264,22 @@ def test_a_namespaces_runner_role_stores_its_payloads_and_sees_no_others(dsn: st
     assert [m.content for m in store.load_snapshot(run_id).messages if m.role == "tool"] == [big_text(2 * MIB, "t")]
     with psycopg.connect(psycopg.conninfo.make_conninfo(dsn, user=role_b, password="pw-b"), autocommit=True) as b:
         assert b.execute("SELECT count(*) FROM agentfast_payloads").fetchone()[0] == 0  # row-level security
+
+
+def test_the_langgraph_adapter_resumes_on_a_stored_payload_without_rerunning_the_tool(dsn: str, store: Store, tmp_path: Path) -> None:
+    doc = _big_run(tmp_path, "graph-big", 2 * MIB, seed="g")
+    doc["spec"].update(adapter="langgraph", graph={"ref": "agentfast.runner.examples.refund_graph:build"})
+    path = tmp_path / "graph-big.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    first = run_cli("run", str(path), dsn=dsn, fault="tool.after_persist:big_output", timeout=120)
+    assert first.returncode == -9, first.stdout
+    second = run_cli("resume", "default/graph-big", dsn=dsn, timeout=120)
+    assert second.returncode == EXIT_OK, second.stdout
+    assert _invocations(dsn, "big_output") == 1  # the journal's stored result was resolved and replayed (G3)
+    snap = store.load_snapshot("default/graph-big")
+    assert snap.context.status.phase == "Succeeded"
+    assert [m.content for m in snap.messages if m.role == "tool"] == [big_text(2 * MIB, "g")]
+    assert _payloads(dsn, "default/graph-big") == [2 * MIB]
+    hot = _hot_rows(dsn, "default/graph-big")
+    # sdk_state is LangGraph's own blob and stays whole (docs/architecture.md, "Large payloads").
+    assert max(v for k, v in hot.items() if k != "agentfast_checkpoints.sdk_state") < HOT_ROW_BYTES, hot
