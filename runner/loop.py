@@ -292,14 +292,15 @@ class RunnerBase:
     def _fail_too_large(self, err: PayloadTooLarge) -> Outcome:
         """End the run ``Failed`` (reason ``PayloadTooLarge``, exit 1) for a value the store
         cannot keep. If the snapshot in memory itself cannot be committed (the value is in it),
-        the last committed one ends the run instead. Raises LeaseLost, StoreUnavailable."""
+        the last committed one ends the run instead (none yet: the same context with an empty
+        transcript, as ``Store.end_run`` does). Raises LeaseLost, StoreUnavailable."""
         message = f"{err}; the run cannot go on without it"
         try:
             return self._finish("Failed", "PayloadTooLarge", message)
         except PayloadTooLarge:
             snap = self.store.load_snapshot(self.run_id)
-            if snap is None:
-                raise
+            if snap is None:  # its very first commit (the input itself) was refused
+                snap = StateSnapshot(run_id=self.run_id, context=self.snap.context, messages=[])
             self.snap, self._stored = snap, len(snap.messages)
             return self._finish("Failed", "PayloadTooLarge", message)
 

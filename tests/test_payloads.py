@@ -283,3 +283,21 @@ def test_the_langgraph_adapter_resumes_on_a_stored_payload_without_rerunning_the
     hot = _hot_rows(dsn, "default/graph-big")
     # sdk_state is LangGraph's own blob and stays whole (docs/architecture.md, "Large payloads").
     assert max(v for k, v in hot.items() if k != "agentfast_checkpoints.sdk_state") < HOT_ROW_BYTES, hot
+
+
+def test_a_model_reply_or_an_input_over_the_ceiling_fails_the_run(dsn: str, tmp_path: Path) -> None:
+    with Store(dsn, retry_for_s=5, payload_limits=Limits(threshold_bytes=64 * 1024, max_bytes=100_000)) as s:
+        s.migrate()
+        script = _script(tmp_path, [{"content": big_text(200_000, "reply")}])
+        outcome, _ = _drive(s, _agentrun("chatty", script, [ECHO]))
+        assert (outcome.phase, outcome.exit_code) == ("Failed", EXIT_FAILED)
+        assert outcome.message.startswith("the model's reply of iteration 1 of 195.3 KiB (200000 bytes) cannot be stored"), outcome.message
+        assert s.load_turn("default/chatty", 1) is None  # refused before anything was written
+        # The very first commit refused (the input itself): the run still ends Failed, with an empty transcript.
+        doc = _agentrun("wordy", script, [ECHO])
+        doc["spec"]["input"] = big_text(150_000, "input")
+        outcome, requests = _drive(s, doc)
+        assert (outcome.phase, outcome.exit_code) == ("Failed", EXIT_FAILED) and requests == []  # no model call
+        assert outcome.message.startswith("message 0 of the transcript of 146.5 KiB"), outcome.message
+        ctx, _ = s.load_context("default/wordy")
+        assert ctx.status.reason == "PayloadTooLarge" and s.load_snapshot("default/wordy").messages == []
