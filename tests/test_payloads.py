@@ -23,7 +23,7 @@ from agentfast.runner.loop import EXIT_FAILED, EXIT_OK, VanillaRunner, run_id_of
 from agentfast.runner.model import model_from_spec
 from agentfast.runner.payloads import PREFIX, Limits, PayloadTooLarge, externalize
 from agentfast.runner.spec import AgentRun, parse_agentrun
-from agentfast.runner.store import Store
+from agentfast.runner.store import Store, UnreadableState
 from agentfast.runner.tools import ToolRegistry
 
 from agentfast.runner.examples import EXAMPLES_DSN_ENV
@@ -186,6 +186,11 @@ def test_payloads_go_with_the_run_and_follow_an_archive(dsn: str, store: Store, 
     archived = store.archive_run("default/kept")
     assert _payloads(dsn, archived) == [2 * MIB]  # renamed with the run (ON UPDATE CASCADE)
     assert [m.content for m in store.load_snapshot(archived).messages if m.role == "tool"] == [big_text(2 * MIB, "kept")]
+    # A reference whose payload is gone (a hand-edited database) is an unreadable row, never a wrong value.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM agentfast_payloads WHERE run_id = 'default/gone'")
+    with pytest.raises(UnreadableState, match=r"agentfast_messages seq 2: it refers to payload sha256:[0-9a-f]{64}, which is not stored"):
+        store.load_snapshot("default/gone")
     assert store.delete_run("default/gone")
     assert count_rows(dsn, "SELECT count(*) FROM agentfast_payloads WHERE run_id = 'default/gone'") == 0
     assert count_rows(dsn, "SELECT count(*) FROM agentfast_payloads") == 1
