@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-PARTS = ["checkpoint", "throughput", "resume", "rss", "profile", "model"]
+PARTS = ["checkpoint", "throughput", "resume", "rss", "profile", "model", "payloads"]
 
 
 @dataclasses.dataclass
@@ -42,11 +42,13 @@ class Plan:
     server_profile: bool
     model_rounds: int = 7
     model_calls: int = 7
+    payload_iterations: int = 3
+    payload_reps: int = 2
 
 
 FULL = Plan(lengths=[10, 100, 1000, 10000], reps=5, samples=40, heavy_samples=8, bytes_samples=8, clients=[1, 8, 64],
             seconds=10, tp_reps=2, kills=7, startup_reps=5, load_reps=30, long_iterations=1000, lg_iterations=100,
-            langgraph_refund=True, server_profile=True)
+            langgraph_refund=True, server_profile=True, payload_iterations=8, payload_reps=3)
 QUICK = Plan(lengths=[10, 1000], reps=2, samples=10, heavy_samples=3, bytes_samples=3, clients=[1, 8], seconds=1,
              tp_reps=1, kills=2, startup_reps=1, load_reps=10, long_iterations=30, lg_iterations=0,
              langgraph_refund=False, server_profile=False, model_rounds=3, model_calls=5)
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     partial = args.quick or set(parts) != set(PARTS)
     out = args.out or (Path(tempfile.gettempdir()) / "agentfast-bench-quick.md" if partial else REPO / "docs" / "benchmarks.md")
 
-    from . import checkpoint, model, procs, profile, throughput
+    from . import checkpoint, model, payloads, procs, profile, throughput
     from .pg import start_server
     from .report import machine, render, write_doc
 
@@ -148,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
             _log("part 6: model call client cost")
             (work / "model").mkdir()
             res["model"] = model.run(work / "model", model.ModelCallConfig([30, 300, 3000], plan.model_rounds, plan.model_calls), _log)
+        if "payloads" in parts:
+            _log("part 7: large payloads")
+            res["payloads"] = payloads.run(server.create_database, payloads.PayloadsConfig(iterations=plan.payload_iterations, reps=plan.payload_reps), _log)
     finally:
         server.close()
     res["duration_s"] = time.monotonic() - t_start

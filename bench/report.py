@@ -6,11 +6,13 @@ import datetime as dt
 import math
 import os
 import platform
+import statistics
 import subprocess
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from . import payloads as payloads_part
 from .checkpoint import LABELS, CheckpointResult
 from .model import ModelCallResult
 from .procs import ResumeResult, RssResult
@@ -168,6 +170,14 @@ def render(res: dict[str, Any]) -> str:
     if load:
         s = load["load_snapshot"]
         L.append(f"| load_snapshot of a 1,000-message run ≤ 50 ms | p50 {s.fmt(1, ' ms')} | {_verdict(s.median <= 50)} |")
+    pl: payloads_part.PayloadsResult | None = res.get("payloads")
+    if pl:
+        # Issue 15 item 6.
+        L.append(f"| large payloads: a 2 MiB output per iteration stored once, outside the hot rows (hot rows ≤ 1.1× a "
+                 f"~300 B output's, database growth ≤ 1.1× the output bytes, write time ≤ 1× inline) | hot rows "
+                 f"{pl.hot_ratio():.2f}× the small-output baseline; growth {pl.growth_ratio('large').fmt(2, '×')} the output bytes "
+                 f"(inline: {pl.growth_ratio('inline').fmt(2, '×')}); write {pl.write_ratio().fmt(2, '×')} inline; over the "
+                 f"ceiling: refused in {pl.ceiling_ms:.0f} ms, run Failed | {_verdict(pl.ok())} |")
     L.append("")
 
     # -- part 1 ------------------------------------------------------------------------------
@@ -400,7 +410,34 @@ def render(res: dict[str, Any]) -> str:
             for n, ms_, us in ot:
                 L.append(f"| {n:,} | {ms_:.0f} | {us:.0f} | {enc.get(n, math.nan):.1f} |")
             L.append("")
+    if pl:
+        _render_payloads(L, pl)
     return "\n".join(L)
+
+
+def _render_payloads(L: list[str], pl: "payloads_part.PayloadsResult") -> None:
+    c = pl.config
+    L.append("### Large payloads")
+    L.append("")
+    L.append(f"One iteration = the store calls of one model turn with one tool call (save_turn, mark_started, record_result, "
+             f"commit_checkpoint), each subject in its own database, stepped in rotation; {c.reps} repetitions × "
+             f"{c.iterations} iterations, a fresh pseudo-random hex output each (bench/payloads.py). Hot rows: stored bytes "
+             "(pg_column_size) of the journal, transcript, turn and latest checkpoint rows an iteration writes. Growth: "
+             "pg_database_size over the run ÷ the output bytes it produced. Medians (range over repetitions).")
+    L.append("")
+    L.append("| subject | write ms / iteration | hot rows / iteration | WAL / iteration | growth / run | growth ÷ output bytes | load_snapshot ms |")
+    L.append("|---|---:|---:|---:|---:|---:|---:|")
+    for s in payloads_part.SUBJECTS:
+        w = Spread.of(statistics.median(r) * 1000 for r in pl.write_s[s])
+        # The baseline's output is a few hundred bytes: its growth is page granularity, no ratio.
+        ratio = pl.growth_ratio(s).fmt(2, '×') if s != "small" else "n/a"
+        L.append(f"| {payloads_part.LABELS[s]} | {w.fmt(1)} | {fmt_bytes(statistics.median(pl.hot_bytes[s]))} | "
+                 f"{fmt_bytes(statistics.median(pl.wal_bytes[s]))} | {fmt_bytes(statistics.median(pl.growth_bytes[s]))} | "
+                 f"{ratio} | {Spread.of(pl.load_ms[s]).fmt(1)} |")
+    L.append("")
+    L.append(f"Over the ceiling (max 1 MiB, a 2 MiB output): the iteration's store calls end in {pl.ceiling_ms:.0f} ms with "
+             f"`{pl.ceiling_message}`; the runner ends the run Failed (PayloadTooLarge, exit 1).")
+    L.append("")
 
 
 def write_doc(path: Path, generated: str) -> None:

@@ -40,6 +40,7 @@ from agentfast.runner.spec import (
     DNS1123_SUBDOMAIN, MODEL_API_KEY_ENV, OPERATOR_TOLERATION_KEYS, QUANTITY_PATTERN, RunnerSpec, SpecError, Affinity, Toleration, check_allowed_images, image_allowed,
 )
 from agentfast.runner.liveness import STALE_AFTER_S
+from agentfast.runner.payloads import DEFAULT_MAX_BYTES, DEFAULT_THRESHOLD_BYTES, MAX_ENV, THRESHOLD_ENV
 from agentfast.runner.toolhost import TOOL_ENV_DIR_ENV
 
 LABEL_RUN = "agentfast.dev/run"
@@ -132,6 +133,9 @@ class RunnerConfig:
     termination_grace_s: int = 30
     # The Secret, in each run's namespace, whose keys become the tool host's environment ("": none).
     tool_secret: str = "agentfast-tools"
+    # Large payloads, bytes (runner/payloads.py): stored out of line over the threshold, refused over the max.
+    payload_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES
+    payload_max_bytes: int = DEFAULT_MAX_BYTES
 
     def __post_init__(self) -> None:
         if self.service_account_create and not self.service_account:  # the name the operator makes
@@ -147,7 +151,9 @@ class RunnerConfig:
         ``AGENTFAST_RUNNER_SERVICE_ACCOUNT_ANNOTATIONS`` ({key: value}); plain:
         ``AGENTFAST_RUNNER_PRIORITY_CLASS``, ``AGENTFAST_RUNNER_SERVICE_ACCOUNT``,
         ``AGENTFAST_RUNNER_SERVICE_ACCOUNT_CREATE`` and ``AGENTFAST_RUNNER_AUTOMOUNT_TOKEN``
-        (true/false), ``AGENTFAST_RUNNER_POD_TTL_SECONDS`` (seconds; -1 or empty: keep the pods).
+        (true/false), ``AGENTFAST_RUNNER_POD_TTL_SECONDS`` (seconds; -1 or empty: keep the pods),
+        ``AGENTFAST_RUNNER_PAYLOAD_THRESHOLD_BYTES`` and ``AGENTFAST_RUNNER_PAYLOAD_MAX_BYTES``
+        (bytes, positive, the threshold not over the max).
         Raises ValueError naming the variable: malformed JSON or shape, the tool
         Secret being a Postgres credential (the runners' or the operator's Secret), the runner
         ServiceAccount being the operator's own (``AGENTFAST_OPERATOR_SERVICE_ACCOUNT``) or
@@ -170,6 +176,10 @@ class RunnerConfig:
         if annotations and not create:
             raise ValueError("AGENTFAST_RUNNER_SERVICE_ACCOUNT_ANNOTATIONS: set only with AGENTFAST_RUNNER_SERVICE_ACCOUNT_CREATE=true"
                              " (the operator annotates only a ServiceAccount it makes)")
+        threshold = _env_bytes(e, "AGENTFAST_RUNNER_PAYLOAD_THRESHOLD_BYTES", DEFAULT_THRESHOLD_BYTES)
+        ceiling = _env_bytes(e, "AGENTFAST_RUNNER_PAYLOAD_MAX_BYTES", DEFAULT_MAX_BYTES)
+        if threshold > ceiling:
+            raise ValueError(f"AGENTFAST_RUNNER_PAYLOAD_THRESHOLD_BYTES ({threshold}) is over AGENTFAST_RUNNER_PAYLOAD_MAX_BYTES ({ceiling})")
         priority = e.get("AGENTFAST_RUNNER_PRIORITY_CLASS", "")
         if priority and (len(priority) > 253 or not re.match(DNS1123_SUBDOMAIN, priority)):
             raise ValueError(f"AGENTFAST_RUNNER_PRIORITY_CLASS: {priority[:64]!r} is not a PriorityClass name")
@@ -192,6 +202,8 @@ class RunnerConfig:
             priority_class=priority,
             allowed_images=check_allowed_images(_env_json(e, "AGENTFAST_RUNNER_ALLOWED_IMAGES", []), "AGENTFAST_RUNNER_ALLOWED_IMAGES"),
             tool_secret=tool_secret,
+            payload_threshold_bytes=threshold,
+            payload_max_bytes=ceiling,
         )
 
 
@@ -212,6 +224,16 @@ def _pod_ttl(env: dict[str, str]) -> int | None:
         raise ValueError(f"AGENTFAST_RUNNER_POD_TTL_SECONDS: expected seconds from 0 to {MAX_POD_TTL_S}, or -1 to keep the pods,"
                          f" not {raw[:16]!r}")
     return value
+
+
+def _env_bytes(env: dict[str, str], name: str, default: int) -> int:
+    """A positive whole number of bytes from ``env[name]`` (unset or empty: ``default``). Raises ValueError naming it."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{name}: {raw[:40]!r} is not a positive whole number of bytes")
+    return int(raw)
 
 
 def _env_bool(env: dict[str, str], name: str) -> bool:
@@ -402,6 +424,9 @@ def build_pod(body: dict[str, Any], cfg: RunnerConfig, *, attempt: int = 1, coun
         {"name": "AGENTFAST_SUSPEND_AFTER_SECONDS", "value": str(suspend_after_s(body, cfg))},
         # Started while its predecessor is still stopping (operator/lifecycle.py): wait for it to let go.
         {"name": "AGENTFAST_WAIT_FOR_HOLDER_SECONDS", "value": str(holder_wait_s(cfg))},
+        # Large payloads (runner/payloads.py): the chart's runner.payloadThresholdBytes / payloadMaxBytes.
+        {"name": THRESHOLD_ENV, "value": str(cfg.payload_threshold_bytes)},
+        {"name": MAX_ENV, "value": str(cfg.payload_max_bytes)},
     ]
     mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]

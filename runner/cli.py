@@ -81,6 +81,8 @@ def _open_store(dsn: Optional[str]) -> Store:
         raise _fail(f"--dsn / AGENTFAST_DSN: {e}", EXIT_BAD_INPUT) from None
     except StoreUnavailable as e:
         raise _fail(f"{e}. Check --dsn / AGENTFAST_DSN.", EXIT_NO_POSTGRES) from None
+    except ValueError as e:  # AGENTFAST_PAYLOAD_THRESHOLD_BYTES / _MAX_BYTES not a number of bytes
+        raise _fail(str(e), EXIT_BAD_INPUT) from None
     return store
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 
 from . import faults
+from .payloads import PayloadTooLarge
 from .snapshot import ToolResult
 from .store import EndRequests, JournalEntry, Lease, LeaseLost, Store, StoreUnavailable
 from .toolhost import ToolHostLost
@@ -140,10 +141,19 @@ class CallExecutor:
         result itself cannot be written (anything but a lost lease or an unavailable Postgres,
         which leave the call ``started`` for G4 to handle on resume: say a value over Postgres's
         size limits), an error result saying so is recorded in its place, for the model to read.
+        A result too large to store (:class:`PayloadTooLarge`: over the payload ceiling, or refused
+        by Postgres) is recorded the same way, so the call is done and never re-run (G3), and then
+        raised: the run ends Failed with its reason.
         """
         try:
             return self.store.record_result(self.lease, entry.iteration, entry.position, result)
         except (LeaseLost, StoreUnavailable):
+            raise
+        except PayloadTooLarge as err:
+            log.error("the result of %s (%s) is too large to store: %s", entry.call_id, entry.tool_call.name, err)
+            self.store.record_result(self.lease, entry.iteration, entry.position, self._result(
+                entry, f"error: {entry.tool_call.name} ran (its effect, if any, happened), but its result could not be stored: {err}"[:1000],
+                "tool_raised"))
             raise
         except Exception as err:
             log.error("the result of %s (%s) could not be stored: %r", entry.call_id, entry.tool_call.name, err)

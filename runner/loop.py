@@ -32,6 +32,7 @@ from . import faults
 from .budget import check_budget, get_classifier
 from .journal import CallExecutor, RunEnding
 from .model import ChatModel, ModelError, ModelReply, distinct_tool_call_ids
+from .payloads import PayloadTooLarge
 from .snapshot import (
     TERMINAL_PHASES,
     AwaitedCall,
@@ -278,6 +279,8 @@ class RunnerBase:
             if err.retriable:
                 return self._retry_exit(f"model unavailable: {err}")
             return self._finish("Failed", "ModelError", f"the model rejected the request: {err}")
+        except PayloadTooLarge as err:  # permanent: retrying would fail the same way, for ever
+            return self._fail_too_large(err)
         except SpecError as err:  # user code named by the spec (a classifier, a graph factory) failed: G12
             if not hasattr(self, "snap"):
                 self.snap = self._initial_snapshot(record.run_uid, classify=False)
@@ -285,6 +288,21 @@ class RunnerBase:
 
     def _drive(self) -> Outcome:
         raise NotImplementedError
+
+    def _fail_too_large(self, err: PayloadTooLarge) -> Outcome:
+        """End the run ``Failed`` (reason ``PayloadTooLarge``, exit 1) for a value the store
+        cannot keep. If the snapshot in memory itself cannot be committed (the value is in it),
+        the last committed one ends the run instead (none yet: the same context with an empty
+        transcript, as ``Store.end_run`` does). Raises LeaseLost, StoreUnavailable."""
+        message = f"{err}; the run cannot go on without it"
+        try:
+            return self._finish("Failed", "PayloadTooLarge", message)
+        except PayloadTooLarge:
+            snap = self.store.load_snapshot(self.run_id)
+            if snap is None:  # its very first commit (the input itself) was refused
+                snap = StateSnapshot(run_id=self.run_id, context=self.snap.context, messages=[])
+            self.snap, self._stored = snap, len(snap.messages)
+            return self._finish("Failed", "PayloadTooLarge", message)
 
     # -- model turns and tool plans ------------------------------------------------------------
 

@@ -25,6 +25,9 @@ by ``ON UPDATE CASCADE`` when an earlier run of a reused name is archived, migra
   current credential.
 - ``agentfast_cancel_requests`` (8): a request to cancel a run (``Store.request_cancel``):
   who asked and when, at most one per run. Runner roles read it, never write it.
+- ``agentfast_payloads`` (9): large values (a string over ``AGENTFAST_PAYLOAD_THRESHOLD_BYTES``,
+  default 1 MiB) stored once per run, keyed by their sha256; the rows above hold a reference
+  (``runner/payloads.py``), which the store resolves when it loads them.
 - ``agentfast_runners`` (3): the live runner of a run, if any: who (runner id, pid, host, its
   Postgres backend) and its last heartbeat. Only a hint for humans: liveness itself is the
   session advisory lock the runner holds (``runner/liveness.py``), which dies with its connection.
@@ -261,5 +264,31 @@ MIGRATIONS: list[str] = [
     CREATE POLICY agentfast_tenant ON agentfast_cancel_requests TO agentfast_runner
         USING (split_part(run_id, '/', 1) = agentfast_tenant());
     GRANT SELECT ON agentfast_cancel_requests TO agentfast_runner;
+    """,
+    # 9: large payloads (issue 15): a string over the threshold is stored once per run, keyed by
+    # its sha256, and rows refer to it (runner/payloads.py). Fenced like every table a runner
+    # writes; its runners reach their namespace's rows only, and may only add them.
+    """
+    CREATE TABLE agentfast_payloads (
+        run_id      text NOT NULL REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE,
+        digest      text NOT NULL,
+        size_bytes  bigint NOT NULL,
+        content     text NOT NULL,
+        epoch       bigint NOT NULL,
+        created_at  timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (run_id, digest)
+    );
+    CREATE TRIGGER agentfast_fence BEFORE INSERT OR UPDATE ON agentfast_payloads
+        FOR EACH ROW EXECUTE FUNCTION agentfast_fence();
+    ALTER TABLE agentfast_payloads ENABLE ROW LEVEL SECURITY;
+    CREATE POLICY agentfast_tenant ON agentfast_payloads TO agentfast_runner
+        USING (split_part(run_id, '/', 1) = agentfast_tenant());
+    GRANT SELECT, INSERT ON agentfast_payloads TO agentfast_runner;
+    -- lz4 where the server has it: pglz spends ~50 ms a MiB on output it then fails to compress
+    -- (base64, hex, already compressed data); lz4 gives up at memory speed.
+    DO $$ BEGIN
+        ALTER TABLE agentfast_payloads ALTER COLUMN content SET COMPRESSION lz4;
+    EXCEPTION WHEN feature_not_supported THEN NULL;
+    END $$;
     """,
 ]

@@ -38,6 +38,8 @@ def storable_text(text: str) -> str:
 
     Returns ``text`` itself (the same object) when there is nothing to replace.
     """
+    if text.isascii():  # O(1) in CPython (a flag of the str), and no surrogate is ASCII: only NUL to look for
+        return text.replace("\x00", REPLACEMENT) if "\x00" in text else text
     if not _UNSTORABLE.search(text):
         return text
     if SURROGATE.search(text):

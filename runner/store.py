@@ -42,7 +42,9 @@ from psycopg.types.string import StrBinaryDumper, StrDumperUnknown
 from psycopg_pool import ConnectionPool
 from pydantic import BaseModel
 
+from . import payloads
 from .migrations import MIGRATIONS
+from .payloads import Limits, PayloadTooLarge
 import pydantic
 import pydantic_core
 
@@ -297,6 +299,10 @@ class CheckpointInfo:
 # connection is replaced) and idle_in_transaction_session_timeout (the session was ended under a
 # stalled process). Out of disk, memory or connections (class 53) are OperationalErrors already.
 _RETRY_ON_NEW_CONNECTION = frozenset({"25006", "25P03"})
+# Class 54, program_limit_exceeded (a jsonb over 255 MB, a string over 1 GB, a row too large):
+# psycopg classes it as OperationalError, but the same write fails the same way every time, so it
+# is PayloadTooLarge (the run ends Failed), never retried into an endless "retry me" exit.
+_PROGRAM_LIMIT_CLASS = "54"
 # insufficient_privilege: the store's role may not do this. Nothing to retry in this process, but
 # the state is intact, and a runner started once the grant is fixed continues.
 _NOT_PERMITTED = "42501"
@@ -330,7 +336,11 @@ class Store:
     open transaction that long without sending anything (its transactions never wait on the
     client, so only a frozen or partitioned process does): a zombie frozen mid-commit holds the
     run row FOR SHARE, and without this its successor's takeover would wait for it for ever.
-    Raises StoreUnavailable from the constructor when Postgres cannot be reached.
+    ``payload_limits``: strings over ``threshold_bytes`` are stored once, out of the hot rows, and
+    over ``max_bytes`` refused (:mod:`.payloads`); None: from the environment
+    (``AGENTFAST_PAYLOAD_THRESHOLD_BYTES``, ``AGENTFAST_PAYLOAD_MAX_BYTES``).
+    Raises StoreUnavailable from the constructor when Postgres cannot be reached, ValueError for
+    a malformed payload limit.
     """
 
     def __init__(
@@ -342,9 +352,15 @@ class Store:
         pool_max: int = 4,
         connect_timeout_s: float = 5.0,
         idle_in_transaction_timeout_s: float = 10.0,
+        payload_limits: Limits | None = None,
     ) -> None:
         if retention_keep < 1:
             raise ValueError("retention_keep must be at least 1")
+        self.payload_limits = payload_limits or Limits.from_env()
+        # (run_id, epoch, sha256) of payloads this store's committed transactions hold: a tool's
+        # output is not sent again when its transcript message is checkpointed. Per epoch, so a
+        # takeover (or a run deleted and made again) starts empty.
+        self._payloads_stored: set[tuple[str, int, str]] = set()
         parse_dsn(dsn)  # InvalidDsn before any pool exists: psycopg.pool's warnings would quote libpq's parse error
         self.dsn = dsn
         self.retention_keep = retention_keep
@@ -400,7 +416,8 @@ class Store:
     def _attempt(self, op: Callable[[psycopg.Connection], T]) -> T:
         """Run ``op`` on a pooled (autocommit) connection, retrying connection failures with
         backoff for ``retry_for_s``; maps the fence's SQLSTATE to LeaseLost, and a refused
-        privilege or an outage that outlasts the retries to StoreUnavailable."""
+        privilege or an outage that outlasts the retries to StoreUnavailable, and a program-limit
+        error (SQLSTATE class 54: a value Postgres cannot store) to PayloadTooLarge, unretried."""
         deadline = time.monotonic() + self.retry_for_s
         delay = 0.1
         attempt = 0
@@ -418,6 +435,9 @@ class Store:
                 sqlstate = getattr(err, "sqlstate", None)
                 if sqlstate == FENCE_SQLSTATE:
                     raise LeaseLost(str(err).strip()) from None
+                if sqlstate is not None and sqlstate.startswith(_PROGRAM_LIMIT_CLASS):
+                    first = (str(err).strip().splitlines() or [""])[0][:300]
+                    raise PayloadTooLarge("a value of this write", None, None, f"SQLSTATE {sqlstate}: {first}") from None
                 if sqlstate == _NOT_PERMITTED:
                     raise StoreUnavailable(f"Postgres refused the store's role a privilege (nothing is lost; fix the grant, then resume): {err}") from None
                 if not (_is_connection_error(err) or sqlstate in _RETRY_ON_NEW_CONNECTION):
@@ -448,6 +468,40 @@ class Store:
             return cur.fetchall() if all else cur.fetchone()
 
         return self._attempt(op)
+
+    # -- large payloads (runner/payloads.py) ---------------------------------------------------
+
+    def _out_of_line(self, text: str, out: dict[str, str], what: str) -> str:
+        """JSON ``text`` with its large strings replaced by references (their texts added to
+        ``out``). Raises PayloadTooLarge naming ``what``."""
+        return payloads.externalize_json(text, self.payload_limits, out, what=what)
+
+    def _write_payloads(self, conn: psycopg.Connection, lease: Lease, out: dict[str, str]) -> None:
+        """Insert the payloads of ``out`` that no committed transaction of this lease holder wrote."""
+        payloads.write(conn, lease.run_id, {d: t for d, t in out.items() if (lease.run_id, lease.epoch, d) not in self._payloads_stored})
+
+    def _payloads_committed(self, lease: Lease, out: dict[str, str]) -> None:
+        if len(self._payloads_stored) > 4096:  # a bound, not a policy: a forgotten one is only sent again
+            self._payloads_stored.clear()
+        self._payloads_stored.update((lease.run_id, lease.epoch, d) for d in out)
+
+    def _resolved(self, run_id: str, values: list[tuple[str, str, Any]], conn: psycopg.Connection | None = None) -> list[Any]:
+        """The ``value`` of each ``(table, row, value)`` with its payload references resolved, in
+        one query for all (on ``conn``, else a read of its own), none when there are no references.
+        Raises UnreadableState naming the row that refers to a payload that is not stored."""
+        wanted = [payloads.references(v) for _, _, v in values]
+        every = set().union(*wanted) if wanted else set()
+        if not every:
+            return [v for _, _, v in values]
+        contents = (payloads.fetch(conn, run_id, every) if conn is not None
+                    else self._attempt(lambda c: payloads.fetch(c, run_id, every)))
+        out = []
+        for (table, row, value), digests in zip(values, wanted):
+            missing = digests - contents.keys()
+            if missing:
+                raise UnreadableState(run_id, table, row, f"it refers to payload sha256:{min(missing)}, which is not stored")
+            out.append(payloads.resolve(value, contents) if digests else value)
+        return out
 
     def schema_version(self) -> int:
         """The store's schema version (0: no schema yet), read without taking any lock or right
@@ -769,7 +823,9 @@ class Store:
         return [RunRecord(**r) for r in rows]
 
     def delete_run(self, run_id: str) -> bool:
-        """Delete a run and all its data (transcript, journal, approvals). Returns whether it existed."""
+        """Delete a run and all its data (transcript, journal, approvals, payloads: every run table
+        cascades). Returns whether it existed."""
+        self._payloads_stored = {k for k in self._payloads_stored if k[0] != run_id}
         return self._retry(lambda c: c.execute("DELETE FROM agentfast_runs WHERE run_id = %s", (run_id,)).rowcount > 0)
 
     def acquire_lease(self, run_id: str) -> Lease:
@@ -793,7 +849,10 @@ class Store:
         small checkpoint row, prunes superseded checkpoints beyond the retention setting, and
         notifies ``agentfast_progress``. The new messages, the context and the pending call of
         ``snapshot`` are replaced in place by their stored form (:mod:`.storable`), so the runner
-        continues with exactly what a resume would read. Raises LeaseLost, StoreUnavailable.
+        continues with exactly what a resume would read. A string over the payload threshold in
+        the new messages, the context or the pending call is stored once in ``agentfast_payloads``
+        and the rows refer to it (:mod:`.payloads`); loads resolve it. Raises PayloadTooLarge (a
+        string over the ceiling, or a value Postgres cannot store), LeaseLost, StoreUnavailable.
         """
         return self._commit_checkpoint(lease, snapshot, stored_messages, read_ends=False)[0]
 
@@ -810,15 +869,22 @@ class Store:
         iteration = snapshot.context.counters.iterations
         stored = [_stored_json(m, exclude_defaults=True) for m in snapshot.messages[stored_messages:]]
         snapshot.messages[stored_messages:] = [m for m, _ in stored]
-        new = [text for _, text in stored]
+        # Large strings go to agentfast_payloads (a tool's output is there already, from
+        # record_result: not sent again); the rows keep references. sdk_state is left whole: its
+        # blobs differ at every superstep, and payload rows are not pruned with checkpoints.
+        out: dict[str, str] = {}
+        new = [self._out_of_line(text, out, f"message {stored_messages + i} of the transcript") for i, (_, text) in enumerate(stored)]
         snapshot.context, context = _stored_json(snapshot.context)
+        context = self._out_of_line(context, out, "the run's context")
         pending = None
         if snapshot.pending:
             snapshot.pending, pending = _stored_json(snapshot.pending)
+            pending = self._out_of_line(pending, out, "the pending call")
 
         # A retry after a commit whose acknowledgement was lost finds its rows there (ON CONFLICT
         # keeps them); the id is read by the checkpoint's key either way.
         def op(conn: psycopg.Connection) -> tuple[int, EndRequests | None]:
+            self._write_payloads(conn, lease, out)
             if new:  # one statement for all of them, sent as one JSON array (no per-element quoting)
                 conn.execute(
                     """INSERT INTO agentfast_messages (run_id, seq, iteration, message, epoch)
@@ -856,7 +922,12 @@ class Store:
             conn.execute("SELECT pg_notify(%s, %s)", (PROGRESS_CHANNEL, snapshot.run_id))
             return cid, self._end_requests(conn, snapshot.run_id) if read_ends else None
 
-        return self._retry(op, lease=lease)
+        try:
+            done = self._retry(op, lease=lease)
+        except PayloadTooLarge as err:
+            raise err.about(f"the checkpoint of iteration {iteration} (its transcript, context, pending call or sdk_state)") from None
+        self._payloads_committed(lease, out)
+        return done
 
     def load_snapshot(self, run_id: str) -> StateSnapshot | None:
         """The run's latest checkpoint with its transcript, or None if it has none.
@@ -870,11 +941,21 @@ class Store:
             ).fetchone()
             if cp is None:
                 return None
-            msgs = conn.execute(
-                "SELECT message FROM agentfast_messages WHERE run_id = %s AND seq < %s ORDER BY seq",
+            # As text (what the server sends for jsonb anyway), decoded here: a substring test
+            # finds the few rows that may hold a payload reference, not a walk of every message.
+            texts = [m["message"] for m in conn.execute(
+                "SELECT message::text AS message FROM agentfast_messages WHERE run_id = %s AND seq < %s ORDER BY seq",
                 (run_id, cp["message_count"]),
-            ).fetchall()
-            return cp, [m["message"] for m in msgs]
+            ).fetchall()]
+            msgs = [json.loads(t) for t in texts]
+            refer = [i for i, t in enumerate(texts) if payloads.PREFIX in t]
+            where = f"checkpoint {cp['checkpoint_id']} (iteration {cp['iteration']})"
+            got = self._resolved(run_id, [("agentfast_checkpoints", where, cp["context"]), ("agentfast_checkpoints", where, cp["pending"]),
+                                          *(("agentfast_messages", f"seq {i}", msgs[i]) for i in refer)], conn)
+            cp["context"], cp["pending"] = got[0], got[1]
+            for i, value in zip(refer, got[2:]):
+                msgs[i] = value
+            return cp, msgs
 
         got = self._retry(op)
         return decode_snapshot(run_id, *got) if got is not None else None
@@ -884,17 +965,24 @@ class Store:
 
         Decoded like a snapshot (version checked, older versions upgraded): raises UnreadableState.
         """
-        row = self._retry(
-            lambda c: c.execute(
-                """SELECT checkpoint_id, iteration, schema_version, context, pending, saved_at FROM agentfast_checkpoints
-                   WHERE run_id = %s ORDER BY checkpoint_id DESC LIMIT 1""",
-                (run_id,),
-            ).fetchone()
-        )
+        row = self._retry(lambda c: self._latest_context(c, run_id))
         if row is None:
             return None
         snap = decode_snapshot(run_id, row, [])
         return snap.context, snap.pending
+
+    def _latest_context(self, conn: psycopg.Connection, run_id: str) -> dict[str, Any] | None:
+        """The latest checkpoint row without ``sdk_state`` (its payload references resolved), or None."""
+        row = conn.execute(
+            """SELECT checkpoint_id, iteration, schema_version, context, pending, saved_at FROM agentfast_checkpoints
+               WHERE run_id = %s ORDER BY checkpoint_id DESC LIMIT 1""",
+            (run_id,),
+        ).fetchone()
+        if row is not None:
+            where = f"checkpoint {row['checkpoint_id']} (iteration {row['iteration']})"
+            row["context"], row["pending"] = self._resolved(
+                run_id, [("agentfast_checkpoints", where, row["context"]), ("agentfast_checkpoints", where, row["pending"])], conn)
+        return row
 
     def list_checkpoints(self, run_id: str) -> list[CheckpointInfo]:
         rows = self._retry(
@@ -913,12 +1001,20 @@ class Store:
 
         One transaction, before any tool runs: a resume reuses this reply instead of asking the
         model again, so the calls (and their idempotency keys) can never change under a retry.
-        Returns the turn as stored (text made storable: see :mod:`.storable`).
+        Returns the turn as stored (text made storable: see :mod:`.storable`). Large strings (the
+        content, a call's arguments) are stored once, out of line (:mod:`.payloads`). Raises
+        PayloadTooLarge (naming the iteration and the size), LeaseLost, StoreUnavailable.
         """
         message, text = _stored_json(turn.message)
         turn = Turn(turn.iteration, message, turn.prompt_tokens, turn.completion_tokens)
+        what = f"the model's reply of iteration {turn.iteration}"
+        out: dict[str, str] = {}
+        text = self._out_of_line(text, out, what)
+        arguments = [payloads.externalize(e.tool_call.arguments, self.payload_limits, out, what=f"the arguments of {e.call_id} ({e.tool_call.name})")
+                     for e in planned]
 
         def op(conn: psycopg.Connection) -> None:
+            self._write_payloads(conn, lease, out)
             conn.execute(
                 """INSERT INTO agentfast_turns (run_id, iteration, message, prompt_tokens, completion_tokens, epoch)
                    VALUES (%s, %s, %s::jsonb, %s, %s, 0) ON CONFLICT (run_id, iteration) DO NOTHING""",
@@ -932,12 +1028,16 @@ class Store:
                        ON CONFLICT (run_id, iteration, position) DO NOTHING""",
                     [
                         (lease.run_id, e.iteration, e.position, e.call_id, e.idempotency_key, e.tool_call.id, e.tool_call.name,
-                         e.tool_call.arguments, e.gated, e.idempotent)
-                        for e in planned
+                         args, e.gated, e.idempotent)
+                        for e, args in zip(planned, arguments)
                     ],
                 )
 
-        self._retry(op, lease=lease)
+        try:
+            self._retry(op, lease=lease)
+        except PayloadTooLarge as err:
+            raise err.about(what, len(text.encode())) from None
+        self._payloads_committed(lease, out)
         return turn
 
     def last_turn_iteration(self, run_id: str) -> int:
@@ -952,7 +1052,8 @@ class Store:
         )
         if row is None:
             return None
-        message = decode_row(run_id, "agentfast_turns", f"iteration {iteration}", Message, row["message"])
+        [stored] = self._resolved(run_id, [("agentfast_turns", f"iteration {iteration}", row["message"])])
+        message = decode_row(run_id, "agentfast_turns", f"iteration {iteration}", Message, stored)
         return Turn(row["iteration"], message, row["prompt_tokens"], row["completion_tokens"])
 
     def journal(self, run_id: str, iteration: int | None = None) -> list[JournalEntry]:
@@ -963,6 +1064,12 @@ class Store:
             query += " AND iteration = %s"
             params.append(iteration)
         rows = self._read(query + " ORDER BY iteration, position", params, all=True)
+        values = []
+        for r in rows:
+            values += [("agentfast_tool_calls", f"call {r['call_id']}", r["arguments"]), ("agentfast_tool_calls", f"call {r['call_id']}", r["result"])]
+        resolved = self._resolved(run_id, values)
+        for i, r in enumerate(rows):
+            r["arguments"], r["result"] = resolved[2 * i], resolved[2 * i + 1]
         return [
             JournalEntry(
                 iteration=r["iteration"],
@@ -1020,18 +1127,29 @@ class Store:
     def record_result(self, lease: Lease, iteration: int, position: int, result: ToolResult) -> ToolResult:
         """Persist a call's result; from now on it is never run again (G3).
 
-        Returns the result as stored (text made storable: see :mod:`.storable`).
+        Returns the result as stored (text made storable: see :mod:`.storable`); a content over
+        the payload threshold is stored once in ``agentfast_payloads`` and the row refers to it
+        (:mod:`.payloads`). Raises PayloadTooLarge (naming the call and the size) for a content
+        over the ceiling or one Postgres cannot store, LeaseLost, StoreUnavailable.
         """
         result, text = _stored_json(result)
+        what = f"the result of {result.call_id} ({result.tool_name})"
+        out: dict[str, str] = {}
+        text = self._out_of_line(text, out, what)
 
         def op(conn: psycopg.Connection) -> None:
+            self._write_payloads(conn, lease, out)
             conn.execute(
                 """UPDATE agentfast_tool_calls SET state = 'done', result = %s::jsonb, finished_at = now()
                    WHERE run_id = %s AND iteration = %s AND position = %s""",
                 (text, lease.run_id, iteration, position),
             )
 
-        self._retry(op, lease=lease)
+        try:
+            self._retry(op, lease=lease)
+        except PayloadTooLarge as err:
+            raise err.about(what, len(text.encode())) from None
+        self._payloads_committed(lease, out)
         return result
 
     # -- approvals ------------------------------------------------------------------------------
@@ -1142,13 +1260,8 @@ class Store:
         ).fetchall()
         return {r["call_id"]: Decision(**r) for r in rows}
 
-    @classmethod
-    def _awaiting(cls, conn: psycopg.Connection, run_id: str) -> list[AwaitedCall]:
-        row = conn.execute(
-            """SELECT checkpoint_id, iteration, schema_version, context, pending, saved_at FROM agentfast_checkpoints
-               WHERE run_id = %s ORDER BY checkpoint_id DESC LIMIT 1""",
-            (run_id,),
-        ).fetchone()
+    def _awaiting(self, conn: psycopg.Connection, run_id: str) -> list[AwaitedCall]:
+        row = self._latest_context(conn, run_id)
         if row is None:
             return []
         # Decoded as every reader decodes a checkpoint: a decision is never accepted on the word
@@ -1157,7 +1270,7 @@ class Store:
         pending = snap.pending
         if pending is None or snap.context.status.phase in TERMINAL_PHASES:
             return []
-        decided = cls._decisions(conn, run_id, pending.call_ids)
+        decided = self._decisions(conn, run_id, pending.call_ids)
         return [a for a in pending.awaiting if a.call_id not in decided]
 
     def awaiting(self, run_id: str) -> list[AwaitedCall]:

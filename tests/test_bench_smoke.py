@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench import checkpoint, report, throughput  # noqa: E402
+from bench import checkpoint, payloads, report, throughput  # noqa: E402
 from bench.pg import pgbench_tps  # noqa: E402
 
 
@@ -38,6 +38,30 @@ def test_checkpoint_part_measures_every_subject(dsn: str) -> None:
     text = report.render({"mode": "test", "machine": {"cores": "2"}, "duration_s": 1.0, "load": (0.0, 0.0),
                           "checkpoint": res, "load_snapshot": load})
     assert "Store.commit_checkpoint" in text and "| checkpoint p50" in text
+
+
+def test_payloads_part_measures_every_subject(pg_server) -> None:
+    import uuid
+
+    made: list[str] = []
+
+    def new_database(prefix: str) -> str:
+        made.append(f"{prefix}_{uuid.uuid4().hex[:8]}")
+        with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{made[-1]}"')
+        return pg_server.dsn_for(made[-1])
+
+    try:
+        res = payloads.run(new_database, payloads.PayloadsConfig(iterations=2, reps=1), lambda _: None)
+    finally:
+        with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
+            for name in made:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    # Stored once, out of the hot rows: what the Targets row's verdict reads.
+    assert res.hot_ratio() < 1.5 and res.growth_ratio("large").median < 1.3 and res.growth_ratio("inline").median > 1.7
+    assert "cannot be stored" in res.ceiling_message
+    text = report.render({"mode": "test", "machine": {"cores": "2"}, "duration_s": 1.0, "load": (0.0, 0.0), "payloads": res})
+    assert "| large payloads" in text and "### 6. Large payloads" in text
 
 
 def test_throughput_workers_and_pgbench(dsn: str, tmp_path: Path) -> None:

@@ -360,6 +360,22 @@ def test_runner_values_reach_the_operator_and_its_parser_accepts_them(helm: str)
     assert sa_verbs(docs) == {"get", "create", "patch"} and sa_verbs(render(helm)) == set()
 
 
+def test_payload_limits_reach_the_runner_pods_env(helm: str) -> None:
+    from agentfast.operator.workload import RunnerConfig, build_pod
+
+    default = RunnerConfig.from_env(_operator_env(render(helm)))
+    assert (default.payload_threshold_bytes, default.payload_max_bytes) == (1 << 20, 64 << 20)
+    # from a values file a number is a float to helm: 256 MiB must not render as 2.68435456e+08
+    proc = _render_values(helm, {"runner": {"payloadThresholdBytes": 4194304, "payloadMaxBytes": 268435456}})
+    assert proc.returncode == 0, proc.stderr
+    cfg = RunnerConfig.from_env(_operator_env([d for d in yaml.safe_load_all(proc.stdout) if d]))
+    pod = build_pod({"metadata": {"name": "r", "namespace": "team-a", "uid": "u"}, "spec": {}}, cfg)["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert (env["AGENTFAST_PAYLOAD_THRESHOLD_BYTES"], env["AGENTFAST_PAYLOAD_MAX_BYTES"]) == ("4194304", "268435456")
+    with pytest.raises(ValueError, match="AGENTFAST_RUNNER_PAYLOAD_MAX_BYTES"):
+        RunnerConfig.from_env({"AGENTFAST_RUNNER_PAYLOAD_MAX_BYTES": "lots"})
+
+
 @pytest.mark.parametrize("values, problem", [
     ({"runner": {"allowedImages": ["*"]}}, "allowedImages"),
     ({"runner": {"allowedImages": ["reg.example.com/team"]}}, None),  # a repository
@@ -374,6 +390,8 @@ def test_runner_values_reach_the_operator_and_its_parser_accepts_them(helm: str)
     ({"runner": {"serviceAccount": {"create": True, "name": "default"}}}, "default ServiceAccount"),
     ({"runner": {"serviceAccount": {"name": "agentfast-operator"}}}, "operator's own ServiceAccount"),
     ({"runner": {"serviceAccount": {"token": True}}}, "token"),
+    ({"runner": {"payloadMaxBytes": 0}}, "payloadMaxBytes"),
+    ({"runner": {"payloadThresholdBytes": 2097152, "payloadMaxBytes": 1048576}}, "payloadThresholdBytes is over"),
 ])
 def test_bad_runner_values_are_refused_at_install(helm: str, values: dict, problem: str | None) -> None:
     proc = _render_values(helm, values)

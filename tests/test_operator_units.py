@@ -42,6 +42,8 @@ def test_the_runner_pod_runs_the_runner_without_credentials_as_non_root() -> Non
     assert env["AGENTFAST_SUSPEND_AFTER_SECONDS"]["value"] == "60"  # the chart's default; spec.suspendAfter wins
     # started while its predecessor may still be stopping: waits for it past its grace period and a stale heartbeat
     assert env["AGENTFAST_WAIT_FOR_HOLDER_SECONDS"]["value"] == "35"
+    # large payloads: the chart's defaults, 1 MiB out of line and 64 MiB at most (runner/payloads.py reads them)
+    assert (env["AGENTFAST_PAYLOAD_THRESHOLD_BYTES"]["value"], env["AGENTFAST_PAYLOAD_MAX_BYTES"]["value"]) == ("1048576", "67108864")
     long_grace = build_pod(BODY, RunnerConfig(termination_grace_s=120))["spec"]["containers"][0]["env"]
     assert {e["name"]: e.get("value") for e in long_grace}["AGENTFAST_WAIT_FOR_HOLDER_SECONDS"] == "125"
     meta = manifest["metadata"]

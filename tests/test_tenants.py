@@ -86,7 +86,7 @@ def test_a_namespaces_runner_role_reaches_only_its_own_runs(dsn: str, store: Sto
     with psycopg.connect(_as(dsn, role, "pw-a"), autocommit=True) as a:
         assert a.execute("SELECT current_user, agentfast_tenant()").fetchone() == (role, "team-a")
         for table in ("agentfast_runs", "agentfast_messages", "agentfast_checkpoints", "agentfast_turns",
-                      "agentfast_tool_calls", "agentfast_approvals", "agentfast_runners"):
+                      "agentfast_tool_calls", "agentfast_approvals", "agentfast_runners", "agentfast_payloads"):
             visible = {r[0] for r in a.execute(f"SELECT DISTINCT run_id FROM {table}").fetchall()}
             assert visible <= {mine}, (table, visible)  # team-b's input, transcript, journal: not even seen
         assert a.execute("UPDATE agentfast_runs SET epoch = epoch + 1 WHERE run_id = %s", (theirs,)).rowcount == 0
@@ -95,6 +95,8 @@ def test_a_namespaces_runner_role_reaches_only_its_own_runs(dsn: str, store: Sto
         _refused(a, "UPDATE agentfast_runs SET spec = '{}' WHERE run_id = %s", mine)  # a takeover, never a new spec
         _refused(a, "SELECT * FROM agentfast_tenants")
         _refused(a, "SELECT * FROM agentfast_void_decisions")
+        _refused(a, "UPDATE agentfast_payloads SET content = '' WHERE run_id = %s", mine)  # a payload, once stored, never changes
+        _refused(a, "DELETE FROM agentfast_payloads WHERE run_id = %s", mine)
         _refused(a, "CREATE TABLE public.agentfast_mine (x int)")  # the store's schema
         _refused(a, "CREATE SCHEMA agentfast_mine")  # nor a schema of its own: tools keep their tables under their own role (G11)
         _refused(a, "DELETE FROM agentfast_runs WHERE run_id = %s", mine)

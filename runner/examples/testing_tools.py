@@ -3,6 +3,8 @@
 - ``echo``: returns its text and the call's idempotency key (so a test can read the key the
   runtime passed from the transcript).
 - ``explode``: always raises; the runtime must turn that into an error result the model reads.
+- ``big_output``: returns a deterministic text of exactly ``size_bytes`` bytes (hex, so Postgres
+  compresses it only about 2x, as real output), and logs each run in ``demo_tool_invocations``.
 - ``probe_credentials``: what a hostile tool would try (a prompt-injected shell tool, say): it
   returns its environment and whatever it can read of its own and its parent's process files
   (environ, cmdline, mem), so a test can check the runner's credentials are in none of it (G11).
@@ -10,6 +12,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 from ..tools import ToolContext, tool
@@ -31,6 +34,21 @@ def explode(ctx: ToolContext, what: str = "") -> str:
 def nul_output(ctx: ToolContext, text: str) -> str:
     """Returns text with NUL characters in it, which Postgres cannot store as text."""
     return f"before\x00{text}\x00after"
+
+
+def big_text(size_bytes: int, seed: str = "") -> str:
+    """The text ``big_output`` returns: ``size_bytes`` hex digits derived from ``seed``."""
+    return hashlib.shake_256(seed.encode()).hexdigest((size_bytes + 1) // 2)[:size_bytes]
+
+
+@tool
+def big_output(ctx: ToolContext, size_bytes: int, seed: str = "") -> str:
+    """Return a deterministic text of exactly ``size_bytes`` bytes (hex digits derived from ``seed``)."""
+    from .refund import _connect, _log_invocation  # the example tools' own database, never the store's
+
+    with _connect(ctx) as conn:
+        _log_invocation(conn, "big_output", ctx)
+    return big_text(size_bytes, seed)
 
 
 @tool
