@@ -61,7 +61,7 @@ def test_payloads_part_measures_every_subject(pg_server) -> None:
     assert res.hot_ratio() < 1.5 and res.growth_ratio("large").median < 1.3 and res.growth_ratio("inline").median > 1.7
     assert "cannot be stored" in res.ceiling_message
     text = report.render({"mode": "test", "machine": {"cores": "2"}, "duration_s": 1.0, "load": (0.0, 0.0), "payloads": res})
-    assert "| large payloads" in text and "### 6. Large payloads" in text
+    assert "| large payloads" in text and "### Large payloads" in text
 
 
 def test_throughput_workers_and_pgbench(dsn: str, tmp_path: Path) -> None:
