@@ -25,6 +25,11 @@ by ``ON UPDATE CASCADE`` when an earlier run of a reused name is archived, migra
   current credential.
 - ``agentfast_cancel_requests`` (8): a request to cancel a run (``Store.request_cancel``):
   who asked and when, at most one per run. Runner roles read it, never write it.
+- ``agentfast_sdk_blobs`` (10): a graph-native SDK's own state, in rows written once and
+  never updated (``Store.commit_checkpoint(sdk_rows=...)``, in the checkpoint's transaction): the
+  checkpoint's ``sdk_state`` stays small and only names its rows by ``key``. The runtime stores
+  and returns them without interpreting them (G8); the LangGraph adapter keeps one row per list
+  element it appends (a message is written once) and one per other channel value it changes.
 - ``agentfast_runners`` (3): the live runner of a run, if any: who (runner id, pid, host, its
   Postgres backend) and its last heartbeat. Only a hint for humans: liveness itself is the
   session advisory lock the runner holds (``runner/liveness.py``), which dies with its connection.
@@ -261,5 +266,28 @@ MIGRATIONS: list[str] = [
     CREATE POLICY agentfast_tenant ON agentfast_cancel_requests TO agentfast_runner
         USING (split_part(run_id, '/', 1) = agentfast_tenant());
     GRANT SELECT ON agentfast_cancel_requests TO agentfast_runner;
+    """,
+    # 9: reserved for agentfast_payloads (issue 15 item 6, built on another branch at the same
+    # time): this placeholder is replaced by that migration when the branches merge, so the
+    # one below keeps its number. It changes nothing.
+    "SELECT 1",
+    # 10: a graph-native SDK's state as rows written once (issue 15 item 3): the LangGraph
+    # adapter's sdk_state held the whole channel state, rewritten at every superstep. A row is
+    # keyed by the adapter's own text key; value is the SDK's serializer's output, type its tag.
+    """
+    CREATE TABLE agentfast_sdk_blobs (
+        run_id  text NOT NULL REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE,
+        key     text NOT NULL,
+        type    text NOT NULL,
+        value   bytea NOT NULL,
+        epoch   bigint NOT NULL,
+        PRIMARY KEY (run_id, key)
+    );
+    CREATE TRIGGER agentfast_fence BEFORE INSERT OR UPDATE ON agentfast_sdk_blobs
+        FOR EACH ROW EXECUTE FUNCTION agentfast_fence();
+    ALTER TABLE agentfast_sdk_blobs ENABLE ROW LEVEL SECURITY;
+    CREATE POLICY agentfast_tenant ON agentfast_sdk_blobs TO agentfast_runner
+        USING (split_part(run_id, '/', 1) = agentfast_tenant());
+    GRANT SELECT, INSERT ON agentfast_sdk_blobs TO agentfast_runner;
     """,
 ]
