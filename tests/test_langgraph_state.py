@@ -261,3 +261,45 @@ def test_a_namespaces_runner_role_writes_and_reads_only_its_own_sdk_rows(store: 
                              (lease.run_id,))
         assert err.value.sqlstate in ("AF001", "42501"), err.value
     assert _stored(dsn, lease.run_id)[0] > 0 and _stored(dsn, theirs.run_id)[0] == 0
+
+
+def test_the_incremental_add_messages_gives_what_langgraphs_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+    import random
+
+    from langchain_core.messages import AIMessageChunk, RemoveMessage
+    from langgraph.graph.message import add_messages
+
+    import agentfast.runner.adapters.langgraph as adapter
+
+    full_path = []
+    monkeypatch.setattr(adapter, "add_messages", lambda *a, **kw: full_path.append(1) or add_messages(*a, **kw))
+    rng = random.Random(7)
+    fast = adapter.IncrementalAddMessages()
+    ours = theirs = [HumanMessage(content="start", id="m0")]
+    appends = 0
+    for step in range(300):
+        k = len(theirs)
+        kind = rng.random()
+        if kind < 0.7:  # the common case: new messages appended
+            right = [AIMessage(content=f"a{step}", id=f"a{step}"), ToolMessage(content=f"t{step}", tool_call_id="c", id=f"t{step}")]
+        elif kind < 0.8:  # a replacement of an existing id
+            right = [AIMessage(content=f"edit{step}", id=theirs[rng.randrange(k)].id)]
+        elif kind < 0.85 and k > 2:  # a removal
+            right = [RemoveMessage(id=theirs[rng.randrange(k)].id)]
+        elif kind < 0.9:  # no id: one is assigned (compared below by content and position only)
+            right = [HumanMessage(content=f"noid{step}")]
+        elif kind < 0.95:  # a chunk, converted to a message
+            right = [AIMessageChunk(content=f"chunk{step}", id=f"k{step}")]
+        else:  # a duplicate id inside one update
+            right = [AIMessage(content=f"d{step}", id=f"d{step}"), AIMessage(content=f"d{step}b", id=f"d{step}")]
+        # The same message objects go to both: compare what each returns.
+        appends += kind < 0.7
+        ours = fast(ours, list(right))
+        theirs = add_messages(theirs, list(right))
+        assert [(type(m), m.content) for m in ours] == [(type(m), m.content) for m in theirs], step
+        assert [m.id for m in ours if not m.content.startswith("noid")] == [m.id for m in theirs if not m.content.startswith("noid")]
+        assert len({m.id for m in ours}) == len(ours)
+        if step % 50 == 0:  # a list the reducer has not seen (as a resumed process's first update): the full path
+            ours = list(ours)
+    assert len(full_path) <= 300 - appends + 7  # every append but the first ones after a list it never returned: fast
+    assert appends > 150

@@ -45,7 +45,9 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.channels.binop import BinaryOperatorAggregate
 from langgraph.graph import END
+from langgraph.graph.message import add_messages
 
 try:
     from langgraph.channels import DeltaChannel
@@ -237,6 +239,19 @@ class SnapshotSaver(InMemorySaver):
                     continue
                 latest["writes"][inner] = (task_id, channel, self.serde.dumps_typed(value), task_path)
 
+    def settled(self, channel: str) -> Any:
+        """The root graph's ``channel`` value at its latest checkpoint if that superstep is
+        settled (no task of it has written yet: none finished, interrupted or failed), else
+        None (also for no such channel). What ``graph.get_state`` shows, without building it."""
+        with self._lock:
+            latest = self._latest.get("")
+            if latest is None or latest["writes"]:
+                return None
+            kept = self._values.get(("", channel))
+            if kept is None or kept.version != latest["versions"].get(channel):
+                return None
+            return kept.items if kept.items is not None else self.serde.loads_typed(kept.typed)  # type: ignore[arg-type]
+
     def delete_thread(self, thread_id: str) -> None:
         """Forget everything kept for ``thread_id`` (stored rows are the store's)."""
         with self._lock:
@@ -392,6 +407,72 @@ class SnapshotSaver(InMemorySaver):
                 latest["written"].add(key)
 
 
+# -- LangGraph's add_messages, without rebuilding its id index at every update -------------------
+
+
+class IncrementalAddMessages:
+    """LangGraph's ``add_messages`` reducer, giving the same results, whose common case costs
+    O(new messages) instead of O(transcript).
+
+    ``add_messages(left, right)`` rebuilds a dict of every message id in ``left`` on each call
+    (twice per superstep when a conditional edge reads the state), so LangGraph's own step grows
+    with the transcript. This keeps that dict for the last few lists it returned: when ``left``
+    is one of them, unchanged (the same elements, compared by identity in C), and ``right`` only
+    appends new plain messages with new ids (no ``RemoveMessage``, no chunk, no id seen before,
+    no ``format``), the result is ``left + right`` and its index the old one plus the new ids.
+    Every other call goes to LangGraph's own ``add_messages``. :func:`speed_up_reducers` puts it
+    on a compiled graph's channels that use ``add_messages``.
+    """
+
+    _KEEP = 4  # lists whose index is kept: the channel's value and the copies a fresh read made
+
+    def __init__(self) -> None:
+        self._known: dict[int, tuple[list[Any], list[Any], dict[str, int]]] = {}  # id(list) -> (list, its copy, index)
+        self._lock = threading.Lock()
+
+    def __call__(self, left: Any = None, right: Any = None, **kwargs: Any) -> Any:
+        if kwargs or type(left) is not list or type(right) is not list:
+            return add_messages(left, right, **kwargs)
+        with self._lock:
+            known = self._known.get(id(left))
+        if known is not None and known[0] is left and len(left) == len(known[1]) and left == known[1]:
+            index = known[2]
+            new_ids: dict[str, int] = {}
+            for m in right:
+                mid = getattr(m, "id", None)
+                if (type(m) not in _PLAIN or mid is None or mid in index or mid in new_ids):
+                    break
+                new_ids[mid] = len(left) + len(new_ids)
+            else:
+                merged = left + right
+                merged_index = dict(index)
+                merged_index.update(new_ids)
+                self._remember(merged, merged_index)
+                return merged
+        merged = add_messages(left, right)
+        if type(merged) is list:
+            self._remember(merged, {m.id: i for i, m in enumerate(merged)})
+        return merged
+
+    def _remember(self, merged: list[Any], index: dict[str, int]) -> None:
+        with self._lock:
+            self._known[id(merged)] = (merged, list(merged), index)
+            while len(self._known) > self._KEEP:
+                del self._known[next(iter(self._known))]
+
+
+_PLAIN = frozenset({AIMessage, HumanMessage, ToolMessage, SystemMessage})  # exact types: no chunk, no RemoveMessage
+
+
+def speed_up_reducers(compiled: Any) -> Any:
+    """Put an :class:`IncrementalAddMessages` on every channel of ``compiled`` (a compiled graph)
+    whose reducer is LangGraph's ``add_messages`` itself; returns ``compiled``."""
+    for ch in compiled.channels.values():
+        if isinstance(ch, BinaryOperatorAggregate) and ch.operator is add_messages:
+            ch.operator = IncrementalAddMessages()
+    return compiled
+
+
 # -- messages between LangChain and the runtime ------------------------------------------------
 
 _ORIGINAL = "agentfast_message"  # AIMessage.additional_kwargs key holding the provider's message as received
@@ -544,6 +625,7 @@ class GraphRuntime:
                 raise StopRequested()
             result = r.executor.execute(entry)
             r._emit("tool_result", f"{entry.call_id} {entry.tool_call.name}")
+        r._counted(it, pos, result)
         return {"messages": [to_langchain_message(result.to_message(), msg_id=f"agentfast-tool-{it}-{pos}")]}
 
 
@@ -566,7 +648,7 @@ def build_graph(ref: str, rt: GraphRuntime, checkpointer: SnapshotSaver) -> Any:
     builder = getattr(graph, "builder", graph)  # a compiled graph is recompiled with our checkpointer
     if not hasattr(builder, "compile"):
         raise SpecError(f"spec.graph.ref: {ref} returned {type(graph).__name__}, not a LangGraph StateGraph")
-    compiled = builder.compile(checkpointer=checkpointer)
+    compiled = speed_up_reducers(builder.compile(checkpointer=checkpointer))
     if DeltaChannel is not None:
         delta = sorted(name for name, ch in compiled.channels.items() if isinstance(ch, DeltaChannel))
         if delta:
@@ -585,6 +667,7 @@ class LangGraphRunner(RunnerBase):
     saver: SnapshotSaver | None = None
     _mirrored: list[BaseMessage] | None = None  # the graph's messages that snap.messages mirrors
     _tool_kinds: dict[tuple[int, int], str | None] | None = None  # (iteration, position) -> error_kind of each finished call
+    _count_lock = threading.Lock()  # tool nodes run on LangGraph's executor threads (one runner per process)
 
     def _drive(self) -> Outcome:
         thread_id = self.snap.context.session.run_uid
@@ -633,10 +716,9 @@ class LangGraphRunner(RunnerBase):
         the finished siblings' writes applied in completion order, ahead of an earlier call's
         result that does not exist yet.
         """
-        state = self.graph.get_state(config)
-        clean = all(t.result is None and not t.interrupts and t.error is None for t in state.tasks)
-        if clean and "messages" in state.values:
-            self._mirror(state.values["messages"])
+        messages = self.saver.settled("messages")  # type: ignore[union-attr]
+        if messages is not None:
+            self._mirror(messages)
         self.snap.sdk_state = self.saver.export_state(thread_id)  # type: ignore[union-attr]
         self._count_tools()
         self._commit()
@@ -654,23 +736,31 @@ class LangGraphRunner(RunnerBase):
         self._mirrored = list(messages)
 
     def _count_tools(self) -> None:
-        """The counters of finished calls, from the journal: the whole journal once per process,
-        then only the current iteration's calls (a call finishes in its own iteration)."""
-        if self._tool_kinds is None:
-            self._tool_kinds, entries = {}, self.store.journal(self.run_id)
-        else:
-            it = self.snap.context.counters.iterations
-            entries = self.store.journal(self.run_id, it) if it else []
-        c = self.snap.context.counters
-        if not self._tool_kinds:
+        """The counters of finished calls: counted from the whole journal once per process; from
+        then on :meth:`_counted` adds each call the tool node finishes (no read per superstep)."""
+        with self._count_lock:
+            if self._tool_kinds is not None:
+                return
+            self._tool_kinds = {}
+            c = self.snap.context.counters
             c.tool_calls = c.tool_errors = c.malformed_tool_calls = 0
-        for e in entries:
-            if e.result is None or (e.iteration, e.position) in self._tool_kinds:
-                continue
-            kind = self._tool_kinds[(e.iteration, e.position)] = e.result.error_kind
-            c.tool_calls += kind not in ("malformed", "denied")
-            c.tool_errors += kind == "tool_raised"
-            c.malformed_tool_calls += kind == "malformed"
+            for e in self.store.journal(self.run_id):
+                if e.result is not None:
+                    self._add_kind(e.iteration, e.position, e.result.error_kind)
+
+    def _counted(self, iteration: int, position: int, result: ToolResult) -> None:
+        """The tool node finished call (iteration, position) with ``result`` (its result is in the
+        journal already: before the first count, that count finds it). Thread-safe."""
+        with self._count_lock:
+            if self._tool_kinds is not None and (iteration, position) not in self._tool_kinds:
+                self._add_kind(iteration, position, result.error_kind)
+
+    def _add_kind(self, iteration: int, position: int, kind: str | None) -> None:
+        self._tool_kinds[(iteration, position)] = kind  # type: ignore[index]
+        c = self.snap.context.counters
+        c.tool_calls += kind not in ("malformed", "denied")
+        c.tool_errors += kind == "tool_raised"
+        c.malformed_tool_calls += kind == "malformed"
 
     def _sdk_rows(self) -> list[SdkRow]:
         return self.saver.take_rows() if self.saver is not None else []
