@@ -248,6 +248,7 @@ class LgResult:
     # samples[subject][n]: per repetition, seconds per superstep; floor[subject][n]: the floor steps interleaved
     samples: dict[str, dict[int, list[list[float]]]]
     floor: dict[str, dict[int, list[list[float]]]]
+    cpu: dict[str, dict[int, list[float]]]  # this process's CPU seconds per superstep, pooled (the backend's not included)
     # per length, medians over the bytes pass: WAL and stored row bytes per superstep, the largest
     # value one superstep stored, and the latest checkpoint's sdk_state (adapter) / checkpoint row (lg_pg)
     wal: dict[str, dict[int, float]]
@@ -267,6 +268,9 @@ class LgResult:
     def growth(self, subject: str, lo: int, hi: int) -> tuple[float, float]:
         """(raw p50 growth, floor-normalised p50 growth) from ``lo`` to ``hi`` messages."""
         return self.p50_ms(subject, hi).median / self.p50_ms(subject, lo).median, self.norm(subject, hi) / self.norm(subject, lo)
+
+    def cpu_ms(self, subject: str, n: int) -> float:
+        return statistics.median(self.cpu[subject][n]) * 1000
 
     def own_ms(self, n: int) -> float:
         """The adapter's persistence per superstep: its p50 minus the p50 of the same graph step
@@ -292,19 +296,21 @@ class _LgBench:
             return AdapterRun(self.b.store, self.b.prefill, n, steps)
         return GraphSteps(n, steps, self.b.saver if subject == "lg_pg" else None, fast=subject == "bare_fast")
 
-    def block(self, subject: str, n: int, k: int, on_step: Any = None) -> tuple[list[float], list[float]]:
+    def block(self, subject: str, n: int, k: int, on_step: Any = None) -> tuple[list[float], list[float], list[float]]:
         """``k`` timed supersteps of ``subject`` at ``n`` messages (after 2 untimed ones: the input
         step and LangGraph's first, which warms its caches), each followed by one floor step
-        (unless ``on_step``: the bytes pass, which calls it untimed after each step instead)."""
+        (unless ``on_step``: the bytes pass, which calls it untimed after each step instead).
+        Returns seconds per step, the floor steps' seconds, and this process's CPU seconds per step."""
         skip = 2
-        out, floor = [], []
+        out, floor, cpu = [], [], []
         clock = time.perf_counter
         while len(out) < k:
             run = self._make(subject, n, min(10, k - len(out)) + skip)
-            t = clock()
+            t, c = clock(), time.process_time()
             for i, _ in enumerate(run.supersteps()):
                 if i >= skip:
                     out.append(clock() - t)
+                    cpu.append(time.process_time() - c)
                     if on_step is not None:
                         on_step(run)
                     else:
@@ -313,8 +319,8 @@ class _LgBench:
                         floor.append(clock() - f)
                 elif on_step is not None and i == skip - 1:
                     on_step(run)  # the baseline of the first measured step
-                t = clock()
-        return out[:k], floor[:k]
+                t, c = clock(), time.process_time()
+        return out[:k], floor[:k], cpu[:k]
 
 
 def _sizes(conn: psycopg.Connection, subject: str, run: Any) -> tuple[dict[str, int], float]:
@@ -425,6 +431,7 @@ def run(dsn: str, workdir: Path, cfg: LgConfig, log: Any) -> LgResult:
     subjects = list(SUBJECTS)
     samples: dict[str, dict[int, list[list[float]]]] = {s: {n: [] for n in cfg.lengths} for s in subjects}
     floor: dict[str, dict[int, list[list[float]]]] = {s: {n: [] for n in cfg.lengths} for s in subjects}
+    cpu: dict[str, dict[int, list[float]]] = {s: {n: [] for n in cfg.lengths} for s in subjects}
     wal: dict[str, dict[int, float]] = {s: {} for s in ("adapter", "lg_pg")}
     rows: dict[str, dict[int, float]] = {s: {} for s in ("adapter", "lg_pg")}
     largest: dict[str, dict[int, float]] = {s: {} for s in ("adapter", "lg_pg")}
@@ -435,9 +442,10 @@ def run(dsn: str, workdir: Path, cfg: LgConfig, log: Any) -> LgResult:
         for rep in range(cfg.reps):
             for n in (cfg.lengths if rep % 2 == 0 else list(reversed(cfg.lengths))):
                 for s in subjects[rep % len(subjects):] + subjects[: rep % len(subjects)]:
-                    got, fl = lb.block(s, n, cfg.samples)
+                    got, fl, c = lb.block(s, n, cfg.samples)
                     samples[s][n].append(got)
                     floor[s][n].append(fl)
+                    cpu[s][n].extend(c)
             log(f"  langgraph rep {rep + 1}/{cfg.reps} done")
         with autovacuum_paused(dsn):
             for s in ("adapter", "lg_pg"):
@@ -448,4 +456,4 @@ def run(dsn: str, workdir: Path, cfg: LgConfig, log: Any) -> LgResult:
         lb.close()
     big = run_big(dsn, workdir, cfg.big_outputs, cfg.big_bytes) if cfg.big_outputs else {}
     log(f"  langgraph: {cfg.big_outputs} outputs of {cfg.big_bytes:,} B run through both adapters")
-    return LgResult(cfg, samples, floor, wal, rows, largest, state, big)
+    return LgResult(cfg, samples, floor, cpu, wal, rows, largest, state, big)

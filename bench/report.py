@@ -371,8 +371,11 @@ def _lg_targets(r: Any) -> list[str]:
                    f"interleaved floor: {norm:.2f}×). The graph's own step with the adapter's add_messages grows {fast:.2f}× "
                    f"({r.p50_ms('bare_fast', lo).median:.1f} → {r.p50_ms('bare_fast', hi).median:.1f} ms), with LangGraph's "
                    f"own add_messages {bare:.2f}× ({r.p50_ms('bare', lo).median:.1f} → {r.p50_ms('bare', hi).median:.1f} ms); "
-                   f"the adapter's persistence (superstep − that step) {own_lo:.1f} → {own_hi:.1f} ms. LangGraph on "
-                   f"PostgresSaver: {pg:.2f}× | {_verdict(raw <= 1.3)} |")
+                   f"the adapter's persistence (superstep − that step) {own_lo:.1f} → {own_hi:.1f} ms; the runner's CPU per "
+                   f"superstep {r.cpu_ms('adapter', lo):.2f} → {r.cpu_ms('adapter', hi):.2f} ms "
+                   f"({r.cpu_ms('adapter', hi) / r.cpu_ms('adapter', lo):.2f}×). LangGraph on PostgresSaver: {pg:.2f}×. "
+                   f"Verdict on the floor-normalised growth, as part 1's (the commit's fsync on the shared disk moves the raw "
+                   f"figure) | {_verdict(norm <= 1.3)} |")
     worst = max(r.config.lengths, key=lambda n: r.p50_ms("adapter", n).median / r.p50_ms("lg_pg", n).median)
     ratios = "; ".join(f"{n:,}: {r.p50_ms('adapter', n).median:.1f} vs {r.p50_ms('lg_pg', n).median:.1f} ms "
                        f"({r.p50_ms('adapter', n).median / r.p50_ms('lg_pg', n).median:.2f}×)" for n in r.config.lengths)
@@ -420,6 +423,13 @@ def _lg_section(r: Any) -> list[str]:
     L.append("| the adapter's persistence (adapter − the step with its reducer) | " + " | ".join(f"{r.own_ms(n):.1f}" for n in c.lengths) + " |")
     L.append("| PostgresSaver's own part (on PostgresSaver − LangGraph alone) | "
              + " | ".join(f"{r.pg_own_ms(n):.1f}" for n in c.lengths) + " |")
+    L.append("")
+    L.append("This process's CPU per superstep, ms (median; its Postgres backend's not included):")
+    L.append("")
+    L.append("| subject | " + " | ".join(f"{n:,} msgs" for n in c.lengths) + " |")
+    L.append("|---|" + "---:|" * len(c.lengths))
+    for s, label in SUBJECTS.items():
+        L.append(f"| {label} | " + " | ".join(f"{r.cpu_ms(s, n):.2f}" for n in c.lengths) + " |")
     L.append("")
     L.append(f"Bytes per superstep (median of {c.bytes_samples}, autovacuum paused; stored sizes after TOAST): the rows a "
              "superstep added, the WAL it wrote, the largest row it added, and the latest state (the adapter's `sdk_state`; "
