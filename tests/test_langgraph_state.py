@@ -99,9 +99,9 @@ def test_a_superstep_writes_the_same_few_rows_and_a_small_state_at_any_length(st
         graph_input = {"messages": [HumanMessage(content="q" * 300, id=f"in{i}") for i in range(n)]}
         largest: list[int] = []
         written = _drive(store, lease, snap, saver, _graph(saver, 6), graph_input, largest)
-        # After the input step: each superstep writes its three new messages, once, plus the
-        # small values that changed (the branch channel): never the transcript.
-        assert written[0] >= n and max(written[1:]) <= 4, written
+        # After the input step: each superstep writes one row, its three new messages (the small
+        # values that changed ride in sdk_state): never the transcript.
+        assert written[1:] == [1] * (len(written) - 1), written
         state_bytes = len(json.dumps(snap.sdk_state))
         rows, _ = _stored(dsn, lease.run_id)
         assert rows == sum(written)  # every row sent was new: none written twice
@@ -191,7 +191,7 @@ def test_a_state_of_format_1_still_loads_and_is_stored_as_rows_from_then_on(stor
     lease, snap = _run(store, 0)
     snap.sdk_state = saver.export_state(thread)
     rows = saver.take_rows()
-    assert snap.sdk_state["format"] == SDK_STATE_FORMAT and len(rows) >= len(want)
+    assert snap.sdk_state["format"] == SDK_STATE_FORMAT and [r.key for r in rows] == ["i000000000000"]  # the list, as one row
     store.commit_checkpoint(lease, snap, stored_messages=0, sdk_rows=rows)
     saver.rows_stored(rows)
     again = SnapshotSaver()

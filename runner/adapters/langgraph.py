@@ -83,8 +83,12 @@ def _dec(pair: list[str]) -> tuple[str, bytes]:
 
 
 def _item_key(seq: int) -> str:
-    """The row key of list element ``seq``: fixed width, so consecutive elements are a key range."""
+    """The row key of the elements appended from list element ``seq`` on: fixed width, so the
+    rows of consecutive elements are a key range."""
     return f"i{seq:012d}"
+
+
+_INLINE_BYTES = 512  # a non-list channel value up to this size is kept in sdk_state, not in a row of its own
 
 
 def _cut(ranges: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
@@ -110,8 +114,9 @@ def _common_prefix(old: list[Any], new: list[Any]) -> int:
 class _Kept:
     """One channel's value at ``version``, as kept between LangGraph's ``put`` and the store.
 
-    A list (``items``: a copy of the list, ``ranges``: the element rows that spell it, as
-    ``[lo, hi)`` item seqs) or any other value (``typed``: its serialized form, ``key``: its row)."""
+    A list (``items``: a copy of the list, ``ranges``: the element numbers that spell it, as
+    ``[lo, hi)``) or any other value (``typed``: its serialized form, ``key``: its row, "" when
+    it is small enough to ride inline in ``sdk_state``)."""
 
     version: Any
     items: list[Any] | None = None
@@ -129,13 +134,14 @@ class SnapshotSaver(InMemorySaver):
     (:class:`~agentfast.runner.store.SdkRow`, LangGraph's own serde inside):
 
     - a list-valued channel (``messages`` under ``add_messages``, any append-style reducer) is
-      stored element by element: an element gets a row the first time the list holds it (keys
-      ``i`` + a per-run sequence number), and the list is the ranges of element rows that spell
+      stored as it grows: the elements a ``put`` appends get per-run sequence numbers and one row
+      together (key ``i`` + the first number), and the list is the ranges of numbers that spell
       it. An appended message is written once; the list's reference stays one range however
       long the transcript grows. A list that changed in the middle (a removed or replaced
-      message) keeps the common prefix's rows and writes its new tail;
+      message) keeps the common prefix's numbers and writes its new tail;
     - any other channel value is one row per (namespace, channel, version), as LangGraph's
-      PostgresSaver stores its blobs; a pending write is one row per (checkpoint, task, index).
+      PostgresSaver stores its blobs, or, up to 512 bytes serialized, inline in ``sdk_state``;
+      a pending write is one row per (checkpoint, task, index).
 
     :meth:`export_state` gives the small, JSON-safe ``sdk_state`` that names those rows (its size
     depends on the graph's channels and nodes, not on the transcript) and :meth:`take_rows` the
@@ -272,17 +278,20 @@ class SnapshotSaver(InMemorySaver):
                 # appended-to list costs a pointer comparison per element, no serialization.
                 p = len(old) if len(value) >= len(old) and value[: len(old)] == old else _common_prefix(old, value)
                 ranges = _cut(prev.ranges, p)
-            for element in value[p:]:
+            tail = value[p:]
+            if tail:  # one row for the elements appended together, keyed by the first one's number
                 seq = self._next_item
-                self._next_item += 1
+                self._next_item += len(tail)
                 key = _item_key(seq)
-                self._pending[key] = SdkRow(key, *self.serde.dumps_typed(element))
+                self._pending[key] = SdkRow(key, *self.serde.dumps_typed(tail))
                 if ranges and ranges[-1][1] == seq:
-                    ranges[-1] = (ranges[-1][0], seq + 1)
+                    ranges[-1] = (ranges[-1][0], seq + len(tail))
                 else:
-                    ranges.append((seq, seq + 1))
+                    ranges.append((seq, seq + len(tail)))
             return _Kept(version, items=list(value), ranges=ranges)
         typed = self.serde.dumps_typed(value)
+        if len(typed[1]) <= _INLINE_BYTES:  # a small value rides in sdk_state: no row, no fence trigger
+            return _Kept(version, typed=typed)
         key = json.dumps(["v", ns, channel, str(version)])
         self._pending[key] = SdkRow(key, *typed)
         return _Kept(version, typed=typed, key=key)
@@ -302,7 +311,10 @@ class SnapshotSaver(InMemorySaver):
                 for ch, ver in latest["versions"].items():
                     kept = self._values.get((ns, ch))
                     if kept is not None and kept.version == ver:
-                        channels[ch] = {"items": [list(r) for r in kept.ranges]} if kept.items is not None else {"key": kept.key}
+                        if kept.items is not None:
+                            channels[ch] = {"items": [list(r) for r in kept.ranges]}
+                        else:
+                            channels[ch] = {"key": kept.key} if kept.key else {"value": _enc(kept.typed)}  # type: ignore[arg-type]
                 writes = []
                 for (task_id, idx), (_, channel, typed, task_path) in latest["writes"].items():
                     key = json.dumps(["w", ns, latest["id"], task_id, idx])
@@ -376,17 +388,26 @@ class SnapshotSaver(InMemorySaver):
             for ref in entry["channels"].values():
                 if "key" in ref:
                     keys.append(ref["key"])
-                else:
+                elif "items" in ref:
+                    # A range starts where a row of elements starts (ranges are cut at their end only).
                     ranges += [(_item_key(lo), _item_key(hi)) for lo, hi in ref["items"]]
             keys += [w[3] for w in entry["writes"]]
         rows = load(keys, ranges) if load is not None and (keys or ranges) else {}
-        named = keys + [_item_key(seq) for lo, hi in ranges for seq in range(int(lo[1:]), int(hi[1:]))]
-        missing = [k for k in named if k not in rows]
+        missing = [k for k in keys if k not in rows]
         if missing:
             raise ValueError(f"sdk_state names {len(missing)} row(s) that are not stored, e.g. {missing[0]!r}")
         row = rows.__getitem__
 
-        elements: dict[int, Any] = {}  # one object per element row, shared by every list naming it
+        elements: dict[int, Any] = {}  # one object per element, shared by every list naming it
+        for key, typed in rows.items():
+            if key.startswith("i"):
+                first = int(key[1:])
+                for j, element in enumerate(self.serde.loads_typed(typed)):
+                    elements[first + j] = element
+        lacking = [seq for entry in state["namespaces"].values() for ref in entry["channels"].values()
+                   for lo, hi in ref.get("items", ()) for seq in range(lo, hi) if seq not in elements]
+        if lacking:
+            raise ValueError(f"sdk_state names {len(lacking)} list element(s) that are not stored, e.g. {lacking[0]}")
         self._next_item = state["next_item"]
         for ns, entry in state["namespaces"].items():
             latest = self._latest[ns] = self._latest_from(entry, _dec(entry["checkpoint"]))
@@ -395,12 +416,12 @@ class SnapshotSaver(InMemorySaver):
                 if "key" in ref:
                     self._values[(ns, ch)] = _Kept(ver, typed=row(ref["key"]), key=ref["key"])
                     continue
+                if "value" in ref:
+                    self._values[(ns, ch)] = _Kept(ver, typed=_dec(ref["value"]))
+                    continue
                 items = []
                 for lo, hi in ref["items"]:
-                    for seq in range(lo, hi):
-                        if seq not in elements:
-                            elements[seq] = self.serde.loads_typed(row(_item_key(seq)))
-                        items.append(elements[seq])
+                    items += [elements[seq] for seq in range(lo, hi)]
                 self._values[(ns, ch)] = _Kept(ver, items=items, ranges=[(lo, hi) for lo, hi in ref["items"]])
             for task_id, idx, channel, key, task_path in entry["writes"]:
                 latest["writes"][(task_id, idx)] = (task_id, channel, row(key), task_path)
