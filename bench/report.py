@@ -412,7 +412,7 @@ def _lg_section(r: Any) -> list[str]:
     c = r.config
     L = ["### 6. The LangGraph adapter against LangGraph itself", ""]
     L.append(f"The graph of `bench/lg.py` (`MessagesState`, one node appending an iteration's three messages per superstep) "
-             f"fed a transcript of n messages, three ways, {c.reps} repetition(s) of {c.samples} timed supersteps per subject "
+             f"fed a transcript of n messages, four ways, {c.reps} repetition(s) of {c.samples} timed supersteps per subject "
              "and length (after two untimed ones: the input step and LangGraph's first), each followed by one floor step "
              "(bare INSERT + COMMIT). p50 per superstep, ms (range over repetitions); in brackets ÷ the interleaved floor.")
     L.append("")

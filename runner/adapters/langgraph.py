@@ -433,22 +433,24 @@ class SnapshotSaver(InMemorySaver):
 
 class IncrementalAddMessages:
     """LangGraph's ``add_messages`` reducer, giving the same results, whose common case costs
-    O(new messages) instead of O(transcript).
+    O(new messages) instead of O(transcript) in Python (a list copy and compare in C remain).
 
     ``add_messages(left, right)`` rebuilds a dict of every message id in ``left`` on each call
     (twice per superstep when a conditional edge reads the state), so LangGraph's own step grows
-    with the transcript. This keeps that dict for the last few lists it returned: when ``left``
-    is one of them, unchanged (the same elements, compared by identity in C), and ``right`` only
+    with the transcript. This keeps the ids of the last few lists it returned: when ``left`` is
+    one of them, unchanged (the same elements, compared by identity in C), and ``right`` only
     appends new plain messages with new ids (no ``RemoveMessage``, no chunk, no id seen before,
-    no ``format``), the result is ``left + right`` and its index the old one plus the new ids.
-    Every other call goes to LangGraph's own ``add_messages``. :func:`speed_up_reducers` puts it
-    on a compiled graph's channels that use ``add_messages``.
+    no ``format``), the result is ``left + right``. Every other call goes to LangGraph's own
+    ``add_messages``. The ids are a shared base set plus a small set of the ids added since; the
+    base is rebuilt when the small one passes 1/16 of it, so an append costs O(1) amortized.
+    :func:`speed_up_reducers` puts it on a compiled graph's channels that use ``add_messages``.
     """
 
-    _KEEP = 4  # lists whose index is kept: the channel's value and the copies a fresh read made
+    _KEEP = 4  # lists whose ids are kept: the channel's value and the copies a fresh read made
 
     def __init__(self) -> None:
-        self._known: dict[int, tuple[list[Any], list[Any], dict[str, int]]] = {}  # id(list) -> (list, its copy, index)
+        # id(list) -> (list, its copy, base ids (never changed once made), ids added since)
+        self._known: dict[int, tuple[list[Any], list[Any], frozenset[str], frozenset[str]]] = {}
         self._lock = threading.Lock()
 
     def __call__(self, left: Any = None, right: Any = None, **kwargs: Any) -> Any:
@@ -457,27 +459,28 @@ class IncrementalAddMessages:
         with self._lock:
             known = self._known.get(id(left))
         if known is not None and known[0] is left and len(left) == len(known[1]) and left == known[1]:
-            index = known[2]
-            new_ids: dict[str, int] = {}
+            _, _, base, added = known
+            new_ids: set[str] = set()
             for m in right:
                 mid = getattr(m, "id", None)
-                if (type(m) not in _PLAIN or mid is None or mid in index or mid in new_ids):
+                if type(m) not in _PLAIN or mid is None or mid in added or mid in base or mid in new_ids:
                     break
-                new_ids[mid] = len(left) + len(new_ids)
+                new_ids.add(mid)
             else:
                 merged = left + right
-                merged_index = dict(index)
-                merged_index.update(new_ids)
-                self._remember(merged, merged_index)
+                added = added | new_ids
+                if len(added) > 64 + len(base) // 16:
+                    base, added = base | added, frozenset()
+                self._remember(merged, base, added)
                 return merged
         merged = add_messages(left, right)
         if type(merged) is list:
-            self._remember(merged, {m.id: i for i, m in enumerate(merged)})
+            self._remember(merged, frozenset(m.id for m in merged), frozenset())
         return merged
 
-    def _remember(self, merged: list[Any], index: dict[str, int]) -> None:
+    def _remember(self, merged: list[Any], base: frozenset[str], added: frozenset[str]) -> None:
         with self._lock:
-            self._known[id(merged)] = (merged, list(merged), index)
+            self._known[id(merged)] = (merged, list(merged), base, frozenset(added))
             while len(self._known) > self._KEEP:
                 del self._known[next(iter(self._known))]
 
