@@ -374,8 +374,9 @@ def _lg_targets(r: Any) -> list[str]:
                    f"the adapter's persistence (superstep − that step) {own_lo:.1f} → {own_hi:.1f} ms; the runner's CPU per "
                    f"superstep {r.cpu_ms('adapter', lo):.2f} → {r.cpu_ms('adapter', hi):.2f} ms "
                    f"({r.cpu_ms('adapter', hi) / r.cpu_ms('adapter', lo):.2f}×). LangGraph on PostgresSaver: {pg:.2f}×. "
-                   f"Verdict on the floor-normalised growth, as part 1's (the commit's fsync on the shared disk moves the raw "
-                   f"figure) | {_verdict(norm <= 1.3)} |")
+                   f"Verdict: the raw p50 and the CPU both ≤ 1.3× (the ÷-floor figure is shown, not judged: a floor step "
+                   f"is one fsync on the shared disk, and it moved 0.5–2× between lengths in the same run) | "
+                   f"{_verdict(raw <= 1.3 and r.cpu_ms('adapter', hi) / r.cpu_ms('adapter', lo) <= 1.3)} |")
     worst = max(r.config.lengths, key=lambda n: r.p50_ms("adapter", n).median / r.p50_ms("lg_pg", n).median)
     ratios = "; ".join(f"{n:,}: {r.p50_ms('adapter', n).median:.1f} vs {r.p50_ms('lg_pg', n).median:.1f} ms "
                        f"({r.p50_ms('adapter', n).median / r.p50_ms('lg_pg', n).median:.2f}×)" for n in r.config.lengths)
