@@ -567,7 +567,7 @@ class RunnerBase:
 
     def _sdk_rows(self) -> list[SdkRow]:
         """The rows of the SDK's state that ``snap.sdk_state`` names and that are not stored yet;
-        :meth:`_commit` writes them with the checkpoint. None for a loop-owning adapter."""
+        :meth:`_commit` writes them with the checkpoint. Empty for a loop-owning adapter."""
         return []
 
     def _sdk_rows_stored(self, rows: list[SdkRow]) -> None:
