@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-PARTS = ["checkpoint", "throughput", "resume", "rss", "profile", "model", "payloads"]
+PARTS = ["checkpoint", "throughput", "resume", "rss", "profile", "model", "payloads", "langgraph"]
 
 
 @dataclasses.dataclass
@@ -40,6 +40,10 @@ class Plan:
     lg_iterations: int
     langgraph_refund: bool
     server_profile: bool
+    lg_lengths: list[int]
+    lg_reps: int
+    lg_samples: int
+    big_outputs: int  # part langgraph: tool outputs of 2 MB per run (the scripted server takes requests up to 32 MiB)
     model_rounds: int = 7
     model_calls: int = 7
     payload_iterations: int = 3
@@ -48,10 +52,12 @@ class Plan:
 
 FULL = Plan(lengths=[10, 100, 1000, 10000], reps=5, samples=40, heavy_samples=8, bytes_samples=8, clients=[1, 8, 64],
             seconds=10, tp_reps=2, kills=7, startup_reps=5, load_reps=30, long_iterations=1000, lg_iterations=100,
-            langgraph_refund=True, server_profile=True, payload_iterations=8, payload_reps=3)
+            langgraph_refund=True, server_profile=True, lg_lengths=[10, 100, 1000, 10000], lg_reps=3, lg_samples=20,
+            big_outputs=14, payload_iterations=8, payload_reps=3)
 QUICK = Plan(lengths=[10, 1000], reps=2, samples=10, heavy_samples=3, bytes_samples=3, clients=[1, 8], seconds=1,
              tp_reps=1, kills=2, startup_reps=1, load_reps=10, long_iterations=30, lg_iterations=0,
-             langgraph_refund=False, server_profile=False, model_rounds=3, model_calls=5)
+             langgraph_refund=False, server_profile=False, lg_lengths=[10, 10000], lg_reps=1, lg_samples=6, big_outputs=3,
+             model_rounds=3, model_calls=5)
 
 
 def _log(msg: str) -> None:
@@ -153,6 +159,14 @@ def main(argv: list[str] | None = None) -> int:
         if "payloads" in parts:
             _log("part 7: large payloads")
             res["payloads"] = payloads.run(server.create_database, payloads.PayloadsConfig(iterations=plan.payload_iterations, reps=plan.payload_reps), _log)
+        if "langgraph" in parts:
+            from . import lg
+
+            _log("part 8: the LangGraph adapter against LangGraph itself")
+            dsn = server.create_database("lg")
+            res["langgraph"] = lg.run(dsn, work, lg.LgConfig(
+                lengths=plan.lg_lengths, reps=plan.lg_reps, samples=plan.lg_samples, bytes_samples=3,
+                big_outputs=plan.big_outputs, big_bytes=2_000_000), _log)
     finally:
         server.close()
     res["duration_s"] = time.monotonic() - t_start

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import cProfile
 import io
+import json
 import os
 import pstats
 import re
@@ -93,14 +94,13 @@ def profile_adapter(dsn: str, n: int, steps: int) -> dict[str, Any]:
     pr.disable()
     wall = time.perf_counter() - t
     store.close()
-    # What the in-memory saver keeps: LangGraph's InMemorySaver never drops a checkpoint, and each
-    # superstep's checkpoint has its own copy of the messages blob.
+    # What the saver keeps: the latest checkpoint per namespace and its values (the messages as
+    # one list of live objects), and what it commits per superstep: a small sdk_state.
     saver = run.runner.saver
-    held = sum(len(v[1]) for v in saver.blobs.values())
-    latest = sum(len(b[3]) * 3 // 4 for ns in run.runner.snap.sdk_state.get("namespaces", {}).values() for b in ns["blobs"])
-    kept = sum(len(cps) for nss in saver.storage.values() for cps in nss.values())
+    kept = len(saver._latest)
+    state_bytes = len(json.dumps(run.runner.snap.sdk_state))
     return {"steps": k, "wall_ms_per_step": wall / max(k, 1) * 1000, "top": top_functions(pr, 14, "cumtime"),
-            "saver_checkpoints": kept, "saver_blob_bytes": held, "latest_blob_bytes": latest, "messages": n}
+            "saver_checkpoints": kept, "sdk_state_bytes": state_bytes, "messages": n}
 
 
 def server_statements(server: BenchServer, n: int, commits: int) -> dict[str, Any]:

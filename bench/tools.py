@@ -1,8 +1,9 @@
-"""The benchmark's tool: a pure function returning ~300 B, so a scripted run's time is the
-runtime's (model HTTP round trip, journal, checkpoint), not a tool's side effects.
+"""The benchmark's tools: pure functions, so a scripted run's time is the runtime's (model HTTP
+round trip, journal, checkpoint), not a tool's side effects. ``lookup`` returns ~300 B; ``blob``
+a large output of a given size.
 
-Referenced from generated AgentRuns as ``bench.tools:lookup`` (the runner process gets the
-repository root on PYTHONPATH).
+Referenced from generated AgentRuns as ``bench.tools:lookup`` / ``bench.tools:blob`` (the runner
+process gets the repository root on PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -22,3 +23,13 @@ def lookup(ctx: ToolContext, order_id: str) -> dict:
         "note": ("Two charges of 4999 cents on the same card within a minute; the second looks like a retry "
                  "of the first. The shipment left the warehouse the next morning and was delivered on time."),
     }
+
+
+@tool
+def blob(ctx: ToolContext, size: int, seed: int) -> dict:
+    """A large output (issue 15 item 3): ``size`` bytes of base64 text from a generator seeded by
+    ``seed``, so it barely compresses (TOAST cannot hide what a large output costs to store)."""
+    import base64
+    import random
+
+    return {"seed": seed, "data": base64.b64encode(random.Random(seed).randbytes(size * 3 // 4)).decode()[:size]}

@@ -50,7 +50,7 @@ from .snapshot import (
 from .spec import AgentRun, SpecError
 from .liveness import EXIT_GRACE_S, ClaimStopped, RunnerAlive, RunnerClaim
 from .store import (
-    Decision, EndRequests, JournalEntry, LeaseLost, RunRecord, Store, StoreUnavailable, Turn, cancelled_message, deadline_message,
+    Decision, EndRequests, JournalEntry, LeaseLost, RunRecord, SdkRow, Store, StoreUnavailable, Turn, cancelled_message, deadline_message,
 )
 from .toolhost import ToolHostLost
 from .tools import ToolRegistry
@@ -572,13 +572,24 @@ class RunnerBase:
         faults.point("checkpoint.before_commit")
         if len(self.snap.messages) < self._stored:
             raise RuntimeError(f"the transcript shrank from {self._stored} to {len(self.snap.messages)} messages; it is append-only")
+        rows = self._sdk_rows()
         if then_halted:
-            _, self._ends_read = self.store.commit_checkpoint_then_read_end_requests(self.lease, self.snap, stored_messages=self._stored)
+            _, self._ends_read = self.store.commit_checkpoint_then_read_end_requests(self.lease, self.snap, stored_messages=self._stored,
+                                                                                     sdk_rows=rows)
         else:
-            self.store.commit_checkpoint(self.lease, self.snap, stored_messages=self._stored)
+            self.store.commit_checkpoint(self.lease, self.snap, stored_messages=self._stored, sdk_rows=rows)
         self._stored = len(self.snap.messages)
+        self._sdk_rows_stored(rows)
         faults.point("checkpoint.after_commit")
         self._emit("checkpoint")
+
+    def _sdk_rows(self) -> list[SdkRow]:
+        """The rows of the SDK's state that ``snap.sdk_state`` names and that are not stored yet;
+        :meth:`_commit` writes them with the checkpoint. Empty for a loop-owning adapter."""
+        return []
+
+    def _sdk_rows_stored(self, rows: list[SdkRow]) -> None:
+        """Called once :meth:`_commit` has committed ``rows``: they need not be sent again."""
 
     def _finish(self, phase: str, reason: str, message: str, *, exit_code: int | None = None, keep_pending: bool = False) -> Outcome:
         if not keep_pending:

@@ -28,6 +28,11 @@ by ``ON UPDATE CASCADE`` when an earlier run of a reused name is archived, migra
 - ``agentfast_payloads`` (9): large values (a string over ``AGENTFAST_PAYLOAD_THRESHOLD_BYTES``,
   default 1 MiB) stored once per run, keyed by their sha256; the rows above hold a reference
   (``runner/payloads.py``), which the store resolves when it loads them.
+- ``agentfast_sdk_blobs`` (10): a graph-native SDK's own state, in rows written once and
+  never updated (``Store.commit_checkpoint(sdk_rows=...)``, in the checkpoint's transaction): the
+  checkpoint's ``sdk_state`` stays small and only names its rows by ``key``. The runtime stores
+  and returns them without interpreting them (G8); the LangGraph adapter keeps one row per list
+  element it appends (a message is written once) and one per other channel value it changes.
 - ``agentfast_runners`` (3): the live runner of a run, if any: who (runner id, pid, host, its
   Postgres backend) and its last heartbeat. Only a hint for humans: liveness itself is the
   session advisory lock the runner holds (``runner/liveness.py``), which dies with its connection.
@@ -290,5 +295,24 @@ MIGRATIONS: list[str] = [
         ALTER TABLE agentfast_payloads ALTER COLUMN content SET COMPRESSION lz4;
     EXCEPTION WHEN feature_not_supported THEN NULL;
     END $$;
+    """,
+    # 10: a graph-native SDK's state as rows written once (issue 15 item 3): the LangGraph
+    # adapter's sdk_state held the whole channel state, rewritten at every superstep. A row is
+    # keyed by the adapter's own text key; value is the SDK's serializer's output, type its tag.
+    """
+    CREATE TABLE agentfast_sdk_blobs (
+        run_id  text NOT NULL REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE,
+        key     text NOT NULL,
+        type    text NOT NULL,
+        value   bytea NOT NULL,
+        epoch   bigint NOT NULL,
+        PRIMARY KEY (run_id, key)
+    );
+    CREATE TRIGGER agentfast_fence BEFORE INSERT OR UPDATE ON agentfast_sdk_blobs
+        FOR EACH ROW EXECUTE FUNCTION agentfast_fence();
+    ALTER TABLE agentfast_sdk_blobs ENABLE ROW LEVEL SECURITY;
+    CREATE POLICY agentfast_tenant ON agentfast_sdk_blobs TO agentfast_runner
+        USING (split_part(run_id, '/', 1) = agentfast_tenant());
+    GRANT SELECT, INSERT ON agentfast_sdk_blobs TO agentfast_runner;
     """,
 ]

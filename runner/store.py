@@ -32,7 +32,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Literal, TypeVar, get_args
+from typing import Any, Callable, Literal, Sequence, TypeVar, get_args
 
 import psycopg
 from psycopg import sql
@@ -274,6 +274,20 @@ def deadline_message(deadline_s: int, age_s: float) -> str:
     """The ending message of a run past ``spec.activeDeadlineSeconds`` (``deadline_s``)."""
     return (f"spec.activeDeadlineSeconds: the run is {age_s:.0f} s old, over its deadline of {deadline_s} s"
             " (wall clock since it was registered, waiting for humans included)")
+
+
+@dataclass(frozen=True)
+class SdkRow:
+    """One row of a graph-native SDK's state (``agentfast_sdk_blobs``), opaque to the store (G8).
+
+    ``key``: the adapter's own name for it, unique within the run (text, any length Postgres
+    takes); ``type``: the SDK serializer's tag for ``value`` (e.g. LangGraph's ``"msgpack"``);
+    ``value``: the serialized bytes. Written once with the checkpoint that first names it, never
+    updated: a second write of the same key is ignored (a retried commit)."""
+
+    key: str
+    type: str
+    value: bytes
 
 
 @dataclass(frozen=True)
@@ -842,36 +856,55 @@ class Store:
 
     # -- checkpoints --------------------------------------------------------------------------
 
-    def commit_checkpoint(self, lease: Lease, snapshot: StateSnapshot, *, stored_messages: int) -> int:
+    def commit_checkpoint(self, lease: Lease, snapshot: StateSnapshot, *, stored_messages: int,
+                          sdk_rows: Sequence[SdkRow] = ()) -> int:
         """Commit one checkpoint in one transaction (G1); returns its checkpoint_id.
 
-        Inserts only ``snapshot.messages[stored_messages:]`` (the ones not yet stored), then one
-        small checkpoint row, prunes superseded checkpoints beyond the retention setting, and
-        notifies ``agentfast_progress``. The new messages, the context and the pending call of
-        ``snapshot`` are replaced in place by their stored form (:mod:`.storable`), so the runner
-        continues with exactly what a resume would read. A string over the payload threshold in
-        the new messages, the context or the pending call is stored once in ``agentfast_payloads``
-        and the rows refer to it (:mod:`.payloads`); loads resolve it. Raises PayloadTooLarge (a
-        string over the ceiling, or a value Postgres cannot store), LeaseLost, StoreUnavailable.
+        Inserts only ``snapshot.messages[stored_messages:]`` (the ones not yet stored), the
+        ``sdk_rows`` (rows of the SDK's state that ``snapshot.sdk_state`` names and that are not
+        stored yet: written in the same transaction, so a committed sdk_state never names a
+        missing row), then one small checkpoint row, prunes superseded checkpoints beyond the
+        retention setting, and notifies ``agentfast_progress``. The new messages, the context and
+        the pending call of ``snapshot`` are replaced in place by their stored form
+        (:mod:`.storable`), so the runner continues with exactly what a resume would read. A
+        string over the payload threshold in the new messages, the context or the pending call is
+        stored once in ``agentfast_payloads`` and the rows refer to it (:mod:`.payloads`); loads
+        resolve it. Raises PayloadTooLarge (a string over the ceiling, or a value Postgres cannot
+        store), LeaseLost, StoreUnavailable.
         """
-        return self._commit_checkpoint(lease, snapshot, stored_messages, read_ends=False)[0]
+        return self._commit_checkpoint(lease, snapshot, stored_messages, sdk_rows, read_ends=False)[0]
 
-    def commit_checkpoint_then_read_end_requests(self, lease: Lease, snapshot: StateSnapshot, *,
-                                                 stored_messages: int) -> tuple[int, EndRequests | None]:
+    def commit_checkpoint_then_read_end_requests(self, lease: Lease, snapshot: StateSnapshot, *, stored_messages: int,
+                                                 sdk_rows: Sequence[SdkRow] = ()) -> tuple[int, EndRequests | None]:
         """:meth:`commit_checkpoint`, plus the run's :meth:`end_requests` read in the same
         transaction (no extra round trip), for a runner whose next step is a safe point: the
         read is as fresh as one made there, since nothing but its own computing lies between."""
-        return self._commit_checkpoint(lease, snapshot, stored_messages, read_ends=True)
+        return self._commit_checkpoint(lease, snapshot, stored_messages, sdk_rows, read_ends=True)
 
-    def _commit_checkpoint(self, lease: Lease, snapshot: StateSnapshot, stored_messages: int, *,
+    def sdk_rows(self, run_id: str, keys: Sequence[str] = (), ranges: Sequence[tuple[str, str]] = ()) -> dict[str, tuple[str, bytes]]:
+        """Rows of the run's SDK state (:class:`SdkRow`) by key: those named in ``keys``, and every
+        row whose key ``k`` has ``lo <= k < hi`` (byte order) for some ``(lo, hi)`` of ``ranges``.
+        Returns ``{key: (type, value)}``; a key with no row is absent. One query. Raises
+        StoreUnavailable."""
+        if not keys and not ranges:
+            return {}
+        rows = self._read(
+            """SELECT key, type, value FROM agentfast_sdk_blobs WHERE run_id = %(run)s AND key = ANY(%(keys)s::text[])
+               UNION ALL
+               SELECT b.key, b.type, b.value FROM unnest(%(lo)s::text[], %(hi)s::text[]) AS r(lo, hi)
+                   JOIN agentfast_sdk_blobs b ON b.run_id = %(run)s AND b.key COLLATE "C" >= r.lo AND b.key COLLATE "C" < r.hi""",
+            {"run": run_id, "keys": list(keys), "lo": [lo for lo, _ in ranges], "hi": [hi for _, hi in ranges]}, all=True)
+        return {r["key"]: (r["type"], bytes(r["value"])) for r in rows}
+
+    def _commit_checkpoint(self, lease: Lease, snapshot: StateSnapshot, stored_messages: int, sdk_rows: Sequence[SdkRow], *,
                            read_ends: bool) -> tuple[int, EndRequests | None]:
         key = uuid.uuid4()
         iteration = snapshot.context.counters.iterations
         stored = [_stored_json(m, exclude_defaults=True) for m in snapshot.messages[stored_messages:]]
         snapshot.messages[stored_messages:] = [m for m, _ in stored]
         # Large strings go to agentfast_payloads (a tool's output is there already, from
-        # record_result: not sent again); the rows keep references. sdk_state is left whole: its
-        # blobs differ at every superstep, and payload rows are not pruned with checkpoints.
+        # record_result: not sent again); the rows keep references. sdk_state and sdk_rows are
+        # the SDK's own, stored as they are (G8): sdk_state is small, its rows are written once.
         out: dict[str, str] = {}
         new = [self._out_of_line(text, out, f"message {stored_messages + i} of the transcript") for i, (_, text) in enumerate(stored)]
         snapshot.context, context = _stored_json(snapshot.context)
@@ -891,6 +924,13 @@ class Store:
                        SELECT %s, %s + m.i - 1, %s, m.message, 0 FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS m(message, i)
                        ON CONFLICT (run_id, seq) DO NOTHING""",
                     (snapshot.run_id, stored_messages, iteration, "[" + ",".join(new) + "]"),
+                )
+            if sdk_rows:  # one statement, the values as one bytea array
+                conn.execute(
+                    """INSERT INTO agentfast_sdk_blobs (run_id, key, type, value, epoch)
+                       SELECT %s, r.key, r.type, r.value, 0 FROM unnest(%s::text[], %s::text[], %s::bytea[]) AS r(key, type, value)
+                       ON CONFLICT (run_id, key) DO NOTHING""",
+                    (snapshot.run_id, [r.key for r in sdk_rows], [r.type for r in sdk_rows], [r.value for r in sdk_rows]),
                 )
             conn.execute(
                 """INSERT INTO agentfast_checkpoints (run_id, checkpoint_key, iteration, message_count, phase, schema_version,

@@ -166,3 +166,20 @@ def test_import_self_ms_sums_own_times_by_package() -> None:
              "import time:      3000 |       3000 | pydantic\n"
              "status output line\n")
     assert import_self_ms(trace) == {"pydantic": 3.0, "psycopg": 2.0}
+
+
+def test_langgraph_part_measures_every_subject_and_renders_its_targets(dsn: str, tmp_path: Path) -> None:
+    from bench import lg
+
+    cfg = lg.LgConfig(lengths=[10, 300], reps=1, samples=2, bytes_samples=2, big_outputs=1, big_bytes=200_000)
+    res = lg.run(dsn, tmp_path, cfg, lambda _: None)
+    for s in lg.SUBJECTS:
+        for n in cfg.lengths:
+            assert res.samples[s][n][0] and all(x > 0 for x in res.samples[s][n][0]), (s, n)
+            assert res.cpu_ms(s, n) > 0, (s, n)
+    # The adapter writes the same rows per superstep whatever the length; PostgresSaver the whole list.
+    assert res.rows["adapter"][300] < 1.3 * res.rows["adapter"][10] and res.largest["adapter"][300] < 1.3 * res.largest["adapter"][10]
+    assert res.rows["lg_pg"][300] > 3 * res.rows["lg_pg"][10]
+    assert set(res.big) == {"vanilla", "langgraph"} and all(v["outputs"] == 1 and v["bytes"] > 200_000 for v in res.big.values())
+    text = report.render({"mode": "test", "machine": {"cores": "2"}, "duration_s": 1.0, "load": (0.0, 0.0), "langgraph": res})
+    assert "| LangGraph adapter: superstep growth 10 → 300 messages" in text and "### The LangGraph adapter" in text

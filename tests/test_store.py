@@ -44,7 +44,8 @@ from .conftest import count_rows
 
 TABLES = {"agentfast_runs", "agentfast_messages", "agentfast_checkpoints", "agentfast_turns", "agentfast_tool_calls",
           "agentfast_approvals", "agentfast_migrations", "agentfast_runners", "agentfast_void_decisions", "agentfast_tenants",
-          "agentfast_cancel_requests", "agentfast_payloads"}
+          "agentfast_cancel_requests", "agentfast_payloads",
+          "agentfast_sdk_blobs"}
 
 
 @contextmanager

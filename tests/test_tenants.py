@@ -86,7 +86,8 @@ def test_a_namespaces_runner_role_reaches_only_its_own_runs(dsn: str, store: Sto
     with psycopg.connect(_as(dsn, role, "pw-a"), autocommit=True) as a:
         assert a.execute("SELECT current_user, agentfast_tenant()").fetchone() == (role, "team-a")
         for table in ("agentfast_runs", "agentfast_messages", "agentfast_checkpoints", "agentfast_turns",
-                      "agentfast_tool_calls", "agentfast_approvals", "agentfast_runners", "agentfast_payloads"):
+                      "agentfast_tool_calls", "agentfast_approvals", "agentfast_runners", "agentfast_payloads",
+                      "agentfast_sdk_blobs"):
             visible = {r[0] for r in a.execute(f"SELECT DISTINCT run_id FROM {table}").fetchall()}
             assert visible <= {mine}, (table, visible)  # team-b's input, transcript, journal: not even seen
         assert a.execute("UPDATE agentfast_runs SET epoch = epoch + 1 WHERE run_id = %s", (theirs,)).rowcount == 0

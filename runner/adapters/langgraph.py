@@ -3,11 +3,12 @@
 How it fits together (docs/architecture.md, "LangGraph adapter", says why):
 
 - **State (G8).** LangGraph keeps its channel state through its own checkpointer contract. The
-  adapter hands the graph a :class:`SnapshotSaver`, an ``InMemorySaver`` that can export its
-  latest checkpoint (with pending writes) as an opaque, JSON-safe blob and import it again. After
-  every superstep (``durability="sync"``) the runtime commits that blob as ``sdk_state`` of its
-  own checkpoint, and seeds a new process's saver with it on resume. The runtime never reads the
-  blob, and nothing outside the saver calls LangGraph's persistence primitives: LangGraph does.
+  adapter hands the graph a :class:`SnapshotSaver`, which keeps the latest checkpoint and turns
+  what changed into rows written once (an appended message is one row, written once). After
+  every superstep (``durability="sync"``) the runtime commits the new rows and a small
+  ``sdk_state`` naming them in one transaction, and seeds a new process's saver from them on
+  resume. The runtime never reads either, and nothing outside the saver calls LangGraph's
+  persistence primitives: LangGraph does. No stored value grows with the transcript.
 - **Model turns.** :class:`RuntimeChatModel` is a LangChain chat model over the runtime's
   provider: each call is an iteration, budget-checked first (G7), and its reply is persisted
   before any tool runs, so a re-executed agent node gets the same reply and the same tool calls.
@@ -30,14 +31,28 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any, Iterator
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP, ChannelVersions, Checkpoint, CheckpointMetadata, CheckpointTuple, get_checkpoint_id, get_checkpoint_metadata,
+    writes_sort_key,
+)
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.channels.binop import BinaryOperatorAggregate
 from langgraph.graph import END
+from langgraph.graph.message import add_messages
+
+try:
+    from langgraph.channels import DeltaChannel
+except ImportError:  # a LangGraph release before it
+    DeltaChannel = None  # type: ignore[assignment,misc]
 from langgraph.types import Command, Send, interrupt
 from pydantic import ConfigDict
 
@@ -45,8 +60,10 @@ from ..loop import Outcome, RunnerBase
 from ..snapshot import Message, RunStatus, ToolCall, ToolResult
 from ..spec import SpecError, resolve_ref
 from ..storable import storable
+from ..store import SdkRow
 
-SDK_STATE_FORMAT = "agentfast.langgraph-saver/1"
+SDK_STATE_FORMAT = "agentfast.langgraph-saver/2"
+_FORMAT_V1 = "agentfast.langgraph-saver/1"  # the whole channel state inline; still loaded (runs checkpointed before /2)
 
 
 class StopRequested(Exception):
@@ -65,56 +82,419 @@ def _dec(pair: list[str]) -> tuple[str, bytes]:
     return pair[0], base64.b64decode(pair[1])
 
 
-class SnapshotSaver(InMemorySaver):
-    """LangGraph's in-memory checkpointer, plus export/import of its latest state as a blob.
+def _item_key(seq: int) -> str:
+    """The row key of the elements appended from list element ``seq`` on: fixed width, so the
+    rows of consecutive elements are a key range."""
+    return f"i{seq:012d}"
 
-    LangGraph calls ``put``/``put_writes``/``get_tuple`` as its checkpointer contract says; the
-    runtime only ever sees :meth:`export_state` output (a dict of strings, serialized with
-    LangGraph's own serde) and hands it back to :meth:`import_state`.
+
+_INLINE_BYTES = 512  # a non-list channel value up to this size is kept in sdk_state, not in a row of its own
+
+
+def _cut(ranges: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
+    """The first ``n`` elements of the list that ``ranges`` (``[lo, hi)`` item seqs) spell."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in ranges:
+        if n <= 0:
+            break
+        take = min(hi - lo, n)
+        out.append((lo, lo + take))
+        n -= take
+    return out
+
+
+def _common_prefix(old: list[Any], new: list[Any]) -> int:
+    i, n = 0, min(len(old), len(new))
+    while i < n and (old[i] is new[i] or old[i] == new[i]):
+        i += 1
+    return i
+
+
+@dataclass
+class _Kept:
+    """One channel's value at ``version``, as kept between LangGraph's ``put`` and the store.
+
+    A list (``items``: a copy of the list, ``ranges``: the element numbers that spell it, as
+    ``[lo, hi)``) or any other value (``typed``: its serialized form, ``key``: its row, "" when
+    it is small enough to ride inline in ``sdk_state``)."""
+
+    version: Any
+    items: list[Any] | None = None
+    ranges: list[tuple[int, int]] = field(default_factory=list)
+    typed: tuple[str, bytes] | None = None
+    key: str = ""
+
+
+class SnapshotSaver(InMemorySaver):
+    """LangGraph's checkpointer for one run, whose state the runtime stores as small deltas.
+
+    LangGraph calls ``put``/``put_writes``/``get_tuple`` as its checkpointer contract says. The
+    saver keeps only the latest checkpoint of each namespace (a run resumes from its latest, and
+    the runtime never asks for another), and turns what LangGraph hands it into rows written once
+    (:class:`~agentfast.runner.store.SdkRow`, LangGraph's own serde inside):
+
+    - a list-valued channel (``messages`` under ``add_messages``, any append-style reducer) is
+      stored as it grows: the elements a ``put`` appends get per-run sequence numbers and one row
+      together (key ``i`` + the first number), and the list is the ranges of numbers that spell
+      it. An appended message is written once; the list's reference stays one range however
+      long the transcript grows. A list that changed in the middle (a removed or replaced
+      message) keeps the common prefix's numbers and writes its new tail;
+    - any other channel value is one row per (namespace, channel, version), as LangGraph's
+      PostgresSaver stores its blobs, or, up to 512 bytes serialized, inline in ``sdk_state``;
+      a pending write is one row per (checkpoint, task, index).
+
+    :meth:`export_state` gives the small, JSON-safe ``sdk_state`` that names those rows (its size
+    depends on the graph's channels and nodes, not on the transcript) and :meth:`take_rows` the
+    rows it names that are not stored yet; the runtime commits both in one transaction.
+    :meth:`import_state` seeds a new process's saver from them. Values are kept as the live
+    objects LangGraph handed over (lists copied): a node that mutates a message in place after
+    returning it changes what this process sees, not what was stored.
+
+    Thread-safe: LangGraph may call ``put_writes`` from its executor threads.
     """
 
-    def export_state(self, thread_id: str) -> dict[str, Any]:
-        """The latest checkpoint of each namespace of ``thread_id``, its channel blobs and
-        pending writes, as a JSON-safe dict. Empty dict when the graph has not started."""
-        namespaces: dict[str, Any] = {}
-        for ns, checkpoints in self.storage.get(thread_id, {}).items():
-            if not checkpoints:
-                continue
-            cid = max(checkpoints)
-            cp_typed, md_typed, parent_id = checkpoints[cid]
-            versions = self.serde.loads_typed(cp_typed)["channel_versions"]
-            blobs = [
-                [ch, ver, *_enc(self.blobs[(thread_id, ns, ch, ver)])]
-                for ch, ver in versions.items()
-                if (thread_id, ns, ch, ver) in self.blobs
-            ]
-            writes = [
-                [task_id, idx, channel, *_enc(value), task_path]
-                for (task_id, idx), (_, channel, value, task_path) in self.writes.get((thread_id, ns, cid), {}).items()
-            ]
-            namespaces[ns] = {
-                "checkpoint_id": cid,
-                "parent_id": parent_id,
-                "checkpoint": _enc(cp_typed),
-                "metadata": _enc(md_typed),
-                "blobs": blobs,
-                "writes": writes,
-            }
-        return {"format": SDK_STATE_FORMAT, "namespaces": namespaces} if namespaces else {}
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.RLock()
+        self._thread: str | None = None
+        self._latest: dict[str, dict[str, Any]] = {}  # ns -> its latest checkpoint (see put)
+        self._values: dict[tuple[str, str], _Kept] = {}  # (ns, channel) -> its value at the latest version
+        self._next_item = 0
+        self._pending: dict[str, SdkRow] = {}  # rows made since the last export
+        self._exported: dict[str, SdkRow] = {}  # rows the last exported state names, not known to be stored
 
-    def import_state(self, thread_id: str, state: dict[str, Any]) -> None:
-        """Seed this saver with what :meth:`export_state` returned. Raises ValueError if foreign."""
+    # LangGraph's checkpointer contract ------------------------------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The namespace's latest checkpoint with its channel values and pending writes; None
+        for another thread, or for a ``checkpoint_id`` that is not the latest (none is kept)."""
+        conf = config["configurable"]
+        ns = conf.get("checkpoint_ns", "")
+        with self._lock:
+            latest = self._latest.get(ns)
+            if conf.get("thread_id") != self._thread or latest is None:
+                return None
+            cid = get_checkpoint_id(config)
+            if cid and cid != latest["id"]:
+                return None
+            checkpoint = self.serde.loads_typed(latest["checkpoint"])
+            values: dict[str, Any] = {}
+            for ch, ver in checkpoint["channel_versions"].items():
+                kept = self._values.get((ns, ch))
+                if kept is not None and kept.version == ver:
+                    values[ch] = list(kept.items) if kept.items is not None else self.serde.loads_typed(kept.typed)  # type: ignore[arg-type]
+            stored = latest["writes"]
+            order = sorted(stored, key=lambda k: writes_sort_key(stored[k][3], *k))
+            writes = [(stored[k][0], stored[k][1], self.serde.loads_typed(stored[k][2])) for k in order]
+            parent = latest["parent"]
+            return CheckpointTuple(
+                config={"configurable": {"thread_id": self._thread, "checkpoint_ns": ns, "checkpoint_id": latest["id"]}},
+                checkpoint={**checkpoint, "channel_values": values},
+                metadata=self.serde.loads_typed(latest["metadata"]),
+                pending_writes=writes,
+                parent_config={"configurable": {"thread_id": self._thread, "checkpoint_ns": ns, "checkpoint_id": parent}} if parent else None,
+            )
+
+    def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+             before: RunnableConfig | None = None, limit: int | None = None) -> Iterator[CheckpointTuple]:
+        """The latest checkpoint of the config's namespace, if any: older ones are not kept."""
+        if config is None or before is not None:
+            return
+        got = self.get_tuple({"configurable": {**config["configurable"], "checkpoint_id": None}})
+        if got is not None and all(got.metadata.get(k) == v for k, v in (filter or {}).items()):
+            yield got
+
+    def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+            new_versions: ChannelVersions) -> RunnableConfig:
+        """Keep ``checkpoint`` as its namespace's latest; a changed channel value becomes rows."""
+        conf = config["configurable"]
+        ns = conf["checkpoint_ns"]
+        c = checkpoint.copy()
+        values: dict[str, Any] = c.pop("channel_values")  # type: ignore[misc]
+        with self._lock:
+            self._thread = conf["thread_id"]
+            for ch, ver in new_versions.items():
+                if ch in values:
+                    self._values[(ns, ch)] = self._keep(ns, ch, ver, values[ch])
+                else:
+                    self._values.pop((ns, ch), None)
+            self._latest[ns] = {
+                "id": checkpoint["id"],
+                "parent": conf.get("checkpoint_id"),
+                "checkpoint": self.serde.dumps_typed(c),
+                "metadata": self.serde.dumps_typed(get_checkpoint_metadata(config, metadata)),
+                "versions": dict(checkpoint["channel_versions"]),
+                "writes": {},
+                "written": set(),  # keys of the writes already made rows
+            }
+        return {"configurable": {"thread_id": conf["thread_id"], "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
+
+    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = "") -> None:
+        """Keep a task's writes on its namespace's latest checkpoint. Writes for an older
+        checkpoint (LangGraph's executor may deliver them after the next ``put``) are dropped:
+        the checkpoint they belong to is superseded, and the next one holds their effect."""
+        conf = config["configurable"]
+        ns = conf.get("checkpoint_ns", "")
+        with self._lock:
+            latest = self._latest.get(ns)
+            if latest is None or latest["id"] != conf["checkpoint_id"]:
+                return
+            for idx, (channel, value) in enumerate(writes):
+                inner = (task_id, WRITES_IDX_MAP.get(channel, idx))
+                if inner[1] >= 0 and inner in latest["writes"]:
+                    continue
+                latest["writes"][inner] = (task_id, channel, self.serde.dumps_typed(value), task_path)
+
+    def settled(self, channel: str) -> Any:
+        """The root graph's ``channel`` value at its latest checkpoint if that superstep is
+        settled (no task of it has written yet: none finished, interrupted or failed), else
+        None (also for no such channel). What ``graph.get_state`` shows, without building it."""
+        with self._lock:
+            latest = self._latest.get("")
+            if latest is None or latest["writes"]:
+                return None
+            kept = self._values.get(("", channel))
+            if kept is None or kept.version != latest["versions"].get(channel):
+                return None
+            return kept.items if kept.items is not None else self.serde.loads_typed(kept.typed)  # type: ignore[arg-type]
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Forget everything kept for ``thread_id`` (stored rows are the store's)."""
+        with self._lock:
+            if thread_id == self._thread:
+                self._latest.clear()
+                self._values.clear()
+
+    def get_delta_channel_history(self, *, config: RunnableConfig, channels: Sequence[str]) -> Any:
+        raise NotImplementedError("agentfast stores LangGraph's state itself: DeltaChannel is not supported")
+
+    def _keep(self, ns: str, channel: str, version: Any, value: Any) -> _Kept:
+        if type(value) is list:
+            prev = self._values.get((ns, channel))
+            p, ranges = 0, []
+            if prev is not None and prev.items is not None:
+                old = prev.items
+                # Identity first (list equality is C code that checks `is` before __eq__): an
+                # appended-to list costs a pointer comparison per element, no serialization.
+                p = len(old) if len(value) >= len(old) and value[: len(old)] == old else _common_prefix(old, value)
+                ranges = _cut(prev.ranges, p)
+            tail = value[p:]
+            if tail:  # one row for the elements appended together, keyed by the first one's number
+                seq = self._next_item
+                self._next_item += len(tail)
+                key = _item_key(seq)
+                self._pending[key] = SdkRow(key, *self.serde.dumps_typed(tail))
+                if ranges and ranges[-1][1] == seq:
+                    ranges[-1] = (ranges[-1][0], seq + len(tail))
+                else:
+                    ranges.append((seq, seq + len(tail)))
+            return _Kept(version, items=list(value), ranges=ranges)
+        typed = self.serde.dumps_typed(value)
+        if len(typed[1]) <= _INLINE_BYTES:  # a small value rides in sdk_state: no row, no fence trigger
+            return _Kept(version, typed=typed)
+        key = json.dumps(["v", ns, channel, str(version)])
+        self._pending[key] = SdkRow(key, *typed)
+        return _Kept(version, typed=typed, key=key)
+
+    # the runtime's side -----------------------------------------------------------------
+
+    def export_state(self, thread_id: str) -> dict[str, Any]:
+        """The latest checkpoint of each namespace of ``thread_id`` as a small JSON-safe dict
+        naming its rows (channel values, pending writes); empty when the graph has not started.
+        The rows it names that are not stored yet are what :meth:`take_rows` returns next."""
+        with self._lock:
+            if thread_id != self._thread:
+                return {}
+            namespaces: dict[str, Any] = {}
+            for ns, latest in self._latest.items():
+                channels: dict[str, Any] = {}
+                for ch, ver in latest["versions"].items():
+                    kept = self._values.get((ns, ch))
+                    if kept is not None and kept.version == ver:
+                        if kept.items is not None:
+                            channels[ch] = {"items": [list(r) for r in kept.ranges]}
+                        else:
+                            channels[ch] = {"key": kept.key} if kept.key else {"value": _enc(kept.typed)}  # type: ignore[arg-type]
+                writes = []
+                for (task_id, idx), (_, channel, typed, task_path) in latest["writes"].items():
+                    key = json.dumps(["w", ns, latest["id"], task_id, idx])
+                    if key not in latest["written"]:
+                        latest["written"].add(key)
+                        self._pending[key] = SdkRow(key, *typed)
+                    writes.append([task_id, idx, channel, key, task_path])
+                namespaces[ns] = {
+                    "checkpoint_id": latest["id"],
+                    "parent_id": latest["parent"],
+                    "checkpoint": _enc(latest["checkpoint"]),
+                    "metadata": _enc(latest["metadata"]),
+                    "channels": channels,
+                    "writes": writes,
+                }
+            self._exported.update(self._pending)
+            self._pending = {}
+            if not namespaces:
+                return {}
+            return {"format": SDK_STATE_FORMAT, "next_item": self._next_item, "namespaces": namespaces}
+
+    def take_rows(self) -> list[SdkRow]:
+        """The rows the last :meth:`export_state` named that are not known to be stored (rows
+        made after it wait for the next export: a committed state never names a row it lacks,
+        and never a row whose sequence number a resumed process could reuse)."""
+        with self._lock:
+            return list(self._exported.values())
+
+    def rows_stored(self, rows: Sequence[SdkRow]) -> None:
+        """``rows`` were committed: :meth:`take_rows` no longer returns them."""
+        with self._lock:
+            for r in rows:
+                self._exported.pop(r.key, None)
+
+    def import_state(self, thread_id: str, state: dict[str, Any],
+                     load: Callable[[list[str], list[tuple[str, str]]], dict[str, tuple[str, bytes]]] | None = None) -> None:
+        """Seed this saver with what :meth:`export_state` returned; ``load(keys, ranges)`` reads
+        the rows it names (``Store.sdk_rows`` of the run). A state of format /1 (the whole
+        channel state inline) is loaded too, and its values become rows at the next export.
+        Raises ValueError for a foreign format or a named row that is not stored."""
         if not state:
             return
-        if state.get("format") != SDK_STATE_FORMAT:
-            raise ValueError(f"sdk_state format {state.get('format')!r} is not {SDK_STATE_FORMAT}")
+        fmt = state.get("format")
+        with self._lock:
+            self._thread = thread_id
+            if fmt == _FORMAT_V1:
+                self._import_v1(state)
+            elif fmt == SDK_STATE_FORMAT:
+                self._import_v2(state, load)
+            else:
+                raise ValueError(f"sdk_state format {fmt!r} is neither {SDK_STATE_FORMAT} nor {_FORMAT_V1}")
+
+    def _latest_from(self, entry: dict[str, Any], checkpoint: tuple[str, bytes]) -> dict[str, Any]:
+        return {"id": entry["checkpoint_id"], "parent": entry["parent_id"], "checkpoint": checkpoint,
+                "metadata": _dec(entry["metadata"]), "versions": dict(self.serde.loads_typed(checkpoint)["channel_versions"]),
+                "writes": {}, "written": set()}
+
+    def _import_v1(self, state: dict[str, Any]) -> None:
         for ns, entry in state["namespaces"].items():
-            cid = entry["checkpoint_id"]
-            self.storage[thread_id][ns][cid] = (_dec(entry["checkpoint"]), _dec(entry["metadata"]), entry["parent_id"])
+            latest = self._latest[ns] = self._latest_from(entry, _dec(entry["checkpoint"]))
             for ch, ver, t, b in entry["blobs"]:
-                self.blobs[(thread_id, ns, ch, ver)] = _dec([t, b])
+                if t != "empty" and latest["versions"].get(ch) == ver:
+                    self._values[(ns, ch)] = self._keep(ns, ch, ver, self.serde.loads_typed(_dec([t, b])))
             for task_id, idx, channel, t, b, task_path in entry["writes"]:
-                self.writes[(thread_id, ns, cid)][(task_id, idx)] = (task_id, channel, _dec([t, b]), task_path)
+                latest["writes"][(task_id, idx)] = (task_id, channel, _dec([t, b]), task_path)
+
+    def _import_v2(self, state: dict[str, Any], load: Any) -> None:
+        keys: list[str] = []
+        ranges: list[tuple[str, str]] = []
+        for entry in state["namespaces"].values():
+            for ref in entry["channels"].values():
+                if "key" in ref:
+                    keys.append(ref["key"])
+                elif "items" in ref:
+                    # A range starts where a row of elements starts (ranges are cut at their end only).
+                    ranges += [(_item_key(lo), _item_key(hi)) for lo, hi in ref["items"]]
+            keys += [w[3] for w in entry["writes"]]
+        rows = load(keys, ranges) if load is not None and (keys or ranges) else {}
+        missing = [k for k in keys if k not in rows]
+        if missing:
+            raise ValueError(f"sdk_state names {len(missing)} row(s) that are not stored, e.g. {missing[0]!r}")
+        row = rows.__getitem__
+
+        elements: dict[int, Any] = {}  # one object per element, shared by every list naming it
+        for key, typed in rows.items():
+            if key.startswith("i"):
+                first = int(key[1:])
+                for j, element in enumerate(self.serde.loads_typed(typed)):
+                    elements[first + j] = element
+        lacking = [seq for entry in state["namespaces"].values() for ref in entry["channels"].values()
+                   for lo, hi in ref.get("items", ()) for seq in range(lo, hi) if seq not in elements]
+        if lacking:
+            raise ValueError(f"sdk_state names {len(lacking)} list element(s) that are not stored, e.g. {lacking[0]}")
+        self._next_item = state["next_item"]
+        for ns, entry in state["namespaces"].items():
+            latest = self._latest[ns] = self._latest_from(entry, _dec(entry["checkpoint"]))
+            for ch, ref in entry["channels"].items():
+                ver = latest["versions"][ch]
+                if "key" in ref:
+                    self._values[(ns, ch)] = _Kept(ver, typed=row(ref["key"]), key=ref["key"])
+                    continue
+                if "value" in ref:
+                    self._values[(ns, ch)] = _Kept(ver, typed=_dec(ref["value"]))
+                    continue
+                items = []
+                for lo, hi in ref["items"]:
+                    items += [elements[seq] for seq in range(lo, hi)]
+                self._values[(ns, ch)] = _Kept(ver, items=items, ranges=[(lo, hi) for lo, hi in ref["items"]])
+            for task_id, idx, channel, key, task_path in entry["writes"]:
+                latest["writes"][(task_id, idx)] = (task_id, channel, row(key), task_path)
+                latest["written"].add(key)
+
+
+# -- LangGraph's add_messages, without rebuilding its id index at every update -------------------
+
+
+class IncrementalAddMessages:
+    """LangGraph's ``add_messages`` reducer, giving the same results, whose common case costs
+    O(new messages) instead of O(transcript) in Python (a list copy and compare in C remain).
+
+    ``add_messages(left, right)`` rebuilds a dict of every message id in ``left`` on each call
+    (twice per superstep when a conditional edge reads the state), so LangGraph's own step grows
+    with the transcript. This keeps the ids of the last few lists it returned: when ``left`` is
+    one of them, unchanged (the same elements, compared by identity in C), and ``right`` only
+    appends new plain messages with new ids (no ``RemoveMessage``, no chunk, no id seen before,
+    no ``format``), the result is ``left + right``. Every other call goes to LangGraph's own
+    ``add_messages``. The ids are a shared base set plus a small set of the ids added since; the
+    base is rebuilt when the small one passes 1/16 of it, so an append costs O(1) amortized.
+    :func:`speed_up_reducers` puts it on a compiled graph's channels that use ``add_messages``.
+    """
+
+    _KEEP = 4  # lists whose ids are kept: the channel's value and the copies a fresh read made
+
+    def __init__(self) -> None:
+        # id(list) -> (list, its copy, base ids (never changed once made), ids added since)
+        self._known: dict[int, tuple[list[Any], list[Any], frozenset[str], frozenset[str]]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, left: Any = None, right: Any = None, **kwargs: Any) -> Any:
+        if kwargs or type(left) is not list or type(right) is not list:
+            return add_messages(left, right, **kwargs)
+        with self._lock:
+            known = self._known.get(id(left))
+        if known is not None and known[0] is left and len(left) == len(known[1]) and left == known[1]:
+            _, _, base, added = known
+            new_ids: set[str] = set()
+            for m in right:
+                mid = getattr(m, "id", None)
+                if type(m) not in _PLAIN or mid is None or mid in added or mid in base or mid in new_ids:
+                    break
+                new_ids.add(mid)
+            else:
+                merged = left + right
+                added = added | new_ids
+                if len(added) > 64 + len(base) // 16:
+                    base, added = base | added, frozenset()
+                self._remember(merged, base, added)
+                return merged
+        merged = add_messages(left, right)
+        if type(merged) is list:
+            self._remember(merged, frozenset(m.id for m in merged), frozenset())
+        return merged
+
+    def _remember(self, merged: list[Any], base: frozenset[str], added: frozenset[str]) -> None:
+        with self._lock:
+            self._known[id(merged)] = (merged, list(merged), base, frozenset(added))
+            while len(self._known) > self._KEEP:
+                del self._known[next(iter(self._known))]
+
+
+_PLAIN = frozenset({AIMessage, HumanMessage, ToolMessage, SystemMessage})  # exact types: no chunk, no RemoveMessage
+
+
+def speed_up_reducers(compiled: Any) -> Any:
+    """Put an :class:`IncrementalAddMessages` on every channel of ``compiled`` (a compiled graph)
+    whose reducer is LangGraph's ``add_messages`` itself; returns ``compiled``."""
+    for ch in compiled.channels.values():
+        if isinstance(ch, BinaryOperatorAggregate) and ch.operator is add_messages:
+            ch.operator = IncrementalAddMessages()
+    return compiled
 
 
 # -- messages between LangChain and the runtime ------------------------------------------------
@@ -269,6 +649,7 @@ class GraphRuntime:
                 raise StopRequested()
             result = r.executor.execute(entry)
             r._emit("tool_result", f"{entry.call_id} {entry.tool_call.name}")
+        r._counted(it, pos, result)
         return {"messages": [to_langchain_message(result.to_message(), msg_id=f"agentfast-tool-{it}-{pos}")]}
 
 
@@ -291,7 +672,15 @@ def build_graph(ref: str, rt: GraphRuntime, checkpointer: SnapshotSaver) -> Any:
     builder = getattr(graph, "builder", graph)  # a compiled graph is recompiled with our checkpointer
     if not hasattr(builder, "compile"):
         raise SpecError(f"spec.graph.ref: {ref} returned {type(graph).__name__}, not a LangGraph StateGraph")
-    return builder.compile(checkpointer=checkpointer)
+    compiled = speed_up_reducers(builder.compile(checkpointer=checkpointer))
+    if DeltaChannel is not None:
+        delta = sorted(name for name, ch in compiled.channels.items() if isinstance(ch, DeltaChannel))
+        if delta:
+            # Its history lives in the parent chain of checkpoints, which the adapter does not keep.
+            raise SpecError(f"spec.graph.ref: {ref} uses LangGraph's DeltaChannel (channels {', '.join(delta)}), which agentfast "
+                            "does not support: agentfast already stores list channels as deltas; use a plain reducer "
+                            "(e.g. Annotated[list, add_messages])")
+    return compiled
 
 
 class LangGraphRunner(RunnerBase):
@@ -299,10 +688,15 @@ class LangGraphRunner(RunnerBase):
 
     adapter = "langgraph"
 
+    saver: SnapshotSaver | None = None
+    _mirrored: list[BaseMessage] | None = None  # the graph's messages that snap.messages mirrors
+    _tool_kinds: dict[tuple[int, int], str | None] | None = None  # (iteration, position) -> error_kind of each finished call
+    _count_lock = threading.Lock()  # tool nodes run on LangGraph's executor threads (one runner per process)
+
     def _drive(self) -> Outcome:
         thread_id = self.snap.context.session.run_uid
         self.saver = SnapshotSaver()
-        self.saver.import_state(thread_id, self.snap.sdk_state)
+        self.saver.import_state(thread_id, self.snap.sdk_state, lambda keys, ranges: self.store.sdk_rows(self.run_id, keys, ranges))
         self.graph = build_graph(self.spec.graph.ref, GraphRuntime(self), self.saver)  # type: ignore[union-attr]
         config = {"configurable": {"thread_id": thread_id}, "recursion_limit": 10_000}
         graph_input: Any = None
@@ -346,20 +740,58 @@ class LangGraphRunner(RunnerBase):
         the finished siblings' writes applied in completion order, ahead of an earlier call's
         result that does not exist yet.
         """
-        state = self.graph.get_state(config)
-        clean = all(t.result is None and not t.interrupts and t.error is None for t in state.tasks)
-        if clean and "messages" in state.values:
-            self.snap.messages = [to_runtime_message(m) for m in state.values["messages"]]
-        self.snap.sdk_state = self.saver.export_state(thread_id)
+        messages = self.saver.settled("messages")  # type: ignore[union-attr]
+        if messages is not None:
+            self._mirror(messages)
+        self.snap.sdk_state = self.saver.export_state(thread_id)  # type: ignore[union-attr]
         self._count_tools()
         self._commit()
 
+    def _mirror(self, messages: list[BaseMessage]) -> None:
+        """``snap.messages`` := ``messages`` in the runtime's shape, converting only the ones
+        appended since the last mirror (the graph's list keeps its message objects from step to
+        step; list equality checks identity first), all of them otherwise."""
+        done = self._mirrored
+        k = len(done) if done is not None else -1
+        if done is not None and len(messages) >= k and len(self.snap.messages) == k and messages[:k] == done:
+            self.snap.messages.extend(to_runtime_message(m) for m in messages[k:])
+        else:
+            self.snap.messages = [to_runtime_message(m) for m in messages]
+        self._mirrored = list(messages)
+
     def _count_tools(self) -> None:
-        done = [e.result for e in self.store.journal(self.run_id) if e.result is not None]
+        """The counters of finished calls: counted from the whole journal once per process; from
+        then on :meth:`_counted` adds each call the tool node finishes (no read per superstep)."""
+        with self._count_lock:
+            if self._tool_kinds is not None:
+                return
+            self._tool_kinds = {}
+            c = self.snap.context.counters
+            c.tool_calls = c.tool_errors = c.malformed_tool_calls = 0
+            for e in self.store.journal(self.run_id):
+                if e.result is not None:
+                    self._add_kind(e.iteration, e.position, e.result.error_kind)
+
+    def _counted(self, iteration: int, position: int, result: ToolResult) -> None:
+        """The tool node finished call (iteration, position) with ``result`` (its result is in the
+        journal already: before the first count, that count finds it). Thread-safe."""
+        with self._count_lock:
+            if self._tool_kinds is not None and (iteration, position) not in self._tool_kinds:
+                self._add_kind(iteration, position, result.error_kind)
+
+    def _add_kind(self, iteration: int, position: int, kind: str | None) -> None:
+        self._tool_kinds[(iteration, position)] = kind  # type: ignore[index]
         c = self.snap.context.counters
-        c.tool_calls = sum(1 for r in done if r.error_kind not in ("malformed", "denied"))
-        c.tool_errors = sum(1 for r in done if r.error_kind == "tool_raised")
-        c.malformed_tool_calls = sum(1 for r in done if r.error_kind == "malformed")
+        c.tool_calls += kind not in ("malformed", "denied")
+        c.tool_errors += kind == "tool_raised"
+        c.malformed_tool_calls += kind == "malformed"
+
+    def _sdk_rows(self) -> list[SdkRow]:
+        return self.saver.take_rows() if self.saver is not None else []
+
+    def _sdk_rows_stored(self, rows: list[SdkRow]) -> None:
+        if self.saver is not None:
+            self.saver.rows_stored(rows)
 
     def _interrupted(self, thread_id: str, interrupts: Any) -> Command | Outcome:
         """The graph paused in interrupt(), one per call awaiting a human: make them all pending
