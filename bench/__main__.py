@@ -2,8 +2,9 @@
 
 Starts its own embedded PostgreSQL server in a temporary directory under /tmp, runs the parts,
 stops and deletes the server, and writes the generated block of docs/benchmarks.md (full mode)
-plus the raw results as JSON. ``--quick`` runs every part at a small size in under a minute and
-writes to a temporary file unless ``--out`` is given.
+plus the raw results as JSON. ``--quick`` runs the parts behind the Targets table (issue 15's
+items 1-6: QUICK_PARTS) at a small size, in under two minutes on a 2-core machine, and writes to a
+temporary file unless ``--out`` is given; ``--quick --only rss,profile`` runs the others small.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 PARTS = ["checkpoint", "throughput", "resume", "rss", "profile", "model", "payloads", "langgraph"]
+# What --quick runs by default: every part with a row in the Targets table (issue 15 items 1-6:
+# resume, checkpoint/iteration, langgraph, model, throughput, payloads). rss and profile only
+# describe; they stay in the full run.
+QUICK_PARTS = ["checkpoint", "throughput", "resume", "model", "payloads", "langgraph"]
 
 
 @dataclasses.dataclass
@@ -48,6 +53,7 @@ class Plan:
     model_calls: int = 7
     payload_iterations: int = 3
     payload_reps: int = 2
+    checkpoint_subjects: tuple[str, ...] | None = None  # part 1's subjects (None: all of bench/checkpoint.py's)
 
 
 FULL = Plan(lengths=[10, 100, 1000, 10000], reps=5, samples=40, heavy_samples=8, bytes_samples=8, clients=[1, 8, 64],
@@ -57,7 +63,9 @@ FULL = Plan(lengths=[10, 100, 1000, 10000], reps=5, samples=40, heavy_samples=8,
 QUICK = Plan(lengths=[10, 1000], reps=2, samples=10, heavy_samples=3, bytes_samples=3, clients=[1, 8], seconds=1,
              tp_reps=1, kills=2, startup_reps=1, load_reps=10, long_iterations=30, lg_iterations=0,
              langgraph_refund=False, server_profile=False, lg_lengths=[10, 10000], lg_reps=1, lg_samples=6, big_outputs=3,
-             model_rounds=3, model_calls=5)
+             model_rounds=3, model_calls=5,
+             # The LangGraph subjects are part langgraph's to judge; the pipelining what-if is history.
+             checkpoint_subjects=("floor", "store", "iteration"))
 
 
 def _log(msg: str) -> None:
@@ -78,8 +86,9 @@ def _jsonable(obj: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="every part at a small size, < 1 minute; does not touch docs/")
-    ap.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts to run (default: all): {','.join(PARTS)}")
+    ap.add_argument("--quick", action="store_true", help="the Targets table's parts at a small size, < 2 minutes; does not touch docs/")
+    ap.add_argument("--only", default=None,
+                    help=f"comma-separated parts to run (default: all; with --quick: {','.join(QUICK_PARTS)}): {','.join(PARTS)}")
     ap.add_argument("--out", type=Path, default=None,
                     help="Markdown file whose generated block is replaced (default: docs/benchmarks.md in full mode, "
                          "a temporary file with --quick or --only)")
@@ -91,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = QUICK if args.quick else FULL
     if args.long_iterations is not None:
         plan = dataclasses.replace(plan, long_iterations=args.long_iterations)
-    parts = [p.strip() for p in args.only.split(",") if p.strip()]
+    only = args.only if args.only is not None else ",".join(QUICK_PARTS if args.quick else PARTS)
+    parts = [p.strip() for p in only.split(",") if p.strip()]
     unknown = set(parts) - set(PARTS)
     if unknown:
         ap.error(f"unknown part(s): {', '.join(sorted(unknown))}")
@@ -117,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             dsn = server.create_database("ckpt")
             res["checkpoint"] = checkpoint.run(dsn, checkpoint.CheckpointConfig(
                 lengths=plan.lengths, reps=plan.reps, samples=plan.samples, heavy_samples=plan.heavy_samples,
-                bytes_samples=plan.bytes_samples), _log)
+                bytes_samples=plan.bytes_samples, subjects=list(plan.checkpoint_subjects or checkpoint.SUBJECTS)), _log)
             res["load_snapshot"] = checkpoint.measure_load(dsn, 1000, plan.load_reps)
         if "throughput" in parts:
             _log("part 2: throughput")
