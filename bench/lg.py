@@ -413,7 +413,8 @@ def run_big(dsn: str, workdir: Path, outputs: int, size: int) -> dict[str, dict[
                         + (SELECT coalesce(sum(pg_column_size(t.*)), 0) FROM agentfast_tool_calls t WHERE run_id = %(r)s)
                         + (SELECT coalesce(sum(pg_column_size(t.*)), 0) FROM agentfast_turns t WHERE run_id = %(r)s)
                         + (SELECT coalesce(sum(pg_column_size(t.*)), 0) FROM agentfast_checkpoints t WHERE run_id = %(r)s)
-                        + (SELECT coalesce(sum(pg_column_size(t.*)), 0) FROM agentfast_sdk_blobs t WHERE run_id = %(r)s)""",
+                        + (SELECT coalesce(sum(pg_column_size(t.*)), 0) FROM agentfast_sdk_blobs t WHERE run_id = %(r)s)
+                        + (SELECT coalesce(sum(pg_column_size(t.*)), 0) FROM agentfast_payloads t WHERE run_id = %(r)s)""",
                 {"r": run_id}).fetchone()[0]
             done = conn.execute("SELECT count(*) FROM agentfast_tool_calls WHERE run_id = %s AND state = 'done'", (run_id,)).fetchone()[0]
         if done != outputs:

@@ -540,7 +540,7 @@ def _lg_section(r: Any) -> list[str]:
     if r.big:
         L.append(f"Large outputs: one real run per adapter (runner process, scripted model server in its own process), "
                  f"{c.big_outputs} turns each calling `bench.tools:blob` for {c.big_bytes:,} bytes of base64 noise (barely "
-                 "compressible). Stored: every row of the run (transcript, journal, turns, checkpoints, sdk rows).")
+                 "compressible). Stored: every row of the run (transcript, journal, turns, checkpoints, sdk rows, payloads: a value over the payload threshold is stored there once).")
         L.append("")
         L.append("| adapter | wall s | stored | peak RSS MiB |")
         L.append("|---|---:|---:|---:|")
