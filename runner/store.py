@@ -679,7 +679,8 @@ class Store:
         name starts clean and the earlier one's transcript, journal and decisions stay for audit
         (``agentfast history NS/NAME@UID8``; an ``@`` is never part of a Kubernetes name). Returns
         the new id, or None when there was no such run. A runner still holding the old run loses
-        its lease at its next write (the fence finds no run of its id)."""
+        its lease at its next write: the fence finds no run of its id, or, once a new run of the
+        name exists, a run of another uid (whatever its epoch)."""
 
         def op(conn: psycopg.Connection) -> str | None:
             row = conn.execute("SELECT run_uid, epoch FROM agentfast_runs WHERE run_id = %s FOR UPDATE", (run_id,)).fetchone()
