@@ -31,7 +31,8 @@ def pipelined_commit(conn: psycopg.Connection, lease: Lease, snapshot: StateSnap
     pending = snapshot.pending.model_dump(mode="json") if snapshot.pending else None
     with conn.pipeline():
         with conn.transaction():
-            conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(lease.epoch),))
+            conn.execute("SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)",
+                         (str(lease.epoch), lease.run_uid))
             if new:
                 with conn.cursor() as cur:
                     cur.executemany(

@@ -132,7 +132,8 @@ class Prefiller:
         iterations = max(0, (n - 2 + 2) // 3)
         ctx = context_for(uid, iterations)
         with psycopg.connect(self.dsn) as conn:
-            conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(lease.epoch),))
+            conn.execute("SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)",
+                         (str(lease.epoch), lease.run_uid))
             conn.execute("INSERT INTO agentfast_messages (run_id, seq, iteration, message, epoch) "
                          "SELECT %s, seq, iteration, message, 0 FROM bench_template WHERE n = %s", (run_id, n))
             if journal and iterations:

@@ -53,8 +53,12 @@ namespace, read by every tenant's row-level-security check) would be a reference
 ``agentfast_migrations`` lives on the coordinator.
 
 The fencing trigger ``agentfast_fence`` rejects, inside Postgres, any write to the run's tables
-from a transaction whose ``agentfast.epoch`` setting is not the run's current epoch: SQLSTATE
-``AF001``. A runner whose lease was taken over cannot commit anything (G6).
+(messages, checkpoints, turns, tool calls, payloads) from a transaction whose lease settings do not
+name the run's current state: ``agentfast.epoch`` must be the run's current epoch and (the uid
+fence migration, the last one) ``agentfast.run_uid`` the run's uid; otherwise SQLSTATE ``AF001``.
+A runner whose lease was taken over cannot commit anything, nor can a runner of an earlier run of
+the same name (deleted or archived, then re-created with a new uid, whose epochs count up again
+from 0) once the new run reaches the old runner's epoch (G6).
 """
 
 # Tables (as of migration 5) that hold a run's rows, by run_id: the ones runner roles reach.
@@ -314,5 +318,40 @@ MIGRATIONS: list[str] = [
     CREATE POLICY agentfast_tenant ON agentfast_sdk_blobs TO agentfast_runner
         USING (split_part(run_id, '/', 1) = agentfast_tenant());
     GRANT SELECT, INSERT ON agentfast_sdk_blobs TO agentfast_runner;
+    """,
+    # 11, the uid fence migration: the lease names the run by uid and epoch. An epoch alone repeats
+    # when a run is deleted or archived and a new AgentRun of the same name (a new uid) is created
+    # under the same run_id: its epochs count up from 0 again, so a zombie of the old run holding
+    # epoch N would pass the fence once the new run reached N. The fence now also compares the
+    # run row's run_uid with the transaction's agentfast.run_uid (set with agentfast.epoch, by
+    # Store._retry). Same triggers, same SQLSTATE; only the function is replaced.
+    """
+    CREATE OR REPLACE FUNCTION agentfast_fence() RETURNS trigger LANGUAGE plpgsql AS $$
+    DECLARE
+        mine text := current_setting('agentfast.epoch', true);
+        mine_uid text := current_setting('agentfast.run_uid', true);
+        cur bigint;
+        cur_uid text;
+    BEGIN
+        -- FOR SHARE: a takeover (UPDATE ... SET epoch = epoch + 1) waits for this transaction,
+        -- and this transaction waits for a takeover in progress, so the check cannot race it.
+        SELECT epoch, run_uid INTO cur, cur_uid FROM agentfast_runs WHERE run_id = NEW.run_id FOR SHARE;
+        IF mine IS NULL OR mine = '' THEN
+            RAISE EXCEPTION 'agentfast: write to % for run % without a lease (agentfast.epoch unset)', TG_TABLE_NAME, NEW.run_id
+                USING ERRCODE = 'AF001';
+        END IF;
+        IF cur IS NULL OR mine::bigint <> cur THEN
+            RAISE EXCEPTION 'agentfast: run % lease lost: epoch % is stale (current %)', NEW.run_id, mine, cur
+                USING ERRCODE = 'AF001';
+        END IF;
+        -- An unset uid ('' or NULL) never matches: a lease that does not name its run is none.
+        IF coalesce(mine_uid, '') <> cur_uid THEN
+            RAISE EXCEPTION 'agentfast: run % lease lost: the run was replaced: uid mismatch (lease uid %, run uid %)',
+                NEW.run_id, coalesce(nullif(mine_uid, ''), '(agentfast.run_uid unset)'), cur_uid
+                USING ERRCODE = 'AF001';
+        END IF;
+        NEW.epoch := cur;
+        RETURN NEW;
+    END $$;
     """,
 ]

@@ -1,7 +1,7 @@
 """The Postgres store: checkpoints, the tool-call journal, approvals and the fencing lease.
 
 Shapes: runs are keyed by ``run_id`` (``"namespace/name"``); writes that belong to a runner take a
-:class:`Lease` (run id + fencing epoch) and are rejected by Postgres with :class:`LeaseLost` once
+:class:`Lease` (run id, run uid + fencing epoch) and are rejected by Postgres with :class:`LeaseLost` once
 another runner has taken the run over (G6). Every public write is one transaction.
 
 Failure handling: a lost connection (Postgres restarting, a network blip), a server that is
@@ -191,10 +191,14 @@ def decode_snapshot(run_id: str, cp: dict[str, Any], messages: list[Any]) -> Sta
 
 @dataclass(frozen=True)
 class Lease:
-    """The right to write a run's state, valid while ``epoch`` is the run's current epoch."""
+    """The right to write a run's state, valid while ``epoch`` is the current epoch of the run
+    ``run_id`` and that run is still the one of uid ``run_uid`` (not deleted or archived and
+    re-created under the same id, whose epochs start again from 0). Both are checked by Postgres
+    (the ``agentfast_fence`` trigger) on every write; built by :meth:`Store.acquire_lease`."""
 
     run_id: str
     epoch: int
+    run_uid: str
 
 
 @dataclass(frozen=True)
@@ -371,10 +375,11 @@ class Store:
         if retention_keep < 1:
             raise ValueError("retention_keep must be at least 1")
         self.payload_limits = payload_limits or Limits.from_env()
-        # (run_id, epoch, sha256) of payloads this store's committed transactions hold: a tool's
-        # output is not sent again when its transcript message is checkpointed. Per epoch, so a
-        # takeover (or a run deleted and made again) starts empty.
-        self._payloads_stored: set[tuple[str, int, str]] = set()
+        # (run_id, run_uid, epoch, sha256) of payloads this store's committed transactions hold: a
+        # tool's output is not sent again when its transcript message is checkpointed. Per uid and
+        # epoch, so a takeover, or a run deleted or archived and made again (same id, epochs from 0
+        # again), starts empty.
+        self._payloads_stored: set[tuple[str, str, int, str]] = set()
         parse_dsn(dsn)  # InvalidDsn before any pool exists: psycopg.pool's warnings would quote libpq's parse error
         self.dsn = dsn
         self.retention_keep = retention_keep
@@ -410,7 +415,8 @@ class Store:
 
     def _retry(self, op: Callable[[psycopg.Connection], T], *, lease: Lease | None = None) -> T:
         """Run ``op`` in one transaction, retrying connection failures with backoff; returns
-        what ``op`` returned. ``lease``: the fencing epoch the transaction's writes carry (G6).
+        what ``op`` returned. ``lease``: the fencing epoch and run uid the transaction's writes
+        carry (G6), set in one statement (no extra round trip).
 
         Not pipelined, on purpose: in psycopg's pipeline mode each statement is flushed as it is
         queued and the transaction ends at the Sync, so a client frozen between the two (a GC
@@ -422,7 +428,8 @@ class Store:
         def in_transaction(conn: psycopg.Connection) -> T:
             with conn.transaction():
                 if lease is not None:
-                    conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(lease.epoch),))
+                    conn.execute("SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)",
+                                 (str(lease.epoch), lease.run_uid))
                 return op(conn)
 
         return self._attempt(in_transaction)
@@ -492,12 +499,12 @@ class Store:
 
     def _write_payloads(self, conn: psycopg.Connection, lease: Lease, out: dict[str, str]) -> None:
         """Insert the payloads of ``out`` that no committed transaction of this lease holder wrote."""
-        payloads.write(conn, lease.run_id, {d: t for d, t in out.items() if (lease.run_id, lease.epoch, d) not in self._payloads_stored})
+        payloads.write(conn, lease.run_id, {d: t for d, t in out.items() if (lease.run_id, lease.run_uid, lease.epoch, d) not in self._payloads_stored})
 
     def _payloads_committed(self, lease: Lease, out: dict[str, str]) -> None:
         if len(self._payloads_stored) > 4096:  # a bound, not a policy: a forgotten one is only sent again
             self._payloads_stored.clear()
-        self._payloads_stored.update((lease.run_id, lease.epoch, d) for d in out)
+        self._payloads_stored.update((lease.run_id, lease.run_uid, lease.epoch, d) for d in out)
 
     def _resolved(self, run_id: str, values: list[tuple[str, str, Any]], conn: psycopg.Connection | None = None) -> list[Any]:
         """The ``value`` of each ``(table, row, value)`` with its payload references resolved, in
@@ -686,7 +693,8 @@ class Store:
         name starts clean and the earlier one's transcript, journal and decisions stay for audit
         (``agentfast history NS/NAME@UID8``; an ``@`` is never part of a Kubernetes name). Returns
         the new id, or None when there was no such run. A runner still holding the old run loses
-        its lease at its next write (the fence finds no run of its id)."""
+        its lease at its next write: the fence finds no run of its id, or, once a new run of the
+        name exists, a run of another uid (whatever its epoch)."""
 
         def op(conn: psycopg.Connection) -> str | None:
             row = conn.execute("SELECT run_uid, epoch FROM agentfast_runs WHERE run_id = %s FOR UPDATE", (run_id,)).fetchone()
@@ -696,8 +704,9 @@ class Store:
             new_id = f"{run_id}@{uid[:8]}"
             if conn.execute("SELECT 1 FROM agentfast_runs WHERE run_id = %s", (new_id,)).fetchone() is not None:
                 new_id = f"{run_id}@{uid}"
-            # The renamed rows pass the fence with the run's own epoch (the rename is no runner's write).
-            conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(row["epoch"]),))
+            # The renamed rows pass the fence with the run's own epoch and uid (the rename is no runner's write).
+            conn.execute("SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)",
+                         (str(row["epoch"]), row["run_uid"]))
             conn.execute("UPDATE agentfast_runs SET run_id = %s WHERE run_id = %s", (new_id, run_id))
             return new_id
 
@@ -848,11 +857,12 @@ class Store:
         Raises KeyError if the run does not exist.
         """
         row = self._retry(
-            lambda c: c.execute("UPDATE agentfast_runs SET epoch = epoch + 1 WHERE run_id = %s RETURNING epoch", (run_id,)).fetchone()
+            lambda c: c.execute("UPDATE agentfast_runs SET epoch = epoch + 1 WHERE run_id = %s RETURNING epoch, run_uid",
+                                (run_id,)).fetchone()
         )
         if row is None:
             raise KeyError(run_id)
-        return Lease(run_id, row["epoch"])
+        return Lease(run_id, row["epoch"], row["run_uid"])
 
     # -- checkpoints --------------------------------------------------------------------------
 
@@ -1149,7 +1159,7 @@ class Store:
             if cur.rowcount == 1:
                 return 1, None, None
             # Why not: the reads the refusal below needs, only on this rare path.
-            epoch = conn.execute("SELECT epoch FROM agentfast_runs WHERE run_id = %s", (lease.run_id,)).fetchone()
+            epoch = conn.execute("SELECT epoch, run_uid FROM agentfast_runs WHERE run_id = %s", (lease.run_id,)).fetchone()
             return cur.rowcount, self._end_requests(conn, lease.run_id), epoch
 
         changed, ends, row = self._retry(op, lease=lease)
@@ -1160,6 +1170,9 @@ class Store:
         if row is None or row["epoch"] != lease.epoch:
             current = row["epoch"] if row else None
             raise LeaseLost(f"agentfast: run {lease.run_id} lease lost: epoch {lease.epoch} is stale (current {current})")
+        if row["run_uid"] != lease.run_uid:
+            raise LeaseLost(f"agentfast: run {lease.run_id} lease lost: the run was replaced: uid mismatch"
+                            f" (lease uid {lease.run_uid}, run uid {row['run_uid']})")
         if ends is not None and (ends.cancel is not None or (deadline_s is not None and ends.age_s >= deadline_s)):
             return ends
         raise StoreError(f"call {iteration}/{position} of {lease.run_id} is not in the journal or already done")

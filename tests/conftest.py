@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -160,6 +161,33 @@ def wait_until(predicate: Callable[[], object], timeout: float = 30, what: str =
     pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 
+def _descendants(pid: int) -> list[int]:
+    """``pid``'s child processes and theirs (the runner's tool host), from /proc."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids = [int(k) for k in (task / "children").read_text().split()]
+        except OSError:
+            continue
+        for kid in kids:
+            out += [kid, *_descendants(kid)]
+    return out
+
+
+def freeze(pid: int) -> None:
+    """SIGSTOP a runner and its tool host, as a frozen node or VM would stop both."""
+    os.kill(pid, signal.SIGSTOP)
+    for kid in _descendants(pid):
+        os.kill(kid, signal.SIGSTOP)
+
+
+def thaw(pid: int) -> None:
+    """SIGCONT what :func:`freeze` stopped (the children first, so the runner finds its tool host awake)."""
+    for kid in _descendants(pid):
+        os.kill(kid, signal.SIGCONT)
+    os.kill(pid, signal.SIGCONT)
+
+
 def phase_of(store: Store, run_id: str) -> str | None:
     loaded = store.load_context(run_id)
     return loaded[0].status.phase if loaded else None
@@ -171,3 +199,15 @@ def count_rows(dsn: str, sql: str, *params: object) -> int:
             return conn.execute(sql, params).fetchone()[0]
         except psycopg.errors.UndefinedTable:
             return 0
+
+
+def fenced_rows(dsn: str, run_id: str) -> dict[str, list[tuple]]:
+    """Every row of ``run_id`` in the tables the fence guards (what a runner writes), timestamps left out."""
+    out = {}
+    with psycopg.connect(dsn) as conn:
+        for t in ("agentfast_messages", "agentfast_checkpoints", "agentfast_turns", "agentfast_tool_calls", "agentfast_payloads"):
+            cols = [r[0] for r in conn.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = %s AND data_type NOT LIKE 'timestamp%%'"
+                " ORDER BY ordinal_position", (t,)).fetchall()]
+            out[t] = conn.execute(f"SELECT {', '.join(cols)} FROM {t} WHERE run_id = %s ORDER BY 1, 2, 3", (run_id,)).fetchall()
+    return out

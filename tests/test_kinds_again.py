@@ -176,11 +176,12 @@ def test_denying_the_rerun_of_an_interrupted_call_never_says_it_was_not_run(tmp_
 
 
 def _corrupt_latest_checkpoint(dsn: str, run: str, assignment: str) -> None:
-    """UPDATE the run's latest checkpoint (the fence trigger needs the run's epoch in agentfast.epoch)."""
+    """UPDATE the run's latest checkpoint (the fence trigger needs the run's epoch and uid in agentfast.epoch, agentfast.run_uid)."""
     import psycopg
 
     with psycopg.connect(dsn) as conn, conn.transaction():
-        conn.execute("SELECT set_config('agentfast.epoch', (SELECT epoch::text FROM agentfast_runs WHERE run_id = %s), true)", (run,))
+        conn.execute("SELECT set_config('agentfast.epoch', epoch::text, true), set_config('agentfast.run_uid', run_uid, true)"
+                     " FROM agentfast_runs WHERE run_id = %s", (run,))
         n = conn.execute(f"""UPDATE agentfast_checkpoints SET {assignment} WHERE run_id = %s AND checkpoint_id =
                              (SELECT max(checkpoint_id) FROM agentfast_checkpoints WHERE run_id = %s)""", (run, run)).rowcount
     assert n == 1

@@ -431,7 +431,8 @@ def test_status_shows_the_budget_applied_next_to_the_declared_one(tmp_path: Path
 def _tamper(dsn: str, run_id: str, sql: str, *params: object) -> None:
     """Change stored rows as another release (or a disk) might, through the fence trigger."""
     with psycopg.connect(dsn) as conn, conn.transaction():
-        conn.execute("SELECT set_config('agentfast.epoch', (SELECT epoch::text FROM agentfast_runs WHERE run_id = %s), true)", (run_id,))
+        conn.execute("SELECT set_config('agentfast.epoch', epoch::text, true), set_config('agentfast.run_uid', run_uid, true)"
+                     " FROM agentfast_runs WHERE run_id = %s", (run_id,))
         assert conn.execute(sql, params).rowcount >= 1
 
 

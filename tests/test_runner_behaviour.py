@@ -26,7 +26,7 @@ from agentfast.runner.spec import AgentRun, parse_agentrun
 from agentfast.runner.store import Store
 from agentfast.runner.tools import ToolRegistry
 
-from .conftest import EXAMPLES, agentrun_file, count_rows, phase_of, run_cli, spawn_cli, wait_until
+from .conftest import EXAMPLES, agentrun_file, count_rows, fenced_rows, freeze, phase_of, run_cli, spawn_cli, thaw, wait_until
 
 RUN_ID = "default/refund-demo"
 ECHO = {"name": "echo", "ref": "agentfast.runner.examples.testing_tools:echo"}
@@ -373,6 +373,51 @@ def test_a_zombie_runner_cannot_act_after_a_takeover(tmp_path: Path, dsn: str, s
             "SELECT epoch FROM agentfast_tool_calls WHERE run_id = %s AND iteration = 2 AND position = 0", (RUN_ID,)
         ).fetchone()[0]
     assert refund_epoch == old_epoch + 1
+
+
+def test_a_zombie_of_a_deleted_run_cannot_act_in_a_new_run_of_the_same_name(tmp_path: Path, dsn: str, store: Store) -> None:
+    """G6 across runs of one name: a runner frozen while its AgentRun is deleted and created again
+    (same run_id, a new uid, epochs from 0 again) thaws holding the new run's current epoch, and
+    still commits nothing and starts no tool: the lease names the run's uid too."""
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    zombie = spawn_cli("run", str(agentrun_file(tmp_path / "old", uid="00000000-0000-4000-8000-00000000000a")), dsn=dsn)
+    successor = None
+    try:
+        call = wait_for_approval(store, dsn)
+        old_epoch = store.get_run(RUN_ID).epoch
+        freeze(zombie.pid)
+
+        assert store.delete_run(RUN_ID)  # what the operator does with a deleted AgentRun's rows
+        new_uid = "00000000-0000-4000-8000-00000000000b"
+        successor = spawn_cli("run", str(agentrun_file(tmp_path / "new", uid=new_uid)), "--force", dsn=dsn)
+        assert wait_for_approval(store, dsn, n_listeners=2) == call  # the same call id, in the new run
+        run = store.get_run(RUN_ID)
+        assert (run.run_uid, run.epoch) == (new_uid, old_epoch)  # the zombie's epoch came round
+        freeze(successor.pid)  # so the zombie alone sees the decision below and acts on it, if it can
+        before = fenced_rows(dsn, RUN_ID)
+
+        store.decide(RUN_ID, call, "approve", decided_by="test")
+        thaw(zombie.pid)
+        out_z, _ = zombie.communicate(timeout=60)
+        assert zombie.returncode == EXIT_LEASE_LOST, out_z
+        assert "another runner" in out_z and "Traceback" not in out_z, out_z
+        assert fenced_rows(dsn, RUN_ID) == before
+        assert refunds(dsn) == 0 and invocations(dsn, "issue_refund") == 0
+
+        thaw(successor.pid)
+        out_s, _ = successor.communicate(timeout=60)
+        assert successor.returncode == 0, out_s
+    finally:
+        for proc in (zombie, successor):
+            if proc is not None and proc.poll() is None:
+                thaw(proc.pid)
+                proc.kill()
+                proc.communicate()
+    assert phase_of(store, RUN_ID) == "Succeeded"
+    assert refunds(dsn) == 1 and invocations(dsn, "issue_refund") == 1
+    [refund] = [e for e in store.journal(RUN_ID, 2) if e.position == 0]
+    assert refund.attempts == 1 and refund.state == "done" and refund.idempotency_key.startswith(new_uid)
 
 
 def test_a_tool_output_with_nul_characters_is_stored_not_a_crash(store: Store) -> None:

@@ -28,6 +28,7 @@ from agentfast.runner.snapshot import (
     call_id,
     idempotency_key,
 )
+from agentfast.runner.payloads import Limits
 from agentfast.runner.store import (
     FENCE_SQLSTATE,
     DecisionConflict,
@@ -40,7 +41,7 @@ from agentfast.runner.store import (
     UnknownCall,
 )
 
-from .conftest import count_rows
+from .conftest import count_rows, fenced_rows
 
 TABLES = {"agentfast_runs", "agentfast_messages", "agentfast_checkpoints", "agentfast_turns", "agentfast_tool_calls",
           "agentfast_approvals", "agentfast_migrations", "agentfast_runners", "agentfast_void_decisions", "agentfast_tenants",
@@ -223,31 +224,106 @@ def test_postgres_itself_rejects_writes_without_the_current_epoch(store: Store, 
             conn.execute("UPDATE agentfast_messages SET message = '{}' WHERE run_id = %s", (run_id,))
         assert err.value.sqlstate == "AF001"
     with psycopg.connect(dsn) as conn:  # a stale epoch
-        conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(lease.epoch - 1),))
+        conn.execute("SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)",
+                     (str(lease.epoch - 1), uid))
         with pytest.raises(psycopg.Error) as err:
             conn.execute(insert, (run_id, lease.epoch))
         assert err.value.sqlstate == "AF001" and "stale" in str(err.value)
     with psycopg.connect(dsn) as conn:  # a session-level setting left behind does not count as a lease after a takeover
-        conn.execute("SELECT set_config('agentfast.epoch', %s, false)", (str(lease.epoch),))
+        conn.execute("SELECT set_config('agentfast.epoch', %s, false), set_config('agentfast.run_uid', %s, false)", (str(lease.epoch), uid))
         conn.commit()
         store.acquire_lease(run_id)
         with pytest.raises(psycopg.Error) as err:
             conn.execute(insert, (run_id, lease.epoch))
         assert err.value.sqlstate == "AF001"
-    assert count_rows(dsn, "SELECT count(*) FROM agentfast_messages") == 1
-    # The control: with the current epoch the same statement is accepted, so the check is the epoch.
     current = store.get_run(run_id).epoch
+    for other_uid in (None, "", str(uuid.uuid4())):  # the current epoch, but no uid or another run's uid
+        with psycopg.connect(dsn) as conn:
+            conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(current),))
+            if other_uid is not None:
+                conn.execute("SELECT set_config('agentfast.run_uid', %s, true)", (other_uid,))
+            with pytest.raises(psycopg.Error) as err:
+                conn.execute(insert, (run_id, current))
+            assert err.value.sqlstate == "AF001" and "the run was replaced: uid mismatch" in str(err.value), err.value
+    assert count_rows(dsn, "SELECT count(*) FROM agentfast_messages") == 1
+    # The control: with the current epoch and the run's uid the same statement is accepted, so the
+    # check is the epoch and the uid.
     with psycopg.connect(dsn) as conn:
-        conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(current),))
+        conn.execute("SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)", (str(current), uid))
         conn.execute(insert, (run_id, 999))
     assert count_rows(dsn, "SELECT epoch FROM agentfast_messages WHERE seq = 1") == current  # the trigger sets it
+
+
+@pytest.mark.parametrize("how", ["delete", "archive"])
+def test_a_lease_of_a_replaced_run_cannot_write_into_its_successor_at_the_same_epoch(dsn: str, how: str) -> None:
+    """G6 across runs of one name: an AgentRun deleted (or archived) and created again gets the same
+    run_id and epochs from 0 again, so the old runner's epoch comes round; its uid never does."""
+    big = "B" * 4096  # over the threshold below: stored out of line, a fenced payload row
+    with Store(dsn, retry_for_s=5, payload_limits=Limits(threshold_bytes=1024)) as store:
+        store.migrate()
+        run_id, old_uid = "default/reused", str(uuid.uuid4())
+        store.create_run(run_id, old_uid, {"spec": {"input": "first"}})
+        store.acquire_lease(run_id)
+        old = store.acquire_lease(run_id)  # epoch 2
+        turn, entries = planned(old_uid, 1, [("lookup", False, True), ("refund", False, False)])
+        store.save_turn(old, turn, entries)
+        store.mark_started(old, 1, 0)
+        store.record_result(old, 1, 0, result_for(entries[0], big))  # the old run stores the payload itself
+        store.commit_checkpoint(old, snapshot(run_id, old_uid, messages(0, 2), 1), stored_messages=0)
+        archived_rows = None
+        if how == "delete":
+            assert store.delete_run(run_id)
+        else:
+            archived = store.archive_run(run_id)
+            assert archived == f"{run_id}@{old_uid.replace('-', '')[:8]}"
+            archived_rows = fenced_rows(dsn, archived)
+            assert [r[-1] for r in archived_rows["agentfast_payloads"]] == [old.epoch]  # renamed with the run's own epoch
+
+        new_uid = str(uuid.uuid4())
+        store.create_run(run_id, new_uid, {"spec": {"input": "second"}})
+        store.acquire_lease(run_id)
+        new = store.acquire_lease(run_id)
+        assert (new.run_id, new.epoch) == (old.run_id, old.epoch) and new.run_uid != old.run_uid  # only the uid differs
+        new_turn, new_entries = planned(new_uid, 1, [("lookup", False, True), ("refund", False, False)])
+        store.save_turn(new, new_turn, new_entries)
+        store.mark_started(new, 1, 1)
+        store.record_result(new, 1, 1, result_for(new_entries[1], "refunded"))
+        store.commit_checkpoint(new, snapshot(run_id, new_uid, messages(0, 1), 1), stored_messages=0)
+        before = fenced_rows(dsn, run_id)
+
+        # The zombie of the old run, with its own store (its own process's cache), tries every write.
+        with Store(dsn, retry_for_s=5, payload_limits=Limits(threshold_bytes=1024)) as zombie:
+            zombie_turn, zombie_entries = planned(old_uid, 2, [("refund", False, False)])
+            attempts = {
+                "checkpoint": lambda: zombie.commit_checkpoint(old, snapshot(run_id, old_uid, messages(0, 4), 2), stored_messages=1),
+                "checkpoint with a payload": lambda: zombie.commit_checkpoint(
+                    old, snapshot(run_id, old_uid, [*messages(0, 1), Message(role="user", content=big + "x")], 2), stored_messages=1),
+                "turn": lambda: zombie.save_turn(old, zombie_turn, zombie_entries),
+                "mark_started": lambda: zombie.mark_started(old, 1, 0),  # planned in the new run: the UPDATE's trigger
+                "mark_started of a done call": lambda: zombie.mark_started(old, 1, 1),  # no row changes: the store's check
+                "record_result": lambda: zombie.record_result(old, 1, 0, result_for(entries[0], "zombie")),
+                "record_result with a payload": lambda: zombie.record_result(old, 1, 0, result_for(entries[0], big + "zombie")),
+            }
+            for what, attempt in attempts.items():
+                with pytest.raises(LeaseLost, match="the run was replaced: uid mismatch"):
+                    attempt()
+                assert fenced_rows(dsn, run_id) == before, what
+
+        # The control: the same writes under the new run's lease go through.
+        store.mark_started(new, 1, 0)
+        store.record_result(new, 1, 0, result_for(new_entries[0], big))  # same content as the old run's payload
+        assert [e.result.content for e in store.journal(run_id, 1)] == [big, "refunded"]
+        assert count_rows(dsn, "SELECT count(*) FROM agentfast_payloads WHERE run_id = %s", run_id) == 1
+        assert fenced_rows(dsn, run_id) != before
+        if archived_rows is not None:
+            assert fenced_rows(dsn, archived) == archived_rows  # the earlier run's kept rows, untouched
 
 
 def test_takeover_waits_for_an_in_flight_write_and_then_fences_it(store: Store, dsn: str) -> None:
     run_id, uid, old = new_run(store, "race")
     taken: list[Lease] = []
     with psycopg.connect(dsn) as conn:  # the old holder, mid-transaction
-        conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(old.epoch),))
+        conn.execute("SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)", (str(old.epoch), uid))
         conn.execute("INSERT INTO agentfast_messages (run_id, seq, iteration, message, epoch) VALUES (%s, 0, 0, '{}', 0)", (run_id,))
         t = threading.Thread(target=lambda: taken.append(store.acquire_lease(run_id)))
         t.start()

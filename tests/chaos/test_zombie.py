@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -26,7 +25,9 @@ import pytest
 
 from agentfast.runner.store import Store
 
+from ..conftest import freeze as _freeze
 from ..conftest import spawn_cli
+from ..conftest import thaw as _thaw
 from .harness import (
     LANGGRAPH_BATCH,
     VANILLA_BATCH,
@@ -41,32 +42,6 @@ from .harness import (
 
 RUN_TABLES = ("agentfast_messages", "agentfast_checkpoints", "agentfast_turns", "agentfast_tool_calls")
 
-
-
-def _descendants(pid: int) -> list[int]:
-    """``pid``'s child processes and theirs (the runner's tool host), from /proc."""
-    out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            kids = [int(k) for k in (task / "children").read_text().split()]
-        except OSError:
-            continue
-        for kid in kids:
-            out += [kid, *_descendants(kid)]
-    return out
-
-
-def _freeze(pid: int) -> None:
-    """SIGSTOP a runner and its tool host, as a frozen node or VM would stop both."""
-    os.kill(pid, signal.SIGSTOP)
-    for kid in _descendants(pid):
-        os.kill(kid, signal.SIGSTOP)
-
-
-def _thaw(pid: int) -> None:
-    for kid in _descendants(pid):
-        os.kill(kid, signal.SIGCONT)
-    os.kill(pid, signal.SIGCONT)
 
 def rows_by_epoch(db: Db, run_id: str) -> dict[str, dict[int, int]]:
     out = {}
