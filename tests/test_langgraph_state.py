@@ -256,7 +256,8 @@ def test_a_namespaces_runner_role_writes_and_reads_only_its_own_sdk_rows(store: 
         assert conn.execute("SELECT count(*) FROM agentfast_sdk_blobs").fetchone()[0] == 0  # not even seen
         with pytest.raises(psycopg.Error) as err:
             with conn.transaction():
-                conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(lease.epoch),))
+                conn.execute("SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)",
+                             (str(lease.epoch), lease.run_uid))
                 conn.execute("INSERT INTO agentfast_sdk_blobs (run_id, key, type, value, epoch) VALUES (%s, 'x', 't', '', 0)",
                              (lease.run_id,))
         assert err.value.sqlstate in ("AF001", "42501"), err.value
