@@ -54,8 +54,10 @@ namespace, read by every tenant's row-level-security check) would be a reference
 
 The fencing trigger ``agentfast_fence`` rejects, inside Postgres, any write to the run's tables
 (messages, checkpoints, turns, tool calls, payloads) from a transaction whose lease settings do not
-name the run's current state: ``agentfast.epoch`` must be the run's current epoch and (the uid
-fence migration, the last one) ``agentfast.run_uid`` the run's uid; otherwise SQLSTATE ``AF001``.
+name the run's current state: ``agentfast.epoch`` must be the run's current epoch and (migration
+11) ``agentfast.run_uid``, which every Store transaction sets, the run's uid; otherwise SQLSTATE
+``AF001``. A writer that sets no uid (a hand-written repair; a runner of an earlier release during
+an upgrade) is checked by the epoch alone.
 A runner whose lease was taken over cannot commit anything, nor can a runner of an earlier run of
 the same name (deleted or archived, then re-created with a new uid, whose epochs count up again
 from 0) once the new run reaches the old runner's epoch (G6).
@@ -324,7 +326,8 @@ MIGRATIONS: list[str] = [
     # under the same run_id: its epochs count up from 0 again, so a zombie of the old run holding
     # epoch N would pass the fence once the new run reached N. The fence now also compares the
     # run row's run_uid with the transaction's agentfast.run_uid (set with agentfast.epoch, by
-    # Store._retry). Same triggers, same SQLSTATE; only the function is replaced.
+    # Store._retry, so every runner of this release names it). Same triggers, same SQLSTATE;
+    # only the function is replaced.
     """
     CREATE OR REPLACE FUNCTION agentfast_fence() RETURNS trigger LANGUAGE plpgsql AS $$
     DECLARE
@@ -344,10 +347,12 @@ MIGRATIONS: list[str] = [
             RAISE EXCEPTION 'agentfast: run % lease lost: epoch % is stale (current %)', NEW.run_id, mine, cur
                 USING ERRCODE = 'AF001';
         END IF;
-        -- An unset uid ('' or NULL) never matches: a lease that does not name its run is none.
-        IF coalesce(mine_uid, '') <> cur_uid THEN
+        -- Every Store transaction names its run's uid. A writer that names none (a hand-written
+        -- repair, a runner of a release before this migration during an upgrade) is checked by
+        -- the epoch alone, as before.
+        IF coalesce(mine_uid, '') <> '' AND mine_uid <> cur_uid THEN
             RAISE EXCEPTION 'agentfast: run % lease lost: the run was replaced: uid mismatch (lease uid %, run uid %)',
-                NEW.run_id, coalesce(nullif(mine_uid, ''), '(agentfast.run_uid unset)'), cur_uid
+                NEW.run_id, mine_uid, cur_uid
                 USING ERRCODE = 'AF001';
         END IF;
         NEW.epoch := cur;
