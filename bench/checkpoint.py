@@ -31,8 +31,8 @@ import math
 import statistics
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import psycopg
 from psycopg.rows import dict_row

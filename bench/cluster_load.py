@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes
-from psycopg.conninfo import make_conninfo
 import yaml
 from kubernetes.client.rest import ApiException
+from psycopg.conninfo import make_conninfo
 
 from agentfast.runner.snapshot import Message, RunContext, RunStatus, Session, StateSnapshot
 from agentfast.runner.store import Lease, Store

@@ -26,10 +26,11 @@ from __future__ import annotations
 import statistics
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
@@ -62,7 +63,7 @@ class SaverSteps:
     def close(self) -> None:
         self.conn.close()
 
-    def thread(self, n: int) -> "SaverThread":
+    def thread(self, n: int) -> SaverThread:
         return SaverThread(self.saver, n)
 
 
@@ -97,7 +98,7 @@ class SaverThread:
         cp = {
             "v": self.checkpoint["v"],
             "id": str(uuid6(clock_seq=self.step)),
-            "ts": datetime.now(timezone.utc).isoformat(),
+            "ts": datetime.now(UTC).isoformat(),
             "channel_values": {"messages": self.messages},
             "channel_versions": {"messages": self.version},
             "versions_seen": {"agent": {"messages": self.version}},
@@ -195,7 +196,7 @@ class GraphSteps:
     cost; ``fast``: with the adapter's reducer) or on LangGraph's PostgresSaver (``pg``: a
     SaverSteps), fed a transcript of ``n``."""
 
-    def __init__(self, n: int, steps: int, pg: "SaverSteps | None", *, fast: bool = False):
+    def __init__(self, n: int, steps: int, pg: SaverSteps | None, *, fast: bool = False):
         from langgraph.graph import END, START, MessagesState, StateGraph
 
         from agentfast.runner.adapters.langgraph import to_langchain_message

@@ -32,9 +32,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .stats import Spread
 
@@ -175,7 +176,7 @@ def run(workdir: Path, config: ModelCallConfig, log: Callable[[str], None]) -> M
                 bodies[n] = model._wire.body(model.model, msgs, model._fields(TOOLS))
                 res.body_bytes[n] = len(bodies[n])
                 floor(msgs)
-            for r in range(config.rounds):
+            for _round in range(config.rounds):
                 for n, msgs in transcripts.items():
                     for path, call in (("new", new), ("old", old), ("post", post), ("floor", floor)):
                         cpu, wall = [], []

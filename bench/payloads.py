@@ -26,13 +26,23 @@ import hashlib
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import psycopg
 
 from agentfast.runner.payloads import Limits, PayloadTooLarge
-from agentfast.runner.snapshot import Message, RunContext, RunStatus, Session, StateSnapshot, ToolCall, ToolResult, call_id, idempotency_key
+from agentfast.runner.snapshot import (
+    Message,
+    RunContext,
+    RunStatus,
+    Session,
+    StateSnapshot,
+    ToolCall,
+    ToolResult,
+    call_id,
+    idempotency_key,
+)
 from agentfast.runner.store import JournalEntry, Lease, Store, Turn
 
 from .pg import wal_lsn

@@ -22,9 +22,10 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psycopg
 import yaml
@@ -88,7 +89,7 @@ def example_copy(workdir: Path, example: str, name: str) -> Path:
     return path
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _examples_dsn(dsn: str) -> str:
     """The example tools' own DSN in ``dsn``'s database (their role made there once): the refund
     example's tools keep their ledger there, as users' tools would, never with the runner's DSN."""
@@ -283,7 +284,7 @@ def measure_resume(dsn: str, workdir: Path, reps: int, log: Callable[[str], None
                             (run_id,)).fetchall()
         gaps = [float(b[0] - a[0]) * 1000 for a, b in zip(rows[1:], rows[2:])]
         res.steady_iteration_ms = sorted(gaps)[len(gaps) // 2] if gaps else float("nan")
-        for rep in range(reps):
+        for _rep in range(reps):
             _, it_now = _state(conn, run_id)
             _wait_for(conn, run_id, lambda e, it: it >= it_now + 1, 60, p)
             time.sleep(rng.uniform(0, max(0.001, res.steady_iteration_ms / 1000)))  # a random point inside an iteration

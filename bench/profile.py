@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import cProfile
-import io
 import json
 import os
 import pstats
@@ -43,7 +42,7 @@ def top_functions(pr: cProfile.Profile, n: int = 12, key: str = "tottime") -> li
     """(function, calls, tottime s, cumtime s), the top ``n`` by ``key``."""
     st = pstats.Stats(pr)
     rows = []
-    for (file, line, fn), (cc, nc, tt, ct, _) in st.stats.items():  # type: ignore[attr-defined]
+    for (file, line, fn), (_cc, nc, tt, ct, _) in st.stats.items():  # type: ignore[attr-defined]
         rows.append((f"{_short(file)}:{line}({fn})", nc, tt, ct))
     idx = 2 if key == "tottime" else 3
     rows.sort(key=lambda r: -r[idx])
@@ -180,7 +179,7 @@ def import_times(top: int = 8) -> dict[str, Any]:
     # top-level packages (depth 1 = imported directly by the cli) and big third-party ones
     shallow = sorted(((c, name) for c, d, name in rows if d <= 3), reverse=True)[:top]
     third = {}
-    for c, d, name in rows:
+    for c, _depth, name in rows:
         root = name.split(".")[0]
         if root in ("openai", "aiohttp", "pydantic", "psycopg", "typer", "rich", "yaml", "httpx", "click", "structlog"):
             third[root] = max(third.get(root, 0), c) if "." not in name else third.get(root, 0)

@@ -58,7 +58,7 @@ def machine(settings: dict[str, str]) -> dict[str, str]:
             return "-"
 
     return {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "git commit": commit,
         "CPU": cpu,
         "cores": str(os.cpu_count()),
@@ -142,7 +142,7 @@ def render(res: dict[str, Any]) -> str:
     if cmds:
         worst = max(cmds, key=lambda k: cmds[k].median)
         floor, bare = st_.get("floor: python -c 'import pydantic, psycopg'"), st_.get("python -c pass")
-        L.append(f"| `agentfast status`, `history`, `approve` ≤ 0.3 s wall | "
+        L.append("| `agentfast status`, `history`, `approve` ≤ 0.3 s wall | "
                  + "; ".join(f"{k.split()[1]} {v.fmt(0, ' ms')}" for k, v in cmds.items())
                  + (f"; in the same run `python -c 'import pydantic, psycopg'` {floor.median:.0f} ms and `python -c pass` "
                     f"{bare.median:.0f} ms" if floor and bare else "")
@@ -425,7 +425,7 @@ def render(res: dict[str, Any]) -> str:
     return "\n".join(L)
 
 
-def _render_payloads(L: list[str], pl: "payloads_part.PayloadsResult") -> None:
+def _render_payloads(L: list[str], pl: payloads_part.PayloadsResult) -> None:
     c = pl.config
     L.append("### Large payloads")
     L.append("")

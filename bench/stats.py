@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -31,7 +31,7 @@ class Spread:
     n: int
 
     @classmethod
-    def of(cls, values: Iterable[float]) -> "Spread":
+    def of(cls, values: Iterable[float]) -> Spread:
         xs = [v for v in values if not math.isnan(v)]
         if not xs:
             return cls(math.nan, math.nan, math.nan, 0)

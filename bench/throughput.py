@@ -16,9 +16,9 @@ import os
 import resource
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import psycopg
 
@@ -62,7 +62,7 @@ class ThroughputResult:
         return Spread.of(a / b for a, b in zip(self.tps[subject][n], self.tps[base][n]) if b)
 
 
-def _store_worker(dsn: str, lease, snap, start_at: float, seconds: float, out: "mp.Queue") -> None:  # noqa: ANN001
+def _store_worker(dsn: str, lease, snap, start_at: float, seconds: float, out: mp.Queue) -> None:  # noqa: ANN001
     store = Store(dsn, pool_max=1)
     try:
         # warm: prepared statements
@@ -84,7 +84,7 @@ def _store_worker(dsn: str, lease, snap, start_at: float, seconds: float, out: "
         store.close()
 
 
-def _floor_worker(dsn: str, start_at: float, seconds: float, out: "mp.Queue") -> None:
+def _floor_worker(dsn: str, start_at: float, seconds: float, out: mp.Queue) -> None:
     try:
         with psycopg.connect(dsn) as conn:
             for _ in range(2):
@@ -149,7 +149,7 @@ class WaitSampler:
                     d[ev] = d.get(ev, 0) + 1
                 time.sleep(0.01)
 
-    def __enter__(self) -> "WaitSampler":
+    def __enter__(self) -> WaitSampler:
         self._thread.start()
         return self
 

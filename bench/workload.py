@@ -38,7 +38,7 @@ def _result_text(it: int, pos: int) -> str:
     return json.dumps(body)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _note(seed: int, pos: int) -> str:
     rng = random.Random(seed * 16 + pos)
     return "".join(rng.choice(_ALPHABET) for _ in range(TOOL_RESULT_BYTES))

@@ -22,7 +22,12 @@ ensure_python_env() {
   # what is installed (the demo after the tests) installs nothing; otherwise the union is installed,
   # so the demo never takes away what the tests need, nor the reverse.
   local stamp="$VENV/.agentfast-installed" key have="" want extra missing=0
-  key="$(sha256sum <"$REPO/pyproject.toml" | cut -c1-16) $REPO"
+  # The editable install is strict (a tree of links under build/, the package-dir mapping made real
+  # on disk) so that static tools (mypy, import-linter, an IDE) resolve agentfast.* as Python does;
+  # the default mode maps runner/ through an import hook they do not follow. A strict tree sees edits
+  # but not new or removed files, so the list of the package's files is part of the stamp.
+  key="$( { cat "$REPO/pyproject.toml"; cd "$REPO" && find runner operator -type f ! -path '*/__pycache__/*' | LC_ALL=C sort; } \
+          | sha256sum | cut -c1-16) $REPO"
   [[ -f "$stamp" ]] && have="$(cut -s -d' ' -f3 "$stamp")"
   [[ -f "$stamp" && "$(cut -d' ' -f1-2 "$stamp")" == "$key" ]] || missing=1
   want="$(echo "$have,$PY_EXTRAS" | tr ',' '\n' | sed '/^$/d' | sort -u | paste -sd, -)"
@@ -32,7 +37,7 @@ ensure_python_env() {
   if [[ "$missing" == 1 ]]; then
     echo "==> installing agentfast${want:+[$want]} and its pinned dependencies into $VENV"
     "$VENV/bin/pip" install --quiet --disable-pip-version-check --upgrade "pip>=24"
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check -e "$REPO${want:+[$want]}"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check --config-settings editable_mode=strict -e "$REPO${want:+[$want]}"
     echo "$key $want" > "$stamp"
   fi
   export PATH="$VENV/bin:$PATH"

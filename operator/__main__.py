@@ -18,8 +18,8 @@ import os
 import socket
 import sys
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 from urllib.parse import urlparse
 
 import kubernetes

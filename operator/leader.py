@@ -23,8 +23,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import datetime, timezone
-from typing import Any, Callable
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
 
 import kubernetes
 from kubernetes.client.rest import ApiException
@@ -81,7 +82,7 @@ class LeaderElector:
     def try_acquire_or_renew(self) -> bool:
         """One attempt: True when this candidate holds the Lease afterwards. Raises ApiException
         for API errors other than a conflict (409: someone else wrote first) or a missing Lease."""
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         timeout = max(self.retry_s, 2.0)
         try:
             lease = self.api.read_namespaced_lease(self.name, self.namespace, _request_timeout=timeout)
@@ -139,5 +140,5 @@ def _micro(t: Any) -> Any:
     """A MicroTime as the API server parses it (RFC 3339 with exactly six fractional digits; the
     client's own isoformat() drops them when they are zero)."""
     if isinstance(t, datetime):
-        return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return t

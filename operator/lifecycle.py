@@ -33,7 +33,7 @@ about the next attempt) and resets the count.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agentfast.runner.snapshot import TERMINAL_PHASES
@@ -74,7 +74,7 @@ class RunnerPod:
     waiting_message: str = ""
 
     @classmethod
-    def from_api(cls, pod: Any) -> "RunnerPod":
+    def from_api(cls, pod: Any) -> RunnerPod:
         """From a ``kubernetes.client.V1Pod``."""
         meta, status = pod.metadata, pod.status
         annotations = meta.annotations or {}
@@ -89,7 +89,7 @@ class RunnerPod:
             attempt=int(annotations.get(ANNOTATION_ATTEMPT, "1")),
             counted=int(annotations.get(ANNOTATION_COUNTED, "0")),
             phase=(status.phase if status else None) or "Pending",
-            created_at=meta.creation_timestamp or datetime.now(timezone.utc),
+            created_at=meta.creation_timestamp or datetime.now(UTC),
             deletion_due=meta.deletion_timestamp,
             disrupted=disrupted,
             started_at=(terminated.started_at if terminated else running.started_at if running else None),

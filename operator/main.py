@@ -37,8 +37,8 @@ import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
@@ -46,23 +46,54 @@ import kubernetes
 import psycopg
 from kubernetes.client.rest import ApiException
 
+from agentfast.runner.liveness import runner_state, runs_held
 from agentfast.runner.scripted import bundled_scripts
 from agentfast.runner.snapshot import TERMINAL_PHASES
-from agentfast.runner.spec import CALL_ID_PATTERN, DEFAULT_ALLOWED_MODULES, SpecError, allowed_modules_from_env, check_cluster_policy, parse_agentrun
-from agentfast.runner.spec import AgentRun, parse_modelconfig, resolve_model_config
-from agentfast.runner.liveness import runner_state, runs_held
+from agentfast.runner.spec import (
+    CALL_ID_PATTERN,
+    DEFAULT_ALLOWED_MODULES,
+    AgentRun,
+    SpecError,
+    allowed_modules_from_env,
+    check_cluster_policy,
+    parse_agentrun,
+    parse_modelconfig,
+    resolve_model_config,
+)
 from agentfast.runner.store import (
-    PROGRESS_CHANNEL, DecisionConflict, RunMark, InvalidDecision, InvalidDsn, Store, StoreUnavailable, UnknownCall, UnreadableState,
-    cancelled_message, deadline_message,
+    PROGRESS_CHANNEL,
+    DecisionConflict,
+    InvalidDecision,
+    InvalidDsn,
+    RunMark,
+    Store,
+    StoreUnavailable,
+    UnknownCall,
+    UnreadableState,
+    cancelled_message,
+    deadline_message,
 )
 
 from .credentials import ensure_runner_secret, revoke_unused
 from .credentials import forget as forget_credential
 from .identity import ensure_runner_service_account
-from .status import MAX_DECISIONS, status_from_store
 from .lifecycle import RunnerPod, Step, ended_at, expired_pods, next_step
-from .workload import (API_TIMEOUT_S, ANNOTATION_RUN, LABEL_RUN, LABEL_RUN_UID, RUNNER_SECRET, EgressPolicy, RunnerConfig, build_network_policy,
-                       build_pod, pod_name, read_or_none, runner_name, runner_settings)
+from .status import MAX_DECISIONS, status_from_store
+from .workload import (
+    ANNOTATION_RUN,
+    API_TIMEOUT_S,
+    LABEL_RUN,
+    LABEL_RUN_UID,
+    RUNNER_SECRET,
+    EgressPolicy,
+    RunnerConfig,
+    build_network_policy,
+    build_pod,
+    pod_name,
+    read_or_none,
+    runner_name,
+    runner_settings,
+)
 
 GROUP, VERSION, PLURAL = "agentfast.dev", "v1alpha1", "agentruns"
 MODELCONFIGS = "modelconfigs"
@@ -328,7 +359,7 @@ def _drive_runner(body: dict[str, Any], record: Any, ctx: Any, pending: Any,
     pods = [RunnerPod.from_api(p) for p in STATE.core.list_namespaced_pod(
         namespace, label_selector=f"{LABEL_RUN_UID}={uid}", _request_timeout=API_TIMEOUT_S).items]
     decided = extra.get("decided") or {}
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     runner = extra.get("runner")
     step = next_step(pods, now, phase=ctx.status.phase if ctx is not None else None,
                      all_decided=pending is not None and all(c in decided for c in pending.call_ids),
@@ -709,7 +740,7 @@ def _collect_runner_pods(body: dict[str, Any]) -> str | None:
         return None
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     with _lock_for(f"pods:{uid}"):
         pods = [RunnerPod.from_api(p) for p in STATE.core.list_namespaced_pod(
             namespace, label_selector=f"{LABEL_RUN_UID}={uid}", _request_timeout=API_TIMEOUT_S).items]
@@ -809,7 +840,7 @@ def publish_status(body: dict[str, Any], ctx: Any, pending: Any, *, override: tu
         if new.get("restarts", 0) > max(old.get("restarts", 0), _RESUMED.get(uid, 0)) and ctx is not None:
             _RESUMED[uid] = new["restarts"]
             lost_at = _LOST_AT.pop(uid, None)
-            lost = f" after {(datetime.now(timezone.utc) - lost_at).total_seconds():.1f} s without a runner" if lost_at else ""
+            lost = f" after {(datetime.now(UTC) - lost_at).total_seconds():.1f} s without a runner" if lost_at else ""
             _event(body, "Normal", "Resumed", f"a new runner resumed the run at iteration {ctx.counters.iterations}{lost}")
 
 
@@ -837,7 +868,7 @@ def _event(body: dict[str, Any], kind: str, reason: str, message: str) -> None:
         message=message,
         type=kind,
         source=kubernetes.client.V1EventSource(component="agentfast-operator"),
-        first_timestamp=datetime.now(timezone.utc),
+        first_timestamp=datetime.now(UTC),
         count=1,
     )
     try:

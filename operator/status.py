@@ -9,8 +9,9 @@ Only ids, counters and short summaries go into the resource (G9): transcripts st
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Any, Mapping
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 from agentfast.runner.liveness import RunnerInfo, batch_waits, runner_story
 from agentfast.runner.snapshot import TERMINAL_PHASES, PendingToolCall, RunContext
@@ -59,7 +60,7 @@ def public_message(phase: str, reason: str, message: str, ctx: RunContext | None
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _conditions(phase: str, reason: str, message: str, generation: int, old: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -29,18 +29,27 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
-
 from decimal import Decimal
+from typing import Any
 
 from pydantic import ValidationError
 
-from agentfast.runner.spec import (
-    DNS1123_SUBDOMAIN, MODEL_API_KEY_ENV, OPERATOR_TOLERATION_KEYS, QUANTITY_PATTERN, RunnerSpec, SpecError, Affinity, Toleration, check_allowed_images, image_allowed,
-)
 from agentfast.runner.liveness import STALE_AFTER_S
 from agentfast.runner.payloads import DEFAULT_MAX_BYTES, DEFAULT_THRESHOLD_BYTES, MAX_ENV, THRESHOLD_ENV
+from agentfast.runner.spec import (
+    DNS1123_SUBDOMAIN,
+    MODEL_API_KEY_ENV,
+    OPERATOR_TOLERATION_KEYS,
+    QUANTITY_PATTERN,
+    Affinity,
+    RunnerSpec,
+    SpecError,
+    Toleration,
+    check_allowed_images,
+    image_allowed,
+)
 from agentfast.runner.toolhost import TOOL_ENV_DIR_ENV
 
 LABEL_RUN = "agentfast.dev/run"
@@ -142,7 +151,7 @@ class RunnerConfig:
             object.__setattr__(self, "service_account", DEFAULT_RUNNER_SERVICE_ACCOUNT)
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> "RunnerConfig":
+    def from_env(cls, env: dict[str, str] | None = None) -> RunnerConfig:
         """The settings in ``env`` (default: the process's). Structured ones are JSON:
         ``AGENTFAST_RUNNER_RESOURCES`` ({"requests": {...}, "limits": {...}}),
         ``AGENTFAST_RUNNER_NODE_SELECTOR`` ({label: value}), ``AGENTFAST_RUNNER_TOLERATIONS``
@@ -522,7 +531,7 @@ class EgressPolicy:
     model: tuple[dict[str, Any], ...] = ()
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> "EgressPolicy | None":
+    def from_env(cls, env: dict[str, str] | None = None) -> EgressPolicy | None:
         """The policy in ``AGENTFAST_NETWORK_POLICY`` (JSON ``{"dns": [...], "postgres": [...],
         "model": [...]}``, set by the chart when ``networkPolicy.enabled``), or None when unset or
         empty (no NetworkPolicy). Raises ValueError on a malformed value or no Postgres rule (every

@@ -13,7 +13,7 @@ callable ``(AgentRunSpec) -> Classification``.
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from .snapshot import Budget, Classification, RunContext
 from .spec import AgentRunSpec, SpecError, resolve_ref

@@ -19,8 +19,9 @@ import signal
 import sys
 import threading
 import uuid
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable, Optional, get_args
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, get_args
 
 import typer
 
@@ -55,17 +56,16 @@ ForceOption = typer.Option(
 )
 
 
-def _fail(message: str, code: int = EXIT_BAD_INPUT) -> "typer.Exit":
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
     err.print(styled(("error:", "bold red"), " ", message))
     return typer.Exit(code)
 
 
-def _open_store(dsn: Optional[str]) -> Store:
+def _open_store(dsn: str | None) -> Store:
     from .store import InvalidDsn, Store, StoreUnavailable
 
     if not dsn:
         from .embedded import embedded_dsn
-
         from .examples import EXAMPLES_DSN_ENV, provision
 
         try:
@@ -297,7 +297,7 @@ def _drive_with(store: Store, run: AgentRun, model: ChatModel, tools: ToolRegist
 @app.command()
 def run(
     file: str = typer.Argument(..., help="an AgentRun YAML file, the same one you would kubectl apply, and the ModelConfig it names (if any)"),
-    dsn: Optional[str] = DsnOption,
+    dsn: str | None = DsnOption,
     wait: bool = typer.Option(True, "--wait/--no-wait", help="wait for approvals (default) or exit when the run pauses"),
     force: bool = ForceOption,
 ) -> None:
@@ -357,9 +357,9 @@ WaitForHolderOption = typer.Option(
 
 
 @app.command()
-def resume(run: str = typer.Argument(..., help="run name"), dsn: Optional[str] = DsnOption,
+def resume(run: str = typer.Argument(..., help="run name"), dsn: str | None = DsnOption,
            wait: bool = typer.Option(True, "--wait/--no-wait"), force: bool = ForceOption,
-           wait_for_holder: Optional[float] = WaitForHolderOption) -> None:
+           wait_for_holder: float | None = WaitForHolderOption) -> None:
     """Continue a run from its last checkpoint, at the exact step it stopped.
 
     Refuses (exit 76) while a live runner owns the run, naming it (after waiting --wait-for-holder
@@ -383,7 +383,7 @@ def _as_kubectl_plugin() -> bool:
     return os.path.basename(sys.argv[0]).startswith("kubectl-")
 
 
-def _kube_api(namespace: Optional[str]) -> tuple[Any, str]:
+def _kube_api(namespace: str | None) -> tuple[Any, str]:
     """The CustomObjectsApi and the namespace to use (the kubeconfig's, or in-cluster)."""
     try:
         import kubernetes
@@ -412,7 +412,7 @@ def _kube_user() -> str:
     return review.status.user_info.username
 
 
-def _agentrun_as_reviewed(run: str, namespace: Optional[str], uid: Optional[str], *, nothing_done: str) -> tuple[Any, str, str, dict]:
+def _agentrun_as_reviewed(run: str, namespace: str | None, uid: str | None, *, nothing_done: str) -> tuple[Any, str, str, dict]:
     """``(api, namespace, name, body)`` of the AgentRun ``run`` in the cluster. Raises typer.Exit
     (2) when it cannot be read, or when ``uid`` is given and the AgentRun has another (it was
     re-created since the caller reviewed it: ``nothing_done`` says what was not done)."""
@@ -429,8 +429,8 @@ def _agentrun_as_reviewed(run: str, namespace: Optional[str], uid: Optional[str]
     return api, ns, name, body
 
 
-def _patch_approval(run: str, call_id: str, decision: str, reason: Optional[str], result: Optional[str],
-                    namespace: Optional[str], uid: Optional[str] = None) -> None:
+def _patch_approval(run: str, call_id: str, decision: str, reason: str | None, result: str | None,
+                    namespace: str | None, uid: str | None = None) -> None:
     """``kubectl patch agentrun RUN --type merge -p '{"spec":{"approvals":{CALL_ID:{...}}}}'``, made
     with the Kubernetes client; the operator records it in Postgres and the runner resumes.
 
@@ -471,8 +471,8 @@ def _patch_approval(run: str, call_id: str, decision: str, reason: Optional[str]
               + f" by {entry['decidedBy']}: {call.get('tool', '?')}({call.get('arguments', '')})", highlight=False, markup=False)
 
 
-def _decide(run: str, call_id: str, decision: str, reason: Optional[str], dsn: Optional[str],
-            kube: Optional[bool], namespace: Optional[str], result: Optional[str] = None, uid: Optional[str] = None) -> None:
+def _decide(run: str, call_id: str, decision: str, reason: str | None, dsn: str | None,
+            kube: bool | None, namespace: str | None, result: str | None = None, uid: str | None = None) -> None:
     """Record one decision (the store's rules: only for a call awaiting one now, once); exit 2 when refused."""
     from .decisions import InvalidDecision, check_decision
     from .store import DecisionConflict, UnknownCall
@@ -496,21 +496,21 @@ def _decide(run: str, call_id: str, decision: str, reason: Optional[str], dsn: O
 
 @app.command()
 def approve(run: str, call_id: str = typer.Argument(..., help="the call id status shows, e.g. call-2-0"),
-            dsn: Optional[str] = DsnOption, kube: Optional[bool] = KubeOption, namespace: Optional[str] = NamespaceOption,
-            uid: Optional[str] = UidOption) -> None:
+            dsn: str | None = DsnOption, kube: bool | None = KubeOption, namespace: str | None = NamespaceOption,
+            uid: str | None = UidOption) -> None:
     """Approve a call awaiting a decision; it runs once every awaited call of its batch is decided."""
     _decide(run, call_id, "approve", None, dsn, kube, namespace, uid=uid)
 
 
 @app.command()
 def deny(run: str, call_id: str, reason: str = typer.Option("", "--reason", help="required: told to the model as the tool's result"),
-         dsn: Optional[str] = DsnOption, kube: Optional[bool] = KubeOption, namespace: Optional[str] = NamespaceOption,
-         uid: Optional[str] = UidOption) -> None:
+         dsn: str | None = DsnOption, kube: bool | None = KubeOption, namespace: str | None = NamespaceOption,
+         uid: str | None = UidOption) -> None:
     """Deny a call awaiting a decision; the model is told it was declined, and why (--reason is required)."""
     _decide(run, call_id, "deny", reason or None, dsn, kube, namespace, uid=uid)
 
 
-def _patch_cancel(run: str, namespace: Optional[str], uid: Optional[str]) -> None:
+def _patch_cancel(run: str, namespace: str | None, uid: str | None) -> None:
     """``kubectl patch agentrun RUN --type merge -p '{"spec":{"cancel":true}}'``, made with the
     Kubernetes client (carrying the AgentRun's ``metadata.uid``, as :func:`_patch_approval`
     does); the operator records the request in Postgres and the run stops at its next safe
@@ -541,8 +541,8 @@ def _patch_cancel(run: str, namespace: Optional[str], uid: Optional[str]) -> Non
 
 
 @app.command()
-def cancel(run: str = typer.Argument(..., help="run name"), dsn: Optional[str] = DsnOption, kube: Optional[bool] = KubeOption,
-           namespace: Optional[str] = NamespaceOption, uid: Optional[str] = UidOption) -> None:
+def cancel(run: str = typer.Argument(..., help="run name"), dsn: str | None = DsnOption, kube: bool | None = KubeOption,
+           namespace: str | None = NamespaceOption, uid: str | None = UidOption) -> None:
     """Cancel a run: it starts no new tool call, keeps everything done and ends Cancelled.
 
     A live runner stops at its next safe point (a tool call in flight finishes first; a runner
@@ -594,13 +594,13 @@ def _budget_summary(ctx: RunContext) -> tuple[dict, str]:
 @app.command()
 def complete(run: str, call_id: str = typer.Argument(..., help="the call id status shows, e.g. call-1-0-rerun1"),
              result: str = typer.Option(..., "--result", help="the call's result as JSON text; the model reads it verbatim"),
-             dsn: Optional[str] = DsnOption, kube: Optional[bool] = KubeOption, namespace: Optional[str] = NamespaceOption,
-             uid: Optional[str] = UidOption) -> None:
+             dsn: str | None = DsnOption, kube: bool | None = KubeOption, namespace: str | None = NamespaceOption,
+             uid: str | None = UidOption) -> None:
     """Record that an awaited call's effect already happened, with this result; its tool never runs again."""
     _decide(run, call_id, "complete", None, dsn, kube, namespace, result=result, uid=uid)
 
 
-def _awaiting_view(store: Store, key: str, pending: Optional[PendingToolCall]) -> dict[str, Any]:
+def _awaiting_view(store: Store, key: str, pending: PendingToolCall | None) -> dict[str, Any]:
     """What ``status`` shows of a paused batch: every call awaiting a decision now, and the
     decisions already recorded for the others (applied when the run goes on)."""
     if pending is None:
@@ -636,7 +636,7 @@ def _model_config_line(doc: dict, prompt_tokens: int | None = None, completion_t
 
 
 @app.command()
-def status(run: str, dsn: Optional[str] = DsnOption, output: str = typer.Option("text", "-o", help="text or json")) -> None:
+def status(run: str, dsn: str | None = DsnOption, output: str = typer.Option("text", "-o", help="text or json")) -> None:
     """Phase, whether a runner is alive, iteration, tokens, budget and any pending approval of a run.
 
     ``-o json``: ``context``, ``pending``, ``runner`` (``alive``, ``state``, ``heartbeat_age_s``,
@@ -703,7 +703,7 @@ def status(run: str, dsn: Optional[str] = DsnOption, output: str = typer.Option(
 
 
 @app.command()
-def history(run: str, dsn: Optional[str] = DsnOption,
+def history(run: str, dsn: str | None = DsnOption,
             output_format: str = typer.Option("text", "-o", "--output", help="text, or json: transcript, journal, decisions and checkpoints")) -> None:
     """The transcript (every part of every message), the tool-call journal, the decisions and the kept checkpoints of a run."""
     if output_format not in ("text", "json"):
@@ -792,7 +792,7 @@ def _when(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, (int, float)):
-        value = datetime.fromtimestamp(value / 1000, tz=timezone.utc)
+        value = datetime.fromtimestamp(value / 1000, tz=UTC)
     if isinstance(value, datetime):
         return value.astimezone().strftime("%Y-%m-%d %H:%M:%S %z")
     return str(value)
@@ -801,14 +801,14 @@ def _when(value: Any) -> str:
 def _iso(value: Any) -> Any:
     """A time for machines (ISO 8601, UTC, ms); other values unchanged. ``value``: ms since the Unix epoch or a datetime."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = datetime.fromtimestamp(value / 1000, tz=timezone.utc)
+        value = datetime.fromtimestamp(value / 1000, tz=UTC)
     if isinstance(value, datetime):
-        return value.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     return value
 
 
 @app.command("list")
-def list_runs(dsn: Optional[str] = DsnOption) -> None:
+def list_runs(dsn: str | None = DsnOption) -> None:
     """Every run in the store with its phase, iteration and the time of its latest checkpoint."""
     from rich.table import Column, Table
 
@@ -834,7 +834,7 @@ def list_runs(dsn: Optional[str] = DsnOption) -> None:
 
 
 @app.command()
-def delete(run: str, dsn: Optional[str] = DsnOption) -> None:
+def delete(run: str, dsn: str | None = DsnOption) -> None:
     """Delete a run and all its data: transcript, journal, approvals, checkpoints."""
     store = _open_store(dsn)
     if not store.delete_run(_run_key(run)):

@@ -45,8 +45,9 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
@@ -75,7 +76,7 @@ class ClaimStopped(StoreError):
 class RunnerAlive(StoreError):
     """A live runner owns the run; taking it over would run its work twice. ``holder`` says who."""
 
-    def __init__(self, run_id: str, holder: "RunnerInfo"):
+    def __init__(self, run_id: str, holder: RunnerInfo):
         self.run_id, self.holder = run_id, holder
         super().__init__(
             f"a live runner owns run {run_id}: {holder.describe()}. "
@@ -254,7 +255,7 @@ class RunnerClaim:
 
     @classmethod
     def acquire(cls, store: Store, run_id: str, *, force: bool = False, wait_s: float = EXIT_GRACE_S,
-                stop: threading.Event | None = None, **kw: Any) -> "RunnerClaim":
+                stop: threading.Event | None = None, **kw: Any) -> RunnerClaim:
         """Take the run's lock and start heartbeating; returns the claim.
 
         A held lock is looked at again for ``wait_s`` seconds (a holder that was killed, or got

@@ -25,12 +25,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from . import faults
 from .budget import check_budget, get_classifier
 from .journal import CallExecutor, RunEnding
+from .liveness import EXIT_GRACE_S, ClaimStopped, RunnerAlive, RunnerClaim
 from .model import ChatModel, ModelError, ModelReply, distinct_tool_call_ids
 from .payloads import PayloadTooLarge
 from .snapshot import (
@@ -48,9 +50,18 @@ from .snapshot import (
     idempotency_key,
 )
 from .spec import AgentRun, SpecError
-from .liveness import EXIT_GRACE_S, ClaimStopped, RunnerAlive, RunnerClaim
 from .store import (
-    Decision, EndRequests, JournalEntry, LeaseLost, RunRecord, SdkRow, Store, StoreUnavailable, Turn, cancelled_message, deadline_message,
+    Decision,
+    EndRequests,
+    JournalEntry,
+    LeaseLost,
+    RunRecord,
+    SdkRow,
+    Store,
+    StoreUnavailable,
+    Turn,
+    cancelled_message,
+    deadline_message,
 )
 from .toolhost import ToolHostLost
 from .tools import ToolRegistry

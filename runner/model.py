@@ -156,7 +156,7 @@ class OpenAIChatModel(ChatModel):
     def __repr__(self) -> str:
         return f"OpenAIChatModel(base_url={self.base_url!r}, model={self.model!r})"
 
-    def client(self) -> "openai.OpenAI":
+    def client(self) -> openai.OpenAI:
         """The ``openai.OpenAI`` client, made (and openai imported) on first use. Thread-safe."""
         with self._client_lock:
             if self._client is None:
@@ -290,7 +290,7 @@ class OpenAIChatModel(ChatModel):
             for hook in self._on_close:
                 hook()
 
-    def __enter__(self) -> "OpenAIChatModel":
+    def __enter__(self) -> OpenAIChatModel:
         return self
 
     def __exit__(self, *exc: object) -> None:

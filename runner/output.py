@@ -32,7 +32,8 @@ import re
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterator, Optional, Union
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from rich.console import Console
 from rich.style import Style
@@ -59,14 +60,14 @@ def printable(text: Any) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", s)
 
 
-def one_line(text: Any, limit: Optional[int] = None) -> str:
+def one_line(text: Any, limit: int | None = None) -> str:
     """:func:`printable` for a place that holds one line: newlines shown as ``\\n``; cut to
     ``limit`` characters with ``…`` when given."""
     s = printable(text).replace("\n", "\\n")
     return s if limit is None or len(s) <= limit else s[: max(0, limit - 1)] + "…"
 
 
-def styled(*parts: Union[str, tuple[Any, Union[str, Style]]]) -> Text:
+def styled(*parts: str | tuple[Any, str | Style]) -> Text:
     """A line built from pieces: a plain ``str`` (data) or ``(data, style)``.
 
     Every piece is data (:func:`printable`); only ``style`` is interpreted, so put nothing
@@ -81,7 +82,7 @@ def styled(*parts: Union[str, tuple[Any, Union[str, Style]]]) -> Text:
     return text
 
 
-def json_text(obj: Any, *, indent: Optional[int] = 2) -> str:
+def json_text(obj: Any, *, indent: int | None = 2) -> str:
     """``obj`` as JSON text fit for a terminal and a parser: strings made storable, non-ASCII
     kept readable, DEL and C1 controls escaped (``\\u009b``) like JSON escapes C0 itself."""
     text = json.dumps(storable(obj), ensure_ascii=False, indent=indent, default=str)
@@ -106,7 +107,7 @@ class BestEffortStream(io.TextIOBase):
     it at exit. A stream whose target is itself a BestEffortStream passes everything on.
     """
 
-    def __init__(self, target: Union[Any, Callable[[], Any]]):
+    def __init__(self, target: Any | Callable[[], Any]):
         super().__init__()
         self._get: Callable[[], Any] = target if callable(target) and not hasattr(target, "write") else (lambda: target)
         self.broken = False
@@ -114,7 +115,7 @@ class BestEffortStream(io.TextIOBase):
         self._pending: collections.deque[str] = collections.deque()
         self._pending_chars = 0
         self._cond = threading.Condition()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     @property
     def target(self) -> Any:
@@ -172,7 +173,7 @@ class BestEffortStream(io.TextIOBase):
         self._write_now(target, s)
         return len(s)
 
-    def wait_drained(self, timeout: Optional[float] = None) -> bool:
+    def wait_drained(self, timeout: float | None = None) -> bool:
         """Block until every queued write has been written (or dropped by a broken stream), or
         ``timeout`` seconds passed (None: no limit). True when nothing is left queued."""
         target = self.target
@@ -273,7 +274,7 @@ class _DataConsole(Console):
         # raises BrokenPipeError, so this is only a second line of defence.
         self.quiet = True
 
-    def print_json(self, json: Optional[str] = None, *, data: Any = None, indent: Union[None, int, str] = 2,
+    def print_json(self, json: str | None = None, *, data: Any = None, indent: None | int | str = 2,
                    **_ignored: Any) -> None:
         """JSON text (``json``) or an object (``data``) printed as :func:`json_text` gives it:
         parseable, no rendering, no highlighting (rich's own would pass C1 controls through)."""

@@ -31,8 +31,9 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .storable import storable_text
 
@@ -67,7 +68,7 @@ class PayloadTooLarge(Exception):
             why = f"Postgres cannot store it ({self.detail})" if self.detail else "Postgres cannot store it"
         return f"{self.what}{size} cannot be stored: {why}"
 
-    def about(self, what: str, size: int | None = None) -> "PayloadTooLarge":
+    def about(self, what: str, size: int | None = None) -> PayloadTooLarge:
         """The same refusal naming ``what`` (and ``size`` in bytes, when this one knew none)."""
         return PayloadTooLarge(what, self.size if self.size is not None else size, self.limit, self.detail)
 
@@ -108,7 +109,7 @@ class Limits:
             raise ValueError("payload limits must be at least 1 byte")
 
     @classmethod
-    def from_env(cls) -> "Limits":
+    def from_env(cls) -> Limits:
         """From ``AGENTFAST_PAYLOAD_THRESHOLD_BYTES`` and ``AGENTFAST_PAYLOAD_MAX_BYTES`` (unset or
         empty: the defaults, 1 MiB and 64 MiB). Raises ValueError naming a malformed variable."""
         return cls(_env_bytes(THRESHOLD_ENV, DEFAULT_THRESHOLD_BYTES), _env_bytes(MAX_ENV, DEFAULT_MAX_BYTES))

@@ -57,9 +57,8 @@ Serve one in the foreground (e.g. as a Service in a cluster; use ``--host 0.0.0.
 
 from __future__ import annotations
 
-import collections
-
 import argparse
+import collections
 import hmac
 import json
 import logging
@@ -77,7 +76,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 log = logging.getLogger(__name__)
@@ -122,7 +120,7 @@ class ScriptToolCall(_ScriptModel):
         return v
 
     @model_validator(mode="after")
-    def _one_form(self) -> "ScriptToolCall":
+    def _one_form(self) -> ScriptToolCall:
         if self.arguments is not None and self.arguments_raw is not None:
             raise ValueError("set arguments or arguments_raw, not both")
         return self
@@ -160,7 +158,7 @@ class ScriptTurn(_ScriptModel):
         return v
 
     @model_validator(mode="after")
-    def _has_reply(self) -> "ScriptTurn":
+    def _has_reply(self) -> ScriptTurn:
         if self.content is None and not self.tool_calls and self.refusal is None:
             raise ValueError("a turn needs content, tool_calls or refusal")
         return self
@@ -280,7 +278,7 @@ _FAIL_BODIES: dict[int, tuple[str, str | None]] = {
 
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
-    owner: "ScriptedModelServer"
+    owner: ScriptedModelServer
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -447,7 +445,7 @@ class ScriptedModelServer:
             self._thread.join(timeout=5)
             self._thread = None
 
-    def __enter__(self) -> "ScriptedModelServer":
+    def __enter__(self) -> ScriptedModelServer:
         self.start()
         return self
 

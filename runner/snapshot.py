@@ -208,7 +208,7 @@ class PendingToolCall(AwaitedCall):
         return _with_awaiting(data) if isinstance(data, dict) else data
 
     @classmethod
-    def of(cls, awaiting: list[AwaitedCall], executed_sibling_results: list[ToolResult]) -> "PendingToolCall":
+    def of(cls, awaiting: list[AwaitedCall], executed_sibling_results: list[ToolResult]) -> PendingToolCall:
         """The pending record of a batch whose calls ``awaiting`` (non-empty, model order) wait."""
         if not awaiting:
             raise ValueError("a pending batch awaits at least one call")

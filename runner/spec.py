@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 # The rules of a decision live in .decisions, so that the store (which enforces them) need not import this module.
 from .decisions import DECISIONS, REASON_MAX_CHARS, RESULT_MAX_CHARS, InvalidDecision, check_decision  # noqa: F401
 from .snapshot import Budget
-from .storable import storable, storable_text
+from .storable import storable
 
 API_VERSION = "agentfast.dev/v1alpha1"
 KIND = "AgentRun"
@@ -102,7 +102,7 @@ class ModelSpec(_Spec):
     temperature: float | None = Field(None, ge=0, le=2)
 
     @model_validator(mode="after")
-    def _one_source(self) -> "ModelSpec":
+    def _one_source(self) -> ModelSpec:
         if bool(self.config) == bool(self.script):
             raise ValueError("set exactly one of config (a ModelConfig's name: a real endpoint) or script (the scripted model)")
         return self
@@ -216,7 +216,7 @@ class ApprovalDecision(_Spec):
     decidedBy: str = Field(min_length=1, max_length=512, description="the decider's own user name; in a cluster the admission policy checks it against the requesting user")
 
     @model_validator(mode="after")
-    def _valid(self) -> "ApprovalDecision":
+    def _valid(self) -> ApprovalDecision:
         check_decision(self.decision, self.reason, self.result)
         return self
 
@@ -287,7 +287,7 @@ class Toleration(_Spec):
     tolerationSeconds: int | None = Field(None, ge=0, le=31_536_000)
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Toleration":
+    def _consistent(self) -> Toleration:
         if self.operator == "Exists" and self.value:
             raise ValueError("a toleration with operator Exists has no value")
         if self.tolerationSeconds is not None and self.effect != "NoExecute":
@@ -304,7 +304,7 @@ class SelectorRequirement(_Spec):
     values: list[str] = Field(default_factory=list, max_length=MAX_VALUES)
 
     @model_validator(mode="after")
-    def _values(self) -> "SelectorRequirement":
+    def _values(self) -> SelectorRequirement:
         if any(len(v) > 253 for v in self.values):
             raise ValueError("values are at most 253 characters")
         if self.operator in ("In", "NotIn") and not self.values:
@@ -486,7 +486,7 @@ class AgentRunSpec(_Spec):
         return tools
 
     @model_validator(mode="after")
-    def _adapter_needs(self) -> "AgentRunSpec":
+    def _adapter_needs(self) -> AgentRunSpec:
         if self.adapter == "langgraph" and self.graph is None:
             raise ValueError("adapter langgraph needs spec.graph.ref")
         return self
@@ -516,7 +516,7 @@ class AgentRun(_Spec):
     modelConfig: ResolvedModelConfig | None = None
 
     @model_validator(mode="after")
-    def _config_matches(self) -> "AgentRun":
+    def _config_matches(self) -> AgentRun:
         if self.modelConfig is not None:
             check_model_allowed(self.spec.model, self.modelConfig)
         return self

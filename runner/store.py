@@ -30,11 +30,14 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Callable, Literal, Sequence, TypeVar, get_args
+from datetime import UTC, datetime
+from typing import Any, Literal, TypeVar, get_args
 
 import psycopg
+import pydantic
+import pydantic_core
 from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb, set_json_dumps
@@ -43,16 +46,24 @@ from psycopg_pool import ConnectionPool
 from pydantic import BaseModel
 
 from . import payloads
+from .decisions import InvalidDecision, check_decision  # noqa: F401  (InvalidDecision: raised by Store.decide; not from .spec, whose models status, history and list never need)
 from .migrations import MIGRATIONS
 from .payloads import Limits, PayloadTooLarge
-import pydantic
-import pydantic_core
-
 from .snapshot import (
-    SCHEMA_VERSION, TERMINAL_PHASES, AwaitedCall, Phase, Message, PendingToolCall, RunContext, RunStatus, StateSnapshot, ToolCall,
-    ToolResult, Session, now_ms,
+    SCHEMA_VERSION,
+    TERMINAL_PHASES,
+    AwaitedCall,
+    Message,
+    PendingToolCall,
+    Phase,
+    RunContext,
+    RunStatus,
+    Session,
+    StateSnapshot,
+    ToolCall,
+    ToolResult,
+    now_ms,
 )
-from .decisions import InvalidDecision, check_decision  # noqa: F401  (InvalidDecision: raised by Store.decide; not from .spec, whose models status, history and list never need)
 from .storable import SURROGATE, storable, storable_text
 
 PROGRESS_CHANNEL = "agentfast_progress"
@@ -98,7 +109,7 @@ class DecisionConflict(StoreError):
     decision, reason and result), as a level-based replay of ``spec.approvals`` does.
     """
 
-    def __init__(self, message: str, existing: "Decision", same: bool):
+    def __init__(self, message: str, existing: Decision, same: bool):
         super().__init__(message)
         self.existing = existing
         self.same = same
@@ -270,7 +281,7 @@ class EndRequests:
 
 def cancelled_message(request: CancelRequest) -> str:
     """The ending message of a run cancelled by ``request``: who asked and when (UTC)."""
-    when = request.requested_at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    when = request.requested_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return f"cancelled by {request.requested_by} at {when}; no new tool call was started, everything done is kept"
 
 
@@ -407,7 +418,7 @@ class Store:
     def close(self) -> None:
         self._pool.close()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -814,7 +825,7 @@ class Store:
                ORDER BY run_id""", (default_ttl_s, sorted(TERMINAL_PHASES))).fetchall())
         return [(r["run_id"], r["run_uid"]) for r in rows]
 
-    def change_marks(self) -> dict[str, "RunMark"]:
+    def change_marks(self) -> dict[str, RunMark]:
         """``run_id -> RunMark`` for every registered run, in one query: a mark changes whenever
         the store's side of a run does, and not on a runner's heartbeat. The operator's resync
         reconciles only runs whose mark moved (operator/main.py ``_resync_due``)."""

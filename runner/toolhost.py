@@ -153,7 +153,7 @@ class RemoteTool:
     None), :meth:`parse_arguments` and :meth:`invoke`.
     """
 
-    def __init__(self, host: "ToolHost", info: dict[str, Any]):
+    def __init__(self, host: ToolHost, info: dict[str, Any]):
         self._host = host
         self.name: str = info["name"]
         self.description: str = info["description"]
@@ -204,7 +204,7 @@ class ToolHost:
         self._reader.start()
 
     @classmethod
-    def spawn(cls, run: AgentRun, *, secrets: tuple[str, ...] = ()) -> "ToolHost":
+    def spawn(cls, run: AgentRun, *, secrets: tuple[str, ...] = ()) -> ToolHost:
         """Start a host for ``run``'s tools (it imports them at once, while the runner goes on).
 
         Call it from the thread that outlives the run (the main thread): the host is killed when

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import inspect
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from pydantic import ValidationError, create_model
 
@@ -71,15 +72,15 @@ class Recovery:
     result: Any = None
 
     @classmethod
-    def happened(cls, result: Any) -> "Recovery":
+    def happened(cls, result: Any) -> Recovery:
         return cls("happened", result)
 
     @classmethod
-    def not_happened(cls) -> "Recovery":
+    def not_happened(cls) -> Recovery:
         return cls("not_happened")
 
     @classmethod
-    def unknown(cls) -> "Recovery":
+    def unknown(cls) -> Recovery:
         return cls("unknown")
 
 
@@ -189,7 +190,7 @@ class ToolRegistry:
         self._tools = {t.name: t for t in tools}
 
     @classmethod
-    def from_agentrun(cls, run: AgentRun) -> "ToolRegistry":
+    def from_agentrun(cls, run: AgentRun) -> ToolRegistry:
         """Import every ``spec.tools[i].ref``. Raises SpecError naming the field.
 
         A spec can make a tool more careful than its author declared it, never less (G4, G10):

@@ -24,7 +24,6 @@ from agentfast.runner.store import Store
 from .conftest import agentrun_file, count_rows, phase_of, run_cli, spawn_cli, wait_until
 
 
-
 @dataclass(frozen=True)
 class Adapter:
     """An adapter under test: its refund example file and the run's name in it."""
@@ -60,8 +59,11 @@ def wait_for_approval_request(store: Store, run_id: str) -> str:
 @pytest.fixture
 def reference(tmp_path_factory: pytest.TempPathFactory, pg_server, adapter: Adapter) -> dict:
     """An uninterrupted run: one process, approved while it waits; its end state is the oracle."""
+    import uuid
+
+    import psycopg
+
     from .conftest import PgServer  # noqa: F401  (fixture type)
-    import psycopg, uuid
 
     name = f"t_ref_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:

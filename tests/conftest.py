@@ -16,8 +16,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import psycopg
 import pytest
@@ -75,7 +75,7 @@ def pg_server() -> Iterator[PgServer]:
 EXAMPLES_PASSWORD = f"examples-{uuid.uuid4().hex}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def examples_dsn_for(dsn: str) -> str:
     """The example tools' own DSN in ``dsn``'s database (their role and schema made there if
     missing: runner/examples/__init__.py). Tools never get the store's DSN (G11). Empty when

@@ -73,7 +73,7 @@ class ReplicatedPair:
     # -- lifecycle ------------------------------------------------------------------------------
 
     @classmethod
-    def start(cls, base: Path, *, timeout_s: float = 120.0) -> "ReplicatedPair":
+    def start(cls, base: Path, *, timeout_s: float = 120.0) -> ReplicatedPair:
         """initdb and start the primary, pg_basebackup the standby, start it, wait for 'sync'."""
         pair = cls(base)
         try:
@@ -87,7 +87,7 @@ class ReplicatedPair:
             raise
         return pair
 
-    def __enter__(self) -> "ReplicatedPair":
+    def __enter__(self) -> ReplicatedPair:
         return self
 
     def __exit__(self, *exc: object) -> None:

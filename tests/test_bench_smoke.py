@@ -66,7 +66,6 @@ def test_payloads_part_measures_every_subject(pg_server) -> None:
 
 def test_throughput_workers_and_pgbench(dsn: str, tmp_path: Path) -> None:
     from agentfast.runner.store import Store
-
     from bench.checkpoint import FLOOR_PAYLOAD
     from bench.workload import Prefiller
 
@@ -113,7 +112,6 @@ def test_iteration_subject_makes_the_loops_store_calls(dsn: str, tmp_path: Path)
     from agentfast.runner.spec import parse_agentrun
     from agentfast.runner.store import Store
     from agentfast.runner.tools import ToolRegistry
-
     from bench.workload import Prefiller
 
     turns = [{"tool_calls": [{"id": f"c{i}{p}", "name": "echo", "arguments": {"text": f"{i}.{p}"}} for p in range(2)]}

@@ -245,9 +245,9 @@ def test_existing_secret_mode_renders_no_secret(helm: str) -> None:
 
 
 def test_generated_passwords_are_random_per_install_and_read_back_on_upgrade(helm: str) -> None:
-    from agentfast.runner.store import parse_dsn
-
     import hashlib
+
+    from agentfast.runner.store import parse_dsn
 
     def secret() -> dict:
         docs = render(helm)

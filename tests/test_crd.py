@@ -15,7 +15,15 @@ import yaml
 from pydantic import BaseModel
 
 from agentfast.runner.spec import (
-    AgentRunSpec, ApprovalDecision, BudgetSpec, GraphSpec, ModelConfigSpec, ModelPrices, ModelSpec, SecretKeyRef, ToolSpec,
+    AgentRunSpec,
+    ApprovalDecision,
+    BudgetSpec,
+    GraphSpec,
+    ModelConfigSpec,
+    ModelPrices,
+    ModelSpec,
+    SecretKeyRef,
+    ToolSpec,
 )
 
 CRDS = Path(__file__).resolve().parent.parent / "charts" / "agentfast" / "crds"

@@ -19,8 +19,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import psycopg
 import pytest
@@ -163,7 +163,7 @@ def test_the_trial_server_roles_and_hba(server: Server) -> None:
         assert app.execute("SELECT count(*) FROM pg_roles WHERE rolname = 'agentfast_ns_a'").fetchone()[0] == 1
     assert "password authentication failed" in _refused("127.0.0.1", port, "agentfast", APP_PW)
     _connect("127.0.0.1", port, "postgres", "superRotated").close()
-    if not ipaddress.ip_address(lan) in ipaddress.ip_network("192.0.2.128/25"):
+    if ipaddress.ip_address(lan) not in ipaddress.ip_network("192.0.2.128/25"):
         assert "no pg_hba.conf entry" in _refused(lan, port, "agentfast", "appRotated")
 
 

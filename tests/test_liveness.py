@@ -26,11 +26,11 @@ import pytest
 from agentfast.runner.liveness import ClaimStopped, RunnerAlive, RunnerClaim, RunnerInfo, runner_state
 from agentfast.runner.loop import EXIT_LEASE_LOST, VanillaRunner, run_id_of
 from agentfast.runner.model import model_from_spec
-from agentfast.runner.store import Store, UnreadableState
 from agentfast.runner.snapshot import SCHEMA_VERSION
+from agentfast.runner.store import Store, UnreadableState
 from agentfast.runner.tools import ToolRegistry
 
-from .conftest import EXAMPLES, agentrun_file, wait_until
+from .conftest import agentrun_file, wait_until
 
 CASES = Path(__file__).resolve().parent / "cases"
 

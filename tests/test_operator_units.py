@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
-from agentfast.operator.status import status_from_store
-from datetime import datetime, timedelta, timezone
-
 from agentfast.operator.lifecycle import RunnerPod, backoff_s, next_step
+from agentfast.operator.status import status_from_store
 from agentfast.operator.workload import TOOL_ENV_DIR, RunnerConfig, build_pod, pod_name, runner_name
 from agentfast.runner.snapshot import AwaitedCall, PendingToolCall, RunContext, RunStatus, Session, ToolCall
 
@@ -377,7 +377,7 @@ def test_the_operator_never_imports_or_reads_what_a_spec_names(tmp_path, monkeyp
 
 # -- issue 14: replacing a lost runner pod ---------------------------------------------------------
 
-T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
 def rp(attempt: int = 1, *, phase: str = "Failed", code: int | None = 75, reason: str | None = "Error", ran_s: float = 60.0,
@@ -814,7 +814,7 @@ SCRIPTED = {**BODY, "metadata": {**BODY["metadata"], "generation": 1}, "spec": {
 
 def _ended_status(phase: str, ago_s: float, **extra) -> dict:
     ctype = {"Succeeded": "Ready", "Failed": "Failed", "Cancelled": "Cancelled"}[phase]
-    at = (datetime.now(timezone.utc) - timedelta(seconds=ago_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    at = (datetime.now(UTC) - timedelta(seconds=ago_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {"phase": phase, "observedGeneration": 1, "runnerPod": "agentrun-refund-demo-2",
             "conditions": [{"type": ctype, "status": "True", "lastTransitionTime": at}], **extra}
 
@@ -850,8 +850,8 @@ def test_a_run_the_operator_failed_stays_failed_when_its_pods_are_gone(store, op
     main, seen = operator_on
     store.create_run("team-a/refund-demo", "u1", _doc(SCRIPTED))
     crash = rp(7, code=3, ran_s=0.8, counted=6, finished_ago_s=5)  # the 7th crash at start in a row
-    crash = RunnerPod(**{**crash.__dict__, "name": "agentrun-refund-demo-7", "finished_at": datetime.now(timezone.utc) - timedelta(seconds=5),
-                         "started_at": datetime.now(timezone.utc) - timedelta(seconds=5.8)})
+    crash = RunnerPod(**{**crash.__dict__, "name": "agentrun-refund-demo-7", "finished_at": datetime.now(UTC) - timedelta(seconds=5),
+                         "started_at": datetime.now(UTC) - timedelta(seconds=5.8)})
     api = seen["wire"]([crash], 0)
     main.reconcile({**SCRIPTED, "status": {"phase": "Pending", "observedGeneration": 1}})
     override = seen["published"][-1]["override"]
@@ -892,7 +892,7 @@ def test_an_ended_runs_pods_are_due_ttl_after_the_end_or_after_they_stopped() ->
     for phase, ctype in (("Succeeded", "Ready"), ("Failed", "Failed"), ("Cancelled", "Cancelled")):
         st = {"phase": phase, "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": "2020-01-01T00:00:00Z"},
                                              {"type": ctype, "status": "True", "lastTransitionTime": "2026-11-30T08:00:00Z"}]}
-        assert ended_at(st, T0) == datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc), phase
+        assert ended_at(st, T0) == datetime(2026, 11, 30, 8, 0, tzinfo=UTC), phase
     # ... and now when status does not show the end yet (this reconcile publishes it)
     assert ended_at({"phase": "Running", "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2020-01-01T00:00:00Z"}]},
                     T0) == T0
@@ -917,7 +917,7 @@ def test_an_ended_runs_pods_are_deleted_once_their_ttl_has_passed(store, operato
     main, seen = operator_on
     store.create_run("team-a/refund-demo", "u1", _doc(SCRIPTED))
     store.cancel_run("team-a/refund-demo", "cancelled by a test", reason="Cancelled")
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     released = RunnerPod(name="agentrun-refund-demo-2", attempt=2, counted=0, phase="Succeeded", created_at=now - timedelta(hours=3),
                          started_at=now - timedelta(hours=3), exit_code=0, exit_reason="Completed", finished_at=now - timedelta(hours=2))
     # Ended 10 minutes ago, an hour to live: kept, and looked at again when it is due (not at every resync).
@@ -1139,6 +1139,7 @@ def test_a_runner_secret_gone_with_its_namespace_is_made_again_when_a_pod_misses
     the Secret it saw; the first runner pod that misses it makes it come back at once."""
     from kubernetes import client as k8s
     from kubernetes.client.rest import ApiException
+
     from agentfast.operator import credentials, main
 
     class Core:

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 import yaml
 
+from agentfast.runner.examples import EXAMPLES_DSN_ENV
 from agentfast.runner.examples.testing_tools import big_text
 from agentfast.runner.loop import EXIT_FAILED, EXIT_OK, VanillaRunner, run_id_of
 from agentfast.runner.model import model_from_spec
@@ -25,8 +26,6 @@ from agentfast.runner.payloads import PREFIX, Limits, PayloadTooLarge, externali
 from agentfast.runner.spec import AgentRun, parse_agentrun
 from agentfast.runner.store import Store, UnreadableState
 from agentfast.runner.tools import ToolRegistry
-
-from agentfast.runner.examples import EXAMPLES_DSN_ENV
 
 from .conftest import count_rows, examples_dsn_for, run_cli
 

@@ -8,13 +8,14 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import psycopg
 import pytest
 
 from agentfast.runner.migrations import MIGRATIONS
+from agentfast.runner.payloads import Limits
 from agentfast.runner.snapshot import (
     AwaitedCall,
     Message,
@@ -28,7 +29,6 @@ from agentfast.runner.snapshot import (
     call_id,
     idempotency_key,
 )
-from agentfast.runner.payloads import Limits
 from agentfast.runner.store import (
     FENCE_SQLSTATE,
     DecisionConflict,
@@ -579,7 +579,7 @@ def test_wait_for_decision_wakes_on_notify(store: Store, dsn: str) -> None:
 
     run_id, uid, lease = new_run(store, "wake")
     other_id, other_uid, other_lease = new_run(store, "wake-other")
-    for rid, u, ls in ((run_id, uid, lease), (other_id, other_uid, other_lease)):
+    for _rid, u, ls in ((run_id, uid, lease), (other_id, other_uid, other_lease)):
         turn, entries = planned(u, 1, [("issue_refund", True, True)])
         store.save_turn(ls, turn, entries)
         pause(store, ls, u, entries, ["call-1-0"])

@@ -19,7 +19,6 @@ import pytest
 import yaml
 
 from agentfast.runner import output
-from agentfast.runner.journal import CallExecutor
 from agentfast.runner.loop import VanillaRunner, run_id_of
 from agentfast.runner.model import MAX_TOOL_CALL_ID, distinct_tool_call_ids, model_from_spec
 from agentfast.runner.scripted import strict_violation

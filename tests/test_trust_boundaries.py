@@ -139,7 +139,7 @@ def test_an_alias_bomb_and_a_huge_file_are_refused_at_once(tmp_path: Path, dsn: 
     lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
     lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 19)]
     bomb = tmp_path / "bomb.yaml"
-    bomb.write_text(yaml.safe_dump(doc) .replace("spec:\n", "x-bomb:\n" + "\n".join("  " + l for l in lines) + "\nspec:\n", 1))
+    bomb.write_text(yaml.safe_dump(doc) .replace("spec:\n", "x-bomb:\n" + "\n".join("  " + line for line in lines) + "\nspec:\n", 1))
     assert len(bomb.read_text().splitlines()) < 60
     huge = tmp_path / "huge.yaml"
     huge.write_text(yaml.safe_dump(doc) + "#" + "x" * (1024 * 1024) + "\n")

@@ -32,20 +32,27 @@ from __future__ import annotations
 import base64
 import json
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables import RunnableConfig
+from langgraph.channels.binop import BinaryOperatorAggregate
 from langgraph.checkpoint.base import (
-    WRITES_IDX_MAP, ChannelVersions, Checkpoint, CheckpointMetadata, CheckpointTuple, get_checkpoint_id, get_checkpoint_metadata,
+    WRITES_IDX_MAP,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
     writes_sort_key,
 )
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.channels.binop import BinaryOperatorAggregate
 from langgraph.graph import END
 from langgraph.graph.message import add_messages
 
@@ -57,7 +64,7 @@ from langgraph.types import Command, Send, interrupt
 from pydantic import ConfigDict
 
 from ..loop import Outcome, RunnerBase
-from ..snapshot import Message, RunStatus, ToolCall, ToolResult
+from ..snapshot import Message, ToolCall, ToolResult
 from ..spec import SpecError, resolve_ref
 from ..storable import storable
 from ..store import SdkRow
@@ -576,7 +583,7 @@ class RuntimeChatModel(BaseChatModel):
     def _llm_type(self) -> str:
         return "agentfast-runtime"
 
-    def bind_tools(self, tools: Any = None, **kwargs: Any) -> "RuntimeChatModel":
+    def bind_tools(self, tools: Any = None, **kwargs: Any) -> RuntimeChatModel:
         """Tools are the AgentRun's (``spec.tools``); what the graph passes is ignored."""
         return self
 
@@ -606,7 +613,7 @@ class RuntimeChatModel(BaseChatModel):
 class GraphRuntime:
     """Handed to a graph factory: the model, the tool router and the tool node to build with."""
 
-    def __init__(self, runner: "LangGraphRunner"):
+    def __init__(self, runner: LangGraphRunner):
         self._runner = runner
         self.model = RuntimeChatModel(runner=runner)
         self.tool_schemas = runner.tools.schemas

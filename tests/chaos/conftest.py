@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import pytest
 

@@ -47,9 +47,10 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psycopg
 import yaml
@@ -497,9 +498,9 @@ class ChaosRun:
         rng: random.Random,
         stats: Stats | None,
         kills: int,
-        reference: "Reference | None" = None,
+        reference: Reference | None = None,
         label: str = "",
-        on_tick: Callable[["ChaosRun", subprocess.Popen], None] | None = None,
+        on_tick: Callable[[ChaosRun, subprocess.Popen], None] | None = None,
         allowed_exits: tuple[int, ...] = (0, 75),
     ) -> None:
         self.scenario = scenario

@@ -53,7 +53,7 @@ def render(results: Path, command: str, seed: str, rc: int, elapsed_s: float | N
 
     kr, zombie, pg, disk = load("kill_resume"), load("zombie"), load("postgres_restarts"), load("out_of_disk")
     out = [BEGIN, ""]
-    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     dirty = " (with uncommitted changes)" if _git("status", "--porcelain", "--untracked-files=no") else ""
     out.append(f"Last large run: {when}, commit `{_git('rev-parse', '--short', 'HEAD')}`{dirty}, "
                f"{os.cpu_count()} CPUs, seed **{seed}**, pytest exit code {rc}"

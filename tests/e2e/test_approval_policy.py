@@ -22,9 +22,9 @@ import shutil
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import yaml

@@ -28,7 +28,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import yaml

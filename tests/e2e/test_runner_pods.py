@@ -13,8 +13,16 @@ import time
 import uuid
 
 from .conftest import Kube
-from .test_operator import (approve, assert_succeeded_once, refund_manifest, release, runner_pods,  # noqa: F401 (release is a fixture)
-                            running_runner, status, wait_awaiting)
+from .test_operator import (  # noqa: F401 (release is a fixture)
+    approve,
+    assert_succeeded_once,
+    refund_manifest,
+    release,
+    runner_pods,
+    running_runner,
+    status,
+    wait_awaiting,
+)
 
 RESOURCES = {"requests": {"cpu": "100m", "memory": "192Mi"}, "limits": {"cpu": "1", "memory": "640Mi"}}
 

@@ -23,8 +23,7 @@ import uuid
 import psycopg
 
 from .conftest import Kube
-from .test_operator import (E2E_LABEL, give_example_tools, refund_manifest, release, runner_pods, sql,  # noqa: F401 (release is a fixture)
-                            status)
+from .test_operator import E2E_LABEL, give_example_tools, refund_manifest, release, runner_pods, sql, status  # noqa: F401 (release is a fixture)
 
 
 def test_a_gated_tool_cannot_be_opted_out(release: Kube) -> None:

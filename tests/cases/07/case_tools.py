@@ -1,8 +1,7 @@
 """Tools of case 07. Each execution appends "start" and "ran" lines to $CASE_EFFECTS so the check can count them."""
 
-import time
-
 import os
+import time
 
 from agentfast.runner.tools import ToolContext, tool
 

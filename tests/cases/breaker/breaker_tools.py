@@ -1,7 +1,10 @@
 """Tools of tests/test_kinds_again.py (issue 11, new inputs of every kind). Each execution appends
 "ran <tool> <call id> <key>" to $CASE_EFFECTS."""
-import os, time
-from agentfast.runner.tools import Recovery, ToolContext, tool
+import os
+import time
+
+from agentfast.runner.tools import ToolContext, tool
+
 
 def _rec(name, ctx):
     with open(os.environ.get("CASE_EFFECTS", "/tmp/bx/effects.log"), "a") as f:
