@@ -31,7 +31,6 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -224,13 +223,3 @@ def fetch(conn: Any, run_id: str, digests: set[str]) -> dict[str, str]:
                         (run_id, sorted(digests))).fetchall()
     return {r["digest"] if isinstance(r, dict) else r[0]: r["content"] if isinstance(r, dict) else r[1] for r in rows}
 
-
-def resolver(conn: Any, run_id: str) -> Callable[[Any], Any]:
-    """A function resolving the references of one JSON value of ``run_id`` on ``conn`` (a query
-    only when it holds any). Raises KeyError for a reference with no payload row."""
-
-    def go(value: Any) -> Any:
-        digests = references(value)
-        return resolve(value, fetch(conn, run_id, digests)) if digests else value
-
-    return go

@@ -337,6 +337,13 @@ _PROGRAM_LIMIT_CLASS = "54"
 _NOT_PERMITTED = "42501"
 
 
+def _name_the_lease(conn: psycopg.Connection, epoch: int, run_uid: str) -> None:
+    """Set the transaction's lease settings, ``agentfast.epoch`` and ``agentfast.run_uid``, which
+    the fence trigger (runner/migrations.py) checks on every write to the run's tables (G6). One
+    statement; transaction-local, so they end with the transaction."""
+    conn.execute("SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)", (str(epoch), run_uid))
+
+
 def _is_connection_error(err: BaseException) -> bool:
     # OperationalError covers refused/reset connections, "terminating connection due to
     # administrator command" (57P01, a Postgres shutdown), "the database system is starting up"
@@ -439,8 +446,7 @@ class Store:
         def in_transaction(conn: psycopg.Connection) -> T:
             with conn.transaction():
                 if lease is not None:
-                    conn.execute("SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)",
-                                 (str(lease.epoch), lease.run_uid))
+                    _name_the_lease(conn, lease.epoch, lease.run_uid)
                 return op(conn)
 
         return self._attempt(in_transaction)
@@ -716,8 +722,7 @@ class Store:
             if conn.execute("SELECT 1 FROM agentfast_runs WHERE run_id = %s", (new_id,)).fetchone() is not None:
                 new_id = f"{run_id}@{uid}"
             # The renamed rows pass the fence with the run's own epoch and uid (the rename is no runner's write).
-            conn.execute("SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)",
-                         (str(row["epoch"]), row["run_uid"]))
+            _name_the_lease(conn, row["epoch"], row["run_uid"])
             conn.execute("UPDATE agentfast_runs SET run_id = %s WHERE run_id = %s", (new_id, run_id))
             return new_id
 
