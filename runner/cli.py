@@ -12,6 +12,7 @@ Postgres lost mid-run), 76 another runner owns the run.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -260,9 +261,21 @@ def _credentials(dsn: str) -> tuple[str, str]:
     return (parse_dsn(dsn).get("password", ""), os.environ.get(MODEL_API_KEY_ENV, ""))
 
 
+def _keep_for_good() -> None:
+    """Move every object alive now into the collector's permanent generation (``gc.freeze``) and
+    turn collection on (main() starts with it off). Called when a run is about to be driven (what
+    start-up made lives as long as the runner: no collection of the loop walks it again) and at
+    the end of main (the interpreter's collections at exit, ~90 ms after a short command's
+    imports, then find nothing to walk)."""
+    gc.freeze()
+    gc.enable()
+
+
 def _drive_with(store: Store, run: AgentRun, model: ChatModel, tools: ToolRegistry | Callable[[], ToolRegistry], *, wait: bool,
                 interactive: bool, force: bool, wait_for_holder_s: float | None = None) -> Outcome:
     from .loop import VanillaRunner, run_id_of
+
+    _keep_for_good()  # a run allocates for as long as it lasts: collect from here on
 
     stop = threading.Event()
 
@@ -847,7 +860,13 @@ def main() -> None:
 
     Output is best effort (runner/output.py): a closed or full stdout/stderr or a terminal that
     cannot encode a character never changes what a command does or its exit code.
+
+    No garbage collection until a run is driven (:func:`_keep_for_good`): start-up (imports,
+    classes, pydantic schemas, the connection) makes ~50,000 objects that live as long as the
+    process and next to no cyclic garbage, and collecting while they are made costs a short
+    command ~25 ms of its ~0.3 s (issue 15).
     """
+    gc.disable()
     output.install()
     logging.basicConfig(level=os.environ.get("AGENTFAST_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -862,3 +881,4 @@ def main() -> None:
         sys.exit(EXIT_BAD_INPUT)
     finally:
         output.finish()
+        _keep_for_good()  # the interpreter's collections at exit then walk nothing: ~90 ms less
