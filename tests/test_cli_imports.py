@@ -128,3 +128,49 @@ def test_the_cli_exit_code_for_bad_input_is_the_runner_loops() -> None:
     from agentfast.runner import cli, loop
 
     assert cli.EXIT_BAD_INPUT == loop.EXIT_BAD_INPUT
+
+
+
+def _python(code: str, dsn: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "AGENTFAST_FAULT"}
+    if dsn is not None:
+        env.update(AGENTFAST_DSN=dsn, **{EXAMPLES_DSN_ENV: examples_dsn_for(dsn)})
+    return subprocess.run([sys.executable, "-c", code], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=90)
+
+
+def test_a_command_starts_without_garbage_collection_and_main_leaves_it_on() -> None:
+    """``main`` turns the collector off for start-up; on the way out it freezes what is alive
+    (the interpreter's collections at exit then walk nothing) and turns collection on again."""
+    proc = _python(
+        "import gc\n"
+        "from agentfast.runner import cli\n"
+        "seen = []\n"
+        "def app():\n"
+        "    seen.append(gc.isenabled())\n"
+        "    raise SystemExit(0)\n"
+        "cli.app = app\n"
+        "try:\n"
+        "    cli.main()\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(seen, gc.isenabled(), gc.get_freeze_count() > 1000)\n")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["[False]", "True", "True"], proc.stdout
+
+
+def test_a_driven_run_collects_garbage(tmp_path: Path, dsn: str) -> None:
+    """A run allocates for as long as it lasts: the collector is on (after start-up's objects are
+    frozen) before the runner's loop starts, in the real ``agentfast run`` process."""
+    path = agentrun_file(tmp_path)
+    proc = _python(
+        "import gc, sys\n"
+        "from agentfast.runner import cli, loop\n"
+        "real = loop.VanillaRunner.run\n"
+        "def run(self):\n"
+        "    print('collecting:', gc.isenabled(), gc.get_freeze_count() > 1000, flush=True)\n"
+        "    return real(self)\n"
+        "loop.VanillaRunner.run = run\n"
+        f"sys.argv = ['agentfast', 'run', {str(path)!r}, '--no-wait']\n"
+        "cli.main()\n", dsn=dsn)
+    assert proc.returncode == 0 and "call-2-0" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    assert "collecting: True True" in proc.stdout, proc.stdout
