@@ -118,12 +118,23 @@ def _load_registered(store: Store, run: str) -> AgentRun:
 
 
 class _Progress:
-    """Prints one line per step; on a terminal, asks for the decision when the run pauses."""
+    """Prints one line per step; on a terminal, asks for the decision when the run pauses.
+
+    Also ends start-up's time without garbage collection (see :func:`main`) at the first event
+    after ``started`` that is not a ``model_call``: by then the model client's import (openai,
+    ~0.5 s of allocation, on a background thread from the takeover on, which collection would
+    slow by ~15%) is done, since a model reply came in, or the run pauses or ends. Every
+    iteration ends with a ``checkpoint`` event, so a run collects from its first iteration on."""
 
     def __init__(self, store: Store, run_id: str, interactive: bool):
         self.store, self.run_id, self.interactive = store, run_id, interactive
+        self._started = self._collecting = False
 
     def __call__(self, ev: ProgressEvent) -> None:
+        if not self._collecting and self._started and ev.kind != "model_call":
+            _keep_for_good()
+            self._collecting = True
+        self._started = self._started or ev.kind == "started"
         c, u = ev.context.counters, ev.context.usage
         head = (f"iter {c.iterations:>3} · tokens {u.total_tokens:>6}", "dim")
         if ev.kind == "started":
@@ -274,10 +285,10 @@ def _credentials(dsn: str) -> tuple[str, str]:
 
 def _keep_for_good() -> None:
     """Move every object alive now into the collector's permanent generation (``gc.freeze``) and
-    turn collection on (main() starts with it off). Called when a run is about to be driven (what
-    start-up made lives as long as the runner: no collection of the loop walks it again) and at
-    the end of main (the interpreter's collections at exit, ~90 ms after a short command's
-    imports, then find nothing to walk)."""
+    turn collection on (main() starts with it off). Called once a driven run's start-up is over
+    (:class:`_Progress`: what it made lives as long as the runner, and no collection of the loop
+    walks it again) and at the end of main (the interpreter's collections at exit, ~90 ms after
+    a short command's imports, then find nothing to walk)."""
     gc.freeze()
     gc.enable()
 
@@ -285,8 +296,6 @@ def _keep_for_good() -> None:
 def _drive_with(store: Store, run: AgentRun, model: ChatModel, tools: ToolRegistry | Callable[[], ToolRegistry], *, wait: bool,
                 interactive: bool, force: bool, wait_for_holder_s: float | None = None) -> Outcome:
     from .loop import VanillaRunner, run_id_of
-
-    _keep_for_good()  # a run allocates for as long as it lasts: collect from here on
 
     stop = threading.Event()
 
@@ -907,10 +916,11 @@ def main() -> None:
     Output is best effort (runner/output.py): a closed or full stdout/stderr or a terminal that
     cannot encode a character never changes what a command does or its exit code.
 
-    No garbage collection until a run is driven (:func:`_keep_for_good`): start-up (imports,
-    classes, pydantic schemas, the connection) makes ~50,000 objects that live as long as the
-    process and next to no cyclic garbage, and collecting while they are made costs a short
-    command ~25 ms of its ~0.3 s (issue 15).
+    No garbage collection during start-up (:func:`_keep_for_good`, called when a driven run's
+    start-up is over, :class:`_Progress`, and here at the end): start-up (imports, classes,
+    pydantic schemas, the connection) makes ~50,000 objects that live as long as the process and
+    next to no cyclic garbage, and collecting while they are made costs a short command ~25 ms of
+    its ~0.3 s, a resume ~15% of its model client's import (issue 15).
     """
     gc.disable()
     output.install()

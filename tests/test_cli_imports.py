@@ -158,19 +158,26 @@ def test_a_command_starts_without_garbage_collection_and_main_leaves_it_on() -> 
     assert proc.stdout.split() == ["[False]", "True", "True"], proc.stdout
 
 
-def test_a_driven_run_collects_garbage(tmp_path: Path, dsn: str) -> None:
-    """A run allocates for as long as it lasts: the collector is on (after start-up's objects are
-    frozen) before the runner's loop starts, in the real ``agentfast run`` process."""
+
+def test_a_driven_run_collects_garbage_from_its_first_model_reply_on(tmp_path: Path, dsn: str) -> None:
+    """A run allocates for as long as it lasts: in the real ``agentfast run`` process the collector
+    is off through start-up (to the first model call, whose client import runs meanwhile) and on,
+    with start-up's objects frozen, from the first event after it (here the first tool result)."""
     path = agentrun_file(tmp_path)
     proc = _python(
         "import gc, sys\n"
         "from agentfast.runner import cli, loop\n"
-        "real = loop.VanillaRunner.run\n"
-        "def run(self):\n"
-        "    print('collecting:', gc.isenabled(), gc.get_freeze_count() > 1000, flush=True)\n"
-        "    return real(self)\n"
-        "loop.VanillaRunner.run = run\n"
+        "real = loop.RunnerBase._emit\n"
+        "def emit(self, kind, *args, **kw):\n"
+        "    real(self, kind, *args, **kw)\n"
+        "    print('event', kind, gc.isenabled(), gc.get_freeze_count() > 1000, flush=True)\n"
+        "loop.RunnerBase._emit = emit\n"
         f"sys.argv = ['agentfast', 'run', {str(path)!r}, '--no-wait']\n"
         "cli.main()\n", dsn=dsn)
     assert proc.returncode == 0 and "call-2-0" in proc.stdout, proc.stdout + proc.stderr[-2000:]
-    assert "collecting: True True" in proc.stdout, proc.stdout
+    events = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("event ")]
+    kinds = [e[0] for e in events]
+    first_call = kinds.index("model_call")
+    assert kinds.index("started") < first_call < len(kinds) - 1, kinds
+    assert all(e[1:] == ["False", "False"] for e in events[:first_call + 1]), events
+    assert all(e[1:] == ["True", "True"] for e in events[first_call + 1:]), events
