@@ -17,11 +17,6 @@ import yaml
 #: Default limit: 1 MiB (a Kubernetes object is capped near 1.5 MiB in etcd anyway).
 MAX_BYTES = 1024 * 1024
 
-#: PyYAML's safe loader on libyaml's C parser when PyYAML has it (its wheels do), else the
-#: pure-Python one: the same documents, ~10x faster (a 15 KB model script: ~100 ms -> ~11 ms,
-#: loaded twice before a scripted run's takeover: its preflight, then its model; issue 15).
-_LOADER: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
 
 class UnsafeYaml(ValueError):
     """A file too large, unreadable, not YAML, or holding anchors/aliases. ``str(err)`` names it
@@ -50,10 +45,10 @@ def load_all(text: str, where: str) -> list[Any]:
     the message keeps the parser's line and column, not the text).
     """
     try:
-        for event in yaml.parse(text, Loader=_LOADER):
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
                 line = event.start_mark.line + 1 if event.start_mark else "?"
                 raise UnsafeYaml(f"{where}: YAML anchors and aliases are not accepted (line {line}): write the value out")
-        return [d for d in yaml.load_all(text, Loader=_LOADER) if d is not None]
+        return [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as err:
         raise UnsafeYaml(f"{where}: not valid YAML: {err}") from None
