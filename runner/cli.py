@@ -12,6 +12,7 @@ Postgres lost mid-run), 76 another runner owns the run.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, get_args
 
-import typer
+import click
 
 from . import output
 from .output import err, one_line, out, styled
@@ -45,20 +46,33 @@ if TYPE_CHECKING:
 EXIT_BAD_INPUT = 2  # loop.EXIT_BAD_INPUT, not imported from there (see above); a test checks they agree
 EXIT_NO_POSTGRES = 3
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Durable execution for AI agent runs.")
+class _Commands(click.Group):
+    """The command group; ``--help`` lists the commands in the order they are defined here (as typer did), not sorted."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)
+
+
+@click.group(cls=_Commands, help="Durable execution for AI agent runs.")
+def app() -> None:
+    """The ``agentfast`` command group (click: typer's own base, without typer's per-parameter
+    pydantic coercion, which cost every command ~20 ms of start-up; issue 15)."""
 # out, err: runner/output.py's consoles. Every str printed is data (no markup, no control
 # characters) and a failed write never raises; style only through output.styled(...).
 
-DsnOption = typer.Option(None, "--dsn", envvar="AGENTFAST_DSN", help="Postgres DSN; default: the embedded server under the user's data dir")
-ForceOption = typer.Option(
-    False, "--force",
+dsn_option = click.option("--dsn", envvar="AGENTFAST_DSN", show_envvar=True,
+                          help="Postgres DSN; default: the embedded server under the user's data dir")
+force_option = click.option(
+    "--force", is_flag=True,
     help="take the run over even from a live runner (which is then fenced out: its next commit fails); without it a live owner makes this exit 76",
 )
+wait_option = click.option("--wait/--no-wait", default=True, show_default=True,
+                           help="wait for approvals (default) or exit when the run pauses")
 
 
-def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> click.exceptions.Exit:
     err.print(styled(("error:", "bold red"), " ", message))
-    return typer.Exit(code)
+    return click.exceptions.Exit(code)
 
 
 def _open_store(dsn: str | None) -> Store:
@@ -104,12 +118,23 @@ def _load_registered(store: Store, run: str) -> AgentRun:
 
 
 class _Progress:
-    """Prints one line per step; on a terminal, asks for the decision when the run pauses."""
+    """Prints one line per step; on a terminal, asks for the decision when the run pauses.
+
+    Also ends start-up's time without garbage collection (see :func:`main`) at the first event
+    after ``started`` that is not a ``model_call``: by then the model client's import (openai,
+    ~0.5 s of allocation, on a background thread from the takeover on, which collection would
+    slow by ~15%) is done, since a model reply came in, or the run pauses or ends. Every
+    iteration ends with a ``checkpoint`` event, so a run collects from its first iteration on."""
 
     def __init__(self, store: Store, run_id: str, interactive: bool):
         self.store, self.run_id, self.interactive = store, run_id, interactive
+        self._started = self._collecting = False
 
     def __call__(self, ev: ProgressEvent) -> None:
+        if not self._collecting and self._started and ev.kind != "model_call":
+            _keep_for_good()
+            self._collecting = True
+        self._started = self._started or ev.kind == "started"
         c, u = ev.context.counters, ev.context.usage
         head = (f"iter {c.iterations:>3} · tokens {u.total_tokens:>6}", "dim")
         if ev.kind == "started":
@@ -162,21 +187,19 @@ class _Progress:
         """The decision prompt on a terminal, for one awaited call. Best effort: a prompt that
         cannot be shown or answered (closed terminal, end of input, Ctrl-C) leaves the run
         waiting for a decision made elsewhere (`agentfast approve/deny/complete`), never stops it."""
-        import click
-
         from .decisions import InvalidDecision
         from .store import DecisionConflict, UnknownCall
 
         try:
             with output.attached_writes():  # each question in order, before input() reads the answer
-                answer = typer.prompt(f"Approve {a.call_id} ({a.tool_call.name}) now? [y]es / [n]o / [w]ait", default="w").strip().lower()
-                reason = typer.prompt("Reason for the model", default="declined by the operator") if answer.startswith("n") else None
+                answer = click.prompt(f"Approve {a.call_id} ({a.tool_call.name}) now? [y]es / [n]o / [w]ait", default="w").strip().lower()
+                reason = click.prompt("Reason for the model", default="declined by the operator") if answer.startswith("n") else None
             if answer.startswith("y"):
                 self.store.decide(self.run_id, a.call_id, "approve", decided_by=_who())
             elif reason is not None:
                 self.store.decide(self.run_id, a.call_id, "deny", reason=reason, decided_by=_who())
-        # typer.prompt raises typer's own Abort (not click's) on end of input or Ctrl-C
-        except (typer.Abort, click.exceptions.Abort, EOFError, OSError):
+        # click.prompt raises Abort on end of input or Ctrl-C
+        except (click.exceptions.Abort, EOFError, OSError):
             out.print("  no answer here; waiting for a decision (agentfast approve / deny / complete)")
         except (UnknownCall, DecisionConflict, InvalidDecision) as e:  # decided meanwhile elsewhere, or a blank reason
             err.print(styled(("error:", "bold red"), " ", f"{a.call_id}: not recorded: {e}"))
@@ -260,6 +283,16 @@ def _credentials(dsn: str) -> tuple[str, str]:
     return (parse_dsn(dsn).get("password", ""), os.environ.get(MODEL_API_KEY_ENV, ""))
 
 
+def _keep_for_good() -> None:
+    """Move every object alive now into the collector's permanent generation (``gc.freeze``) and
+    turn collection on (main() starts with it off). Called once a driven run's start-up is over
+    (:class:`_Progress`: what it made lives as long as the runner, and no collection of the loop
+    walks it again) and at the end of main (the interpreter's collections at exit, ~90 ms after
+    a short command's imports, then find nothing to walk)."""
+    gc.freeze()
+    gc.enable()
+
+
 def _drive_with(store: Store, run: AgentRun, model: ChatModel, tools: ToolRegistry | Callable[[], ToolRegistry], *, wait: bool,
                 interactive: bool, force: bool, wait_for_holder_s: float | None = None) -> Outcome:
     from .loop import VanillaRunner, run_id_of
@@ -295,13 +328,15 @@ def _drive_with(store: Store, run: AgentRun, model: ChatModel, tools: ToolRegist
 
 
 @app.command()
-def run(
-    file: str = typer.Argument(..., help="an AgentRun YAML file, the same one you would kubectl apply, and the ModelConfig it names (if any)"),
-    dsn: str | None = DsnOption,
-    wait: bool = typer.Option(True, "--wait/--no-wait", help="wait for approvals (default) or exit when the run pauses"),
-    force: bool = ForceOption,
-) -> None:
+@click.argument("file")
+@dsn_option
+@wait_option
+@force_option
+def run(file: str, dsn: str | None, wait: bool, force: bool) -> None:
     """Run an AgentRun locally; continues it if a run of that name exists and is unfinished.
+
+    FILE: an AgentRun YAML file, the same one you would kubectl apply, and the ModelConfig it
+    names (if any).
 
     A run on a real endpoint names a ModelConfig (``spec.model.config``) given as another
     document of the same file; its key, if it names one, is read from AGENTFAST_MODEL_API_KEY.
@@ -346,21 +381,24 @@ def run(
         host.close()
         raise
     outcome = _drive(store, agentrun, wait=wait, interactive=_interactive(wait), force=force, host=host)
-    raise typer.Exit(outcome.exit_code)
+    raise click.exceptions.Exit(outcome.exit_code)
 
 
-WaitForHolderOption = typer.Option(
-    None, "--wait-for-holder", envvar="AGENTFAST_WAIT_FOR_HOLDER_SECONDS", min=0.0,
+wait_for_holder_option = click.option(
+    "--wait-for-holder", type=click.FloatRange(min=0.0), envvar="AGENTFAST_WAIT_FOR_HOLDER_SECONDS", show_envvar=True,
     help="seconds to wait for a runner that holds the run to let go before refusing (exit 76); default 1."
          " A runner pod waits longer: the operator starts it while its predecessor is still stopping",
 )
 
 
 @app.command()
-def resume(run: str = typer.Argument(..., help="run name"), dsn: str | None = DsnOption,
-           wait: bool = typer.Option(True, "--wait/--no-wait"), force: bool = ForceOption,
-           wait_for_holder: float | None = WaitForHolderOption) -> None:
-    """Continue a run from its last checkpoint, at the exact step it stopped.
+@click.argument("run")
+@dsn_option
+@wait_option
+@force_option
+@wait_for_holder_option
+def resume(run: str, dsn: str | None, wait: bool, force: bool, wait_for_holder: float | None) -> None:
+    """Continue the run RUN (its name) from its last checkpoint, at the exact step it stopped.
 
     Refuses (exit 76) while a live runner owns the run, naming it (after waiting --wait-for-holder
     seconds for it to let go); --force takes it over anyway.
@@ -368,15 +406,15 @@ def resume(run: str = typer.Argument(..., help="run name"), dsn: str | None = Ds
     store = _open_store(dsn)
     agentrun = _load_registered(store, run)
     outcome = _drive(store, agentrun, wait=wait, interactive=_interactive(wait), force=force, wait_for_holder_s=wait_for_holder)
-    raise typer.Exit(outcome.exit_code)
+    raise click.exceptions.Exit(outcome.exit_code)
 
 
-KubeOption = typer.Option(
-    None, "--kube/--local",
+kube_option = click.option(
+    "--kube/--local", default=None,
     help="patch the AgentRun in the cluster (default when run as `kubectl agentfast`) or write to the local store",
 )
-NamespaceOption = typer.Option(None, "-n", "--namespace", help="the AgentRun's namespace (--kube); default: the kubeconfig's")
-UidOption = typer.Option(None, "--uid", help="(--kube) decide only if the AgentRun still has this metadata.uid: the one you reviewed")
+namespace_option = click.option("-n", "--namespace", help="the AgentRun's namespace (--kube); default: the kubeconfig's")
+uid_option = click.option("--uid", help="(--kube) decide only if the AgentRun still has this metadata.uid: the one you reviewed")
 
 
 def _as_kubectl_plugin() -> bool:
@@ -401,7 +439,7 @@ def _kube_api(namespace: str | None) -> tuple[Any, str]:
 def _kube_user() -> str:
     """The user name the API server authenticates this client as (a SelfSubjectReview, the API of
     ``kubectl auth whoami``; authentication.k8s.io/v1, GA in Kubernetes 1.28): what decidedBy must
-    say, since the admission policy compares it with the requesting user. Raises typer.Exit (2)."""
+    say, since the admission policy compares it with the requesting user. Raises click's Exit (2)."""
     import kubernetes
     from kubernetes.client.rest import ApiException
 
@@ -413,7 +451,7 @@ def _kube_user() -> str:
 
 
 def _agentrun_as_reviewed(run: str, namespace: str | None, uid: str | None, *, nothing_done: str) -> tuple[Any, str, str, dict]:
-    """``(api, namespace, name, body)`` of the AgentRun ``run`` in the cluster. Raises typer.Exit
+    """``(api, namespace, name, body)`` of the AgentRun ``run`` in the cluster. Raises click's Exit
     (2) when it cannot be read, or when ``uid`` is given and the AgentRun has another (it was
     re-created since the caller reviewed it: ``nothing_done`` says what was not done)."""
     from kubernetes.client.rest import ApiException
@@ -495,17 +533,28 @@ def _decide(run: str, call_id: str, decision: str, reason: str | None, dsn: str 
 
 
 @app.command()
-def approve(run: str, call_id: str = typer.Argument(..., help="the call id status shows, e.g. call-2-0"),
-            dsn: str | None = DsnOption, kube: bool | None = KubeOption, namespace: str | None = NamespaceOption,
-            uid: str | None = UidOption) -> None:
-    """Approve a call awaiting a decision; it runs once every awaited call of its batch is decided."""
+@click.argument("run")
+@click.argument("call_id")
+@dsn_option
+@kube_option
+@namespace_option
+@uid_option
+def approve(run: str, call_id: str, dsn: str | None, kube: bool | None, namespace: str | None, uid: str | None) -> None:
+    """Approve a call awaiting a decision; it runs once every awaited call of its batch is decided.
+
+    CALL_ID: the call id status shows, e.g. call-2-0."""
     _decide(run, call_id, "approve", None, dsn, kube, namespace, uid=uid)
 
 
 @app.command()
-def deny(run: str, call_id: str, reason: str = typer.Option("", "--reason", help="required: told to the model as the tool's result"),
-         dsn: str | None = DsnOption, kube: bool | None = KubeOption, namespace: str | None = NamespaceOption,
-         uid: str | None = UidOption) -> None:
+@click.argument("run")
+@click.argument("call_id")
+@click.option("--reason", default="", help="required: told to the model as the tool's result")
+@dsn_option
+@kube_option
+@namespace_option
+@uid_option
+def deny(run: str, call_id: str, reason: str, dsn: str | None, kube: bool | None, namespace: str | None, uid: str | None) -> None:
     """Deny a call awaiting a decision; the model is told it was declined, and why (--reason is required)."""
     _decide(run, call_id, "deny", reason or None, dsn, kube, namespace, uid=uid)
 
@@ -541,9 +590,13 @@ def _patch_cancel(run: str, namespace: str | None, uid: str | None) -> None:
 
 
 @app.command()
-def cancel(run: str = typer.Argument(..., help="run name"), dsn: str | None = DsnOption, kube: bool | None = KubeOption,
-           namespace: str | None = NamespaceOption, uid: str | None = UidOption) -> None:
-    """Cancel a run: it starts no new tool call, keeps everything done and ends Cancelled.
+@click.argument("run")
+@dsn_option
+@kube_option
+@namespace_option
+@uid_option
+def cancel(run: str, dsn: str | None, kube: bool | None, namespace: str | None, uid: str | None) -> None:
+    """Cancel the run RUN (its name): it starts no new tool call, keeps everything done and ends Cancelled.
 
     A live runner stops at its next safe point (a tool call in flight finishes first; a runner
     waiting for a decision wakes at once); with none, the run is ended now. A call awaiting a
@@ -592,11 +645,17 @@ def _budget_summary(ctx: RunContext) -> tuple[dict, str]:
 
 
 @app.command()
-def complete(run: str, call_id: str = typer.Argument(..., help="the call id status shows, e.g. call-1-0-rerun1"),
-             result: str = typer.Option(..., "--result", help="the call's result as JSON text; the model reads it verbatim"),
-             dsn: str | None = DsnOption, kube: bool | None = KubeOption, namespace: str | None = NamespaceOption,
-             uid: str | None = UidOption) -> None:
-    """Record that an awaited call's effect already happened, with this result; its tool never runs again."""
+@click.argument("run")
+@click.argument("call_id")
+@click.option("--result", required=True, help="the call's result as JSON text; the model reads it verbatim")
+@dsn_option
+@kube_option
+@namespace_option
+@uid_option
+def complete(run: str, call_id: str, result: str, dsn: str | None, kube: bool | None, namespace: str | None, uid: str | None) -> None:
+    """Record that an awaited call's effect already happened, with this result; its tool never runs again.
+
+    CALL_ID: the call id status shows, e.g. call-1-0-rerun1."""
     _decide(run, call_id, "complete", None, dsn, kube, namespace, result=result, uid=uid)
 
 
@@ -636,7 +695,10 @@ def _model_config_line(doc: dict, prompt_tokens: int | None = None, completion_t
 
 
 @app.command()
-def status(run: str, dsn: str | None = DsnOption, output: str = typer.Option("text", "-o", help="text or json")) -> None:
+@click.argument("run")
+@dsn_option
+@click.option("-o", "output", default="text", show_default=True, help="text or json")
+def status(run: str, dsn: str | None, output: str) -> None:
     """Phase, whether a runner is alive, iteration, tokens, budget and any pending approval of a run.
 
     ``-o json``: ``context``, ``pending``, ``runner`` (``alive``, ``state``, ``heartbeat_age_s``,
@@ -703,8 +765,11 @@ def status(run: str, dsn: str | None = DsnOption, output: str = typer.Option("te
 
 
 @app.command()
-def history(run: str, dsn: str | None = DsnOption,
-            output_format: str = typer.Option("text", "-o", "--output", help="text, or json: transcript, journal, decisions and checkpoints")) -> None:
+@click.argument("run")
+@dsn_option
+@click.option("-o", "--output", "output_format", default="text", show_default=True,
+              help="text, or json: transcript, journal, decisions and checkpoints")
+def history(run: str, dsn: str | None, output_format: str) -> None:
     """The transcript (every part of every message), the tool-call journal, the decisions and the kept checkpoints of a run."""
     if output_format not in ("text", "json"):
         raise _fail(f"-o must be text or json, not {output_format!r}")
@@ -808,7 +873,8 @@ def _iso(value: Any) -> Any:
 
 
 @app.command("list")
-def list_runs(dsn: str | None = DsnOption) -> None:
+@dsn_option
+def list_runs(dsn: str | None) -> None:
     """Every run in the store with its phase, iteration and the time of its latest checkpoint."""
     from rich.table import Column, Table
 
@@ -830,11 +896,13 @@ def list_runs(dsn: str | None = DsnOption) -> None:
     if unreadable:
         for e in unreadable:
             err.print(f"error: {e}")
-        raise typer.Exit(EXIT_BAD_INPUT)
+        raise click.exceptions.Exit(EXIT_BAD_INPUT)
 
 
 @app.command()
-def delete(run: str, dsn: str | None = DsnOption) -> None:
+@click.argument("run")
+@dsn_option
+def delete(run: str, dsn: str | None) -> None:
     """Delete a run and all its data: transcript, journal, approvals, checkpoints."""
     store = _open_store(dsn)
     if not store.delete_run(_run_key(run)):
@@ -847,7 +915,14 @@ def main() -> None:
 
     Output is best effort (runner/output.py): a closed or full stdout/stderr or a terminal that
     cannot encode a character never changes what a command does or its exit code.
+
+    No garbage collection during start-up (:func:`_keep_for_good`, called when a driven run's
+    start-up is over, :class:`_Progress`, and here at the end): start-up (imports, classes,
+    pydantic schemas, the connection) makes ~50,000 objects that live as long as the process and
+    next to no cyclic garbage, and collecting while they are made costs a short command ~25 ms of
+    its ~0.3 s, a resume ~15% of its model client's import (issue 15).
     """
+    gc.disable()
     output.install()
     logging.basicConfig(level=os.environ.get("AGENTFAST_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -862,3 +937,4 @@ def main() -> None:
         sys.exit(EXIT_BAD_INPUT)
     finally:
         output.finish()
+        _keep_for_good()  # the interpreter's collections at exit then walk nothing: ~90 ms less

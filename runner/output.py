@@ -148,7 +148,7 @@ class BestEffortStream(io.TextIOBase):
         return target.fileno()
 
     def write(self, s: str) -> int:
-        # click (typer's echo, prompt and --help) probes a stream with write(b"") and, if that
+        # click (its echo, prompt and --help) probes a stream with write(b"") and, if that
         # works, writes bytes to it: they are decoded and written, never passed to a text target
         # that refuses them, nor dropped (the approval prompt's question must reach the terminal).
         if isinstance(s, (bytes, bytearray)):

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import hmac
 import json
 import logging
@@ -231,7 +232,7 @@ def load_script(name_or_path: str) -> Script:
         "/" in name_or_path or "\\" in name_or_path or name_or_path.endswith((".yaml", ".yml"))
         or not _BUNDLED_NAME.match(name_or_path)
     )
-    from .safeyaml import UnsafeYaml, load_all, read_text
+    from .safeyaml import UnsafeYaml, read_text
 
     if looks_like_path or Path(name_or_path).is_file():
         path = Path(name_or_path)
@@ -248,6 +249,16 @@ def load_script(name_or_path: str) -> Script:
             known = ", ".join(bundled_scripts()) or "none"
             raise ValueError(f"script {name_or_path!r}: no such file and no bundled script of that name (bundled: {known})") from None
         name = name_or_path
+    return _parsed(text, name)
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed(text: str, name: str) -> Script:
+    """The script ``text`` (named ``name``) as :func:`load_script` returns it, parsed once per
+    process for the same text: a run's preflight and its model each load its script before the
+    takeover, and PyYAML's safe parser takes ~5 ms per KB of it (issue 15). Raises ValueError."""
+    from .safeyaml import UnsafeYaml, load_all
+
     try:
         docs = load_all(text, f"script {name!r}")
     except UnsafeYaml as err:

@@ -37,6 +37,7 @@ NOT_NEEDED = (
     "kubernetes",
     "langgraph",
     "langchain_core",
+    "typer",  # the argument layer is click, typer's base: typer's per-option pydantic coercion cost ~20 ms a command
 )
 
 
@@ -51,9 +52,10 @@ def _imported(stderr: str) -> set[str]:
     return names
 
 
-#: What ``--help`` does not need either: the store and what it imports (not pydantic: typer itself
-#: imports it to build a command's parameters).
-NOT_NEEDED_FOR_HELP = ("agentfast.runner.store", "agentfast.runner.snapshot", "agentfast.runner.spec", "psycopg", "psycopg_pool")
+#: What ``--help`` does not need either: the store and what it imports, and pydantic (the argument
+#: layer, click, coerces options without it).
+NOT_NEEDED_FOR_HELP = ("agentfast.runner.store", "agentfast.runner.snapshot", "agentfast.runner.spec", "psycopg", "psycopg_pool",
+                       "pydantic", "pydantic_core")
 
 
 def _unneeded(modules: set[str], extra: tuple[str, ...] = ()) -> list[str]:
@@ -79,7 +81,7 @@ def test_importing_the_cli_imports_no_runner_loop_store_model_or_kubernetes() ->
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     modules = _imported(proc.stderr)
-    assert {"agentfast.runner.cli", "typer"} <= modules, proc.stderr[-2000:]
+    assert {"agentfast.runner.cli", "click"} <= modules, proc.stderr[-2000:]
     assert _unneeded(modules, NOT_NEEDED_FOR_HELP) == []
 
 
@@ -126,3 +128,56 @@ def test_the_cli_exit_code_for_bad_input_is_the_runner_loops() -> None:
     from agentfast.runner import cli, loop
 
     assert cli.EXIT_BAD_INPUT == loop.EXIT_BAD_INPUT
+
+
+
+def _python(code: str, dsn: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "AGENTFAST_FAULT"}
+    if dsn is not None:
+        env.update(AGENTFAST_DSN=dsn, **{EXAMPLES_DSN_ENV: examples_dsn_for(dsn)})
+    return subprocess.run([sys.executable, "-c", code], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=90)
+
+
+def test_a_command_starts_without_garbage_collection_and_main_leaves_it_on() -> None:
+    """``main`` turns the collector off for start-up; on the way out it freezes what is alive
+    (the interpreter's collections at exit then walk nothing) and turns collection on again."""
+    proc = _python(
+        "import gc\n"
+        "from agentfast.runner import cli\n"
+        "seen = []\n"
+        "def app():\n"
+        "    seen.append(gc.isenabled())\n"
+        "    raise SystemExit(0)\n"
+        "cli.app = app\n"
+        "try:\n"
+        "    cli.main()\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(seen, gc.isenabled(), gc.get_freeze_count() > 1000)\n")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["[False]", "True", "True"], proc.stdout
+
+
+
+def test_a_driven_run_collects_garbage_from_its_first_model_reply_on(tmp_path: Path, dsn: str) -> None:
+    """A run allocates for as long as it lasts: in the real ``agentfast run`` process the collector
+    is off through start-up (to the first model call, whose client import runs meanwhile) and on,
+    with start-up's objects frozen, from the first event after it (here the first tool result)."""
+    path = agentrun_file(tmp_path)
+    proc = _python(
+        "import gc, sys\n"
+        "from agentfast.runner import cli, loop\n"
+        "real = loop.RunnerBase._emit\n"
+        "def emit(self, kind, *args, **kw):\n"
+        "    real(self, kind, *args, **kw)\n"
+        "    print('event', kind, gc.isenabled(), gc.get_freeze_count() > 1000, flush=True)\n"
+        "loop.RunnerBase._emit = emit\n"
+        f"sys.argv = ['agentfast', 'run', {str(path)!r}, '--no-wait']\n"
+        "cli.main()\n", dsn=dsn)
+    assert proc.returncode == 0 and "call-2-0" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    events = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("event ")]
+    kinds = [e[0] for e in events]
+    first_call = kinds.index("model_call")
+    assert kinds.index("started") < first_call < len(kinds) - 1, kinds
+    assert all(e[1:] == ["False", "False"] for e in events[:first_call + 1]), events
+    assert all(e[1:] == ["True", "True"] for e in events[first_call + 1:]), events
