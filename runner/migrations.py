@@ -362,7 +362,7 @@ MIGRATIONS: list[str] = [
     # 12: one statement per runner write (issue 15 items 2 and 5). Each write of a runner's
     # iteration (the turn and its plan, a call's intent, its result, the checkpoint) is one
     # function call, sent on an autocommit connection: the statement is its own transaction, so
-    # one round trip does BEGIN, the lease's settings, the rows, retention, NOTIFY and COMMIT,
+    # one round trip does BEGIN, the lease's settings, the rows, retention and COMMIT,
     # and no transaction ever waits on the client (a frozen client holds no lock). The functions
     # run as their caller (SECURITY INVOKER): the same grants, row-level security and fence
     # trigger apply as to the statements they replace. set_config(..., true) lasts as long as
@@ -430,7 +430,9 @@ MIGRATIONS: list[str] = [
     -- One checkpoint: the new messages (p_messages: a JSON array, the first at seq p_first_seq;
     -- NULL: none), the SDK rows not stored yet (three parallel arrays), the checkpoint row, keyed
     -- by p_key so that a retry of a committed write adds nothing, retention (the latest p_keep
-    -- checkpoints of the run stay), the progress NOTIFY. Returns the checkpoint's id and, with
+    -- checkpoints of the run stay). Not the progress NOTIFY: Postgres serializes the commits of
+    -- notifying transactions, WAL flush included, so the store sends it in a transaction of its
+    -- own that writes nothing (no flush). Returns the checkpoint's id and, with
     -- p_read_ends, the run's age (s) and cancel request (run_found false: no such run).
     CREATE FUNCTION agentfast_commit_checkpoint(
         p_run text, p_epoch bigint, p_uid text, p_key uuid, p_iteration integer, p_first_seq integer, p_messages jsonb,
@@ -467,7 +469,6 @@ MIGRATIONS: list[str] = [
         DELETE FROM agentfast_checkpoints d WHERE d.run_id = p_run AND d.checkpoint_id <
             (SELECT c.checkpoint_id FROM agentfast_checkpoints c WHERE c.run_id = p_run
              ORDER BY c.checkpoint_id DESC OFFSET p_keep - 1 LIMIT 1);
-        PERFORM pg_notify('agentfast_progress', p_run);
         IF NOT p_read_ends THEN
             RETURN QUERY SELECT new_id, NULL::boolean, NULL::float8, NULL::text, NULL::timestamptz;
             RETURN;

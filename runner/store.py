@@ -344,6 +344,14 @@ def _name_the_lease(conn: psycopg.Connection, epoch: int, run_uid: str) -> None:
     conn.execute("SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)", (str(epoch), run_uid))
 
 
+def _in_transaction(conn: psycopg.Connection, lease: Lease | None, op: Callable[[psycopg.Connection], T]) -> T:
+    """``op(conn)`` in one transaction on ``conn``, whose writes carry ``lease`` (None: none)."""
+    with conn.transaction():
+        if lease is not None:
+            _name_the_lease(conn, lease.epoch, lease.run_uid)
+        return op(conn)
+
+
 def _is_connection_error(err: BaseException) -> bool:
     # OperationalError covers refused/reset connections, "terminating connection due to
     # administrator command" (57P01, a Postgres shutdown), "the database system is starting up"
@@ -445,13 +453,7 @@ class Store:
         statement in a transaction of its own (:meth:`_write_statement`).
         """
 
-        def in_transaction(conn: psycopg.Connection) -> T:
-            with conn.transaction():
-                if lease is not None:
-                    _name_the_lease(conn, lease.epoch, lease.run_uid)
-                return op(conn)
-
-        return self._attempt(in_transaction)
+        return self._attempt(lambda conn: _in_transaction(conn, lease, op))
 
     def _attempt(self, op: Callable[[psycopg.Connection], T]) -> T:
         """Run ``op`` on a pooled (autocommit) connection, retrying connection failures with
@@ -516,23 +518,32 @@ class Store:
         ``out``). Raises PayloadTooLarge naming ``what``."""
         return payloads.externalize_json(text, self.payload_limits, out, what=what)
 
-    def _write_statement(self, lease: Lease, out: dict[str, str], query: str, params: Any) -> Any:
+    def _write_statement(self, lease: Lease, out: dict[str, str], query: str, params: Any, *, notify: str | None = None) -> Any:
         """Run one of the schema's write functions (migration 12), ``query`` with ``params``, as
         one statement on an autocommit connection: its own transaction, one round trip, and no
         transaction left open while the client computes (a client frozen now holds no lock). The
         function names the lease itself. Payloads of ``out`` not yet stored by this lease holder
         are written first in the same transaction (BEGIN, the lease, the payloads, the statement,
-        COMMIT): a row never refers to a payload that is not stored. Returns the statement's
-        first row (None: none). Raises like :meth:`_attempt`."""
+        COMMIT): a row never refers to a payload that is not stored. ``notify``: a channel
+        NOTIFYd with the run id once the write is committed, in a transaction of its own that
+        writes nothing: Postgres serializes the commits of notifying transactions cluster-wide
+        (a lock held through the WAL flush), which would cap the commit rate of all runners near
+        one per flush. Returns the statement's first row (None: none). Raises like
+        :meth:`_attempt`."""
         todo = {d: t for d, t in out.items() if (lease.run_id, lease.run_uid, lease.epoch, d) not in self._payloads_stored}
-        if not todo:
-            return self._attempt(lambda conn: conn.execute(query, params).fetchone())
 
-        def op(conn: psycopg.Connection) -> Any:
-            payloads.write(conn, lease.run_id, todo)
+        def write(conn: psycopg.Connection) -> Any:
+            if todo:
+                payloads.write(conn, lease.run_id, todo)
             return conn.execute(query, params).fetchone()
 
-        return self._retry(op, lease=lease)
+        def op(conn: psycopg.Connection) -> Any:
+            row = _in_transaction(conn, lease, write) if todo else write(conn)
+            if notify is not None:
+                conn.execute("SELECT pg_notify(%s, %s)", (notify, lease.run_id))
+            return row
+
+        return self._attempt(op)
 
     def _payloads_committed(self, lease: Lease, out: dict[str, str]) -> None:
         if len(self._payloads_stored) > 4096:  # a bound, not a policy: a forgotten one is only sent again
@@ -906,7 +917,7 @@ class Store:
         ``sdk_rows`` (rows of the SDK's state that ``snapshot.sdk_state`` names and that are not
         stored yet: written in the same transaction, so a committed sdk_state never names a
         missing row), then one small checkpoint row, prunes superseded checkpoints beyond the
-        retention setting, and notifies ``agentfast_progress``. The new messages, the context and
+        retention setting, and, once committed, notifies ``agentfast_progress``. The new messages, the context and
         the pending call of ``snapshot`` are replaced in place by their stored form
         (:mod:`.storable`), so the runner continues with exactly what a resume would read. A
         string over the payload threshold in the new messages, the context or the pending call is
@@ -967,7 +978,7 @@ class Store:
                 (snapshot.run_id, lease.epoch, lease.run_uid, key, iteration, stored_messages, "[" + ",".join(new) + "]" if new else None,
                  [r.key for r in sdk_rows], [r.type for r in sdk_rows], [r.value for r in sdk_rows], len(snapshot.messages),
                  snapshot.context.status.phase, snapshot.schema_version, context, pending, Jsonb(snapshot.sdk_state), snapshot.saved_at,
-                 self.retention_keep, read_ends))
+                 self.retention_keep, read_ends), notify=PROGRESS_CHANNEL)
         except PayloadTooLarge as err:
             raise err.about(f"the checkpoint of iteration {iteration} (its transcript, context, pending call or sdk_state)") from None
         self._payloads_committed(lease, out)
