@@ -373,26 +373,6 @@ MIGRATIONS: list[str] = [
         SELECT set_config('agentfast.epoch', p_epoch::text, true), set_config('agentfast.run_uid', p_uid, true)
     $$;
 
-    -- The model's reply of an iteration and the intent rows of its calls (p_calls: a JSON array
-    -- of objects with position, call_id, idempotency_key, tool_call_id, tool_name, arguments,
-    -- gated, idempotent). A retry of a committed write changes nothing (ON CONFLICT).
-    CREATE FUNCTION agentfast_save_turn(p_run text, p_epoch bigint, p_uid text, p_iteration integer, p_message jsonb,
-                                        p_prompt_tokens integer, p_completion_tokens integer, p_calls jsonb)
-    RETURNS void LANGUAGE plpgsql AS $$
-    BEGIN
-        PERFORM agentfast_name_lease(p_epoch, p_uid);
-        INSERT INTO agentfast_turns (run_id, iteration, message, prompt_tokens, completion_tokens, epoch)
-            VALUES (p_run, p_iteration, p_message, p_prompt_tokens, p_completion_tokens, 0)
-            ON CONFLICT (run_id, iteration) DO NOTHING;
-        INSERT INTO agentfast_tool_calls (run_id, iteration, position, call_id, idempotency_key, tool_call_id, tool_name,
-                                          arguments, gated, idempotent, state, epoch)
-            SELECT p_run, p_iteration, c.position, c.call_id, c.idempotency_key, c.tool_call_id, c.tool_name, c.arguments,
-                   c.gated, c.idempotent, 'planned', 0
-            FROM jsonb_to_recordset(p_calls) AS c(position integer, call_id text, idempotency_key text, tool_call_id text,
-                                                  tool_name text, arguments text, gated boolean, idempotent boolean)
-            ON CONFLICT (run_id, iteration, position) DO NOTHING;
-    END $$;
-
     -- The write-ahead intent of one call, unless the run has a cancel request or is older than
     -- p_deadline_s (NULL: no deadline). marked: whether the call was marked started; when not,
     -- the run's epoch and uid (NULL: no such run), its age (s) and cancel request, to say why.
@@ -415,6 +395,33 @@ MIGRATIONS: list[str] = [
                             q.requested_by, q.requested_at
             FROM (SELECT 1) one LEFT JOIN agentfast_runs r ON r.run_id = p_run
                  LEFT JOIN agentfast_cancel_requests q ON q.run_id = p_run;
+    END $$;
+
+    -- The model's reply of an iteration and the intent rows of its calls (p_calls: a JSON array
+    -- of objects with position, call_id, idempotency_key, tool_call_id, tool_name, arguments,
+    -- gated, idempotent). A retry of a committed write changes nothing (ON CONFLICT). p_start:
+    -- the position of a call to mark started in the same transaction, as agentfast_mark_started
+    -- does (its row returned); NULL: none (no row returned).
+    CREATE FUNCTION agentfast_save_turn(p_run text, p_epoch bigint, p_uid text, p_iteration integer, p_message jsonb,
+                                        p_prompt_tokens integer, p_completion_tokens integer, p_calls jsonb,
+                                        p_start integer, p_deadline_s float8)
+    RETURNS TABLE (marked boolean, run_epoch bigint, uid text, age_s float8, cancel_by text, cancel_at timestamptz)
+    LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM agentfast_name_lease(p_epoch, p_uid);
+        INSERT INTO agentfast_turns (run_id, iteration, message, prompt_tokens, completion_tokens, epoch)
+            VALUES (p_run, p_iteration, p_message, p_prompt_tokens, p_completion_tokens, 0)
+            ON CONFLICT (run_id, iteration) DO NOTHING;
+        INSERT INTO agentfast_tool_calls (run_id, iteration, position, call_id, idempotency_key, tool_call_id, tool_name,
+                                          arguments, gated, idempotent, state, epoch)
+            SELECT p_run, p_iteration, c.position, c.call_id, c.idempotency_key, c.tool_call_id, c.tool_name, c.arguments,
+                   c.gated, c.idempotent, 'planned', 0
+            FROM jsonb_to_recordset(p_calls) AS c(position integer, call_id text, idempotency_key text, tool_call_id text,
+                                                  tool_name text, arguments text, gated boolean, idempotent boolean)
+            ON CONFLICT (run_id, iteration, position) DO NOTHING;
+        IF p_start IS NOT NULL THEN
+            RETURN QUERY SELECT * FROM agentfast_mark_started(p_run, p_epoch, p_uid, p_iteration, p_start, p_deadline_s);
+        END IF;
     END $$;
 
     -- A call's result (absolute: a retry writes the same).
@@ -481,7 +488,7 @@ MIGRATIONS: list[str] = [
     """
     + "".join(f"GRANT EXECUTE ON FUNCTION {f} TO agentfast_runner;\n" for f in (
         "agentfast_name_lease(bigint, text)",
-        "agentfast_save_turn(text, bigint, text, integer, jsonb, integer, integer, jsonb)",
+        "agentfast_save_turn(text, bigint, text, integer, jsonb, integer, integer, jsonb, integer, float8)",
         "agentfast_mark_started(text, bigint, text, integer, integer, float8)",
         "agentfast_record_result(text, bigint, text, integer, integer, jsonb)",
         "agentfast_commit_checkpoint(text, bigint, text, uuid, integer, integer, jsonb, text[], text[], bytea[], integer, text,"

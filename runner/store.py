@@ -1064,6 +1064,20 @@ class Store:
         content, a call's arguments) are stored once, out of line (:mod:`.payloads`). Raises
         PayloadTooLarge (naming the iteration and the size), LeaseLost, StoreUnavailable.
         """
+        return self._save_turn(lease, turn, planned, None, None)[0]
+
+    def save_turn_and_mark_started(self, lease: Lease, turn: Turn, planned: list[JournalEntry], position: int, *,
+                                   deadline_s: float | None = None) -> tuple[Turn, EndRequests | None]:
+        """:meth:`save_turn`, then :meth:`mark_started` of the call at ``position`` (of ``planned``),
+        in the same transaction (one write instead of two, for a runner that starts that call
+        next). Returns ``(turn as stored, what mark_started returns)``: None when the call was
+        marked (run it now), else the :class:`EndRequests` that stopped it (the turn and the plan
+        are saved either way; the call stays planned). Raises as both do."""
+        turn, row = self._save_turn(lease, turn, planned, position, deadline_s)
+        return turn, self._intent_outcome(lease, turn.iteration, position, deadline_s, row)
+
+    def _save_turn(self, lease: Lease, turn: Turn, planned: list[JournalEntry], start: int | None,
+                   deadline_s: float | None) -> tuple[Turn, dict[str, Any] | None]:
         message, text = _stored_json(turn.message)
         turn = Turn(turn.iteration, message, turn.prompt_tokens, turn.completion_tokens)
         what = f"the model's reply of iteration {turn.iteration}"
@@ -1075,15 +1089,16 @@ class Store:
         calls = Jsonb([{"position": e.position, "call_id": e.call_id, "idempotency_key": e.idempotency_key,
                         "tool_call_id": e.tool_call.id, "tool_name": e.tool_call.name, "arguments": args, "gated": e.gated,
                         "idempotent": e.idempotent} for e, args in zip(planned, arguments)])
-        query = "SELECT agentfast_save_turn(%s, %s, %s, %s, %s::jsonb, %s, %s, %s::jsonb)"
-        params = (lease.run_id, lease.epoch, lease.run_uid, turn.iteration, text, turn.prompt_tokens, turn.completion_tokens, calls)
+        query = "SELECT * FROM agentfast_save_turn(%s, %s, %s, %s, %s::jsonb, %s, %s, %s::jsonb, %s::integer, %s::float8)"
+        params = (lease.run_id, lease.epoch, lease.run_uid, turn.iteration, text, turn.prompt_tokens, turn.completion_tokens, calls,
+                  start, deadline_s)
 
         try:
-            self._write_statement(lease, out, query, params)
+            row = self._write_statement(lease, out, query, params)
         except PayloadTooLarge as err:
             raise err.about(what, len(text.encode())) from None
         self._payloads_committed(lease, out)
-        return turn
+        return turn, row
 
     def last_turn_iteration(self, run_id: str) -> int:
         """The highest iteration with a saved model reply (0: none)."""
@@ -1142,8 +1157,14 @@ class Store:
         in the journal, or done), StoreUnavailable.
         """
 
-        row = self._attempt(lambda conn: conn.execute("SELECT * FROM agentfast_mark_started(%s, %s, %s, %s, %s, %s)",
+        row = self._attempt(lambda conn: conn.execute("SELECT * FROM agentfast_mark_started(%s, %s, %s, %s, %s, %s::float8)",
                                                       (lease.run_id, lease.epoch, lease.run_uid, iteration, position, deadline_s)).fetchone())
+        return self._intent_outcome(lease, iteration, position, deadline_s, row)
+
+    @staticmethod
+    def _intent_outcome(lease: Lease, iteration: int, position: int, deadline_s: float | None,
+                        row: dict[str, Any]) -> EndRequests | None:
+        """What :meth:`mark_started` returns or raises, from the row of ``agentfast_mark_started``."""
         if row["marked"]:
             return None
         # No row changed, so the fence trigger never ran: a zombie whose successor already

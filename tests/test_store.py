@@ -657,3 +657,27 @@ def test_mark_started_refuses_once_the_run_is_cancelled_or_past_its_deadline(sto
     store.acquire_lease(run_id)
     with pytest.raises(LeaseLost):
         store.mark_started(lease, 1, 1)
+
+
+def test_a_turn_saved_with_its_first_calls_intent_starts_that_call_unless_the_run_must_end(store: Store, dsn: str) -> None:
+    """save_turn_and_mark_started is save_turn then mark_started in one write: the call is marked
+    started (one attempt) with the turn and the plan; when the run was cancelled or is past its
+    deadline the turn and the plan are saved and the call stays planned, and it says why."""
+    run_id, uid, lease = new_run(store, "turn-and-intent")
+    turn, entries = planned(uid, 1, [("add_case_note", True, True), ("add_case_note", False, True)])
+    stored, ends = store.save_turn_and_mark_started(lease, turn, entries, 1, deadline_s=3600)
+    assert ends is None and stored.message == turn.message
+    assert [(e.state, e.attempts) for e in store.journal(run_id, 1)] == [("planned", 0), ("started", 1)]
+    assert store.load_turn(run_id, 1) is not None
+    turn2, entries2 = planned(uid, 2, [("add_case_note", False, True)])
+    _, ends = store.save_turn_and_mark_started(lease, turn2, entries2, 0, deadline_s=0.0)  # older than 0 s
+    assert ends is not None and ends.cancel is None
+    store.request_cancel(run_id, "cli:bob")
+    turn3, entries3 = planned(uid, 3, [("add_case_note", False, True)])
+    _, ends = store.save_turn_and_mark_started(lease, turn3, entries3, 0)
+    assert ends is not None and ends.cancel is not None and ends.cancel.requested_by == "cli:bob"
+    assert [(e.iteration, e.state, e.attempts) for e in store.journal(run_id) if e.iteration > 1] == [(2, "planned", 0), (3, "planned", 0)]
+    assert store.last_turn_iteration(run_id) == 3
+    store.acquire_lease(run_id)
+    with pytest.raises(LeaseLost):
+        store.save_turn_and_mark_started(lease, *planned(uid, 4, [("add_case_note", False, True)]), 0)
