@@ -66,7 +66,7 @@ from .snapshot import (
 )
 from .storable import SURROGATE, storable, storable_text
 
-PROGRESS_CHANNEL = "agentfast_progress"  # also named by migration 12's agentfast_commit_checkpoint
+PROGRESS_CHANNEL = "agentfast_progress"
 APPROVAL_CHANNEL = "agentfast_approval"
 FENCE_SQLSTATE = "AF001"
 _MIGRATION_LOCK = 0x61_66_5F_6D_69_67  # "af_mig": the advisory-lock key of schema migrations
