@@ -9,8 +9,8 @@ background load hits a subject and its baseline at the same moments:
 - ``store``: ``Store.commit_checkpoint`` of one iteration: three new messages (the assistant
   reply with two tool calls, two ~300 B tool results) plus the context, on a run prefilled to n.
 - ``iteration``: every store call of one vanilla iteration with two idempotent tool calls, as
-  the loop makes them (save_turn, then per call mark_started and record_result, then the
-  checkpoint; pinned by tests/test_bench_smoke.py): the whole durable overhead
+  the loop makes them (save_turn with the first call's intent, that call's result, the second
+  call's intent and result, then the checkpoint; pinned by tests/test_bench_smoke.py): the whole durable overhead
   of an iteration, not only its checkpoint.
 - ``lg_saver``: langgraph-checkpoint-postgres ``PostgresSaver``, put_writes + put per superstep.
 - ``lg_adapter``: agentfast's LangGraph adapter, one superstep through ``_step_done``.
@@ -192,13 +192,14 @@ class Bench:
     def iteration_step(store, lease, snap, inputs) -> None:  # noqa: ANN001
         """What the vanilla loop asks of the store in one iteration of two idempotent tool calls,
         in its order (tests/test_bench_smoke.py records the real loop's calls and compares): the
-        model's reply with the plan, per call the intent (which also checks for a cancel or the
-        deadline) and the result, then the checkpoint
-        with the read of the next iteration's safe point."""
+        model's reply with the plan and the first call's intent, per call the intent (the first
+        one's already written; an intent also checks for a cancel or the deadline) and the
+        result, then the checkpoint with the read of the next iteration's safe point."""
         it, turn, planned, results, stored = inputs
-        store.save_turn(lease, turn, planned)
+        store.save_turn_and_mark_started(lease, turn, planned, 0, deadline_s=None)
         for p, result in enumerate(results):
-            store.mark_started(lease, it, p, deadline_s=None)
+            if p > 0:
+                store.mark_started(lease, it, p, deadline_s=None)
             store.record_result(lease, it, p, result)
         store.commit_checkpoint_then_read_end_requests(lease, snap, stored_messages=stored)
 

@@ -10,7 +10,7 @@ stepped in rotation inside every repetition (the machine's load hits them at the
   change, in the journal's result and again in the transcript row (jsonb both times).
 
 One iteration is what the vanilla loop writes for one model turn with one tool call, through the
-real :class:`~agentfast.runner.store.Store`: ``save_turn``, ``mark_started``, ``record_result``,
+real :class:`~agentfast.runner.store.Store`: ``save_turn_and_mark_started``, ``record_result``,
 then ``commit_checkpoint`` of the assistant message and the tool message. Outputs are
 pseudo-random hex (a fresh one per iteration), which Postgres's pglz compresses little, as real
 output. Measured: the stored bytes of the hot rows an iteration writes (``pg_column_size`` of the
@@ -122,8 +122,7 @@ class _Run:
         result = ToolResult(call_id=entry.call_id, position=0, tool_call_id=call.id, tool_name=call.name, content=content,
                             idempotency_key=entry.idempotency_key)
         t0 = time.perf_counter()
-        turn = self.store.save_turn(self.lease, Turn(it, message, 900, 100), [entry])
-        self.store.mark_started(self.lease, it, 0)
+        turn, _ = self.store.save_turn_and_mark_started(self.lease, Turn(it, message, 900, 100), [entry], 0)
         stored_result = self.store.record_result(self.lease, it, 0, result)
         stored = len(self.snap.messages)
         self.snap.messages += [turn.message, stored_result.to_message()]

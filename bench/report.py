@@ -429,7 +429,7 @@ def _render_payloads(L: list[str], pl: payloads_part.PayloadsResult) -> None:
     c = pl.config
     L.append("### Large payloads")
     L.append("")
-    L.append(f"One iteration = the store calls of one model turn with one tool call (save_turn, mark_started, record_result, "
+    L.append(f"One iteration = the store calls of one model turn with one tool call (save_turn_and_mark_started, record_result, "
              f"commit_checkpoint), each subject in its own database, stepped in rotation; {c.reps} repetitions × "
              f"{c.iterations} iterations, a fresh pseudo-random hex output each (bench/payloads.py). Hot rows: stored bytes "
              "(pg_column_size) of the journal, transcript, turn and latest checkpoint rows an iteration writes. Growth: "

@@ -27,6 +27,10 @@ from .tools import ToolArgumentsError, ToolContext, ToolRegistry, render_result
 log = logging.getLogger(__name__)
 
 
+# execute()'s ``intent`` when no write recorded the call's intent yet (the executor writes it).
+NOT_WRITTEN: object = object()
+
+
 class RunEnding(Exception):
     """The store would not start a call: the run was cancelled or is past its deadline
     (``ends`` says which). The call did not run and stays as it was."""
@@ -93,13 +97,28 @@ class CallExecutor:
             recorded_by=recorded_by,
         )
 
-    def execute(self, entry: JournalEntry) -> ToolResult:
+    def startable(self, entry: JournalEntry) -> bool:
+        """Whether :meth:`execute` would record ``entry``'s intent and run it, rather than record
+        it malformed with no intent (an unknown tool, arguments that do not parse)."""
+        tool = self.tools.get(entry.tool_call.name)
+        if tool is None:
+            return False
+        try:
+            tool.parse_arguments(entry.tool_call.arguments)
+        except ToolArgumentsError:
+            return False
+        return True
+
+    def execute(self, entry: JournalEntry, *, intent: EndRequests | None | object = NOT_WRITTEN) -> ToolResult:
         """Run one call exactly once in effect; returns its (possibly stored) result.
 
-        Raises LeaseLost / StoreUnavailable from the journal writes: then nothing further runs;
-        RunEnding when the run was cancelled or passed its deadline (checked by the same write
-        that records the intent, so none starts after either). A tool's own exception becomes an
-        error result that the model reads.
+        ``intent``: what the write that already recorded the call's intent returned
+        (``Store.save_turn_and_mark_started``: None, marked; or the EndRequests that refused it),
+        for a call that is :meth:`startable`; by default this method records it
+        (``Store.mark_started``). Raises LeaseLost / StoreUnavailable from the journal writes:
+        then nothing further runs; RunEnding when the run was cancelled or passed its deadline
+        (checked by the same write that records the intent, so none starts after either). A
+        tool's own exception becomes an error result that the model reads.
         """
         if entry.state == "done" and entry.result is not None:
             return entry.result  # G3: replay the state, never the effect
@@ -116,7 +135,8 @@ class CallExecutor:
 
         # The write-ahead intent, durable before the call: the journal counts every attempt, even
         # across a Postgres crash (tests/chaos checks runs <= attempts), for idempotent tools too.
-        ends = self.store.mark_started(self.lease, entry.iteration, entry.position, deadline_s=self.deadline_s)
+        ends = (self.store.mark_started(self.lease, entry.iteration, entry.position, deadline_s=self.deadline_s)
+                if intent is NOT_WRITTEN else intent)
         if ends is not None:
             raise RunEnding(ends)
         faults.point("tool.before_call", name)

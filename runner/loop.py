@@ -31,7 +31,7 @@ from typing import Any
 
 from . import faults
 from .budget import check_budget, get_classifier
-from .journal import CallExecutor, RunEnding
+from .journal import NOT_WRITTEN, CallExecutor, RunEnding
 from .liveness import EXIT_GRACE_S, ClaimStopped, RunnerAlive, RunnerClaim
 from .model import ChatModel, ModelError, ModelReply, distinct_tool_call_ids
 from .payloads import PayloadTooLarge
@@ -217,6 +217,8 @@ class RunnerBase:
         self._turns_before = 0  # the last iteration whose model reply an earlier runner may have saved
         self._last_turn: Turn | None = None  # the last turn this runner saved or read
         self._planned: tuple[int, list[JournalEntry]] | None = None  # its journal entries, if this runner saved it
+        # (iteration, position, what the write returned) of a call whose intent the turn's write recorded
+        self._intent: tuple[int, int, EndRequests | None] | None = None
         self._ends_read: EndRequests | None | object = _UNREAD  # read by the last commit for the next _halted()
         self._active_since: float | None = None
         self._ending: tuple[str, str, str] | None = None  # (phase, reason, message) a safe point found
@@ -339,12 +341,29 @@ class RunnerBase:
             # Ids a provider repeated are made unique before they are stored or sent back (the wire).
             message = distinct_tool_call_ids(reply.message, messages, it)
             turn = Turn(it, message, reply.prompt_tokens, reply.completion_tokens)
-            turn = self.store.save_turn(self.lease, turn, self._plan(it, turn.message))  # as stored: see runner/storable.py
+            plan = self._plan(it, turn.message)
+            start = self._start_with_turn(plan)
+            if start is None:
+                turn = self.store.save_turn(self.lease, turn, plan)  # as stored: see runner/storable.py
+            else:  # the first call's intent in the same write (what mark_started would write next)
+                turn, ends = self.store.save_turn_and_mark_started(self.lease, turn, plan, start, deadline_s=self.executor.deadline_s)
+                self._intent = (it, start, ends)
             # The journal now holds exactly this plan (of the stored message): the batch needs no read.
             self._planned = (it, self._plan(it, turn.message))
         self._last_turn = turn
         self._account(turn)
         return turn
+
+    def _start_with_turn(self, plan: list[JournalEntry]) -> int | None:
+        """The position of the call whose intent is written with the turn (its run comes next,
+        with nothing but computing between), or None: the intents are written one by one."""
+        return None
+
+    def _take_intent(self, it: int, position: int) -> EndRequests | None | object:
+        """What the turn's write returned for call ``position`` of iteration ``it``, if it
+        recorded that call's intent (once), else ``journal.NOT_WRITTEN``."""
+        intent, self._intent = self._intent, None
+        return intent[2] if intent is not None and intent[:2] == (it, position) else NOT_WRITTEN
 
     def _account(self, turn: Turn) -> None:
         """Add a turn's tokens to usage once, and count it as a model call.
@@ -632,6 +651,15 @@ class VanillaRunner(RunnerBase):
 
     adapter = "vanilla"
 
+    def _start_with_turn(self, plan: list[JournalEntry]) -> int | None:
+        """The batch's first call that runs without a human (G5: those run first, in the model's
+        order), when the executor would start it (a known tool, arguments that parse) and no stop
+        is asked yet: its intent is written with the turn, one write instead of two. Else None."""
+        if self._ending is not None or self.stop.is_set():
+            return None
+        first = next((e for e in plan if not self.executor.needs_human(e)), None)
+        return first.position if first is not None and self.executor.startable(first) else None
+
     def _take_ends(self) -> EndRequests | None | object:
         """The end requests the last commit read for the :meth:`_halted` that follows it (once)."""
         ends, self._ends_read = self._ends_read, _UNREAD
@@ -667,9 +695,12 @@ class VanillaRunner(RunnerBase):
                 waiting.append(e)
             else:
                 # SIGTERM is checked here; a cancel or the deadline by the write that starts the call (RunEnding).
-                if self._ending is not None or self.stop.is_set():
+                # A call whose intent the turn's write recorded has started: a SIGTERM since then
+                # is one that came just after its intent, and the call runs.
+                intent = self._take_intent(it, e.position)
+                if intent is NOT_WRITTEN and (self._ending is not None or self.stop.is_set()):
                     return self._halt_outcome("stop requested (SIGTERM) before a tool call; resume to continue")
-                results[e.position] = self.executor.execute(e)
+                results[e.position] = self.executor.execute(e, intent=intent)
                 self._emit("tool_result", f"{e.call_id} {e.tool_call.name}")
         if waiting:
             decided = self._decisions(waiting, [results[p] for p in sorted(results)])

@@ -359,4 +359,138 @@ MIGRATIONS: list[str] = [
         RETURN NEW;
     END $$;
     """,
+    # 12: one statement per runner write (issue 15 items 2 and 5). Each write of a runner's
+    # iteration (the turn and its plan, a call's intent, its result, the checkpoint) is one
+    # function call, sent on an autocommit connection: the statement is its own transaction, so
+    # one round trip does BEGIN, the lease's settings, the rows, retention and COMMIT,
+    # and no transaction ever waits on the client (a frozen client holds no lock). The functions
+    # run as their caller (SECURITY INVOKER): the same grants, row-level security and fence
+    # trigger apply as to the statements they replace. set_config(..., true) lasts as long as
+    # the transaction, here the one statement (or the caller's transaction, when the store writes
+    # large payloads first in the same one).
+    """
+    CREATE FUNCTION agentfast_name_lease(p_epoch bigint, p_uid text) RETURNS void LANGUAGE sql AS $$
+        SELECT set_config('agentfast.epoch', p_epoch::text, true), set_config('agentfast.run_uid', p_uid, true)
+    $$;
+
+    -- The write-ahead intent of one call, unless the run has a cancel request or is older than
+    -- p_deadline_s (NULL: no deadline). marked: whether the call was marked started; when not,
+    -- the run's epoch and uid (NULL: no such run), its age (s) and cancel request, to say why.
+    CREATE FUNCTION agentfast_mark_started(p_run text, p_epoch bigint, p_uid text, p_iteration integer, p_position integer,
+                                           p_deadline_s float8)
+    RETURNS TABLE (marked boolean, run_epoch bigint, uid text, age_s float8, cancel_by text, cancel_at timestamptz)
+    LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM agentfast_name_lease(p_epoch, p_uid);
+        UPDATE agentfast_tool_calls t SET state = 'started', attempts = t.attempts + 1, started_at = now()
+            WHERE t.run_id = p_run AND t.iteration = p_iteration AND t.position = p_position AND t.state <> 'done'
+              AND NOT EXISTS (SELECT 1 FROM agentfast_cancel_requests q WHERE q.run_id = p_run)
+              AND (p_deadline_s IS NULL OR (SELECT extract(epoch FROM clock_timestamp() - r.created_at)
+                                            FROM agentfast_runs r WHERE r.run_id = p_run) < p_deadline_s);
+        IF FOUND THEN
+            RETURN QUERY SELECT true, NULL::bigint, NULL::text, NULL::float8, NULL::text, NULL::timestamptz;
+            RETURN;
+        END IF;
+        RETURN QUERY SELECT false, r.epoch, r.run_uid, extract(epoch FROM clock_timestamp() - r.created_at)::float8,
+                            q.requested_by, q.requested_at
+            FROM (SELECT 1) one LEFT JOIN agentfast_runs r ON r.run_id = p_run
+                 LEFT JOIN agentfast_cancel_requests q ON q.run_id = p_run;
+    END $$;
+
+    -- The model's reply of an iteration and the intent rows of its calls (p_calls: a JSON array
+    -- of objects with position, call_id, idempotency_key, tool_call_id, tool_name, arguments,
+    -- gated, idempotent). A retry of a committed write changes nothing (ON CONFLICT). p_start:
+    -- the position of a call to mark started in the same transaction, as agentfast_mark_started
+    -- does (its row returned); NULL: none (no row returned).
+    CREATE FUNCTION agentfast_save_turn(p_run text, p_epoch bigint, p_uid text, p_iteration integer, p_message jsonb,
+                                        p_prompt_tokens integer, p_completion_tokens integer, p_calls jsonb,
+                                        p_start integer, p_deadline_s float8)
+    RETURNS TABLE (marked boolean, run_epoch bigint, uid text, age_s float8, cancel_by text, cancel_at timestamptz)
+    LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM agentfast_name_lease(p_epoch, p_uid);
+        INSERT INTO agentfast_turns (run_id, iteration, message, prompt_tokens, completion_tokens, epoch)
+            VALUES (p_run, p_iteration, p_message, p_prompt_tokens, p_completion_tokens, 0)
+            ON CONFLICT (run_id, iteration) DO NOTHING;
+        INSERT INTO agentfast_tool_calls (run_id, iteration, position, call_id, idempotency_key, tool_call_id, tool_name,
+                                          arguments, gated, idempotent, state, epoch)
+            SELECT p_run, p_iteration, c.position, c.call_id, c.idempotency_key, c.tool_call_id, c.tool_name, c.arguments,
+                   c.gated, c.idempotent, 'planned', 0
+            FROM jsonb_to_recordset(p_calls) AS c(position integer, call_id text, idempotency_key text, tool_call_id text,
+                                                  tool_name text, arguments text, gated boolean, idempotent boolean)
+            ON CONFLICT (run_id, iteration, position) DO NOTHING;
+        IF p_start IS NOT NULL THEN
+            RETURN QUERY SELECT * FROM agentfast_mark_started(p_run, p_epoch, p_uid, p_iteration, p_start, p_deadline_s);
+        END IF;
+    END $$;
+
+    -- A call's result (absolute: a retry writes the same).
+    CREATE FUNCTION agentfast_record_result(p_run text, p_epoch bigint, p_uid text, p_iteration integer, p_position integer,
+                                            p_result jsonb)
+    RETURNS void LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM agentfast_name_lease(p_epoch, p_uid);
+        UPDATE agentfast_tool_calls t SET state = 'done', result = p_result, finished_at = now()
+            WHERE t.run_id = p_run AND t.iteration = p_iteration AND t.position = p_position;
+    END $$;
+
+    -- One checkpoint: the new messages (p_messages: a JSON array, the first at seq p_first_seq;
+    -- NULL: none), the SDK rows not stored yet (three parallel arrays), the checkpoint row, keyed
+    -- by p_key so that a retry of a committed write adds nothing, retention (the latest p_keep
+    -- checkpoints of the run stay). Not the progress NOTIFY: Postgres serializes the commits of
+    -- notifying transactions, WAL flush included, so the store sends it in a transaction of its
+    -- own that writes nothing (no flush). Returns the checkpoint's id and, with
+    -- p_read_ends, the run's age (s) and cancel request (run_found false: no such run).
+    CREATE FUNCTION agentfast_commit_checkpoint(
+        p_run text, p_epoch bigint, p_uid text, p_key uuid, p_iteration integer, p_first_seq integer, p_messages jsonb,
+        p_sdk_keys text[], p_sdk_types text[], p_sdk_values bytea[], p_message_count integer, p_phase text,
+        p_schema_version integer, p_context jsonb, p_pending jsonb, p_sdk_state jsonb, p_saved_at bigint, p_keep integer,
+        p_read_ends boolean)
+    RETURNS TABLE (cid bigint, run_found boolean, age_s float8, cancel_by text, cancel_at timestamptz)
+    LANGUAGE plpgsql AS $$
+    DECLARE
+        new_id bigint;
+    BEGIN
+        PERFORM agentfast_name_lease(p_epoch, p_uid);
+        IF p_messages IS NOT NULL THEN
+            INSERT INTO agentfast_messages (run_id, seq, iteration, message, epoch)
+                SELECT p_run, p_first_seq + m.i - 1, p_iteration, m.message, 0
+                FROM jsonb_array_elements(p_messages) WITH ORDINALITY AS m(message, i)
+                ON CONFLICT (run_id, seq) DO NOTHING;
+        END IF;
+        IF cardinality(p_sdk_keys) > 0 THEN
+            INSERT INTO agentfast_sdk_blobs (run_id, key, type, value, epoch)
+                SELECT p_run, b.key, b.type, b.value, 0 FROM unnest(p_sdk_keys, p_sdk_types, p_sdk_values) AS b(key, type, value)
+                ON CONFLICT (run_id, key) DO NOTHING;
+        END IF;
+        INSERT INTO agentfast_checkpoints (run_id, checkpoint_key, iteration, message_count, phase, schema_version,
+                                           context, pending, sdk_state, saved_at, epoch)
+            VALUES (p_run, p_key, p_iteration, p_message_count, p_phase, p_schema_version, p_context, p_pending,
+                    p_sdk_state, p_saved_at, 0)
+            ON CONFLICT (run_id, checkpoint_key) DO NOTHING
+            RETURNING checkpoint_id INTO new_id;
+        IF new_id IS NULL THEN  -- a retry after a commit whose acknowledgement was lost
+            SELECT c.checkpoint_id INTO new_id FROM agentfast_checkpoints c WHERE c.run_id = p_run AND c.checkpoint_key = p_key;
+        END IF;
+        -- checkpoint_id is one sequence for all runs, so "the last K" is counted per run.
+        DELETE FROM agentfast_checkpoints d WHERE d.run_id = p_run AND d.checkpoint_id <
+            (SELECT c.checkpoint_id FROM agentfast_checkpoints c WHERE c.run_id = p_run
+             ORDER BY c.checkpoint_id DESC OFFSET p_keep - 1 LIMIT 1);
+        IF NOT p_read_ends THEN
+            RETURN QUERY SELECT new_id, NULL::boolean, NULL::float8, NULL::text, NULL::timestamptz;
+            RETURN;
+        END IF;
+        RETURN QUERY SELECT new_id, r.run_id IS NOT NULL, extract(epoch FROM clock_timestamp() - r.created_at)::float8,
+                            q.requested_by, q.requested_at
+            FROM (SELECT 1) one LEFT JOIN agentfast_runs r ON r.run_id = p_run
+                 LEFT JOIN agentfast_cancel_requests q ON q.run_id = p_run;
+    END $$;
+    """
+    + "".join(f"GRANT EXECUTE ON FUNCTION {f} TO agentfast_runner;\n" for f in (
+        "agentfast_name_lease(bigint, text)",
+        "agentfast_save_turn(text, bigint, text, integer, jsonb, integer, integer, jsonb, integer, float8)",
+        "agentfast_mark_started(text, bigint, text, integer, integer, float8)",
+        "agentfast_record_result(text, bigint, text, integer, integer, jsonb)",
+        "agentfast_commit_checkpoint(text, bigint, text, uuid, integer, integer, jsonb, text[], text[], bytea[], integer, text,"
+        " integer, jsonb, jsonb, jsonb, bigint, integer, boolean)")),
 ]

@@ -344,6 +344,14 @@ def _name_the_lease(conn: psycopg.Connection, epoch: int, run_uid: str) -> None:
     conn.execute("SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)", (str(epoch), run_uid))
 
 
+def _in_transaction(conn: psycopg.Connection, lease: Lease | None, op: Callable[[psycopg.Connection], T]) -> T:
+    """``op(conn)`` in one transaction on ``conn``, whose writes carry ``lease`` (None: none)."""
+    with conn.transaction():
+        if lease is not None:
+            _name_the_lease(conn, lease.epoch, lease.run_uid)
+        return op(conn)
+
+
 def _is_connection_error(err: BaseException) -> bool:
     # OperationalError covers refused/reset connections, "terminating connection due to
     # administrator command" (57P01, a Postgres shutdown), "the database system is starting up"
@@ -440,16 +448,12 @@ class Store:
         queued and the transaction ends at the Sync, so a client frozen between the two (a GC
         pause, SIGSTOP) leaves a backend holding the run row FOR SHARE that no
         ``idle_in_transaction_session_timeout`` ends (it applies only once the server waits after
-        a Sync), and a successor's takeover waits for ever (tests/chaos/test_zombie.py).
+        a Sync), and a successor's takeover waits for ever (tests/chaos/test_zombie.py). The
+        runner's per-iteration writes avoid the BEGIN/COMMIT round trips another way: each is one
+        statement in a transaction of its own (:meth:`_write_statement`).
         """
 
-        def in_transaction(conn: psycopg.Connection) -> T:
-            with conn.transaction():
-                if lease is not None:
-                    _name_the_lease(conn, lease.epoch, lease.run_uid)
-                return op(conn)
-
-        return self._attempt(in_transaction)
+        return self._attempt(lambda conn: _in_transaction(conn, lease, op))
 
     def _attempt(self, op: Callable[[psycopg.Connection], T]) -> T:
         """Run ``op`` on a pooled (autocommit) connection, retrying connection failures with
@@ -514,9 +518,32 @@ class Store:
         ``out``). Raises PayloadTooLarge naming ``what``."""
         return payloads.externalize_json(text, self.payload_limits, out, what=what)
 
-    def _write_payloads(self, conn: psycopg.Connection, lease: Lease, out: dict[str, str]) -> None:
-        """Insert the payloads of ``out`` that no committed transaction of this lease holder wrote."""
-        payloads.write(conn, lease.run_id, {d: t for d, t in out.items() if (lease.run_id, lease.run_uid, lease.epoch, d) not in self._payloads_stored})
+    def _write_statement(self, lease: Lease, out: dict[str, str], query: str, params: Any, *, notify: str | None = None) -> Any:
+        """Run one of the schema's write functions (migration 12), ``query`` with ``params``, as
+        one statement on an autocommit connection: its own transaction, one round trip, and no
+        transaction left open while the client computes (a client frozen now holds no lock). The
+        function names the lease itself. Payloads of ``out`` not yet stored by this lease holder
+        are written first in the same transaction (BEGIN, the lease, the payloads, the statement,
+        COMMIT): a row never refers to a payload that is not stored. ``notify``: a channel
+        NOTIFYd with the run id once the write is committed, in a transaction of its own that
+        writes nothing: Postgres serializes the commits of notifying transactions cluster-wide
+        (a lock held through the WAL flush), which would cap the commit rate of all runners near
+        one per flush. Returns the statement's first row (None: none). Raises like
+        :meth:`_attempt`."""
+        todo = {d: t for d, t in out.items() if (lease.run_id, lease.run_uid, lease.epoch, d) not in self._payloads_stored}
+
+        def write(conn: psycopg.Connection) -> Any:
+            if todo:
+                payloads.write(conn, lease.run_id, todo)
+            return conn.execute(query, params).fetchone()
+
+        def op(conn: psycopg.Connection) -> Any:
+            row = _in_transaction(conn, lease, write) if todo else write(conn)
+            if notify is not None:
+                conn.execute("SELECT pg_notify(%s, %s)", (notify, lease.run_id))
+            return row
+
+        return self._attempt(op)
 
     def _payloads_committed(self, lease: Lease, out: dict[str, str]) -> None:
         if len(self._payloads_stored) > 4096:  # a bound, not a policy: a forgotten one is only sent again
@@ -890,7 +917,7 @@ class Store:
         ``sdk_rows`` (rows of the SDK's state that ``snapshot.sdk_state`` names and that are not
         stored yet: written in the same transaction, so a committed sdk_state never names a
         missing row), then one small checkpoint row, prunes superseded checkpoints beyond the
-        retention setting, and notifies ``agentfast_progress``. The new messages, the context and
+        retention setting, and, once committed, notifies ``agentfast_progress``. The new messages, the context and
         the pending call of ``snapshot`` are replaced in place by their stored form
         (:mod:`.storable`), so the runner continues with exactly what a resume would read. A
         string over the payload threshold in the new messages, the context or the pending call is
@@ -941,59 +968,25 @@ class Store:
             pending = self._out_of_line(pending, out, "the pending call")
 
         # A retry after a commit whose acknowledgement was lost finds its rows there (ON CONFLICT
-        # keeps them); the id is read by the checkpoint's key either way.
-        def op(conn: psycopg.Connection) -> tuple[int, EndRequests | None]:
-            self._write_payloads(conn, lease, out)
-            if new:  # one statement for all of them, sent as one JSON array (no per-element quoting)
-                conn.execute(
-                    """INSERT INTO agentfast_messages (run_id, seq, iteration, message, epoch)
-                       SELECT %s, %s + m.i - 1, %s, m.message, 0 FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS m(message, i)
-                       ON CONFLICT (run_id, seq) DO NOTHING""",
-                    (snapshot.run_id, stored_messages, iteration, "[" + ",".join(new) + "]"),
-                )
-            if sdk_rows:  # one statement, the values as one bytea array
-                conn.execute(
-                    """INSERT INTO agentfast_sdk_blobs (run_id, key, type, value, epoch)
-                       SELECT %s, r.key, r.type, r.value, 0 FROM unnest(%s::text[], %s::text[], %s::bytea[]) AS r(key, type, value)
-                       ON CONFLICT (run_id, key) DO NOTHING""",
-                    (snapshot.run_id, [r.key for r in sdk_rows], [r.type for r in sdk_rows], [r.value for r in sdk_rows]),
-                )
-            conn.execute(
-                """INSERT INTO agentfast_checkpoints (run_id, checkpoint_key, iteration, message_count, phase, schema_version,
-                                                      context, pending, sdk_state, saved_at, epoch)
-                   VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s, %s, 0)
-                   ON CONFLICT (run_id, checkpoint_key) DO NOTHING""",
-                (
-                    snapshot.run_id,
-                    key,
-                    iteration,
-                    len(snapshot.messages),
-                    snapshot.context.status.phase,
-                    snapshot.schema_version,
-                    context,
-                    pending,
-                    Jsonb(snapshot.sdk_state),
-                    snapshot.saved_at,
-                ),
-            )
-            cid = conn.execute("SELECT checkpoint_id FROM agentfast_checkpoints WHERE run_id = %s AND checkpoint_key = %s",
-                               (snapshot.run_id, key)).fetchone()["checkpoint_id"]
-            # checkpoint_id is one sequence for all runs, so "the last K" is counted per run.
-            conn.execute(
-                """DELETE FROM agentfast_checkpoints WHERE run_id = %s AND checkpoint_id <
-                       (SELECT checkpoint_id FROM agentfast_checkpoints WHERE run_id = %s
-                        ORDER BY checkpoint_id DESC OFFSET %s LIMIT 1)""",
-                (snapshot.run_id, snapshot.run_id, self.retention_keep - 1),
-            )
-            conn.execute("SELECT pg_notify(%s, %s)", (PROGRESS_CHANNEL, snapshot.run_id))
-            return cid, self._end_requests(conn, snapshot.run_id) if read_ends else None
-
+        # keeps them); the id is read by the checkpoint's key either way. The new messages go as
+        # one JSON array (no per-element quoting), the SDK rows as arrays.
         try:
-            done = self._retry(op, lease=lease)
+            row = self._write_statement(
+                lease, out,
+                """SELECT * FROM agentfast_commit_checkpoint(%s, %s, %s, %s, %s, %s, %s::jsonb, %s::text[], %s::text[], %s::bytea[],
+                                                             %s, %s, %s, %s::jsonb, %s::jsonb, %s, %s, %s, %s)""",
+                (snapshot.run_id, lease.epoch, lease.run_uid, key, iteration, stored_messages, "[" + ",".join(new) + "]" if new else None,
+                 [r.key for r in sdk_rows], [r.type for r in sdk_rows], [r.value for r in sdk_rows], len(snapshot.messages),
+                 snapshot.context.status.phase, snapshot.schema_version, context, pending, Jsonb(snapshot.sdk_state), snapshot.saved_at,
+                 self.retention_keep, read_ends), notify=PROGRESS_CHANNEL)
         except PayloadTooLarge as err:
             raise err.about(f"the checkpoint of iteration {iteration} (its transcript, context, pending call or sdk_state)") from None
         self._payloads_committed(lease, out)
-        return done
+        ends = None
+        if read_ends and row["run_found"]:
+            cancel = CancelRequest(row["cancel_by"], row["cancel_at"]) if row["cancel_by"] is not None else None
+            ends = EndRequests(cancel, row["age_s"])
+        return row["cid"], ends
 
     def load_snapshot(self, run_id: str) -> StateSnapshot | None:
         """The run's latest checkpoint with its transcript, or None if it has none.
@@ -1071,6 +1064,20 @@ class Store:
         content, a call's arguments) are stored once, out of line (:mod:`.payloads`). Raises
         PayloadTooLarge (naming the iteration and the size), LeaseLost, StoreUnavailable.
         """
+        return self._save_turn(lease, turn, planned, None, None)[0]
+
+    def save_turn_and_mark_started(self, lease: Lease, turn: Turn, planned: list[JournalEntry], position: int, *,
+                                   deadline_s: float | None = None) -> tuple[Turn, EndRequests | None]:
+        """:meth:`save_turn`, then :meth:`mark_started` of the call at ``position`` (of ``planned``),
+        in the same transaction (one write instead of two, for a runner that starts that call
+        next). Returns ``(turn as stored, what mark_started returns)``: None when the call was
+        marked (run it now), else the :class:`EndRequests` that stopped it (the turn and the plan
+        are saved either way; the call stays planned). Raises as both do."""
+        turn, row = self._save_turn(lease, turn, planned, position, deadline_s)
+        return turn, self._intent_outcome(lease, turn.iteration, position, deadline_s, row)
+
+    def _save_turn(self, lease: Lease, turn: Turn, planned: list[JournalEntry], start: int | None,
+                   deadline_s: float | None) -> tuple[Turn, dict[str, Any] | None]:
         message, text = _stored_json(turn.message)
         turn = Turn(turn.iteration, message, turn.prompt_tokens, turn.completion_tokens)
         what = f"the model's reply of iteration {turn.iteration}"
@@ -1079,32 +1086,19 @@ class Store:
         arguments = [payloads.externalize(e.tool_call.arguments, self.payload_limits, out, what=f"the arguments of {e.call_id} ({e.tool_call.name})")
                      for e in planned]
 
-        def op(conn: psycopg.Connection) -> None:
-            self._write_payloads(conn, lease, out)
-            conn.execute(
-                """INSERT INTO agentfast_turns (run_id, iteration, message, prompt_tokens, completion_tokens, epoch)
-                   VALUES (%s, %s, %s::jsonb, %s, %s, 0) ON CONFLICT (run_id, iteration) DO NOTHING""",
-                (lease.run_id, turn.iteration, text, turn.prompt_tokens, turn.completion_tokens),
-            )
-            with conn.cursor() as cur:
-                cur.executemany(
-                    """INSERT INTO agentfast_tool_calls (run_id, iteration, position, call_id, idempotency_key, tool_call_id,
-                                                         tool_name, arguments, gated, idempotent, state, epoch)
-                       VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 'planned', 0)
-                       ON CONFLICT (run_id, iteration, position) DO NOTHING""",
-                    [
-                        (lease.run_id, e.iteration, e.position, e.call_id, e.idempotency_key, e.tool_call.id, e.tool_call.name,
-                         args, e.gated, e.idempotent)
-                        for e, args in zip(planned, arguments)
-                    ],
-                )
+        calls = Jsonb([{"position": e.position, "call_id": e.call_id, "idempotency_key": e.idempotency_key,
+                        "tool_call_id": e.tool_call.id, "tool_name": e.tool_call.name, "arguments": args, "gated": e.gated,
+                        "idempotent": e.idempotent} for e, args in zip(planned, arguments)])
+        query = "SELECT * FROM agentfast_save_turn(%s, %s, %s, %s, %s::jsonb, %s, %s, %s::jsonb, %s::integer, %s::float8)"
+        params = (lease.run_id, lease.epoch, lease.run_uid, turn.iteration, text, turn.prompt_tokens, turn.completion_tokens, calls,
+                  start, deadline_s)
 
         try:
-            self._retry(op, lease=lease)
+            row = self._write_statement(lease, out, query, params)
         except PayloadTooLarge as err:
             raise err.about(what, len(text.encode())) from None
         self._payloads_committed(lease, out)
-        return turn
+        return turn, row
 
     def last_turn_iteration(self, run_id: str) -> int:
         """The highest iteration with a saved model reply (0: none)."""
@@ -1163,33 +1157,25 @@ class Store:
         in the journal, or done), StoreUnavailable.
         """
 
-        def op(conn: psycopg.Connection) -> tuple[int, EndRequests | None, dict[str, Any] | None]:
-            cur = conn.execute(
-                """UPDATE agentfast_tool_calls SET state = 'started', attempts = attempts + 1, started_at = now()
-                   WHERE run_id = %(run)s AND iteration = %(it)s AND position = %(pos)s AND state <> 'done'
-                     AND NOT EXISTS (SELECT 1 FROM agentfast_cancel_requests q WHERE q.run_id = %(run)s)
-                     AND (%(deadline)s::float8 IS NULL OR (SELECT extract(epoch FROM clock_timestamp() - r.created_at)
-                                                           FROM agentfast_runs r WHERE r.run_id = %(run)s) < %(deadline)s::float8)""",
-                {"run": lease.run_id, "it": iteration, "pos": position, "deadline": deadline_s},
-            )
-            if cur.rowcount == 1:
-                return 1, None, None
-            # Why not: the reads the refusal below needs, only on this rare path.
-            epoch = conn.execute("SELECT epoch, run_uid FROM agentfast_runs WHERE run_id = %s", (lease.run_id,)).fetchone()
-            return cur.rowcount, self._end_requests(conn, lease.run_id), epoch
+        row = self._attempt(lambda conn: conn.execute("SELECT * FROM agentfast_mark_started(%s, %s, %s, %s, %s, %s::float8)",
+                                                      (lease.run_id, lease.epoch, lease.run_uid, iteration, position, deadline_s)).fetchone())
+        return self._intent_outcome(lease, iteration, position, deadline_s, row)
 
-        changed, ends, row = self._retry(op, lease=lease)
-        if changed == 1:
+    @staticmethod
+    def _intent_outcome(lease: Lease, iteration: int, position: int, deadline_s: float | None,
+                        row: dict[str, Any]) -> EndRequests | None:
+        """What :meth:`mark_started` returns or raises, from the row of ``agentfast_mark_started``."""
+        if row["marked"]:
             return None
         # No row changed, so the fence trigger never ran: a zombie whose successor already
         # finished this call lands here, and must stop as a lost lease (exit 76), not crash.
-        if row is None or row["epoch"] != lease.epoch:
-            current = row["epoch"] if row else None
-            raise LeaseLost(f"agentfast: run {lease.run_id} lease lost: epoch {lease.epoch} is stale (current {current})")
-        if row["run_uid"] != lease.run_uid:
+        if row["run_epoch"] is None or row["run_epoch"] != lease.epoch:
+            raise LeaseLost(f"agentfast: run {lease.run_id} lease lost: epoch {lease.epoch} is stale (current {row['run_epoch']})")
+        if row["uid"] != lease.run_uid:
             raise LeaseLost(f"agentfast: run {lease.run_id} lease lost: the run was replaced: uid mismatch"
-                            f" (lease uid {lease.run_uid}, run uid {row['run_uid']})")
-        if ends is not None and (ends.cancel is not None or (deadline_s is not None and ends.age_s >= deadline_s)):
+                            f" (lease uid {lease.run_uid}, run uid {row['uid']})")
+        ends = EndRequests(CancelRequest(row["cancel_by"], row["cancel_at"]) if row["cancel_by"] is not None else None, row["age_s"])
+        if ends.cancel is not None or (deadline_s is not None and ends.age_s >= deadline_s):
             return ends
         raise StoreError(f"call {iteration}/{position} of {lease.run_id} is not in the journal or already done")
 
@@ -1206,16 +1192,9 @@ class Store:
         out: dict[str, str] = {}
         text = self._out_of_line(text, out, what)
 
-        def op(conn: psycopg.Connection) -> None:
-            self._write_payloads(conn, lease, out)
-            conn.execute(
-                """UPDATE agentfast_tool_calls SET state = 'done', result = %s::jsonb, finished_at = now()
-                   WHERE run_id = %s AND iteration = %s AND position = %s""",
-                (text, lease.run_id, iteration, position),
-            )
-
         try:
-            self._retry(op, lease=lease)
+            self._write_statement(lease, out, "SELECT agentfast_record_result(%s, %s, %s, %s, %s, %s::jsonb)",
+                                  (lease.run_id, lease.epoch, lease.run_uid, iteration, position, text))
         except PayloadTooLarge as err:
             raise err.about(what, len(text.encode())) from None
         self._payloads_committed(lease, out)

@@ -129,6 +129,49 @@ def test_migrate_is_idempotent(dsn: str) -> None:
     assert count_rows(dsn, "SELECT count(*) FROM agentfast_migrations") == len(MIGRATIONS)
 
 
+def test_a_store_at_every_earlier_schema_version_upgrades_and_then_writes(pg_server) -> None:
+    """A database left at any earlier schema version (a run registered there, with a checkpoint
+    written by hand as a repair would) migrates to this release's, and the runner's writes (the
+    functions of migration 12) then work on it and its earlier rows still load."""
+    for version in range(1, len(MIGRATIONS)):
+        name = f"t_up_{version}_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        dsn = pg_server.dsn_for(name)
+        try:
+            with psycopg.connect(dsn) as conn:  # what Store.migrate did at that version
+                conn.execute("CREATE TABLE agentfast_migrations (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())")
+                for v, migration in enumerate(MIGRATIONS[:version], start=1):
+                    conn.execute(migration)
+                    conn.execute("INSERT INTO agentfast_migrations (version) VALUES (%s)", (v,))
+                uid = str(uuid.uuid4())
+                conn.execute("INSERT INTO agentfast_runs (run_id, run_uid, spec, epoch) VALUES ('default/old', %s, '{}', 1)", (uid,))
+                conn.execute("SELECT set_config('agentfast.epoch', '1', true)")
+                old = snapshot("default/old", uid, [], 0)
+                conn.execute(
+                    """INSERT INTO agentfast_checkpoints (run_id, checkpoint_key, iteration, message_count, phase, schema_version,
+                                                          context, pending, sdk_state, saved_at, epoch)
+                       VALUES ('default/old', %s, 0, 0, 'Running', %s, %s::jsonb, NULL, '{}', %s, 1)""",
+                    (uuid.uuid4(), old.schema_version, old.context.model_dump_json(), old.saved_at))
+            with Store(dsn, retry_for_s=5) as s:
+                assert s.schema_version() == version
+                assert s.migrate() == len(MIGRATIONS)
+                assert s.load_snapshot("default/old") is not None
+                lease = s.acquire_lease("default/old")
+                turn, entries = planned(uid, 1, [("add_case_note", False, True)])
+                _, ends = s.save_turn_and_mark_started(lease, turn, entries, 0)
+                assert ends is None
+                s.record_result(lease, 1, 0, result_for(entries[0]))
+                snap = snapshot("default/old", uid, [turn.message], 1)
+                _, ends = s.commit_checkpoint_then_read_end_requests(lease, snap, stored_messages=0)
+                assert ends is not None and ends.cancel is None
+                assert [(e.state, e.attempts) for e in s.journal("default/old")] == [("done", 1)]
+                assert s.load_snapshot("default/old").messages == [turn.message]
+        finally:
+            with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def test_concurrent_migrate_from_threads_on_a_fresh_database(dsn: str) -> None:
     stores = [Store(dsn, retry_for_s=5) for _ in range(4)]
     barrier = threading.Barrier(4)
@@ -657,3 +700,27 @@ def test_mark_started_refuses_once_the_run_is_cancelled_or_past_its_deadline(sto
     store.acquire_lease(run_id)
     with pytest.raises(LeaseLost):
         store.mark_started(lease, 1, 1)
+
+
+def test_a_turn_saved_with_its_first_calls_intent_starts_that_call_unless_the_run_must_end(store: Store, dsn: str) -> None:
+    """save_turn_and_mark_started is save_turn then mark_started in one write: the call is marked
+    started (one attempt) with the turn and the plan; when the run was cancelled or is past its
+    deadline the turn and the plan are saved and the call stays planned, and it says why."""
+    run_id, uid, lease = new_run(store, "turn-and-intent")
+    turn, entries = planned(uid, 1, [("add_case_note", True, True), ("add_case_note", False, True)])
+    stored, ends = store.save_turn_and_mark_started(lease, turn, entries, 1, deadline_s=3600)
+    assert ends is None and stored.message == turn.message
+    assert [(e.state, e.attempts) for e in store.journal(run_id, 1)] == [("planned", 0), ("started", 1)]
+    assert store.load_turn(run_id, 1) is not None
+    turn2, entries2 = planned(uid, 2, [("add_case_note", False, True)])
+    _, ends = store.save_turn_and_mark_started(lease, turn2, entries2, 0, deadline_s=0.0)  # older than 0 s
+    assert ends is not None and ends.cancel is None
+    store.request_cancel(run_id, "cli:bob")
+    turn3, entries3 = planned(uid, 3, [("add_case_note", False, True)])
+    _, ends = store.save_turn_and_mark_started(lease, turn3, entries3, 0)
+    assert ends is not None and ends.cancel is not None and ends.cancel.requested_by == "cli:bob"
+    assert [(e.iteration, e.state, e.attempts) for e in store.journal(run_id) if e.iteration > 1] == [(2, "planned", 0), (3, "planned", 0)]
+    assert store.last_turn_iteration(run_id) == 3
+    store.acquire_lease(run_id)
+    with pytest.raises(LeaseLost):
+        store.save_turn_and_mark_started(lease, *planned(uid, 4, [("add_case_note", False, True)]), 0)

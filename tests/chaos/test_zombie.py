@@ -163,36 +163,53 @@ def _backend_waiting_on(db: Db, datname: str, query_prefix: str) -> int | None:
     return rows[0][0] if rows else None
 
 
+# Where the zombie is parked: (the table the test locks so that the zombie's statement waits, the
+# start of that statement, extra environment of the zombie, the state its session is left in once
+# the lock is released and the statement has ended on the server without the frozen client).
+PARKED = {
+    # A write that carries a large payload is still BEGIN, the lease, the payload rows, the write,
+    # COMMIT (store._write_statement): frozen after its payload insert, the zombie holds the run
+    # row FOR SHARE (the fence trigger) in an open transaction. A 16-byte threshold sends every
+    # longer text out of line, so the zombie soon makes such a write.
+    "in an open transaction": ("agentfast_payloads", "INSERT INTO agentfast_payloads", {"AGENTFAST_PAYLOAD_THRESHOLD_BYTES": "16"},
+                               "idle in transaction"),
+    # A checkpoint is one statement, its own transaction (migration 12): it commits on the server
+    # while the client is frozen, and leaves nothing open.
+    "in a one-statement write": ("agentfast_checkpoints", "SELECT * FROM agentfast_commit_checkpoint", {}, "idle"),
+}
+
+
+@pytest.mark.parametrize("parked", sorted(PARKED))
 def test_a_zombie_frozen_inside_a_transaction_does_not_block_the_takeover(pg_server, dsn: str, store: Store, tmp_path: Path,
-                                                                         references) -> None:
-    """A runner frozen (GC pause, SIGSTOP, a partitioned node) between two statements of a commit
-    holds the run row FOR SHARE; the successor's takeover (epoch + 1) waits for that lock. It must
-    not wait for ever: Postgres ends the zombie's idle transaction and the successor takes over."""
+                                                                         references, parked: str) -> None:
+    """A runner frozen (GC pause, SIGSTOP, a partitioned node) inside a transaction, between two of
+    its statements, holds the run row FOR SHARE; the successor's takeover (epoch + 1) waits for that
+    lock. It must not wait for ever: Postgres ends the zombie's idle transaction and the successor
+    takes over. A zombie frozen while its one-statement write waits holds nothing once it ends."""
+    table, statement, zombie_env, frozen_state = PARKED[parked]
     sc, ref = VANILLA_BATCH, references.get(VANILLA_BATCH)
     run = ChaosRun(sc, dsn=dsn, store=store, directory=tmp_path, rng=random.Random(1), stats=None, kills=0, reference=ref,
-                   label="zombie in a transaction")
+                   label=f"zombie {parked}")
     db = Db(dsn)
     datname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
-    # Park the zombie exactly inside a checkpoint commit: its messages are inserted (the fence
-    # trigger holds the run row FOR SHARE) and its checkpoint insert waits for this table lock.
+    # Park the zombie exactly inside a write: its statement waits for this table lock.
     gate = psycopg.connect(dsn)
-    zombie = spawn_cli("run", str(run.path), dsn=dsn)
+    zombie = spawn_cli("run", str(run.path), dsn=dsn, env=zombie_env)
     try:
         _tick_until(run, zombie, time.monotonic() + 60, lambda: (poll_state(db, run.run_id).phase or "") == "Running")
         _tick_until(run, zombie, time.monotonic() + 60,
                     lambda: any(k == "done" for (k,) in db.query("SELECT state FROM agentfast_tool_calls WHERE run_id = %s", run.run_id)))
-        gate.execute("LOCK TABLE agentfast_checkpoints IN EXCLUSIVE MODE")
+        gate.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
         deadline = time.monotonic() + 30
-        while _backend_waiting_on(db, datname, "INSERT INTO agentfast_checkpoints") is None:
-            assert time.monotonic() < deadline and zombie.poll() is None, "the runner never reached its checkpoint insert"
+        while _backend_waiting_on(db, datname, statement) is None:
+            assert time.monotonic() < deadline and zombie.poll() is None, f"the runner never reached {statement}"
             run._human(poll_state(db, run.run_id), time.monotonic())
             time.sleep(0.01)
         _freeze(zombie.pid)
-        gate.commit()  # the insert completes on the server; the frozen client never sends COMMIT
+        gate.commit()  # the statement completes on the server; the frozen client sends nothing more
         time.sleep(0.2)
-        [(state,)] = db.query(
-            "SELECT state FROM pg_stat_activity WHERE datname = %s AND query LIKE 'INSERT INTO agentfast_checkpoints%%'", datname)
-        assert state == "idle in transaction", state
+        [(state,)] = db.query("SELECT state FROM pg_stat_activity WHERE datname = %s AND query LIKE %s", datname, statement + "%")
+        assert state == frozen_state, state
         frozen_epoch = poll_state(db, run.run_id).epoch
 
         successor = spawn_cli("resume", run.run_name, "--force", dsn=dsn)
@@ -216,7 +233,7 @@ def test_a_zombie_frozen_inside_a_transaction_does_not_block_the_takeover(pg_ser
             _thaw(zombie.pid)
             zombie.kill()
             zombie.communicate()
-    print(f"\nthe successor took over {took:.1f}s after the zombie froze inside its transaction")
+    print(f"\nthe successor took over {took:.1f}s after the zombie froze {parked}")
     v = compare(ref.state, end_state(store, db, run.run_id, run.uid, sc.ledger), run.denied_reruns)
     assert not v.problems, v.problems
     db.close()
