@@ -132,7 +132,7 @@ class _Progress:
 
     def __call__(self, ev: ProgressEvent) -> None:
         if not self._collecting and self._started and ev.kind != "model_call":
-            _keep_for_good()
+            _collect_from_now_on()
             self._collecting = True
         self._started = self._started or ev.kind == "started"
         c, u = ev.context.counters, ev.context.usage
@@ -283,13 +283,12 @@ def _credentials(dsn: str) -> tuple[str, str]:
     return (parse_dsn(dsn).get("password", ""), os.environ.get(MODEL_API_KEY_ENV, ""))
 
 
-def _keep_for_good() -> None:
-    """Move every object alive now into the collector's permanent generation (``gc.freeze``) and
-    turn collection on (main() starts with it off). Called once a driven run's start-up is over
-    (:class:`_Progress`: what it made lives as long as the runner, and no collection of the loop
-    walks it again) and at the end of main (the interpreter's collections at exit, ~90 ms after
-    a short command's imports, then find nothing to walk)."""
-    gc.freeze()
+def _collect_from_now_on() -> None:
+    """Turn the garbage collector on again (main() starts with it off). Called once a driven run's
+    start-up is over (:class:`_Progress`) and at the end of main. What start-up made is not
+    frozen (``gc.freeze``): with it frozen at exit the runner died of SIGSEGV during the
+    interpreter's shutdown in about 1 of 10 runs of tests/chaos/test_postgres.py (exit -11 for 75),
+    never without."""
     gc.enable()
 
 
@@ -916,7 +915,7 @@ def main() -> None:
     Output is best effort (runner/output.py): a closed or full stdout/stderr or a terminal that
     cannot encode a character never changes what a command does or its exit code.
 
-    No garbage collection during start-up (:func:`_keep_for_good`, called when a driven run's
+    No garbage collection during start-up (:func:`_collect_from_now_on`, called when a driven run's
     start-up is over, :class:`_Progress`, and here at the end): start-up (imports, classes,
     pydantic schemas, the connection) makes ~50,000 objects that live as long as the process and
     next to no cyclic garbage, and collecting while they are made costs a short command ~25 ms of
@@ -937,4 +936,4 @@ def main() -> None:
         sys.exit(EXIT_BAD_INPUT)
     finally:
         output.finish()
-        _keep_for_good()  # the interpreter's collections at exit then walk nothing: ~90 ms less
+        _collect_from_now_on()

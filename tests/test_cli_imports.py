@@ -139,8 +139,8 @@ def _python(code: str, dsn: str | None = None) -> subprocess.CompletedProcess:
 
 
 def test_a_command_starts_without_garbage_collection_and_main_leaves_it_on() -> None:
-    """``main`` turns the collector off for start-up; on the way out it freezes what is alive
-    (the interpreter's collections at exit then walk nothing) and turns collection on again."""
+    """``main`` turns the collector off for start-up and on again on the way out, freezing nothing
+    (objects frozen at exit made the runner die of SIGSEGV in the interpreter's shutdown)."""
     proc = _python(
         "import gc\n"
         "from agentfast.runner import cli\n"
@@ -153,16 +153,16 @@ def test_a_command_starts_without_garbage_collection_and_main_leaves_it_on() -> 
         "    cli.main()\n"
         "except SystemExit:\n"
         "    pass\n"
-        "print(seen, gc.isenabled(), gc.get_freeze_count() > 1000)\n")
+        "print(seen, gc.isenabled(), gc.get_freeze_count())\n")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ["[False]", "True", "True"], proc.stdout
+    assert proc.stdout.split() == ["[False]", "True", "0"], proc.stdout
 
 
 
 def test_a_driven_run_collects_garbage_from_its_first_model_reply_on(tmp_path: Path, dsn: str) -> None:
     """A run allocates for as long as it lasts: in the real ``agentfast run`` process the collector
-    is off through start-up (to the first model call, whose client import runs meanwhile) and on,
-    with start-up's objects frozen, from the first event after it (here the first tool result)."""
+    is off through start-up (to the first model call, whose client import runs meanwhile) and on
+    from the first event after it (here the first tool result)."""
     path = agentrun_file(tmp_path)
     proc = _python(
         "import gc, sys\n"
@@ -170,7 +170,7 @@ def test_a_driven_run_collects_garbage_from_its_first_model_reply_on(tmp_path: P
         "real = loop.RunnerBase._emit\n"
         "def emit(self, kind, *args, **kw):\n"
         "    real(self, kind, *args, **kw)\n"
-        "    print('event', kind, gc.isenabled(), gc.get_freeze_count() > 1000, flush=True)\n"
+        "    print('event', kind, gc.isenabled(), flush=True)\n"
         "loop.RunnerBase._emit = emit\n"
         f"sys.argv = ['agentfast', 'run', {str(path)!r}, '--no-wait']\n"
         "cli.main()\n", dsn=dsn)
@@ -179,5 +179,5 @@ def test_a_driven_run_collects_garbage_from_its_first_model_reply_on(tmp_path: P
     kinds = [e[0] for e in events]
     first_call = kinds.index("model_call")
     assert kinds.index("started") < first_call < len(kinds) - 1, kinds
-    assert all(e[1:] == ["False", "False"] for e in events[:first_call + 1]), events
-    assert all(e[1:] == ["True", "True"] for e in events[first_call + 1:]), events
+    assert all(e[1:] == ["False"] for e in events[:first_call + 1]), events
+    assert all(e[1:] == ["True"] for e in events[first_call + 1:]), events
