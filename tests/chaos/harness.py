@@ -335,8 +335,15 @@ class Verdict:
     problems: list[str] = field(default_factory=list)
 
 
-def compare(ref: EndState, got: EndState, denied_reruns: set[tuple[int, int]]) -> Verdict:
+def compare(ref: EndState, got: EndState, denied_reruns: set[tuple[int, int]], *,
+            frozen_in_flight: tuple[int, set[str]] | None = None) -> Verdict:
+    """``frozen_in_flight``: a zombie's epoch and the idempotency keys of the calls whose intent it
+    had committed when it froze (tests/chaos/test_zombie.py). Such a call may start after the
+    zombie thaws, even after its successor persisted the call's result: the zombie is inside that
+    call (its intent is durable), and only the tool's idempotency key or fencing token keeps the
+    effect single, which the effect checks below still verify. Any other late start is a re-run."""
     v = Verdict()
+    zombie_epoch, zombie_keys = frozen_in_flight or (None, set())
     # Duplicated effects: a key applied twice (only the non-idempotent outbox can hold two rows).
     for (tool, key, _), n in got.effects.items():
         if n > 1:
@@ -344,12 +351,12 @@ def compare(ref: EndState, got: EndState, denied_reruns: set[tuple[int, int]]) -
             v.problems.append(f"effect of {tool} {key} applied {n} times")
     by_key = {j["key"]: j for j in got.journal}
     runs_per_key = Counter(k for _, k, _, _ in got.invocations)
-    for tool, key, at, _ in got.invocations:
+    for tool, key, at, epoch in got.invocations:
         j = by_key.get(key)
         if j is None:
             v.duplicated_effects += 1
             v.problems.append(f"{tool} ran with key {key}, which is in no journal row")
-        elif j["finished_at"] is not None and at > j["finished_at"]:
+        elif j["finished_at"] is not None and at > j["finished_at"] and not (epoch == zombie_epoch and key in zombie_keys):
             v.duplicated_effects += 1
             v.problems.append(f"{j['call_id']} {tool} ran again after its result was persisted")
     for key, n in runs_per_key.items():

@@ -142,7 +142,8 @@ def test_a_zombie_frozen_at_a_random_moment_cannot_act_after_it_thaws(pg_server,
                 if key not in in_flight:
                     tally["zombie_tool_starts_after_thaw"] += 1
                     problems.append(f"round {r}: the thawed zombie started {tool} {key}")
-            v = compare(ref.state, end_state(store, db, run.run_id, run.uid, sc.ledger), run.denied_reruns)
+            v = compare(ref.state, end_state(store, db, run.run_id, run.uid, sc.ledger), run.denied_reruns,
+                        frozen_in_flight=(frozen_epoch, in_flight))
             tally["diverged"] += v.diverged
             tally["duplicated_effects"] += v.duplicated_effects + v.unexpected_effects
             tally["lost_results"] += v.lost_results
