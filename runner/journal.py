@@ -16,13 +16,14 @@ Both adapters execute tools through this class, so the guarantees hold for each.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from . import faults
 from .payloads import PayloadTooLarge
 from .snapshot import ToolResult
 from .store import EndRequests, JournalEntry, Lease, LeaseLost, Store, StoreUnavailable
 from .toolhost import ToolHostLost
-from .tools import ToolArgumentsError, ToolContext, ToolRegistry, render_result
+from .tools import Tool, ToolArgumentsError, ToolContext, ToolRegistry, render_result
 
 log = logging.getLogger(__name__)
 
@@ -97,17 +98,22 @@ class CallExecutor:
             recorded_by=recorded_by,
         )
 
+    def _callable(self, entry: JournalEntry) -> tuple[Tool, Any] | str:
+        """``(tool, parsed arguments)`` of ``entry``, or why it cannot be called (an unknown tool,
+        arguments that do not parse): the text of the malformed result the model reads."""
+        name = entry.tool_call.name
+        tool = self.tools.get(name)
+        if tool is None:
+            return f"error: unknown tool {name!r}; available tools: {', '.join(self.tools.names)}"
+        try:
+            return tool, tool.parse_arguments(entry.tool_call.arguments)
+        except ToolArgumentsError as err:
+            return f"error: {err}. Call {name} again with valid JSON arguments."
+
     def startable(self, entry: JournalEntry) -> bool:
         """Whether :meth:`execute` would record ``entry``'s intent and run it, rather than record
         it malformed with no intent (an unknown tool, arguments that do not parse)."""
-        tool = self.tools.get(entry.tool_call.name)
-        if tool is None:
-            return False
-        try:
-            tool.parse_arguments(entry.tool_call.arguments)
-        except ToolArgumentsError:
-            return False
-        return True
+        return not isinstance(self._callable(entry), str)
 
     def execute(self, entry: JournalEntry, *, intent: EndRequests | None | object = NOT_WRITTEN) -> ToolResult:
         """Run one call exactly once in effect; returns its (possibly stored) result.
@@ -122,16 +128,11 @@ class CallExecutor:
         """
         if entry.state == "done" and entry.result is not None:
             return entry.result  # G3: replay the state, never the effect
+        callable_ = self._callable(entry)
+        if isinstance(callable_, str):
+            return self._persist(entry, self._result(entry, callable_, "malformed"))
+        tool, args = callable_
         name = entry.tool_call.name
-        tool = self.tools.get(name)
-        if tool is None:
-            result = self._result(entry, f"error: unknown tool {name!r}; available tools: {', '.join(self.tools.names)}", "malformed")
-            return self._persist(entry, result)
-        try:
-            args = tool.parse_arguments(entry.tool_call.arguments)
-        except ToolArgumentsError as err:
-            result = self._result(entry, f"error: {err}. Call {name} again with valid JSON arguments.", "malformed")
-            return self._persist(entry, result)
 
         # The write-ahead intent, durable before the call: the journal counts every attempt, even
         # across a Postgres crash (tests/chaos checks runs <= attempts), for idempotent tools too.
