@@ -341,7 +341,7 @@ def _name_the_lease(conn: psycopg.Connection, epoch: int, run_uid: str) -> None:
     """Set the transaction's lease settings, ``agentfast.epoch`` and ``agentfast.run_uid``, which
     the fence trigger (runner/migrations.py) checks on every write to the run's tables (G6). One
     statement; transaction-local, so they end with the transaction."""
-    conn.execute("SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)", (str(epoch), run_uid))
+    conn.execute("SELECT agentfast_name_lease(%s, %s)", (epoch, run_uid))  # the settings' one definition: migration 12
 
 
 def _in_transaction(conn: psycopg.Connection, lease: Lease | None, op: Callable[[psycopg.Connection], T]) -> T:
