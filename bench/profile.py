@@ -181,7 +181,7 @@ def import_times(top: int = 8) -> dict[str, Any]:
     third = {}
     for c, _depth, name in rows:
         root = name.split(".")[0]
-        if root in ("openai", "aiohttp", "pydantic", "psycopg", "typer", "rich", "yaml", "httpx", "click", "structlog"):
+        if root in ("openai", "aiohttp", "pydantic", "psycopg", "typer", "rich", "yaml", "httpx", "click"):
             third[root] = max(third.get(root, 0), c) if "." not in name else third.get(root, 0)
     return {"total_ms": total / 1000, "top": [(name, c / 1000) for c, name in shallow],
             "packages": sorted(((k, v / 1000) for k, v in third.items() if v), key=lambda kv: -kv[1])}

@@ -8,7 +8,7 @@
 #
 # Same seed, same schedule of fault points, delays and decisions (external kills land where the
 # timing of the machine puts them). The CI-size version of the same tests: pytest tests/chaos.
-source "$(dirname "$0")/lib-py.sh"
+source "$(dirname "$0")/lib.sh"
 
 kills=1000
 seed=""

@@ -2,7 +2,7 @@
 # The checkers (docs/testing.md): ruff's lint rules and the import-linter architecture contracts,
 # both configured in pyproject.toml. Any finding fails. The first tier of hack/test.sh.
 PY_EXTRAS="${PY_EXTRAS-lint}"
-source "$(dirname "$0")/lib-py.sh"
+source "$(dirname "$0")/lib.sh"
 ensure_python_env
 cd "$REPO"
 rc=0

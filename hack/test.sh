@@ -10,7 +10,7 @@
 # narrows the run ("lint", "local", "cluster"); CI runs all three. Every selected tier runs even when an
 # earlier one failed; the exit status is non-zero if any failed.
 PY_EXTRAS="${PY_EXTRAS-test,langgraph,operator,bench,lint}"  # lint's too: one install, not two
-source "$(dirname "$0")/lib-py.sh"
+source "$(dirname "$0")/lib.sh"
 ensure_python_env
 cd "$REPO"
 tiers="${AGENTFAST_TIERS:-lint local cluster}"

@@ -4,17 +4,11 @@
 # The same chart install and tests as hack/kind-e2e.sh. KEEP_CLUSTER=0 stops the cluster afterwards.
 # shellcheck source=hack/cluster/lib.sh
 . "$(dirname "$0")/lib.sh"
-# shellcheck source=hack/lib.sh
-. "$REPO_ROOT/hack/lib.sh"
 
-# The project's Python environment for pytest (hack/lib-py.sh, shared with hack/test.sh).
-if [ -f "$REPO_ROOT/hack/lib-py.sh" ]; then
-  # shellcheck source=hack/lib-py.sh disable=SC1091
-  . "$REPO_ROOT/hack/lib-py.sh"
-  ensure_python_env
-  PYTHON="$(command -v python)"
-  export PYTHON
-fi
+# The project's Python environment for pytest (hack/lib.sh, shared with hack/test.sh).
+ensure_python_env
+PYTHON="$(command -v python)"
+export PYTHON
 
 "$HACK_CLUSTER_DIR/build.sh"
 "$HACK_CLUSTER_DIR/images.sh"

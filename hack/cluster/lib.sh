@@ -9,7 +9,10 @@ REPO_ROOT="$(cd "$HACK_CLUSTER_DIR/../.." && pwd)"
 # shellcheck source=hack/cluster/versions.sh
 . "$HACK_CLUSTER_DIR/versions.sh"
 
-AGENTFAST_CACHE="${AGENTFAST_CACHE:-$HOME/.cache/agentfast}"
+# The cache directory (AGENTFAST_CACHE), the Python environment and the e2e steps: one definition for
+# every hack/ script.
+# shellcheck source=hack/lib.sh
+. "$REPO_ROOT/hack/lib.sh"
 CLUSTER_DIR="$AGENTFAST_CACHE/cluster"          # state of the running cluster (certs, logs, pids)
 BIN_DIR="$AGENTFAST_CACHE/k8s-bin/$K8S_VERSION" # built binaries, one folder per pinned version
 SRC_DIR="$AGENTFAST_CACHE/k8s-src"              # small wrapper Go modules
