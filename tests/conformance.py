@@ -21,7 +21,7 @@ import pytest
 
 from agentfast.runner.store import Store
 
-from .conftest import agentrun_file, count_rows, phase_of, run_cli, spawn_cli, wait_until
+from .helpers import agentrun_file, count_rows, phase_of, run_cli, spawn_cli, wait_until
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory, pg_server, adapter: Adap
 
     import psycopg
 
-    from .conftest import PgServer  # noqa: F401  (fixture type)
+    from .helpers import PgServer  # noqa: F401  (fixture type)
 
     name = f"t_ref_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
@@ -270,7 +270,7 @@ def test_repeated_tool_call_ids_pass_a_strict_endpoint(tmp_path: Path, dsn: str,
     ids as OpenAI does (the scripted model's strict mode) accepts every later request."""
     import yaml
 
-    from .conftest import REPO
+    from .helpers import REPO
 
     script = yaml.safe_load((REPO / "runner" / "scripts" / "refund.yaml").read_text())
     script["strict"] = True

@@ -21,7 +21,7 @@ import yaml
 from agentfast.runner.loop import EXIT_FAILED, EXIT_OK
 from agentfast.runner.store import Store, StoreUnavailable, UnknownCall
 
-from .conftest import EXAMPLES, agentrun_file, count_rows, examples_dsn_for, phase_of, run_cli, spawn_cli, wait_until
+from .helpers import EXAMPLES, agentrun_file, count_rows, examples_dsn_for, phase_of, run_cli, spawn_cli, wait_until
 from .test_runner_behaviour import invocations, listeners, refunds
 
 CHAOS_READ = {"name": "chaos_read", "ref": "agentfast.runner.examples.chaos_tools:chaos_read"}

@@ -20,7 +20,7 @@ import pytest
 
 from agentfast.runner.examples import EXAMPLES_DSN_ENV
 
-from .conftest import agentrun_file, examples_dsn_for, run_cli
+from .helpers import agentrun_file, examples_dsn_for, run_cli
 
 #: Modules (and their submodules) only driving a run needs; never imported by a read-only command.
 NOT_NEEDED = (

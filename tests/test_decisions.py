@@ -28,7 +28,7 @@ import yaml
 
 from agentfast.runner.store import Store
 
-from .conftest import phase_of, wait_until
+from .helpers import phase_of, wait_until
 
 CASES = Path(__file__).resolve().parent / "cases"
 

@@ -19,7 +19,7 @@ import pytest
 
 from agentfast.runner.store import InvalidDsn, Store, parse_dsn, redact_dsn
 
-from .conftest import run_cli
+from .helpers import run_cli
 
 SECRET = "s3cretPW"
 
@@ -88,7 +88,7 @@ def test_every_command_refuses_it_from_the_environment_too(command: list[str]) -
 
 
 def test_agentfast_run_refuses_it_before_registering_anything(tmp_path) -> None:
-    from .conftest import agentrun_file
+    from .helpers import agentrun_file
 
     _assert_refused(_cli(["run", str(agentrun_file(tmp_path))], env_dsn=f"host=x {SECRET}"))
 

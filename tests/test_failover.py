@@ -41,8 +41,8 @@ import yaml
 from agentfast.runner.store import Store
 
 from .chaos.harness import CHAOS_BUDGET, CHAOS_INPUT, CHAOS_TOOLS
-from .conftest import EXAMPLES, spawn_cli, wait_until
 from .failover_pair import ReplicatedPair
+from .helpers import EXAMPLES, spawn_cli, wait_until
 
 RUN = "failover-run"
 RUN_ID = f"default/{RUN}"

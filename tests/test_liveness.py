@@ -30,7 +30,7 @@ from agentfast.runner.snapshot import SCHEMA_VERSION
 from agentfast.runner.store import Store, UnreadableState
 from agentfast.runner.tools import ToolRegistry
 
-from .conftest import agentrun_file, wait_until
+from .helpers import agentrun_file, wait_until
 
 CASES = Path(__file__).resolve().parent / "cases"
 

@@ -27,7 +27,7 @@ from agentfast.runner.spec import AgentRun, parse_agentrun
 from agentfast.runner.store import Store, UnreadableState
 from agentfast.runner.tools import ToolRegistry
 
-from .conftest import count_rows, examples_dsn_for, run_cli
+from .helpers import count_rows, examples_dsn_for, run_cli
 
 MIB = 1 << 20
 BIG = {"name": "big_output", "ref": "agentfast.runner.examples.testing_tools:big_output"}

@@ -26,7 +26,7 @@ from agentfast.runner.spec import AgentRun, parse_agentrun
 from agentfast.runner.store import Store
 from agentfast.runner.tools import ToolRegistry
 
-from .conftest import EXAMPLES, agentrun_file, count_rows, fenced_rows, freeze, phase_of, run_cli, spawn_cli, thaw, wait_until
+from .helpers import EXAMPLES, agentrun_file, count_rows, fenced_rows, freeze, phase_of, run_cli, spawn_cli, thaw, wait_until
 
 RUN_ID = "default/refund-demo"
 ECHO = {"name": "echo", "ref": "agentfast.runner.examples.testing_tools:echo"}

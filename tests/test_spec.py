@@ -16,7 +16,7 @@ import yaml
 
 from agentfast.runner.spec import SpecError, load_agentrun, parse_agentrun
 
-from .conftest import EXAMPLES, spawn_cli
+from .helpers import EXAMPLES, spawn_cli
 
 BAD_DIR = EXAMPLES / "bad"
 

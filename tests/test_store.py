@@ -41,7 +41,7 @@ from agentfast.runner.store import (
     UnknownCall,
 )
 
-from .conftest import count_rows, fenced_rows
+from .helpers import count_rows, fenced_rows
 
 TABLES = {"agentfast_runs", "agentfast_messages", "agentfast_checkpoints", "agentfast_turns", "agentfast_tool_calls",
           "agentfast_approvals", "agentfast_migrations", "agentfast_runners", "agentfast_void_decisions", "agentfast_tenants",
@@ -618,7 +618,7 @@ def _listening(dsn: str, n: int = 1) -> bool:
 
 
 def test_wait_for_decision_wakes_on_notify(store: Store, dsn: str) -> None:
-    from .conftest import wait_until
+    from .helpers import wait_until
 
     run_id, uid, lease = new_run(store, "wake")
     other_id, other_uid, other_lease = new_run(store, "wake-other")

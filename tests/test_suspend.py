@@ -9,7 +9,7 @@ from pathlib import Path
 
 from agentfast.runner.store import Store
 
-from .conftest import agentrun_file, count_rows, run_cli
+from .helpers import agentrun_file, count_rows, run_cli
 
 RUN_ID = "default/refund-demo"
 

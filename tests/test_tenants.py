@@ -21,7 +21,7 @@ import yaml
 from agentfast.runner.migrations import MIGRATIONS
 from agentfast.runner.store import SchemaBehind, Store
 
-from .conftest import EXAMPLES, run_cli
+from .helpers import EXAMPLES, run_cli
 
 QUIET_TOOLS = textwrap.dedent('''
     from agentfast.runner.tools import ToolContext, tool

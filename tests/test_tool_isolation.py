@@ -20,7 +20,7 @@ from agentfast.runner.examples import EXAMPLES_DSN_ENV
 from agentfast.runner.store import Store
 from agentfast.runner.toolhost import CREDENTIAL_ENV, tool_environment
 
-from .conftest import run_cli, spawn_cli
+from .helpers import run_cli, spawn_cli
 
 PROBE = {"name": "probe_credentials", "ref": "agentfast.runner.examples.testing_tools:probe_credentials"}
 DIE_ONCE = {"name": "die_once", "ref": "tests.tool_fixtures:die_once"}

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from .conftest import EXAMPLES, count_rows, run_cli
+from .helpers import EXAMPLES, count_rows, run_cli
 
 EVIL = '''
 import sys

@@ -57,7 +57,7 @@ import yaml
 
 from agentfast.runner.store import Store
 
-from ..conftest import EXAMPLES, spawn_cli
+from ..helpers import EXAMPLES, spawn_cli
 
 FAULT_POINTS = (
     "tool.before_call",

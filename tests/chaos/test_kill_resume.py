@@ -23,7 +23,7 @@ import pytest
 
 from agentfast.runner.store import Store
 
-from ..conftest import spawn_cli
+from ..helpers import spawn_cli
 from .harness import (
     LANGGRAPH_REFUND,
     VANILLA_REFUND,

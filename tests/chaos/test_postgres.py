@@ -34,7 +34,7 @@ import pytest
 from agentfast.runner.examples import EXAMPLES_DSN_ENV
 from agentfast.runner.store import Store
 
-from ..conftest import examples_dsn_for, spawn_cli
+from ..helpers import examples_dsn_for, spawn_cli
 from .harness import (
     LANGGRAPH_BATCH,
     LANGGRAPH_LONG,

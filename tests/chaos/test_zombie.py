@@ -25,9 +25,9 @@ import pytest
 
 from agentfast.runner.store import Store
 
-from ..conftest import freeze as _freeze
-from ..conftest import spawn_cli
-from ..conftest import thaw as _thaw
+from ..helpers import freeze as _freeze
+from ..helpers import spawn_cli
+from ..helpers import thaw as _thaw
 from .harness import (
     LANGGRAPH_BATCH,
     VANILLA_BATCH,

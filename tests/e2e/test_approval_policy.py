@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import REPO, Kube
+from .helpers import REPO, Kube
 from .test_operator import assert_succeeded_once, refund_manifest, release, sql, status, wait_awaiting  # noqa: F401 (release is a fixture)
 
 APPROVER_ROLE = "agentfast-approver"

@@ -15,7 +15,7 @@ import subprocess
 import time
 from typing import Any
 
-from .conftest import Kube
+from .helpers import Kube
 from .test_operator import apply_refund, release, runner_pods, sql, status, wait_awaiting  # noqa: F401 (fixture)
 
 

@@ -12,7 +12,7 @@ import uuid
 import pytest
 import yaml
 
-from .conftest import REPO, Kube
+from .helpers import REPO, Kube
 
 BASE = yaml.safe_load((REPO / "manifests" / "examples" / "refund.yaml").read_text())
 

@@ -20,7 +20,7 @@ import pytest
 
 from agentfast.operator.leader import LeaderElector
 
-from .conftest import Kube
+from .helpers import Kube
 from .test_operator import apply_refund, approve, assert_succeeded_once, release, status, wait_awaiting  # noqa: F401 (release is a fixture)
 
 

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import REPO, Kube
+from .helpers import REPO, Kube
 from .test_operator import E2E_LABEL, NAMESPACE, approve, release, runner_pods, sql, status  # noqa: F401 (release is a fixture)
 
 KEY_VALUE_PREFIX = "sk-e2e-"

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import NAMESPACE, REPO, Kube, give_example_tools
+from .helpers import NAMESPACE, REPO, Kube, give_example_tools
 
 EXPECTED_ROLES = ["system", "user", "assistant", "tool", "assistant", "tool", "tool", "assistant"]
 

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from .conftest import Kube
+from .helpers import Kube
 from .test_operator import apply_refund, approve, release, runner_pods, sql, status, wait_awaiting  # noqa: F401 (release is a fixture)
 
 #: The longest TTL these tests wait for; an install with a longer one (the chart's hour) fails them at once.

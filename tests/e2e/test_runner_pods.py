@@ -12,7 +12,7 @@ import json
 import time
 import uuid
 
-from .conftest import Kube
+from .helpers import Kube
 from .test_operator import (  # noqa: F401 (release is a fixture)
     approve,
     assert_succeeded_once,

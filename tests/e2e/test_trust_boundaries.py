@@ -22,7 +22,7 @@ import uuid
 
 import psycopg
 
-from .conftest import Kube
+from .helpers import Kube
 from .test_operator import E2E_LABEL, give_example_tools, refund_manifest, release, runner_pods, sql, status  # noqa: F401 (release is a fixture)
 
 
