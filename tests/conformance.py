@@ -6,9 +6,9 @@ decision, resumes in a new process, and compares the end state with an uninterru
 same adapter: same iteration, same transcript, exactly one refund in the ledger, and the
 non-gated sibling executed exactly once, counted from the rows its executions wrote.
 
-An adapter joins by a test module that defines the ``adapter`` fixture (an :class:`Adapter`) and
-imports this module's tests: ``tests/test_flagship_vanilla.py`` and
-``tests/test_flagship_kill_resume.py`` (LangGraph) do.
+An adapter joins by a test module with a ``Test...`` subclass of :class:`ConformanceSuite` that
+sets ``ADAPTER``: ``tests/test_flagship_vanilla.py`` and ``tests/test_flagship_kill_resume.py``
+(LangGraph) do.
 """
 
 from __future__ import annotations
@@ -56,41 +56,6 @@ def wait_for_approval_request(store: Store, run_id: str) -> str:
     return pending.call_id
 
 
-@pytest.fixture
-def reference(tmp_path_factory: pytest.TempPathFactory, pg_server, adapter: Adapter) -> dict:
-    """An uninterrupted run: one process, approved while it waits; its end state is the oracle."""
-    import uuid
-
-    import psycopg
-
-    from .helpers import PgServer  # noqa: F401  (fixture type)
-
-    name = f"t_ref_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    dsn = pg_server.dsn_for(name)
-    path = agentrun_file(tmp_path_factory.mktemp("ref"), adapter.example)
-    with Store(dsn) as store:
-        store.migrate()
-        proc = spawn_cli("run", str(path), dsn=dsn)
-        call = wait_for_approval_request(store, adapter.run_id)
-        store.decide(adapter.run_id, call, "approve", decided_by="test")
-        out, _ = proc.communicate(timeout=60)
-        assert proc.returncode == 0, out
-        snap = store.load_snapshot(adapter.run_id)
-    assert snap.context.status.phase == "Succeeded"
-    result = {
-        "iterations": snap.context.counters.iterations,
-        "messages": [m.model_dump() for m in snap.messages],
-        "usage": snap.context.usage.total_tokens,
-        "refunds": refunds(dsn),
-        "notes": invocations(dsn, "add_case_note"),
-    }
-    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-    return result
-
-
 def assert_same_end_state(store: Store, dsn: str, reference: dict, run_id: str) -> None:
     snap = store.load_snapshot(run_id)
     assert snap.context.status.phase == "Succeeded", snap.context.status
@@ -104,192 +69,230 @@ def assert_same_end_state(store: Store, dsn: str, reference: dict, run_id: str) 
                       f"{snap.context.session.run_uid}:2:0") == 1
 
 
-def test_reference_run_is_what_the_script_says(reference: dict) -> None:
-    assert reference["iterations"] == 3
-    roles = [m["role"] for m in reference["messages"]]
-    assert roles == ["system", "user", "assistant", "tool", "assistant", "tool", "tool", "assistant"]
-    # The model's original order is kept: issue_refund's result first, then add_case_note's.
-    assert [m.get("name") for m in reference["messages"][5:7]] == ["issue_refund", "add_case_note"]
-    assert reference["refunds"] == 1 and reference["notes"] == 1
 
+@pytest.mark.process  # starts real runner processes and SIGKILLs them (tests/conftest.py: tiers)
+class ConformanceSuite:
+    """The suite's tests, for one adapter: a test module subclasses it as ``Test...`` and sets
+    ``ADAPTER`` (pytest collects the inherited tests there and runs them on that adapter)."""
 
-def test_sigkill_while_waiting_for_approval(tmp_path: Path, dsn: str, store: Store, reference: dict, adapter: Adapter) -> None:
-    path = agentrun_file(tmp_path, adapter.example)
-    proc = spawn_cli("run", str(path), dsn=dsn)
-    call = wait_for_approval_request(store, adapter.run_id)
-    assert call == "call-2-0"
-    _, pending = store.load_context(adapter.run_id)
-    # G5: the non-gated sibling ran before the pause and its result is in the snapshot.
-    assert [r.tool_name for r in pending.executed_sibling_results] == ["add_case_note"]
-    assert invocations(dsn, "add_case_note") == 1
-    assert refunds(dsn) == 0
+    ADAPTER: Adapter
 
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=10)
-    assert proc.returncode == -signal.SIGKILL
+    @pytest.fixture
+    def adapter(self) -> Adapter:
+        return self.ADAPTER
 
-    store.decide(adapter.run_id, call, "approve", decided_by="test")
-    resumed = run_cli("resume", adapter.run_name, dsn=dsn)
-    assert resumed.returncode == 0, resumed.stdout
+    @pytest.fixture
+    def reference(self, tmp_path_factory: pytest.TempPathFactory, pg_server, adapter: Adapter) -> dict:
+        """An uninterrupted run: one process, approved while it waits; its end state is the oracle."""
+        import uuid
 
-    assert_same_end_state(store, dsn, reference, adapter.run_id)
-    assert invocations(dsn, "add_case_note") == 1  # the sibling was not re-run
-    assert invocations(dsn, "issue_refund") == 1
-    assert invocations(dsn, "lookup_order") == 1
-    assert store.load_snapshot(adapter.run_id).context.counters.resumes == 1
+        import psycopg
 
+        from .helpers import PgServer  # noqa: F401  (fixture type)
 
-def test_sigkill_between_refund_and_its_persisted_result(tmp_path: Path, dsn: str, store: Store, reference: dict, adapter: Adapter) -> None:
-    path = agentrun_file(tmp_path, adapter.example)
-    proc = spawn_cli("run", str(path), dsn=dsn, fault="tool.after_call:issue_refund")
-    call = wait_for_approval_request(store, adapter.run_id)
-    store.decide(adapter.run_id, call, "approve", decided_by="test")
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, out
-    # The refund happened, but its result was never persisted: the journal says "started".
-    assert refunds(dsn) == 1
-    [entry] = [e for e in store.journal(adapter.run_id, 2) if e.position == 0]
-    assert entry.state == "started" and entry.result is None
+        name = f"t_ref_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        dsn = pg_server.dsn_for(name)
+        path = agentrun_file(tmp_path_factory.mktemp("ref"), adapter.example)
+        with Store(dsn) as store:
+            store.migrate()
+            proc = spawn_cli("run", str(path), dsn=dsn)
+            call = wait_for_approval_request(store, adapter.run_id)
+            store.decide(adapter.run_id, call, "approve", decided_by="test")
+            out, _ = proc.communicate(timeout=60)
+            assert proc.returncode == 0, out
+            snap = store.load_snapshot(adapter.run_id)
+        assert snap.context.status.phase == "Succeeded"
+        result = {
+            "iterations": snap.context.counters.iterations,
+            "messages": [m.model_dump() for m in snap.messages],
+            "usage": snap.context.usage.total_tokens,
+            "refunds": refunds(dsn),
+            "notes": invocations(dsn, "add_case_note"),
+        }
+        with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        return result
 
-    resumed = run_cli("resume", adapter.run_name, dsn=dsn)
-    assert resumed.returncode == 0, resumed.stdout
+    def test_reference_run_is_what_the_script_says(self, reference: dict) -> None:
+        assert reference["iterations"] == 3
+        roles = [m["role"] for m in reference["messages"]]
+        assert roles == ["system", "user", "assistant", "tool", "assistant", "tool", "tool", "assistant"]
+        # The model's original order is kept: issue_refund's result first, then add_case_note's.
+        assert [m.get("name") for m in reference["messages"][5:7]] == ["issue_refund", "add_case_note"]
+        assert reference["refunds"] == 1 and reference["notes"] == 1
 
-    assert_same_end_state(store, dsn, reference, adapter.run_id)
-    # The refund's recovery check found it in the ledger (by its idempotency key): the call is
-    # recorded done with that refund, and the body did not run again.
-    assert invocations(dsn, "issue_refund") == 1
-    [entry] = [e for e in store.journal(adapter.run_id, 2) if e.position == 0]
-    assert entry.state == "done" and entry.result.recorded_by == "recovery_check" and entry.attempts == 1
-    assert invocations(dsn, "add_case_note") == 1
+    def test_sigkill_while_waiting_for_approval(self, tmp_path: Path, dsn: str, store: Store, reference: dict, adapter: Adapter) -> None:
+        path = agentrun_file(tmp_path, adapter.example)
+        proc = spawn_cli("run", str(path), dsn=dsn)
+        call = wait_for_approval_request(store, adapter.run_id)
+        assert call == "call-2-0"
+        _, pending = store.load_context(adapter.run_id)
+        # G5: the non-gated sibling ran before the pause and its result is in the snapshot.
+        assert [r.tool_name for r in pending.executed_sibling_results] == ["add_case_note"]
+        assert invocations(dsn, "add_case_note") == 1
+        assert refunds(dsn) == 0
 
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert proc.returncode == -signal.SIGKILL
 
-def test_sigkill_before_the_refund_took_effect_reruns_it_with_its_key(tmp_path: Path, dsn: str, store: Store, reference: dict,
-                                                                      adapter: Adapter) -> None:
-    path = agentrun_file(tmp_path, adapter.example)
-    proc = spawn_cli("run", str(path), dsn=dsn, fault="tool.before_call:issue_refund")
-    call = wait_for_approval_request(store, adapter.run_id)
-    store.decide(adapter.run_id, call, "approve", decided_by="test")
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, out
-    assert refunds(dsn) == 0  # killed after its intent, before its effect
+        store.decide(adapter.run_id, call, "approve", decided_by="test")
+        resumed = run_cli("resume", adapter.run_name, dsn=dsn)
+        assert resumed.returncode == 0, resumed.stdout
 
-    resumed = run_cli("resume", adapter.run_name, dsn=dsn)
-    assert resumed.returncode == 0, resumed.stdout
+        assert_same_end_state(store, dsn, reference, adapter.run_id)
+        assert invocations(dsn, "add_case_note") == 1  # the sibling was not re-run
+        assert invocations(dsn, "issue_refund") == 1
+        assert invocations(dsn, "lookup_order") == 1
+        assert store.load_snapshot(adapter.run_id).context.counters.resumes == 1
 
-    assert_same_end_state(store, dsn, reference, adapter.run_id)
-    # The check found no refund under the key, so the call ran again (G4: with the same key).
-    [entry] = [e for e in store.journal(adapter.run_id, 2) if e.position == 0]
-    assert entry.attempts == 2 and entry.result.recorded_by is None
-    assert invocations(dsn, "issue_refund") == 1 and refunds(dsn) == 1
+    def test_sigkill_between_refund_and_its_persisted_result(self, tmp_path: Path, dsn: str, store: Store, reference: dict, adapter: Adapter) -> None:
+        path = agentrun_file(tmp_path, adapter.example)
+        proc = spawn_cli("run", str(path), dsn=dsn, fault="tool.after_call:issue_refund")
+        call = wait_for_approval_request(store, adapter.run_id)
+        store.decide(adapter.run_id, call, "approve", decided_by="test")
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == -signal.SIGKILL, out
+        # The refund happened, but its result was never persisted: the journal says "started".
+        assert refunds(dsn) == 1
+        [entry] = [e for e in store.journal(adapter.run_id, 2) if e.position == 0]
+        assert entry.state == "started" and entry.result is None
 
+        resumed = run_cli("resume", adapter.run_name, dsn=dsn)
+        assert resumed.returncode == 0, resumed.stdout
 
-def test_sigkill_after_sibling_persisted_before_pause(tmp_path: Path, dsn: str, store: Store, reference: dict, adapter: Adapter) -> None:
-    path = agentrun_file(tmp_path, adapter.example)
-    proc = spawn_cli("run", str(path), dsn=dsn, fault="tool.after_persist:add_case_note")
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, out
-    assert invocations(dsn, "add_case_note") == 1
-    assert phase_of(store, adapter.run_id) == "Running"  # the pause was never committed
+        assert_same_end_state(store, dsn, reference, adapter.run_id)
+        # The refund's recovery check found it in the ledger (by its idempotency key): the call is
+        # recorded done with that refund, and the body did not run again.
+        assert invocations(dsn, "issue_refund") == 1
+        [entry] = [e for e in store.journal(adapter.run_id, 2) if e.position == 0]
+        assert entry.state == "done" and entry.result.recorded_by == "recovery_check" and entry.attempts == 1
+        assert invocations(dsn, "add_case_note") == 1
 
-    proc = spawn_cli("resume", adapter.run_name, dsn=dsn)
-    call = wait_for_approval_request(store, adapter.run_id)
-    _, pending = store.load_context(adapter.run_id)
-    assert [r.tool_name for r in pending.executed_sibling_results] == ["add_case_note"]
-    store.decide(adapter.run_id, call, "approve", decided_by="test")
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0, out
+    def test_sigkill_before_the_refund_took_effect_reruns_it_with_its_key(self, tmp_path: Path, dsn: str, store: Store, reference: dict,
+                                                                          adapter: Adapter) -> None:
+        path = agentrun_file(tmp_path, adapter.example)
+        proc = spawn_cli("run", str(path), dsn=dsn, fault="tool.before_call:issue_refund")
+        call = wait_for_approval_request(store, adapter.run_id)
+        store.decide(adapter.run_id, call, "approve", decided_by="test")
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == -signal.SIGKILL, out
+        assert refunds(dsn) == 0  # killed after its intent, before its effect
 
-    assert_same_end_state(store, dsn, reference, adapter.run_id)
-    assert invocations(dsn, "add_case_note") == 1  # G3: a persisted result is never re-run
+        resumed = run_cli("resume", adapter.run_name, dsn=dsn)
+        assert resumed.returncode == 0, resumed.stdout
 
+        assert_same_end_state(store, dsn, reference, adapter.run_id)
+        # The check found no refund under the key, so the call ran again (G4: with the same key).
+        [entry] = [e for e in store.journal(adapter.run_id, 2) if e.position == 0]
+        assert entry.attempts == 2 and entry.result.recorded_by is None
+        assert invocations(dsn, "issue_refund") == 1 and refunds(dsn) == 1
 
-def test_in_flight_non_idempotent_call_goes_to_a_human(tmp_path: Path, dsn: str, store: Store, adapter: Adapter) -> None:
-    tools = [
-        {"name": "lookup_order", "ref": "agentfast.runner.examples.refund:lookup_order"},
-        {"name": "issue_refund", "ref": "agentfast.runner.examples.refund:issue_refund", "requiresApproval": True},
-        {"name": "add_case_note", "ref": "agentfast.runner.examples.refund:add_case_note", "idempotent": False},
-    ]
-    path = agentrun_file(tmp_path, adapter.example, tools=tools)
-    proc = spawn_cli("run", str(path), dsn=dsn, fault="tool.after_call:add_case_note")
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, out
-    assert invocations(dsn, "add_case_note") == 1
+    def test_sigkill_after_sibling_persisted_before_pause(self, tmp_path: Path, dsn: str, store: Store, reference: dict, adapter: Adapter) -> None:
+        path = agentrun_file(tmp_path, adapter.example)
+        proc = spawn_cli("run", str(path), dsn=dsn, fault="tool.after_persist:add_case_note")
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == -signal.SIGKILL, out
+        assert invocations(dsn, "add_case_note") == 1
+        assert phase_of(store, adapter.run_id) == "Running"  # the pause was never committed
 
-    # Every call needing a human is asked at once: the gated refund and the in-flight note, the
-    # latter not re-run blindly but a question under its own id.
-    resumed = run_cli("resume", adapter.run_name, "--no-wait", dsn=dsn)
-    assert resumed.returncode == 0, resumed.stdout
-    _, pending = store.load_context(adapter.run_id)
-    assert pending.call_ids == ["call-2-0", "call-2-1-rerun1"]
-    assert [a.reason for a in pending.awaiting] == ["requires_approval", "in_flight_not_idempotent"]
-    assert [a.call_id for a in store.awaiting(adapter.run_id)] == ["call-2-0", "call-2-1-rerun1"]
-    assert invocations(dsn, "add_case_note") == 1
+        proc = spawn_cli("resume", adapter.run_name, dsn=dsn)
+        call = wait_for_approval_request(store, adapter.run_id)
+        _, pending = store.load_context(adapter.run_id)
+        assert [r.tool_name for r in pending.executed_sibling_results] == ["add_case_note"]
+        store.decide(adapter.run_id, call, "approve", decided_by="test")
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
 
-    # Decided in the other order; one resume.
-    store.decide(adapter.run_id, "call-2-1-rerun1", "deny", reason="it already ran", decided_by="test")
-    assert [a.call_id for a in store.awaiting(adapter.run_id)] == ["call-2-0"]
-    store.decide(adapter.run_id, "call-2-0", "approve", decided_by="test")
-    resumed = run_cli("resume", adapter.run_name, dsn=dsn)
-    assert resumed.returncode == 0, resumed.stdout
-    snap = store.load_snapshot(adapter.run_id)
-    assert snap.context.status.phase == "Succeeded"
-    assert invocations(dsn, "add_case_note") == 1 and refunds(dsn) == 1
-    note_result = [m for m in snap.messages if m.role == "tool" and m.name == "add_case_note"][0]
-    assert note_result.content.startswith("denied:") and "it already ran" in note_result.content
-    # It may have run before the crash: the model is not told it did not.
-    assert "not run" not in note_result.content and "may have taken effect" in note_result.content
+        assert_same_end_state(store, dsn, reference, adapter.run_id)
+        assert invocations(dsn, "add_case_note") == 1  # G3: a persisted result is never re-run
 
+    def test_in_flight_non_idempotent_call_goes_to_a_human(self, tmp_path: Path, dsn: str, store: Store, adapter: Adapter) -> None:
+        tools = [
+            {"name": "lookup_order", "ref": "agentfast.runner.examples.refund:lookup_order"},
+            {"name": "issue_refund", "ref": "agentfast.runner.examples.refund:issue_refund", "requiresApproval": True},
+            {"name": "add_case_note", "ref": "agentfast.runner.examples.refund:add_case_note", "idempotent": False},
+        ]
+        path = agentrun_file(tmp_path, adapter.example, tools=tools)
+        proc = spawn_cli("run", str(path), dsn=dsn, fault="tool.after_call:add_case_note")
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == -signal.SIGKILL, out
+        assert invocations(dsn, "add_case_note") == 1
 
-def test_budget_exceeded_ends_the_run_failed(tmp_path: Path, dsn: str, store: Store, adapter: Adapter) -> None:
-    path = agentrun_file(tmp_path, adapter.example, budget={"max_iterations": 1, "classifier": "none"})
-    done = run_cli("run", str(path), dsn=dsn)
-    assert done.returncode == 1, done.stdout
-    ctx, pending = store.load_context(adapter.run_id)
-    assert ctx.status.phase == "Failed" and ctx.status.reason == "BudgetExceeded" and pending is None
-    assert "max_iterations is 1" in ctx.status.message
-    assert ctx.counters.model_calls == 1  # checked before the second model call, not after it
-    assert invocations(dsn, "lookup_order") == 1 and refunds(dsn) == 0
+        # Every call needing a human is asked at once: the gated refund and the in-flight note, the
+        # latter not re-run blindly but a question under its own id.
+        resumed = run_cli("resume", adapter.run_name, "--no-wait", dsn=dsn)
+        assert resumed.returncode == 0, resumed.stdout
+        _, pending = store.load_context(adapter.run_id)
+        assert pending.call_ids == ["call-2-0", "call-2-1-rerun1"]
+        assert [a.reason for a in pending.awaiting] == ["requires_approval", "in_flight_not_idempotent"]
+        assert [a.call_id for a in store.awaiting(adapter.run_id)] == ["call-2-0", "call-2-1-rerun1"]
+        assert invocations(dsn, "add_case_note") == 1
 
+        # Decided in the other order; one resume.
+        store.decide(adapter.run_id, "call-2-1-rerun1", "deny", reason="it already ran", decided_by="test")
+        assert [a.call_id for a in store.awaiting(adapter.run_id)] == ["call-2-0"]
+        store.decide(adapter.run_id, "call-2-0", "approve", decided_by="test")
+        resumed = run_cli("resume", adapter.run_name, dsn=dsn)
+        assert resumed.returncode == 0, resumed.stdout
+        snap = store.load_snapshot(adapter.run_id)
+        assert snap.context.status.phase == "Succeeded"
+        assert invocations(dsn, "add_case_note") == 1 and refunds(dsn) == 1
+        note_result = [m for m in snap.messages if m.role == "tool" and m.name == "add_case_note"][0]
+        assert note_result.content.startswith("denied:") and "it already ran" in note_result.content
+        # It may have run before the crash: the model is not told it did not.
+        assert "not run" not in note_result.content and "may have taken effect" in note_result.content
 
-def test_malformed_arguments_go_back_to_the_model(tmp_path: Path, dsn: str, store: Store, adapter: Adapter) -> None:
-    doc_model = {"name": "scripted-malformed", "script": "malformed"}
-    path = agentrun_file(tmp_path, adapter.example, model=doc_model)
-    done = run_cli("run", str(path), dsn=dsn)
-    assert done.returncode == 0, done.stdout
-    snap = store.load_snapshot(adapter.run_id)
-    assert snap.context.status.phase == "Succeeded"
-    assert snap.context.counters.malformed_tool_calls == 1 and snap.context.counters.iterations == 3
-    first_result = [m for m in snap.messages if m.role == "tool"][0]
-    assert first_result.content.startswith("error: arguments are not valid JSON")
-    assert invocations(dsn, "lookup_order") == 1  # the broken call never reached the tool
+    def test_budget_exceeded_ends_the_run_failed(self, tmp_path: Path, dsn: str, store: Store, adapter: Adapter) -> None:
+        path = agentrun_file(tmp_path, adapter.example, budget={"max_iterations": 1, "classifier": "none"})
+        done = run_cli("run", str(path), dsn=dsn)
+        assert done.returncode == 1, done.stdout
+        ctx, pending = store.load_context(adapter.run_id)
+        assert ctx.status.phase == "Failed" and ctx.status.reason == "BudgetExceeded" and pending is None
+        assert "max_iterations is 1" in ctx.status.message
+        assert ctx.counters.model_calls == 1  # checked before the second model call, not after it
+        assert invocations(dsn, "lookup_order") == 1 and refunds(dsn) == 0
 
+    def test_malformed_arguments_go_back_to_the_model(self, tmp_path: Path, dsn: str, store: Store, adapter: Adapter) -> None:
+        doc_model = {"name": "scripted-malformed", "script": "malformed"}
+        path = agentrun_file(tmp_path, adapter.example, model=doc_model)
+        done = run_cli("run", str(path), dsn=dsn)
+        assert done.returncode == 0, done.stdout
+        snap = store.load_snapshot(adapter.run_id)
+        assert snap.context.status.phase == "Succeeded"
+        assert snap.context.counters.malformed_tool_calls == 1 and snap.context.counters.iterations == 3
+        first_result = [m for m in snap.messages if m.role == "tool"][0]
+        assert first_result.content.startswith("error: arguments are not valid JSON")
+        assert invocations(dsn, "lookup_order") == 1  # the broken call never reached the tool
 
-def test_repeated_tool_call_ids_pass_a_strict_endpoint(tmp_path: Path, dsn: str, store: Store, adapter: Adapter) -> None:
-    """A provider that gives every call the same id, within a response and across turns: the ids
-    are made unique before they are stored or sent back, so an endpoint that rejects duplicate
-    ids as OpenAI does (the scripted model's strict mode) accepts every later request."""
-    import yaml
+    def test_repeated_tool_call_ids_pass_a_strict_endpoint(self, tmp_path: Path, dsn: str, store: Store, adapter: Adapter) -> None:
+        """A provider that gives every call the same id, within a response and across turns: the ids
+        are made unique before they are stored or sent back, so an endpoint that rejects duplicate
+        ids as OpenAI does (the scripted model's strict mode) accepts every later request."""
+        import yaml
 
-    from .helpers import REPO
+        from .helpers import REPO
 
-    script = yaml.safe_load((REPO / "runner" / "scripts" / "refund.yaml").read_text())
-    script["strict"] = True
-    for turn in script["turns"]:
-        for call in turn.get("tool_calls", []):
-            call["id"] = "call_1"
-    script_path = tmp_path / "strict-refund.yaml"
-    script_path.write_text(yaml.safe_dump(script))
-    path = agentrun_file(tmp_path, adapter.example, model={"name": script["model"], "script": str(script_path)})
-    first = run_cli("run", str(path), "--no-wait", dsn=dsn)
-    assert first.returncode == 0, first.stdout
-    assert store.load_context(adapter.run_id)[1].call_id == "call-2-0"
-    store.decide(adapter.run_id, "call-2-0", "approve", decided_by="test")
-    done = run_cli("resume", adapter.run_name, dsn=dsn)
-    assert done.returncode == 0, done.stdout
-    snap = store.load_snapshot(adapter.run_id)
-    assert snap.context.status.phase == "Succeeded", snap.context.status
-    ids = [c.id for m in snap.messages for c in m.tool_calls]
-    assert len(ids) == len(set(ids)) == 3 and ids[0] == "call_1"
-    answered = [m.tool_call_id for m in snap.messages if m.role == "tool"]
-    assert sorted(answered) == sorted(ids)
-    assert refunds(dsn) == 1
+        script = yaml.safe_load((REPO / "runner" / "scripts" / "refund.yaml").read_text())
+        script["strict"] = True
+        for turn in script["turns"]:
+            for call in turn.get("tool_calls", []):
+                call["id"] = "call_1"
+        script_path = tmp_path / "strict-refund.yaml"
+        script_path.write_text(yaml.safe_dump(script))
+        path = agentrun_file(tmp_path, adapter.example, model={"name": script["model"], "script": str(script_path)})
+        first = run_cli("run", str(path), "--no-wait", dsn=dsn)
+        assert first.returncode == 0, first.stdout
+        assert store.load_context(adapter.run_id)[1].call_id == "call-2-0"
+        store.decide(adapter.run_id, "call-2-0", "approve", decided_by="test")
+        done = run_cli("resume", adapter.run_name, dsn=dsn)
+        assert done.returncode == 0, done.stdout
+        snap = store.load_snapshot(adapter.run_id)
+        assert snap.context.status.phase == "Succeeded", snap.context.status
+        ids = [c.id for m in snap.messages for c in m.tool_calls]
+        assert len(ids) == len(set(ids)) == 3 and ids[0] == "call_1"
+        answered = [m.tool_call_id for m in snap.messages if m.role == "tool"]
+        assert sorted(answered) == sorted(ids)
+        assert refunds(dsn) == 1

@@ -21,7 +21,45 @@ import pytest
 from agentfast.runner.examples import EXAMPLES_DSN_ENV
 from agentfast.runner.store import Store
 
+from . import helpers
 from .helpers import PgServer, examples_dsn_for
+
+TIERS = ("unit", "store", "process", "chaos", "e2e")  # pyproject.toml's markers, cheapest first
+_TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put every test in exactly one tier. tests/chaos and tests/e2e by folder; ``process`` where the
+    module or test declares it (it starts real OS processes: :func:`helpers.spawn_cli` checks);
+    otherwise ``store`` if it uses a Postgres fixture, else ``unit``. A test cannot claim a cheaper
+    tier than what it uses."""
+    for item in items:
+        path = Path(str(item.fspath)).resolve()
+        declared = [t for t in TIERS if item.get_closest_marker(t)]
+        if _TESTS / "e2e" in path.parents:
+            tier = "e2e"
+        elif _TESTS / "chaos" in path.parents:
+            tier = "chaos"
+        elif "process" in declared:
+            tier = "process"
+        elif {"pg_server", "dsn", "store"} & set(getattr(item, "fixturenames", ())):
+            tier = "store"
+        else:
+            tier = "unit"
+        wrong = [t for t in declared if t != tier]
+        if wrong:
+            raise pytest.UsageError(f"{item.nodeid}: marked {wrong} but its tier is {tier!r} (tests/conftest.py assigns tiers)")
+        if not declared:
+            item.add_marker(getattr(pytest.mark, tier))
+
+
+@pytest.fixture(autouse=True)
+def _current_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tell the helpers which test runs, so that :func:`helpers.spawn_cli` can refuse a test that
+    starts runner processes without being in a tier that says so."""
+    helpers.current_test = request.node
+    yield
+    helpers.current_test = None
 
 
 @pytest.fixture(scope="session")

@@ -74,10 +74,17 @@ def agentrun_file(tmp_path: Path, example: str = "refund.yaml", *, uid: str | No
     return path
 
 
+#: The running test's item (tests/conftest.py sets it), for :func:`spawn_cli`'s tier check.
+current_test: pytest.Item | None = None
+
+
 def spawn_cli(*args: str, dsn: str, fault: str | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start ``agentfast ARGS --dsn DSN`` as a real OS process (stdin closed: no prompts); its
     example tools keep their records in ``dsn``'s database under their own role, unless ``env``
-    names their DSN."""
+    names their DSN. Fails a test not in the ``process``, ``chaos`` or ``e2e`` tier (conftest.py):
+    ``pytest -m "unit or store"`` must start no runner."""
+    if current_test is not None and not any(current_test.get_closest_marker(t) for t in ("process", "chaos", "e2e")):
+        pytest.fail(f"{current_test.nodeid} starts a runner process: mark it (or its module) @pytest.mark.process", pytrace=False)
     env = env or {}
     tools = {} if EXAMPLES_DSN_ENV in env else {EXAMPLES_DSN_ENV: examples_dsn_for(dsn)}
     full_env = {**os.environ, "AGENTFAST_DSN": dsn, **tools, **env}

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from agentfast.runner.store import Store
 
 from .conformance import LANGGRAPH, VANILLA, Adapter, agentrun_file, invocations, refunds, spawn_cli, wait_for_approval_request
+
+pytestmark = pytest.mark.process  # every test here starts real OS processes (tests/conftest.py: tiers)
 
 
 def run_to_end(tmp_path: Path, store: Store, dsn: str, adapter: Adapter, decision: str) -> object:

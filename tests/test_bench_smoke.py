@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import psycopg
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -20,6 +21,7 @@ from bench import checkpoint, payloads, report, throughput  # noqa: E402
 from bench.pg import pgbench_tps  # noqa: E402
 
 
+@pytest.mark.process
 def test_checkpoint_part_measures_every_subject(dsn: str) -> None:
     cfg = checkpoint.CheckpointConfig(lengths=[10, 100], reps=1, samples=3, heavy_samples=2, bytes_samples=2)
     res = checkpoint.run(dsn, cfg, lambda _: None)
@@ -40,6 +42,7 @@ def test_checkpoint_part_measures_every_subject(dsn: str) -> None:
     assert "Store.commit_checkpoint" in text and "| checkpoint p50" in text
 
 
+@pytest.mark.process
 def test_payloads_part_measures_every_subject(pg_server) -> None:
     import uuid
 
@@ -140,6 +143,7 @@ def test_iteration_subject_makes_the_loops_store_calls(dsn: str, tmp_path: Path)
     assert bench.calls == steady, f"the bench makes {bench.calls}, the loop {steady}"
 
 
+@pytest.mark.process
 def test_model_part_measures_every_path_and_renders_its_target(tmp_path: Path) -> None:
     from bench import model as model_part
 
@@ -166,6 +170,7 @@ def test_import_self_ms_sums_own_times_by_package() -> None:
     assert import_self_ms(trace) == {"pydantic": 3.0, "psycopg": 2.0}
 
 
+@pytest.mark.process
 def test_langgraph_part_measures_every_subject_and_renders_its_targets(dsn: str, tmp_path: Path) -> None:
     from bench import lg
 

@@ -64,6 +64,7 @@ def status(store: Store, run_id: str):
 # -- cancel -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_cancel_during_a_slow_tool_call_keeps_it_and_starts_nothing_more(tmp_path: Path, dsn: str, store: Store) -> None:
     path = slow_run_file(tmp_path, work_ms=3000, iterations=3, batch=2)
     proc = spawn_cli("run", str(path), dsn=dsn)
@@ -95,6 +96,7 @@ def test_cancel_during_a_slow_tool_call_keeps_it_and_starts_nothing_more(tmp_pat
     assert late.returncode == 2 and "already ended (Cancelled" in late.stdout, late.stdout
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("example,run_name", [("refund.yaml", "refund-demo"), ("refund-langgraph.yaml", "refund-langgraph")])
 def test_cancel_while_waiting_for_approval_wakes_the_runner_at_once(tmp_path: Path, dsn: str, store: Store, example: str,
                                                                     run_name: str) -> None:
@@ -127,6 +129,7 @@ def test_cancel_while_waiting_for_approval_wakes_the_runner_at_once(tmp_path: Pa
     assert invocations(dsn, "lookup_order") == 1 and invocations(dsn, "add_case_note") == 1  # the work done is kept
 
 
+@pytest.mark.process
 def test_cancel_with_no_runner_ends_the_run_at_once(tmp_path: Path, dsn: str, store: Store) -> None:
     paused = run_cli("run", str(agentrun_file(tmp_path)), "--no-wait", dsn=dsn)
     assert paused.returncode == 0 and phase_of(store, "default/refund-demo") == "WaitingForApproval", paused.stdout
@@ -192,6 +195,7 @@ def test_a_runner_role_can_read_a_cancel_request_but_never_write_one(dsn: str, s
 # -- deadlines ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_a_deadline_ends_a_working_run_failed(tmp_path: Path, dsn: str, store: Store) -> None:
     # The first call must start within the deadline (registration + the runner's start-up, slower
     # on a loaded machine), and the second must not: 4 s and calls of 2.5 s.
@@ -210,6 +214,7 @@ def test_a_deadline_ends_a_working_run_failed(tmp_path: Path, dsn: str, store: S
     assert all(e.state in ("done", "planned") for e in journal)  # no call left half-run
 
 
+@pytest.mark.process
 def test_a_deadline_ends_a_run_waiting_for_a_human(tmp_path: Path, dsn: str, store: Store) -> None:
     path = agentrun_file(tmp_path, activeDeadlineSeconds=4)
     t0 = time.monotonic()
@@ -228,6 +233,7 @@ def test_a_deadline_ends_a_run_waiting_for_a_human(tmp_path: Path, dsn: str, sto
     assert refunds(dsn) == 0 and store.awaiting("default/refund-demo") == []
 
 
+@pytest.mark.process
 def test_a_deadline_is_checked_when_a_run_resumes(tmp_path: Path, dsn: str, store: Store) -> None:
     paused = run_cli("run", str(agentrun_file(tmp_path, activeDeadlineSeconds=3600)), "--no-wait", dsn=dsn)
     assert paused.returncode == 0, paused.stdout
@@ -254,6 +260,7 @@ def _body(name: str, uid: str, **spec: object) -> dict:
     return doc
 
 
+@pytest.mark.process
 def test_the_operator_ends_a_cancelled_run_no_runner_holds(tmp_path: Path, dsn: str, store: Store, monkeypatch) -> None:
     from agentfast.operator import main
 
@@ -283,6 +290,7 @@ def test_the_operator_ends_a_cancelled_run_no_runner_holds(tmp_path: Path, dsn: 
     assert cond["Progressing"]["status"] == "False" and cond["Failed"]["status"] == "False"
 
 
+@pytest.mark.process
 def test_the_operator_leaves_a_cancel_to_a_live_runner(tmp_path: Path, dsn: str, store: Store, monkeypatch) -> None:
     from agentfast.operator import main
 
@@ -303,6 +311,7 @@ def test_the_operator_leaves_a_cancel_to_a_live_runner(tmp_path: Path, dsn: str,
     assert status(store, "default/refund-demo").reason == "Cancelled"
 
 
+@pytest.mark.process
 def test_the_operator_fails_a_run_past_its_deadline_that_no_runner_holds(tmp_path: Path, dsn: str, store: Store, monkeypatch) -> None:
     from agentfast.operator import main
 

@@ -38,11 +38,13 @@ def render(helm: str, *sets: str) -> list[dict]:
     return [d for d in yaml.safe_load_all(out) if d]
 
 
+@pytest.mark.process
 def test_lint_strict(helm: str) -> None:
     proc = subprocess.run([helm, "lint", "--strict", str(CHART)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.process
 def test_default_render_installs_everything(helm: str) -> None:
     docs = render(helm)
     kinds = sorted((d["kind"], d["metadata"]["name"]) for d in docs)
@@ -74,6 +76,7 @@ def test_default_render_installs_everything(helm: str) -> None:
     assert secret_verbs == {"get", "create", "update", "delete"}
 
 
+@pytest.mark.process
 def test_external_database_needs_a_secret(helm: str) -> None:
     proc = subprocess.run(
         [helm, "template", "x", str(CHART), "--set", "postgresql.bundled=false"], capture_output=True, text=True
@@ -86,11 +89,13 @@ def test_external_database_needs_a_secret(helm: str) -> None:
     assert env["AGENTFAST_DSN"]["valueFrom"]["secretKeyRef"] == {"name": "pg", "key": "dsn"}
 
 
+@pytest.mark.process
 def test_values_schema_rejects_unknown_keys(helm: str) -> None:
     proc = subprocess.run([helm, "template", "x", str(CHART), "--set", "operatr.resyncSeconds=5"], capture_output=True, text=True)
     assert proc.returncode != 0 and "operatr" in proc.stderr
 
 
+@pytest.mark.process
 def test_plain_manifests_are_rendered_from_the_chart(helm: str, tmp_path: Path) -> None:
     committed = (REPO / "manifests" / "install.yaml").read_text()
     env = {**os.environ, "HELM": helm}
@@ -100,6 +105,7 @@ def test_plain_manifests_are_rendered_from_the_chart(helm: str, tmp_path: Path) 
     assert fresh == committed, "manifests/install.yaml is stale: run hack/gen-manifests.sh"
 
 
+@pytest.mark.process
 def test_deciding_is_a_right_of_its_own_that_edit_does_not_carry(helm: str) -> None:
     docs = render(helm)
     roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
@@ -121,6 +127,7 @@ def test_deciding_is_a_right_of_its_own_that_edit_does_not_carry(helm: str) -> N
     assert {("ValidatingAdmissionPolicy", "agentfast-approvals"), ("ValidatingAdmissionPolicyBinding", "agentfast-approvals")} <= kinds
 
 
+@pytest.mark.process
 def test_forbid_self_approval_adds_the_creator_rules_only_when_asked(helm: str) -> None:
     def policy(*sets: str) -> dict:
         return next(d for d in render(helm, *sets) if d["kind"] == "ValidatingAdmissionPolicy")
@@ -133,6 +140,7 @@ def test_forbid_self_approval_adds_the_creator_rules_only_when_asked(helm: str) 
     assert binding["spec"]["validationActions"] == ["Deny"] and default["spec"]["failurePolicy"] == "Fail"
 
 
+@pytest.mark.process
 def test_model_config_rights_teams_read_admins_write(helm: str) -> None:
     # Issue 12 item 4: ModelConfigs are readable wherever a namespace is (aggregated to view, and
     # so to edit and admin), writable only through a role cluster admins bind; the operator reads
@@ -153,6 +161,7 @@ def test_model_config_rights_teams_read_admins_write(helm: str) -> None:
     assert ("CustomResourceDefinition", "modelconfigs.agentfast.dev") in {(d["kind"], d["metadata"]["name"]) for d in docs}
 
 
+@pytest.mark.process
 def test_network_policies_are_off_by_default_and_complete_when_on(helm: str) -> None:
     import json
 
@@ -227,6 +236,7 @@ def test_install_yaml_holds_no_password_and_says_how_to_make_the_secret() -> Non
     assert "create secret generic agentfast-postgres" in readme and "postgresql.existingSecret" in readme
 
 
+@pytest.mark.process
 def test_existing_secret_mode_renders_no_secret(helm: str) -> None:
     docs = render(helm, "postgresql.existingSecret=trial-db")
     assert not any(d["kind"] == "Secret" for d in docs)
@@ -244,6 +254,7 @@ def test_existing_secret_mode_renders_no_secret(helm: str) -> None:
     assert gone.returncode != 0  # no value holds a password any more
 
 
+@pytest.mark.process
 def test_generated_passwords_are_random_per_install_and_read_back_on_upgrade(helm: str) -> None:
     import hashlib
 
@@ -275,6 +286,7 @@ def test_generated_passwords_are_random_per_install_and_read_back_on_upgrade(hel
     assert 'trimPrefix "postgresql://agentfast:"' in tpl and 'printf "postgresql://agentfast:%s@' in tpl
 
 
+@pytest.mark.process
 def test_pg_hba_networks_come_from_the_values(helm: str) -> None:
     from agentfast.operator.devpostgres import DEFAULT_CLIENT_CIDRS, client_cidrs, hba_conf
 
@@ -289,6 +301,7 @@ def test_pg_hba_networks_come_from_the_values(helm: str) -> None:
         assert proc.returncode != 0, bad
 
 
+@pytest.mark.process
 def test_the_bundled_postgres_admits_only_operator_and_runner_pods(helm: str) -> None:
     for sets in ((), ("networkPolicy.enabled=true",)):
         [policy] = [d for d in render(helm, *sets) if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "agentfast-postgresql"]
@@ -325,6 +338,7 @@ def _render_values(helm: str, values: dict) -> subprocess.CompletedProcess:
                           capture_output=True, text=True)
 
 
+@pytest.mark.process
 def test_runner_values_reach_the_operator_and_its_parser_accepts_them(helm: str) -> None:
     from agentfast.operator.workload import RunnerConfig, build_pod
 
@@ -360,6 +374,7 @@ def test_runner_values_reach_the_operator_and_its_parser_accepts_them(helm: str)
     assert sa_verbs(docs) == {"get", "create", "patch"} and sa_verbs(render(helm)) == set()
 
 
+@pytest.mark.process
 def test_payload_limits_reach_the_runner_pods_env(helm: str) -> None:
     from agentfast.operator.workload import RunnerConfig, build_pod
 
@@ -393,6 +408,7 @@ def test_payload_limits_reach_the_runner_pods_env(helm: str) -> None:
     ({"runner": {"payloadMaxBytes": 0}}, "payloadMaxBytes"),
     ({"runner": {"payloadThresholdBytes": 2097152, "payloadMaxBytes": 1048576}}, "payloadThresholdBytes is over"),
 ])
+@pytest.mark.process
 def test_bad_runner_values_are_refused_at_install(helm: str, values: dict, problem: str | None) -> None:
     proc = _render_values(helm, values)
     if problem is None:
@@ -404,6 +420,7 @@ def test_bad_runner_values_are_refused_at_install(helm: str, values: dict, probl
 # -- an ended run's runner pods: runner.podTTLSecondsAfterFinished (issue 14 item 3) ----------------
 
 
+@pytest.mark.process
 def test_the_runner_pod_ttl_reaches_the_operator_and_keep_is_minus_one_or_null(helm: str) -> None:
     from agentfast.operator.workload import RunnerConfig
 
@@ -419,6 +436,7 @@ def test_the_runner_pod_ttl_reaches_the_operator_and_keep_is_minus_one_or_null(h
         assert proc.returncode != 0 and "podTTLSecondsAfterFinished" in proc.stderr, (bad, proc.stderr)
 
 
+@pytest.mark.process
 def test_the_operator_may_delete_network_policies_only_when_it_makes_them(helm: str) -> None:
     def np_verbs(docs: list[dict]) -> list[str]:
         role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "agentfast-operator")

@@ -76,6 +76,7 @@ def _agentfast(*args: str, dsn: str | None = None) -> tuple[subprocess.Completed
     return proc, modules
 
 
+@pytest.mark.process
 def test_importing_the_cli_imports_no_runner_loop_store_model_or_kubernetes() -> None:
     proc = subprocess.run([sys.executable, "-X", "importtime", "-c", "import agentfast.runner.cli"],
                           capture_output=True, text=True, timeout=60)
@@ -87,12 +88,14 @@ def test_importing_the_cli_imports_no_runner_loop_store_model_or_kubernetes() ->
 
 @pytest.mark.parametrize("args", [("--help",), ("status", "--help"), ("approve", "--help"), ("history", "--help"),
                                   ("run", "--help")])
+@pytest.mark.process
 def test_help_imports_no_runner_loop_or_store(args: tuple[str, ...]) -> None:
     proc, modules = _agentfast(*args)
     assert proc.returncode == 0 and "Usage" in proc.stdout, proc.stdout + proc.stderr[-2000:]
     assert _unneeded(modules, NOT_NEEDED_FOR_HELP) == []
 
 
+@pytest.mark.process
 def test_read_only_and_deciding_commands_import_only_what_they_use(tmp_path: Path, dsn: str) -> None:
     """Each command really runs, against a run paused for a decision (with --dsn: no embedded server either)."""
     run_id = "default/refund-demo"
@@ -138,6 +141,7 @@ def _python(code: str, dsn: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=90)
 
 
+@pytest.mark.process
 def test_a_command_starts_without_garbage_collection_and_main_leaves_it_on() -> None:
     """``main`` turns the collector off for start-up and on again on the way out, freezing nothing
     (objects frozen at exit made the runner die of SIGSEGV in the interpreter's shutdown)."""
@@ -159,6 +163,7 @@ def test_a_command_starts_without_garbage_collection_and_main_leaves_it_on() -> 
 
 
 
+@pytest.mark.process
 def test_a_driven_run_collects_garbage_from_its_first_model_reply_on(tmp_path: Path, dsn: str) -> None:
     """A run allocates for as long as it lasts: in the real ``agentfast run`` process the collector
     is off through start-up (to the first model call, whose client import runs meanwhile) and on

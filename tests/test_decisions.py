@@ -82,6 +82,7 @@ def tool_messages(store: Store, run_id: str) -> dict[str, str]:
 # -- case 05 ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_case05_decisions_only_for_awaited_calls_and_a_denial_keeps_its_reason(tmp_path: Path, dsn: str, store: Store) -> None:
     cli = Cli(dsn, tmp_path, CASES / "05")
     run, rid = "case05-decisions", "default/case05-decisions"
@@ -151,6 +152,7 @@ def test_case06_every_gated_call_is_pending_at_once_and_decided_in_any_order(tmp
     assert list(tool_messages(store, rid)) == ["tc_f1", "tc_f2", "tc_f3"]  # the model's order
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("adapter", ["vanilla", "langgraph"])
 def test_batch_of_four_two_gated_two_siblings_waits_for_every_decision(tmp_path: Path, dsn: str, store: Store, adapter: str) -> None:
     """A waiting runner goes on only when both gated calls are decided, in any order; siblings ran once, first."""
@@ -189,6 +191,7 @@ def test_batch_of_four_two_gated_two_siblings_waits_for_every_decision(tmp_path:
 # -- case 08 and complete --------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_case08_complete_records_an_in_flight_effect_that_already_happened(tmp_path: Path, dsn: str, store: Store) -> None:
     cli = Cli(dsn, tmp_path, CASES / "08")
     run, rid = "case08-inflight", "default/case08-inflight"

@@ -113,6 +113,7 @@ def _refused(host: str, port: int, user: str, password: str) -> str:
     return str(info.value)
 
 
+@pytest.mark.process
 def test_the_trial_server_roles_and_hba(server: Server) -> None:
     lan = _local_address()
     server.start(cidrs=f"{lan}/32")
@@ -167,6 +168,7 @@ def test_the_trial_server_roles_and_hba(server: Server) -> None:
         assert "no pg_hba.conf entry" in _refused(lan, port, "agentfast", "appRotated")
 
 
+@pytest.mark.process
 def test_a_dsn_naming_the_superuser_or_unparseable_stops_the_server_before_initdb(server: Server) -> None:
     for dsn, expected in ((f"postgresql://postgres:{APP_PW}@h/postgres", "superuser"),
                           (f"postgresql://agentfast:{APP_PW}%zz@h/postgres", "DSN is not valid"),

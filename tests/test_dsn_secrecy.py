@@ -72,6 +72,7 @@ def _assert_refused(proc: subprocess.CompletedProcess) -> None:
     assert "Traceback" not in text and "psycopg.pool" not in text, text
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("dsn", [d for _, d in MALFORMED], ids=[i for i, _ in MALFORMED])
 def test_a_malformed_dsn_is_refused_without_quoting_it(dsn: str) -> None:
     if "\x00" in dsn:  # an argv or an environment value cannot hold a NUL: the library refuses it
@@ -82,17 +83,20 @@ def test_a_malformed_dsn_is_refused_without_quoting_it(dsn: str) -> None:
     _assert_refused(_cli(["list", "--dsn", dsn], env_dsn=None))
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("command", [["status", "some-run"], ["history", "some-run"], ["approve", "some-run", "call-1-0"]])
 def test_every_command_refuses_it_from_the_environment_too(command: list[str]) -> None:
     _assert_refused(_cli(command, env_dsn="postgresql://u:s3cret%zzPW@host/db"))
 
 
+@pytest.mark.process
 def test_agentfast_run_refuses_it_before_registering_anything(tmp_path) -> None:
     from .helpers import agentrun_file
 
     _assert_refused(_cli(["run", str(agentrun_file(tmp_path))], env_dsn=f"host=x {SECRET}"))
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("password", ["s3cret PW", "s3cret'PW", 's3cret"PW\\', "s3cret\u00e4\u00dfPW\u2603"])
 def test_a_valid_dsn_that_cannot_connect_names_the_server_not_the_password(password: str) -> None:
     # key=value form with the password quoted as libpq wants it: parsed, then the connection fails

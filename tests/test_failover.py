@@ -44,6 +44,8 @@ from .chaos.harness import CHAOS_BUDGET, CHAOS_INPUT, CHAOS_TOOLS
 from .failover_pair import ReplicatedPair
 from .helpers import EXAMPLES, spawn_cli, wait_until
 
+pytestmark = pytest.mark.process  # every test here starts real OS processes (tests/conftest.py: tiers)
+
 RUN = "failover-run"
 RUN_ID = f"default/{RUN}"
 UID = "00000000-0000-4000-8000-00000000f0f0"

@@ -8,12 +8,8 @@ must run exactly once though LangGraph itself would re-run the batch on resume.
     pytest tests/test_flagship_kill_resume.py -q
 """
 
-import pytest
-
-from .conformance import *  # noqa: F401,F403  (the suite's tests and fixtures run here)
-from .conformance import LANGGRAPH, Adapter
+from .conformance import LANGGRAPH, ConformanceSuite
 
 
-@pytest.fixture
-def adapter() -> Adapter:
-    return LANGGRAPH
+class TestLangGraphConformance(ConformanceSuite):
+    ADAPTER = LANGGRAPH

@@ -3,12 +3,8 @@
     pytest tests/test_flagship_vanilla.py -q
 """
 
-import pytest
-
-from .conformance import *  # noqa: F401,F403  (the suite's tests and fixtures run here)
-from .conformance import VANILLA, Adapter
+from .conformance import VANILLA, ConformanceSuite
 
 
-@pytest.fixture
-def adapter() -> Adapter:
-    return VANILLA
+class TestVanillaConformance(ConformanceSuite):
+    ADAPTER = VANILLA

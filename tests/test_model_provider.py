@@ -295,6 +295,7 @@ def test_http_surface_models_and_404():
         assert exc.value.code == 404 and "error" in json.load(exc.value)
 
 
+@pytest.mark.process
 def test_module_serves_in_the_foreground():
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentfast.runner.scripted", "--script", "refund", "--port", "0"],

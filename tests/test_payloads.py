@@ -127,6 +127,7 @@ def test_a_pending_calls_sibling_result_keeps_the_checkpoint_small(dsn: str, sto
     assert [a.call_id for a in store.awaiting(run_id)] == ["call-1-1"]
 
 
+@pytest.mark.process
 def test_resume_after_sigkill_resolves_the_output_and_never_reruns_the_tool(dsn: str, store: Store, tmp_path: Path) -> None:
     path = tmp_path / "killed.yaml"
     path.write_text(yaml.safe_dump(_big_run(tmp_path, "killed", 2 * MIB, seed="k")))
@@ -144,6 +145,7 @@ def test_resume_after_sigkill_resolves_the_output_and_never_reruns_the_tool(dsn:
     assert max(_hot_rows(dsn, "default/killed").values()) < HOT_ROW_BYTES
 
 
+@pytest.mark.process
 def test_a_value_over_the_ceiling_fails_the_run_with_its_reason_and_exit_1(dsn: str, store: Store, tmp_path: Path) -> None:
     path = tmp_path / "huge.yaml"
     path.write_text(yaml.safe_dump(_big_run(tmp_path, "huge", 2 * MIB)))
@@ -220,6 +222,7 @@ def test_a_large_model_message_and_arguments_are_stored_out_of_line(dsn: str, tm
         assert text in [m for m in requests[1]["messages"] if m["role"] == "tool"][0]["content"]
 
 
+@pytest.mark.process
 def test_the_threshold_is_configurable_and_lookalike_text_comes_back_verbatim(dsn: str, store: Store, tmp_path: Path,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENTFAST_PAYLOAD_THRESHOLD_BYTES", "1000")
@@ -253,6 +256,7 @@ def test_the_threshold_is_configurable_and_lookalike_text_comes_back_verbatim(ds
     assert snap.messages[-1].content == lookalike and lookalike in snap.messages[-2].content
 
 
+@pytest.mark.process
 def test_a_namespaces_runner_role_stores_its_payloads_and_sees_no_others(dsn: str, store: Store, tmp_path: Path) -> None:
     doc = _big_run(tmp_path, "tenant-big", 2 * MIB, seed="t")
     doc["metadata"]["namespace"] = "team-a"
@@ -270,6 +274,7 @@ def test_a_namespaces_runner_role_stores_its_payloads_and_sees_no_others(dsn: st
         assert b.execute("SELECT count(*) FROM agentfast_payloads").fetchone()[0] == 0  # row-level security
 
 
+@pytest.mark.process
 def test_the_langgraph_adapter_resumes_on_a_stored_payload_without_rerunning_the_tool(dsn: str, store: Store, tmp_path: Path) -> None:
     doc = _big_run(tmp_path, "graph-big", 2 * MIB, seed="g")
     doc["spec"].update(adapter="langgraph", graph={"ref": "agentfast.runner.examples.refund_graph:build"})

@@ -282,6 +282,7 @@ def test_a_reused_provider_id_still_gives_distinct_call_ids_and_keys(store: Stor
 # -- processes: signals, Postgres outages, zombies ---------------------------------------------------------
 
 
+@pytest.mark.process
 def test_sigterm_while_waiting_for_approval_exits_75_and_resume_continues(tmp_path: Path, dsn: str, store: Store) -> None:
     path = agentrun_file(tmp_path)
     proc = spawn_cli("run", str(path), dsn=dsn)
@@ -303,6 +304,7 @@ def test_sigterm_while_waiting_for_approval_exits_75_and_resume_continues(tmp_pa
     assert refunds(dsn) == 1 and invocations(dsn, "add_case_note") == 1 and invocations(dsn, "lookup_order") == 1
 
 
+@pytest.mark.process
 def test_postgres_unreachable_at_start_exits_3(tmp_path: Path) -> None:
     path = agentrun_file(tmp_path)
     bad = f"host=/nonexistent/agentfast-{uuid.uuid4().hex[:8]} dbname=agentfast user=agentfast"
@@ -314,6 +316,7 @@ def test_postgres_unreachable_at_start_exits_3(tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 30
 
 
+@pytest.mark.process
 def test_postgres_restart_while_waiting_loses_nothing(tmp_path: Path, dsn: str, store: Store, pg_server) -> None:
     path = agentrun_file(tmp_path)
     proc = spawn_cli("run", str(path), dsn=dsn)
@@ -336,6 +339,7 @@ def test_postgres_restart_while_waiting_loses_nothing(tmp_path: Path, dsn: str, 
     assert invocations(dsn, "add_case_note") == 1
 
 
+@pytest.mark.process
 def test_a_zombie_runner_cannot_act_after_a_takeover(tmp_path: Path, dsn: str, store: Store) -> None:
     path = agentrun_file(tmp_path)
     zombie = spawn_cli("run", str(path), dsn=dsn)
@@ -375,6 +379,7 @@ def test_a_zombie_runner_cannot_act_after_a_takeover(tmp_path: Path, dsn: str, s
     assert refund_epoch == old_epoch + 1
 
 
+@pytest.mark.process
 def test_a_zombie_of_a_deleted_run_cannot_act_in_a_new_run_of_the_same_name(tmp_path: Path, dsn: str, store: Store) -> None:
     """G6 across runs of one name: a runner frozen while its AgentRun is deleted and created again
     (same run_id, a new uid, epochs from 0 again) thaws holding the new run's current epoch, and

@@ -194,6 +194,7 @@ def test_status_in_a_file_is_ignored_not_an_error() -> None:
     parse_agentrun(doc)
 
 
+@pytest.mark.process
 def test_cli_run_of_a_bad_file_exits_2_and_registers_nothing(tmp_path: Path, dsn: str, store) -> None:
     huge = _good_doc()
     huge["metadata"]["name"] = "bad-huge-input"
@@ -427,6 +428,7 @@ def test_a_deadline_is_whole_seconds_from_1_to_a_year(value: object, problem: st
     assert parse_agentrun(doc, check_imports=False).spec.activeDeadlineSeconds == 3600
 
 
+@pytest.mark.process
 def test_a_file_cannot_ask_to_cancel_a_run(tmp_path: Path) -> None:
     doc = yaml.safe_load((EXAMPLES / "refund.yaml").read_text())
     doc["spec"]["cancel"] = True

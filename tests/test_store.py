@@ -206,6 +206,7 @@ print(s.migrate())
 """
 
 
+@pytest.mark.process
 def test_concurrent_migrate_from_processes_on_a_fresh_database(pg_server) -> None:
     with fresh_database(pg_server) as dsn:
         start_at = time.time() + 3.0  # imports done by then: all four hit migrate() together

@@ -7,9 +7,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from agentfast.runner.store import Store
 
 from .helpers import agentrun_file, count_rows, run_cli
+
+pytestmark = pytest.mark.process  # every test here starts real OS processes (tests/conftest.py: tiers)
 
 RUN_ID = "default/refund-demo"
 

@@ -74,6 +74,7 @@ def quiet_tools(tmp_path: Path) -> dict[str, str]:
     return {"module": module, "PYTHONPATH": str(tmp_path)}
 
 
+@pytest.mark.process
 def test_a_namespaces_runner_role_reaches_only_its_own_runs(dsn: str, store: Store, quiet_tools: dict[str, str]) -> None:
     env = {"PYTHONPATH": quiet_tools["PYTHONPATH"]}
     theirs = _register(store, "team-b", "refund", quiet_tools["module"])
@@ -143,6 +144,7 @@ def test_re_keying_a_namespace_keeps_its_role_and_changes_its_credential(dsn: st
     assert store.tenant("nobody") is None and store.tenant_role("team-a") != store.tenant_role("team-b")
 
 
+@pytest.mark.process
 def test_a_table_in_the_runner_roles_own_schema_never_shadows_the_store(dsn: str, store: Store, quiet_tools: dict[str, str]) -> None:
     # Releases before the tool host gave each runner role a schema of its name for its tools'
     # tables (first in its default search_path), and upgraded servers keep it. A table named like
@@ -169,6 +171,7 @@ def test_a_table_in_the_runner_roles_own_schema_never_shadows_the_store(dsn: str
             b.execute(f'SELECT * FROM "{role}".agentfast_approvals')
 
 
+@pytest.mark.process
 def test_the_whole_chain_works_for_an_owner_that_is_no_superuser(dsn: str, quiet_tools: dict[str, str]) -> None:
     # Production shape (the chart's bundled server, a managed Postgres): the operator's role owns
     # the database and may create roles, and is no superuser; it migrates, makes a namespace's
@@ -196,6 +199,7 @@ def test_the_whole_chain_works_for_an_owner_that_is_no_superuser(dsn: str, quiet
         store.close()
 
 
+@pytest.mark.process
 def test_a_new_run_of_an_old_name_never_touches_the_earlier_runs_rows(dsn: str, store: Store, quiet_tools: dict[str, str]) -> None:
     # Issue 13 item 6: deleting an AgentRun keeps its rows "for audit"; re-applying one of the same
     # name used to wipe them. Now they are kept under NS/NAME@UID8, with their decisions.
@@ -222,6 +226,7 @@ def test_a_new_run_of_an_old_name_never_touches_the_earlier_runs_rows(dsn: str, 
         assert {r[0] for r in a.execute("SELECT run_id FROM agentfast_runs").fetchall()} == {first, kept}
 
 
+@pytest.mark.process
 def test_a_run_whose_agentrun_is_deleted_mid_run_is_cancelled_and_nothing_more_runs(dsn: str, store: Store, quiet_tools: dict[str, str]) -> None:
     # Issue 13 item 6: deleted while its refund awaits a human, the run ends Cancelled (kept for
     # audit); a late approval or a late runner does nothing.
@@ -259,6 +264,7 @@ def test_a_revoked_namespace_credential_stops_at_once_and_comes_back_re_keyed(ds
         assert again == role and back.execute("SELECT run_id FROM agentfast_runs").fetchall() == [(run_id,)]
 
 
+@pytest.mark.process
 def test_retention_deletes_only_ended_runs_whose_agentrun_is_gone(dsn: str, store: Store, quiet_tools: dict[str, str], monkeypatch) -> None:
     # Issue 13 item 6: retention is explicit (spec.ttlSecondsAfterFinished, else the chart's
     # default; 0 keeps), and never deletes the rows of a live AgentRun (it would run again).

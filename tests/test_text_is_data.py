@@ -99,12 +99,14 @@ def markup_case(tmp_path: Path, dsn: str, case_dir: Path, run: str, args: str, t
     ok(cli(case_dir, "list", dsn=dsn))
 
 
+@pytest.mark.process
 def test_case01_markup_in_text_is_printed_verbatim(tmp_path: Path, dsn: str) -> None:
     case_dir = case_copy(tmp_path, "c01")
     markup_case(tmp_path, dsn, case_dir, "case01-markup", ARGS_01,
                 ["[bold]hi[/bold] and [/INST]", "Your ticket is closed [/b] ref [provide booking code]."])
 
 
+@pytest.mark.process
 def test_other_bracket_forms_emoji_codes_and_control_characters(tmp_path: Path, dsn: str) -> None:
     user = "see [link=https://evil.example/x]here[/link], [@click=app.quit]x[/], [on red]y[/on red] :warning:"
     answer = "Done [/] [/link] [@click] :thumbs_up: [b]ok[/b] \\[escaped] [[double]]"
@@ -149,6 +151,7 @@ def test_json_output_is_parseable_and_escapes_c1_controls() -> None:
 # -- case 02: every part of every message ------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_case02_history_shows_text_said_with_tool_calls(tmp_path: Path, dsn: str) -> None:
     case_dir = case_copy(tmp_path, "c02")
     ok(cli(case_dir, "run", "agentrun.yaml", dsn=dsn))
@@ -157,6 +160,7 @@ def test_case02_history_shows_text_said_with_tool_calls(tmp_path: Path, dsn: str
     assert 'get_order_status({"order_id": "Q-7730"})' in history
 
 
+@pytest.mark.process
 def test_history_shows_several_calls_a_refusal_full_keys_and_json(tmp_path: Path, dsn: str) -> None:
     case_dir = case_copy(tmp_path, "c02", script={"turns": [
         {"content": "Two lookups.", "tool_calls": [
@@ -184,6 +188,7 @@ def test_history_shows_several_calls_a_refusal_full_keys_and_json(tmp_path: Path
 # -- case 03: NUL and lone surrogates ----------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_case03_unstorable_characters_are_replaced_and_the_tool_runs_once(tmp_path: Path, dsn: str) -> None:
     case_dir = case_copy(tmp_path, "c03")
     ok(cli(case_dir, "run", "agentrun.yaml", dsn=dsn))
@@ -195,6 +200,7 @@ def test_case03_unstorable_characters_are_replaced_and_the_tool_runs_once(tmp_pa
     assert f"Reference RX-31{R} confirmed {R} see you soon." in history
 
 
+@pytest.mark.process
 def test_unstorable_characters_in_input_arguments_names_and_ids(tmp_path: Path, dsn: str) -> None:
     case_dir = case_copy(
         tmp_path, "c03",
@@ -278,6 +284,7 @@ def test_the_store_writes_unstorable_text_from_any_caller(store: Store) -> None:
 # -- case 04: output is best effort ---------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_case04_closed_stdout_does_not_stop_the_run(tmp_path: Path, dsn: str) -> None:
     case_dir = case_copy(tmp_path, "c04")
     with open(tmp_path / "err.txt", "w") as errf:
@@ -290,6 +297,7 @@ def test_case04_closed_stdout_does_not_stop_the_run(tmp_path: Path, dsn: str) ->
     assert executions(case_dir) == 2
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("redirect", ["1>&- 2>&-", ">/dev/full 2>/dev/full", "2>&- | head -c 1 >/dev/null"])
 def test_closed_or_full_streams_never_change_the_exit_code(tmp_path: Path, dsn: str, redirect: str) -> None:
     case_dir = case_copy(tmp_path, "c04")
@@ -303,6 +311,7 @@ def test_closed_or_full_streams_never_change_the_exit_code(tmp_path: Path, dsn: 
     assert (case_dir / "rc.txt").read_text().strip() == "rc=2"
 
 
+@pytest.mark.process
 def test_a_terminal_that_cannot_encode_the_text(tmp_path: Path, dsn: str) -> None:
     case_dir = case_copy(tmp_path, "c03")
     ascii_env = {"PYTHONIOENCODING": "ascii", "LANG": "C", "LC_ALL": "C"}
@@ -406,6 +415,7 @@ def iter_read(fd: int) -> bytes:
     return b"".join(chunks)
 
 
+@pytest.mark.process
 def test_help_to_a_pipe_and_bytes_written_by_click() -> None:
     """click probes a stream with ``write(b"")`` and then writes bytes to it (``--help`` does):
     the best-effort stream must take them, or ``agentfast --help | cat`` exits 1."""

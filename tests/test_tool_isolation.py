@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import psycopg
+import pytest
 import yaml
 
 from agentfast.runner.examples import EXAMPLES_DSN_ENV
@@ -53,6 +54,7 @@ def _with_password(dsn: str, password: str) -> str:
     return psycopg.conninfo.make_conninfo(dsn, password=password)
 
 
+@pytest.mark.process
 def test_a_hostile_tool_sees_neither_the_store_credential_nor_the_model_key(dsn: str, tmp_path: Path) -> None:
     password, key = f"store-pw-{uuid.uuid4().hex}", f"sk-model-{uuid.uuid4().hex}"
     store_dsn = _with_password(dsn, password)
@@ -71,6 +73,7 @@ def test_a_hostile_tool_sees_neither_the_store_credential_nor_the_model_key(dsn:
     assert "agentfast.runner.toolhost" in found["reads"]["/proc/self/cmdline"]  # the tool ran in the host
 
 
+@pytest.mark.process
 def test_the_runner_never_imports_a_tool_module(dsn: str, tmp_path: Path) -> None:
     log = tmp_path / "imports.log"
     flag = tmp_path / "die.flag"
@@ -83,6 +86,7 @@ def test_the_runner_never_imports_a_tool_module(dsn: str, tmp_path: Path) -> Non
     assert importers and proc.pid not in importers, (proc.pid, importers)
 
 
+@pytest.mark.process
 def test_a_tool_host_that_dies_mid_call_leaves_the_call_in_flight_and_the_resume_settles_it(dsn: str, tmp_path: Path) -> None:
     flag = tmp_path / "die.flag"
     env = {"DIE_ONCE_FLAG": str(flag), "PYTHONPATH": str(Path.cwd())}
@@ -120,6 +124,7 @@ def test_tool_environment_drops_credentials_and_adds_the_tools_own_settings(tmp_
                    EXAMPLES_DSN_ENV: "host=db user=agentfast_examples"}
 
 
+@pytest.mark.process
 def test_a_tool_module_that_raises_on_import_fails_the_run_not_the_runner(dsn: str, tmp_path: Path) -> None:
     bad = tmp_path / "bad_tools_mod.py"
     bad.write_text("raise RuntimeError('no config for this tool')\n")
@@ -138,6 +143,7 @@ with open(os.environ["SLOW_IMPORTED_AT"], "a") as f:
 '''
 
 
+@pytest.mark.process
 def test_a_replacement_commits_its_takeover_while_the_tool_host_still_imports(dsn: str, tmp_path: Path) -> None:
     # Issue 14: the runner takes the run over (lease, epoch bump, checkpoint) while the tool host
     # imports the tools beside it, and asks for them only then; nothing runs before the takeover.

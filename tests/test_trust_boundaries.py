@@ -22,9 +22,12 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 import yaml
 
 from .helpers import EXAMPLES, count_rows, run_cli
+
+pytestmark = pytest.mark.process  # every test here starts real OS processes (tests/conftest.py: tiers)
 
 EVIL = '''
 import sys
