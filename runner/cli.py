@@ -294,7 +294,8 @@ def _collect_from_now_on() -> None:
 
 def _drive_with(store: Store, run: AgentRun, model: ChatModel, tools: ToolRegistry | Callable[[], ToolRegistry], *, wait: bool,
                 interactive: bool, force: bool, wait_for_holder_s: float | None = None) -> Outcome:
-    from .loop import VanillaRunner, run_id_of
+    from .adapters.vanilla import VanillaRunner
+    from .loop import run_id_of
 
     stop = threading.Event()
 
