@@ -102,23 +102,6 @@ class ProgressEvent:
     pending: PendingToolCall | None = None
 
 
-def preflight(run: AgentRun) -> None:
-    """Checks ``parse_agentrun`` leaves to run time, made before a run is registered or started.
-
-    The classifier resolves, the model script loads (the tools are checked by the tool host,
-    which alone imports them: ``runner/toolhost.py``). Without them a bad file was found only
-    after ``create_run``: a traceback and a run record left behind. Raises SpecError naming the field.
-    """
-    get_classifier(run.spec.budget.classifier)
-    if run.spec.model.script:
-        from .scripted import load_script  # only then: an endpoint's run never imports the scripted server
-
-        try:
-            load_script(run.spec.model.script)
-        except ValueError as e:
-            raise SpecError(f"spec.model.script: {e}") from None
-
-
 def fail_invalid_spec(store: Store, run: AgentRun, message: str, *, force: bool = False, wait_for_holder_s: float | None = None) -> Outcome:
     """End a registered run as ``Failed`` / ``InvalidSpec`` with ``message``, running nothing of it.
 
