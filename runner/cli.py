@@ -240,9 +240,9 @@ def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool, force:
     predecessor and shows its takeover without waiting for a second Python to start. A tool that
     no longer imports (a registered run's module changed) then ends the run ``InvalidSpec``, as
     before, from inside the runner (``RunnerBase``)."""
-    from .loop import fail_invalid_spec, preflight, run_id_of
+    from .loop import fail_invalid_spec, run_id_of
     from .model import ModelError, model_from_spec
-    from .spec import SpecError
+    from .spec import SpecError, preflight
     from .toolhost import ToolHost
 
     try:
@@ -294,7 +294,8 @@ def _collect_from_now_on() -> None:
 
 def _drive_with(store: Store, run: AgentRun, model: ChatModel, tools: ToolRegistry | Callable[[], ToolRegistry], *, wait: bool,
                 interactive: bool, force: bool, wait_for_holder_s: float | None = None) -> Outcome:
-    from .loop import VanillaRunner, run_id_of
+    from .adapters import adapter_class
+    from .loop import run_id_of
 
     stop = threading.Event()
 
@@ -307,12 +308,7 @@ def _drive_with(store: Store, run: AgentRun, model: ChatModel, tools: ToolRegist
     # (its output to /dev/null, a prompt reads end of input) instead of dying on SIGHUP.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
-        runner_class = VanillaRunner
-        if run.spec.adapter == "langgraph":
-            from .adapters.langgraph import LangGraphRunner
-
-            runner_class = LangGraphRunner
-        runner = runner_class(
+        runner = adapter_class(run.spec.adapter)(
             store, run, model, tools, wait_for_approval=wait, stop=stop, on_event=_Progress(store, run_id_of(run), interactive),
             force=force, suspend_after_s=_suspend_after_s(),
             wait_for_holder_s=wait_for_holder_s,
@@ -340,8 +336,8 @@ def run(file: str, dsn: str | None, wait: bool, force: bool) -> None:
     A run on a real endpoint names a ModelConfig (``spec.model.config``) given as another
     document of the same file; its key, if it names one, is read from AGENTFAST_MODEL_API_KEY.
     """
-    from .loop import preflight, run_id_of
-    from .spec import SpecError, import_refs, load_agentrun
+    from .loop import run_id_of
+    from .spec import SpecError, import_refs, load_agentrun, preflight
     from .store import UidTaken
     from .toolhost import ToolHost
 

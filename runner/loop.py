@@ -1,15 +1,15 @@
-"""The runner: :class:`RunnerBase` (what every adapter shares) and :class:`VanillaRunner`.
+"""The runner's core: :class:`RunnerBase` (what every adapter shares); the adapters are in ``runner/adapters/``.
 
 ``RunnerBase`` owns the lease, the snapshot, model turns (persisted before any tool runs),
 approvals, budgets, commits and endings; an adapter only decides how an iteration is driven.
-The vanilla adapter is a loop-owning tool-calling agent, checkpointed after every iteration.
 
-One vanilla iteration (G1): check the budget (G7); ask the model (or, on resume, reuse the reply already
-persisted for this iteration); persist the reply and the intent of every tool call it asked for;
-run the non-gated calls in order through the journal (G3, G4); if calls need a human, commit a
-checkpoint whose ``pending`` lists every one of them at once and the siblings' results (G5), and
-wait until each is decided (approve, deny or complete, in any order); then append the
-assistant message and the tool results in the model's original order and commit the checkpoint.
+The adapter contract lives here, on ``RunnerBase`` itself, rather than in a module of its own: an
+adapter is a subclass (the core's durable steps, in their order, are the base class's methods, so a
+separate protocol would only restate them). :class:`RunnerBase` documents both halves: what an
+adapter implements (``adapter``, :meth:`~RunnerBase.drive`, optional hooks) and the public surface
+the core offers it. An adapter uses only that surface, never a ``_private`` member of the core;
+``runner/adapters/__init__.py`` maps ``spec.adapter`` to the adapter classes, and only the CLI
+(the composition root) picks one.
 
 Exit codes (:class:`Outcome`.exit_code), shared with the CLI and the operator's replacement policy (operator/lifecycle.py):
 0 finished, cancelled or paused for approval, 1 failed for good (budget, deadline, model rejected
@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -68,7 +69,7 @@ from .tools import ToolRegistry
 
 log = logging.getLogger(__name__)
 
-_UNREAD = object()  # RunnerBase._halted: no end requests at hand, read them
+_UNREAD = object()  # RunnerBase.halted: no end requests at hand, read them
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -99,23 +100,6 @@ class ProgressEvent:
     context: RunContext
     detail: str = ""
     pending: PendingToolCall | None = None
-
-
-def preflight(run: AgentRun) -> None:
-    """Checks ``parse_agentrun`` leaves to run time, made before a run is registered or started.
-
-    The classifier resolves, the model script loads (the tools are checked by the tool host,
-    which alone imports them: ``runner/toolhost.py``). Without them a bad file was found only
-    after ``create_run``: a traceback and a run record left behind. Raises SpecError naming the field.
-    """
-    get_classifier(run.spec.budget.classifier)
-    if run.spec.model.script:
-        from .scripted import load_script  # only then: an endpoint's run never imports the scripted server
-
-        try:
-            load_script(run.spec.model.script)
-        except ValueError as e:
-            raise SpecError(f"spec.model.script: {e}") from None
 
 
 def fail_invalid_spec(store: Store, run: AgentRun, message: str, *, force: bool = False, wait_for_holder_s: float | None = None) -> Outcome:
@@ -159,11 +143,11 @@ class BudgetExceeded(Exception):
     """Raised before a model call when a budget limit is reached; ends the run as Failed."""
 
 
-class RunnerBase:
+class RunnerBase(ABC):
     """What every adapter shares: lease, snapshot, model turns, approvals, commits, endings.
 
     Drives one run to completion, to a pause for approval, or to a retriable stop. Subclasses
-    implement :meth:`_drive`. ``stop``: set it (the CLI does on SIGTERM) and the runner starts
+    implement :meth:`drive`. ``stop``: set it (the CLI does on SIGTERM) and the runner starts
     no new tool call, commits what it has, and returns exit code 75. ``wait_for_approval``:
     False returns at the first pause (exit 0, phase WaitingForApproval) instead of waiting.
     ``suspend_after_s``: waiting longer than this (s) returns the same way (a runner pod then
@@ -173,7 +157,7 @@ class RunnerBase:
     host's: it imports the tools while this runner takes the run over), called once the takeover
     is committed and before anything runs; a SpecError it raises ends the run ``InvalidSpec``.
 
-    Safe points (:meth:`_halted`): at the top of every iteration, before every tool call and
+    Safe points (:meth:`halted`): at the top of every iteration, before every tool call and
     while waiting for a decision, the runner also reads the run's cancel request and age from
     the store, in the same transaction as the write just before it where there is one (the
     previous checkpoint; before a call, the write that marks it started, which refuses to once
@@ -181,6 +165,25 @@ class RunnerBase:
     tool call starts, a call in flight finishes and its result is kept, a pending call stays
     undecided and never runs. A run older than ``spec.activeDeadlineSeconds`` (wall clock since
     it was registered) ends ``Failed`` (reason ``DeadlineExceeded``, exit 1).
+
+    **The adapter contract.** An adapter subclasses this class, is constructed with the arguments
+    above and run once with :meth:`run`. It implements:
+
+    - ``adapter``: its ``spec.adapter`` value, recorded in the run's session;
+    - :meth:`drive`: drive the run from its snapshot (committed, the run claimed) to an Outcome;
+    - optionally :meth:`start_with_turn` (write a call's intent with the model turn),
+      :meth:`sdk_rows` / :meth:`sdk_rows_stored` (an SDK's own state, committed with the checkpoint).
+
+    The core offers it, and an adapter uses nothing else of the core: the attributes ``snap``
+    (the :class:`StateSnapshot` in memory, committed by :meth:`commit`), ``store``, ``run_id``,
+    ``spec``, ``tools`` (a :class:`ToolRegistry`), ``stop`` (threading.Event) and ``executor``
+    (the :class:`~.journal.CallExecutor` running journaled calls, set before :meth:`drive`); the
+    safe points :meth:`halted`, :meth:`halt_known`, :meth:`take_ends` and :meth:`halt_outcome`;
+    model turns :meth:`model_turn`, :meth:`planned_entries`, :meth:`take_intent`; tool calls
+    :meth:`triage`, :meth:`decisions`, :meth:`apply_decision`; and :meth:`commit`,
+    :meth:`finish`, :meth:`emit`. These raise what the store, the model and the tool host raise
+    (StoreUnavailable, LeaseLost, RunEnding, PayloadTooLarge, ModelError, BudgetExceeded,
+    ToolHostLost); :meth:`run` turns each into its Outcome, so an adapter lets them propagate.
     """
 
     adapter = "base"
@@ -219,7 +222,7 @@ class RunnerBase:
         self._planned: tuple[int, list[JournalEntry]] | None = None  # its journal entries, if this runner saved it
         # (iteration, position, what the write returned) of a call whose intent the turn's write recorded
         self._intent: tuple[int, int, EndRequests | None] | None = None
-        self._ends_read: EndRequests | None | object = _UNREAD  # read by the last commit for the next _halted()
+        self._ends_read: EndRequests | None | object = _UNREAD  # read by the last commit for the next halted()
         self._active_since: float | None = None
         self._ending: tuple[str, str, str] | None = None  # (phase, reason, message) a safe point found
         self._deadline_mono: float | None = None  # time.monotonic() when spec.activeDeadlineSeconds passes
@@ -260,27 +263,27 @@ class RunnerBase:
             self._active_since = time.monotonic()
             if snap is None:
                 self.snap = self._initial_snapshot(record.run_uid)
-                self._commit()
+                self.commit()
             else:
                 self.snap = snap
                 self._stored = len(snap.messages)
                 if snap.context.status.phase in TERMINAL_PHASES:
                     return self._outcome_of_terminal()
                 snap.context.counters.resumes += 1
-                self._commit()  # the takeover is visible at once (status.restarts), not at the next step
+                self.commit()  # the takeover is visible at once (status.restarts), not at the next step
             warm = getattr(self.model, "warm", None)  # the model client's imports, off the takeover's path
             if warm is not None:
                 warm()
             if self._resolve_tools is not None:  # the run is ours and the old runner fenced: now wait for the tools
                 self.tools, self._resolve_tools = self._resolve_tools(), None
             self.executor = CallExecutor(self.store, self.lease, record.run_uid, self.tools, deadline_s=self.spec.activeDeadlineSeconds)
-            self._emit("started")
-            return self._drive()
+            self.emit("started")
+            return self.drive()
         except BudgetExceeded as err:
-            return self._finish("Failed", "BudgetExceeded", str(err))
+            return self.finish("Failed", "BudgetExceeded", str(err))
         except RunEnding as err:  # a cancel or the deadline, found by the write that would have started a call
-            self._halted(err.ends)
-            return self._halt_outcome("stop requested before a tool call; resume to continue")
+            self.halted(err.ends)
+            return self.halt_outcome("stop requested before a tool call; resume to continue")
         except LeaseLost as err:
             log.error("lease lost: %s", err)
             return Outcome("LeaseLost", EXIT_LEASE_LOST, f"another runner took this run over; stopping without effects ({err})")
@@ -291,15 +294,19 @@ class RunnerBase:
         except ModelError as err:
             if err.retriable:
                 return self._retry_exit(f"model unavailable: {err}")
-            return self._finish("Failed", "ModelError", f"the model rejected the request: {err}")
+            return self.finish("Failed", "ModelError", f"the model rejected the request: {err}")
         except PayloadTooLarge as err:  # permanent: retrying would fail the same way, for ever
             return self._fail_too_large(err)
         except SpecError as err:  # user code named by the spec (a classifier, a graph factory) failed: G12
             if not hasattr(self, "snap"):
                 self.snap = self._initial_snapshot(record.run_uid, classify=False)
-            return self._finish("Failed", "InvalidSpec", str(err), exit_code=EXIT_BAD_INPUT)
+            return self.finish("Failed", "InvalidSpec", str(err), exit_code=EXIT_BAD_INPUT)
 
-    def _drive(self) -> Outcome:
+    @abstractmethod
+    def drive(self) -> Outcome:
+        """The adapter's loop: from ``snap`` (committed, the run claimed, ``executor`` set) to how
+        the run ends: :meth:`finish`, :meth:`halt_outcome` or the Outcome :meth:`decisions`
+        returned. Exceptions propagate to :meth:`run`, which ends the run by them."""
         raise NotImplementedError
 
     def _fail_too_large(self, err: PayloadTooLarge) -> Outcome:
@@ -309,21 +316,22 @@ class RunnerBase:
         transcript, as ``Store.end_run`` does). Raises LeaseLost, StoreUnavailable."""
         message = f"{err}; the run cannot go on without it"
         try:
-            return self._finish("Failed", "PayloadTooLarge", message)
+            return self.finish("Failed", "PayloadTooLarge", message)
         except PayloadTooLarge:
             snap = self.store.load_snapshot(self.run_id)
             if snap is None:  # its very first commit (the input itself) was refused
                 snap = StateSnapshot(run_id=self.run_id, context=self.snap.context, messages=[])
             self.snap, self._stored = snap, len(snap.messages)
-            return self._finish("Failed", "PayloadTooLarge", message)
+            return self.finish("Failed", "PayloadTooLarge", message)
 
     # -- model turns and tool plans ------------------------------------------------------------
 
-    def _model_turn(self, it: int, messages: list[Message]) -> Turn:
+    def model_turn(self, it: int, messages: list[Message]) -> Turn:
         """The model's reply for iteration ``it``: the persisted one on a resume, else a new one.
 
         A new reply is asked only after the budget check (G7); it is persisted with the intent of
-        each call it asks for before any tool runs. Raises BudgetExceeded, ModelError.
+        each call it asks for before any tool runs. ``it``: 1 for the first model call of the run;
+        ``messages``: the transcript the model is sent. Raises BudgetExceeded, ModelError.
         """
         turn = None
         if self._last_turn is not None and self._last_turn.iteration == it:
@@ -334,7 +342,7 @@ class RunnerBase:
             reason = check_budget(self.snap.context)
             if reason:
                 raise BudgetExceeded(reason)
-            self._emit("model_call", f"iteration {it}")
+            self.emit("model_call", f"iteration {it}")
             faults.point("model.before_call")
             reply = self.model.complete(messages, self.tools.schemas)
             faults.point("model.after_call")
@@ -342,7 +350,7 @@ class RunnerBase:
             message = distinct_tool_call_ids(reply.message, messages, it)
             turn = Turn(it, message, reply.prompt_tokens, reply.completion_tokens)
             plan = self._plan(it, turn.message)
-            start = self._start_with_turn(plan)
+            start = self.start_with_turn(plan)
             if start is None:
                 turn = self.store.save_turn(self.lease, turn, plan)  # as stored: see runner/storable.py
             else:  # the first call's intent in the same write (what mark_started would write next)
@@ -354,12 +362,12 @@ class RunnerBase:
         self._account(turn)
         return turn
 
-    def _start_with_turn(self, plan: list[JournalEntry]) -> int | None:
+    def start_with_turn(self, plan: list[JournalEntry]) -> int | None:
         """The position of the call whose intent is written with the turn (its run comes next,
         with nothing but computing between), or None: the intents are written one by one."""
         return None
 
-    def _take_intent(self, it: int, position: int) -> EndRequests | None | object:
+    def take_intent(self, it: int, position: int) -> EndRequests | None | object:
         """What the turn's write returned for call ``position`` of iteration ``it``, if it
         recorded that call's intent (once), else ``journal.NOT_WRITTEN``."""
         intent, self._intent = self._intent, None
@@ -401,13 +409,13 @@ class RunnerBase:
             )
         return entries
 
-    def _planned_entries(self, it: int) -> list[JournalEntry] | None:
+    def planned_entries(self, it: int) -> list[JournalEntry] | None:
         """The journal entries of iteration ``it`` as this runner just saved them (taken once:
         they go stale as the calls run), or None when the journal must be read."""
         planned, self._planned = self._planned, None
         return planned[1] if planned is not None and planned[0] == it else None
 
-    def _triage(self, e: JournalEntry) -> ToolResult | str:
+    def triage(self, e: JournalEntry) -> ToolResult | str:
         """How one journaled call of the current batch goes on.
 
         Returns its result if it is done, or if it was interrupted in flight and its tool's
@@ -423,13 +431,13 @@ class RunnerBase:
         ):
             found = self.executor.recover(e)
             if isinstance(found, ToolResult):
-                self._emit("tool_completed", f"{e.call_id} {e.tool_call.name}: its recovery check found the effect done")
+                self.emit("tool_completed", f"{e.call_id} {e.tool_call.name}: its recovery check found the effect done")
                 return found
             if found is True:
                 return "run"
         return "human" if self.executor.needs_human(e) else "run"
 
-    def _decisions(self, waiting: list[JournalEntry], siblings: list[ToolResult]) -> dict[int, Decision] | Outcome:
+    def decisions(self, waiting: list[JournalEntry], siblings: list[ToolResult]) -> dict[int, Decision] | Outcome:
         """The human decision on every call of a batch that awaits one, by position.
 
         ``waiting``: those calls, in the model's order; ``siblings``: the batch's results so far
@@ -450,9 +458,9 @@ class RunnerBase:
                 got = self.store.wait_for_decisions(self.run_id, list(ids.values()), self.stop, until=until)
                 if got is not None:
                     break
-                if self._halted():  # stopped, cancelled or past the deadline
+                if self.halted():  # stopped, cancelled or past the deadline
                     self._active_since = time.monotonic()
-                    return self._halt_outcome("stop requested (SIGTERM) while waiting for approval; resume to continue")
+                    return self.halt_outcome("stop requested (SIGTERM) while waiting for approval; resume to continue")
                 if suspend_at is not None and time.monotonic() >= suspend_at:
                     # spec.suspendAfter: free the pod and the connections; a decision starts a new runner
                     self._active_since = time.monotonic()
@@ -489,42 +497,42 @@ class RunnerBase:
             self.snap.pending = PendingToolCall.of(awaited, siblings)
             ctx.counters.approvals_requested += sum(1 for a in awaited if a.call_id not in before)
             ctx.status = RunStatus(phase="WaitingForApproval", reason="AwaitingApproval", message=awaiting_message(awaited))
-            self._commit()
+            self.commit()
         faults.point("approval.waiting")
         # From here on the run waits for a human, also while the CLI asks at its own prompt (an
         # on_event callback): waiting time, not active time against max_duration_ms.
         self._account_active()
         self._active_since = None
-        self._emit("waiting", ", ".join(self.snap.pending.call_ids), pending=self.snap.pending)
+        self.emit("waiting", ", ".join(self.snap.pending.call_ids), pending=self.snap.pending)
         if not self.wait_for_approval:
             return Outcome("WaitingForApproval", EXIT_OK, ctx.status.message, pending=self.snap.pending)
         return None
 
-    def _apply(self, e: JournalEntry, d: Decision) -> ToolResult | None:
-        """Carry out a human's decision on an awaited call; None if halted (:meth:`_halted`:
+    def apply_decision(self, e: JournalEntry, d: Decision) -> ToolResult | None:
+        """Carry out a human's decision on an awaited call; None if halted (:meth:`halted`:
         stopped, cancelled, past the deadline) before an approved run."""
         name = e.tool_call.name
         if d.decision == "approve":
-            if self._halted():
+            if self.halted():
                 return None
             result = self.executor.execute(e)
-            self._emit("tool_result", f"{e.call_id} {name}")
+            self.emit("tool_result", f"{e.call_id} {name}")
         elif d.decision == "complete":
             result = self.executor.complete(e, d.result or "", d.decided_by)
-            self._emit("tool_completed", f"{e.call_id} {name}: recorded as already done by {d.decided_by or 'a human'}")
+            self.emit("tool_completed", f"{e.call_id} {name}: recorded as already done by {d.decided_by or 'a human'}")
         else:
             attempted = e.attempts > 0  # the denial of an unsafe re-run: it ran, or may have
             decided_id = self.executor.decision_id(e)
             result = self.executor.deny(e, d.reason)
-            self._emit("tool_denied_rerun" if attempted else "tool_denied", f"{decided_id} {name}: {d.reason or ''}")
+            self.emit("tool_denied_rerun" if attempted else "tool_denied", f"{decided_id} {name}: {d.reason or ''}")
         return result
 
     # -- safe points: stop, cancel, deadline -------------------------------------------------------
 
-    def _halted(self, ends: EndRequests | None | object = _UNREAD) -> bool:
+    def halted(self, ends: EndRequests | None | object = _UNREAD) -> bool:
         """Whether the run must start nothing more now: ``stop`` is set (SIGTERM), or the store
         holds a cancel request for it, or it is past ``spec.activeDeadlineSeconds``. The last two
-        are remembered (:meth:`_halt_outcome` ends the run with them). ``ends``: the run's
+        are remembered (:meth:`halt_outcome` ends the run with them). ``ends``: the run's
         :class:`EndRequests` as a write just read them (the same transaction); else one query
         to the store. Raises StoreUnavailable."""
         if self._ending is None:
@@ -539,17 +547,27 @@ class RunnerBase:
                 self._deadline_mono = time.monotonic() + (deadline - ends.age_s) + 0.01
         return self._ending is not None or self.stop.is_set()
 
+    def halt_known(self) -> bool:
+        """Whether :meth:`halted` would say so without asking the store: ``stop`` is set, or a
+        safe point already found a cancel request or the deadline. Reads nothing."""
+        return self._ending is not None or self.stop.is_set()
+
+    def take_ends(self) -> EndRequests | None | object:
+        """The end requests the last commit read for the :meth:`halted` that follows it (once)."""
+        ends, self._ends_read = self._ends_read, _UNREAD
+        return ends
+
     def _deadline_at(self) -> float | None:
         """``time.monotonic()`` at which ``spec.activeDeadlineSeconds`` passes, or None (none, or
-        not known yet: :meth:`_halted` learns it)."""
+        not known yet: :meth:`halted` learns it)."""
         if self.spec.activeDeadlineSeconds is None:
             return None
         if self._deadline_mono is None:
-            self._halted()
+            self.halted()
         return self._deadline_mono
 
-    def _halt_outcome(self, stopped: str) -> Outcome:
-        """How the run ends at a safe point where :meth:`_halted` said so: cancelled (exit 0) or
+    def halt_outcome(self, stopped: str) -> Outcome:
+        """How the run ends at a safe point where :meth:`halted` said so: cancelled (exit 0) or
         past its deadline (Failed, exit 1) when the store said so, else stopped by SIGTERM (exit
         75 with the message ``stopped``). A cancelled run keeps its pending call as it was:
         undecided, never run (as ``Store.cancel_run`` does)."""
@@ -557,8 +575,8 @@ class RunnerBase:
             return self._retry_exit(stopped)
         phase, reason, message = self._ending
         if phase == "Cancelled":
-            return self._finish(phase, reason, message, exit_code=EXIT_OK, keep_pending=True)
-        return self._finish(phase, reason, message)
+            return self.finish(phase, reason, message, exit_code=EXIT_OK, keep_pending=True)
+        return self.finish(phase, reason, message)
 
     # -- commits and endings ---------------------------------------------------------------------
 
@@ -594,39 +612,44 @@ class RunnerBase:
             self.snap.context.usage.duration_ms += int((now - self._active_since) * 1000)
             self._active_since = now
 
-    def _commit(self, *, then_halted: bool = False) -> None:
-        """Commit the snapshot (G1). ``then_halted``: the caller's next step is :meth:`_halted`
-        (:meth:`_take_ends` gives it the run's end requests, read by the commit itself)."""
+    def commit(self, *, then_halted: bool = False) -> None:
+        """Commit the snapshot (G1). ``then_halted``: the caller's next step is :meth:`halted`
+        (:meth:`take_ends` gives it the run's end requests, read by the commit itself). Raises
+        LeaseLost, StoreUnavailable, PayloadTooLarge; RuntimeError if the transcript shrank."""
         self._account_active()
         self.snap.saved_at = int(time.time() * 1000)
         faults.point("checkpoint.before_commit")
         if len(self.snap.messages) < self._stored:
             raise RuntimeError(f"the transcript shrank from {self._stored} to {len(self.snap.messages)} messages; it is append-only")
-        rows = self._sdk_rows()
+        rows = self.sdk_rows()
         if then_halted:
             _, self._ends_read = self.store.commit_checkpoint_then_read_end_requests(self.lease, self.snap, stored_messages=self._stored,
                                                                                      sdk_rows=rows)
         else:
             self.store.commit_checkpoint(self.lease, self.snap, stored_messages=self._stored, sdk_rows=rows)
         self._stored = len(self.snap.messages)
-        self._sdk_rows_stored(rows)
+        self.sdk_rows_stored(rows)
         faults.point("checkpoint.after_commit")
-        self._emit("checkpoint")
+        self.emit("checkpoint")
 
-    def _sdk_rows(self) -> list[SdkRow]:
+    def sdk_rows(self) -> list[SdkRow]:
         """The rows of the SDK's state that ``snap.sdk_state`` names and that are not stored yet;
-        :meth:`_commit` writes them with the checkpoint. Empty for a loop-owning adapter."""
+        :meth:`commit` writes them with the checkpoint. Empty for a loop-owning adapter."""
         return []
 
-    def _sdk_rows_stored(self, rows: list[SdkRow]) -> None:
-        """Called once :meth:`_commit` has committed ``rows``: they need not be sent again."""
+    def sdk_rows_stored(self, rows: list[SdkRow]) -> None:
+        """Called once :meth:`commit` has committed ``rows``: they need not be sent again."""
+        return None  # a hook: nothing to forget unless sdk_rows gave rows
 
-    def _finish(self, phase: str, reason: str, message: str, *, exit_code: int | None = None, keep_pending: bool = False) -> Outcome:
+    def finish(self, phase: str, reason: str, message: str, *, exit_code: int | None = None, keep_pending: bool = False) -> Outcome:
+        """End the run: set its status (``message`` cut to 1000 characters), commit, emit
+        ``finished``. ``exit_code``: None gives 0 for Succeeded, else 1. ``keep_pending``: keep
+        ``snap.pending`` (a cancelled run's undecided calls). Raises what :meth:`commit` raises."""
         if not keep_pending:
             self.snap.pending = None
         self.snap.context.status = RunStatus(phase=phase, reason=reason, message=message[:1000])
-        self._commit()
-        self._emit("finished", message)
+        self.commit()
+        self.emit("finished", message)
         if exit_code is None:
             exit_code = EXIT_OK if phase == "Succeeded" else EXIT_FAILED
         return Outcome(phase, exit_code, message)
@@ -639,92 +662,12 @@ class RunnerBase:
     def _retry_exit(self, message: str) -> Outcome:
         return Outcome("Interrupted", EXIT_RETRY, message)
 
-    def _emit(self, kind: str, detail: str = "", pending: PendingToolCall | None = None) -> None:
+    def emit(self, kind: str, detail: str = "", pending: PendingToolCall | None = None) -> None:
+        """Send a :class:`ProgressEvent` (``kind``: one of its kinds) to ``on_event``; never raises."""
         try:
             self.on_event(ProgressEvent(kind, self.snap.context, detail, pending))
         except (Exception, SystemExit):  # a display problem must never stop a run (rich exits 1 on a broken pipe)
             log.exception("progress callback failed")
-
-
-class VanillaRunner(RunnerBase):
-    """The loop-owning adapter: the transcript in ``StateSnapshot.messages`` is authoritative."""
-
-    adapter = "vanilla"
-
-    def _start_with_turn(self, plan: list[JournalEntry]) -> int | None:
-        """The batch's first call that runs without a human (G5: those run first, in the model's
-        order), when the executor would start it (a known tool, arguments that parse) and no stop
-        is asked yet: its intent is written with the turn, one write instead of two. Else None."""
-        if self._ending is not None or self.stop.is_set():
-            return None
-        first = next((e for e in plan if not self.executor.needs_human(e)), None)
-        return first.position if first is not None and self.executor.startable(first) else None
-
-    def _take_ends(self) -> EndRequests | None | object:
-        """The end requests the last commit read for the :meth:`_halted` that follows it (once)."""
-        ends, self._ends_read = self._ends_read, _UNREAD
-        return ends
-
-    def _drive(self) -> Outcome:
-        while True:
-            if self._halted(self._take_ends()):
-                return self._halt_outcome("stop requested (SIGTERM): state committed; resume to continue")
-            outcome = self._iteration()
-            if outcome is not None:
-                return outcome
-
-    def _iteration(self) -> Outcome | None:
-        it = self.snap.context.counters.iterations + 1
-        turn = self._model_turn(it, self.snap.messages)
-        if not turn.message.tool_calls:
-            self.snap.messages.append(turn.message)
-            self.snap.context.counters.iterations = it
-            return self._finish("Succeeded", "Completed", turn.message.answer_text())
-        return self._run_batch(it, turn)
-
-    def _run_batch(self, it: int, turn: Turn) -> Outcome | None:
-        entries = self._planned_entries(it) or self.store.journal(self.run_id, it)
-        results: dict[int, ToolResult] = {}
-        waiting: list[JournalEntry] = []
-        # G5: the calls that need no human run first, in the model's order.
-        for e in entries:
-            t = self._triage(e)
-            if isinstance(t, ToolResult):
-                results[e.position] = t
-            elif t == "human":
-                waiting.append(e)
-            else:
-                # SIGTERM is checked here; a cancel or the deadline by the write that starts the call (RunEnding).
-                # A call whose intent the turn's write recorded has started: a SIGTERM since then
-                # is one that came just after its intent, and the call runs.
-                intent = self._take_intent(it, e.position)
-                if intent is NOT_WRITTEN and (self._ending is not None or self.stop.is_set()):
-                    return self._halt_outcome("stop requested (SIGTERM) before a tool call; resume to continue")
-                results[e.position] = self.executor.execute(e, intent=intent)
-                self._emit("tool_result", f"{e.call_id} {e.tool_call.name}")
-        if waiting:
-            decided = self._decisions(waiting, [results[p] for p in sorted(results)])
-            if isinstance(decided, Outcome):
-                return decided
-            for e in waiting:
-                r = self._apply(e, decided[e.position])
-                if r is None:
-                    return self._halt_outcome("stop requested (SIGTERM) before an approved tool call; resume to continue")
-                results[e.position] = r
-        # Every call is resolved: the transcript keeps the model's original order.
-        ctx = self.snap.context
-        ordered = [results[p] for p in sorted(results)]
-        self.snap.messages.append(turn.message)
-        self.snap.messages.extend(r.to_message() for r in ordered)
-        ctx.counters.iterations = it
-        ctx.counters.tool_calls += sum(1 for r in ordered if r.error_kind not in ("malformed", "denied"))
-        ctx.counters.tool_errors += sum(1 for r in ordered if r.error_kind == "tool_raised")
-        ctx.counters.malformed_tool_calls += sum(1 for r in ordered if r.error_kind == "malformed")
-        self.snap.pending = None
-        if ctx.status.phase != "Running":
-            ctx.status = RunStatus(phase="Running")
-        self._commit(then_halted=True)  # _drive's next step is _halted()
-        return None
 
 
 class _InvalidSpecRunner(RunnerBase):
@@ -738,5 +681,5 @@ class _InvalidSpecRunner(RunnerBase):
     def _initial_snapshot(self, run_uid: str, *, classify: bool = True) -> StateSnapshot:
         return super()._initial_snapshot(run_uid, classify=False)  # the classifier is user code too
 
-    def _drive(self) -> Outcome:
-        return self._finish("Failed", "InvalidSpec", self.message, exit_code=EXIT_BAD_INPUT)
+    def drive(self) -> Outcome:
+        return self.finish("Failed", "InvalidSpec", self.message, exit_code=EXIT_BAD_INPUT)

@@ -639,6 +639,28 @@ def import_refs(run: AgentRun, *, tools: bool = True) -> None:
         raise SpecError("\n".join(problems))
 
 
+def preflight(run: AgentRun) -> None:
+    """Checks ``parse_agentrun`` leaves to run time, made before a run is registered or started.
+
+    The classifier resolves, the model script loads (the tools are checked by the tool host,
+    which alone imports them: ``runner/toolhost.py``). Without them a bad file was found only
+    after ``create_run``: a traceback and a run record left behind. Raises SpecError naming the field.
+
+    Here, beside ``parse_agentrun``, so a caller checks a run without importing the runner's loop;
+    what it uses is imported only when it is called (``budget`` imports this module).
+    """
+    from .budget import get_classifier
+
+    get_classifier(run.spec.budget.classifier)
+    if run.spec.model.script:
+        from .scripted import load_script  # only then: an endpoint's run never imports the scripted server
+
+        try:
+            load_script(run.spec.model.script)
+        except ValueError as e:
+            raise SpecError(f"spec.model.script: {e}") from None
+
+
 def load_agentrun(path: str | Path, *, check_imports: bool = True) -> AgentRun:
     """Read and validate an AgentRun file: one AgentRun document and, beside it, the ModelConfig
     documents its ``spec.model.config`` may name (the local single-file form). Raises SpecError.

@@ -54,3 +54,17 @@ def test_a_denial_reaches_the_model_in_both_adapters(tmp_path: Path, store: Stor
         assert refund_result[0].content.startswith("denied:") and "over the refund limit" in refund_result[0].content
         assert snap.context.status.phase == "Succeeded"
     assert refunds(dsn) == 0
+
+
+def test_the_registry_has_the_adapter_of_every_spec_adapter_value() -> None:
+    """The CLI picks the adapter class by ``spec.adapter`` from the registry: every value the spec
+    admits names one, and that class records the same value in the run's session."""
+    from typing import get_args
+
+    from agentfast.runner.adapters import ADAPTERS, adapter_class
+    from agentfast.runner.spec import AgentRunSpec
+
+    values = set(get_args(AgentRunSpec.model_fields["adapter"].annotation))
+    assert set(ADAPTERS) == values == {"vanilla", "langgraph"}
+    for name in sorted(values):
+        assert adapter_class(name).adapter == name

@@ -110,7 +110,7 @@ def test_iteration_subject_makes_the_loops_store_calls(dsn: str, tmp_path: Path)
 
     import yaml
 
-    from agentfast.runner.loop import VanillaRunner
+    from agentfast.runner.adapters.vanilla import VanillaRunner
     from agentfast.runner.model import model_from_spec
     from agentfast.runner.spec import parse_agentrun
     from agentfast.runner.store import Store

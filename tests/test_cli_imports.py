@@ -172,11 +172,11 @@ def test_a_driven_run_collects_garbage_from_its_first_model_reply_on(tmp_path: P
     proc = _python(
         "import gc, sys\n"
         "from agentfast.runner import cli, loop\n"
-        "real = loop.RunnerBase._emit\n"
+        "real = loop.RunnerBase.emit\n"
         "def emit(self, kind, *args, **kw):\n"
         "    real(self, kind, *args, **kw)\n"
         "    print('event', kind, gc.isenabled(), flush=True)\n"
-        "loop.RunnerBase._emit = emit\n"
+        "loop.RunnerBase.emit = emit\n"
         f"sys.argv = ['agentfast', 'run', {str(path)!r}, '--no-wait']\n"
         "cli.main()\n", dsn=dsn)
     assert proc.returncode == 0 and "call-2-0" in proc.stdout, proc.stdout + proc.stderr[-2000:]

@@ -23,8 +23,9 @@ import psutil
 import psycopg
 import pytest
 
+from agentfast.runner.adapters.vanilla import VanillaRunner
 from agentfast.runner.liveness import ClaimStopped, RunnerAlive, RunnerClaim, RunnerInfo, runner_state
-from agentfast.runner.loop import EXIT_LEASE_LOST, VanillaRunner, run_id_of
+from agentfast.runner.loop import EXIT_LEASE_LOST, run_id_of
 from agentfast.runner.model import model_from_spec
 from agentfast.runner.snapshot import SCHEMA_VERSION
 from agentfast.runner.store import Store, UnreadableState

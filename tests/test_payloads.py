@@ -18,9 +18,10 @@ import psycopg
 import pytest
 import yaml
 
+from agentfast.runner.adapters.vanilla import VanillaRunner
 from agentfast.runner.examples import EXAMPLES_DSN_ENV
 from agentfast.runner.examples.testing_tools import big_text
-from agentfast.runner.loop import EXIT_FAILED, EXIT_OK, VanillaRunner, run_id_of
+from agentfast.runner.loop import EXIT_FAILED, EXIT_OK, run_id_of
 from agentfast.runner.model import model_from_spec
 from agentfast.runner.payloads import PREFIX, Limits, PayloadTooLarge, externalize
 from agentfast.runner.spec import AgentRun, parse_agentrun

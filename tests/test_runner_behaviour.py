@@ -18,8 +18,9 @@ import psycopg
 import pytest
 import yaml
 
+from agentfast.runner.adapters.vanilla import VanillaRunner
 from agentfast.runner.budget import _FLOOR, check_budget, heuristic_classifier
-from agentfast.runner.loop import EXIT_FAILED, EXIT_LEASE_LOST, EXIT_OK, EXIT_RETRY, Outcome, VanillaRunner, run_id_of
+from agentfast.runner.loop import EXIT_FAILED, EXIT_LEASE_LOST, EXIT_OK, EXIT_RETRY, Outcome, run_id_of
 from agentfast.runner.model import model_from_spec
 from agentfast.runner.snapshot import Budget, RunContext, Session
 from agentfast.runner.spec import AgentRun, parse_agentrun

@@ -51,7 +51,7 @@ BAD: dict[str, list[str]] = {
     "empty-input.yaml": ["spec.input", "at least 1 character"],
 }
 
-# Checked before a run starts (loop.preflight, used by the CLI and the operator): load_agentrun imports refs but does not
+# Checked before a run starts (spec.preflight, used by the CLI): load_agentrun imports refs but does not
 # check what they are, nor load model scripts.
 PREFLIGHT_ONLY = {"tool-ref-not-a-tool.yaml", "unknown-classifier.yaml", "unknown-script.yaml"}
 
@@ -63,7 +63,7 @@ def _good_doc() -> dict:
 def _preflight_error(path: Path) -> str:
     """The error of the checks made before a run starts: ``preflight`` (classifier, script) and the
     tool registry the tool host builds (runner/toolhost.py: the tools are imported there)."""
-    from agentfast.runner.loop import preflight as _preflight
+    from agentfast.runner.spec import preflight as _preflight
     from agentfast.runner.tools import ToolRegistry
 
     with pytest.raises(SpecError) as err:
@@ -103,7 +103,7 @@ def test_the_shipped_example_is_valid() -> None:
     run = load_agentrun(EXAMPLES / "refund.yaml")
     assert run.metadata.name == "refund-demo"
     assert [t.name for t in run.spec.tools] == ["lookup_order", "issue_refund", "add_case_note"]
-    from agentfast.runner.loop import preflight as _preflight
+    from agentfast.runner.spec import preflight as _preflight
 
     _preflight(run)  # does not raise
 

@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from agentfast.runner import output
-from agentfast.runner.loop import VanillaRunner, run_id_of
+from agentfast.runner.adapters.vanilla import VanillaRunner
+from agentfast.runner.loop import run_id_of
 from agentfast.runner.model import MAX_TOOL_CALL_ID, distinct_tool_call_ids, model_from_spec
 from agentfast.runner.scripted import strict_violation
 from agentfast.runner.snapshot import Message, ToolCall

@@ -75,7 +75,7 @@ _FORMAT_V1 = "agentfast.langgraph-saver/1"  # the whole channel state inline; st
 
 class StopRequested(Exception):
     """Raised inside a graph node at a safe point where the run must start nothing more (SIGTERM,
-    a cancel request, the deadline: ``RunnerBase._halted``): no new model or tool call starts."""
+    a cancel request, the deadline: ``RunnerBase.halted``): no new model or tool call starts."""
 
 
 # -- the opaque state -----------------------------------------------------------------------
@@ -595,10 +595,10 @@ class RuntimeChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         runner: LangGraphRunner = self.runner
-        if runner._halted():  # the top of an iteration: stopped, cancelled or past the deadline
+        if runner.halted():  # the top of an iteration: stopped, cancelled or past the deadline
             raise StopRequested()
         it = 1 + sum(isinstance(m, AIMessage) for m in messages)
-        turn = runner._model_turn(it, [to_runtime_message(m) for m in messages])
+        turn = runner.model_turn(it, [to_runtime_message(m) for m in messages])
         ctx = runner.snap.context
         ctx.counters.iterations = max(ctx.counters.iterations, it)
         ai = to_langchain_message(turn.message, msg_id=f"agentfast-turn-{it}")
@@ -632,7 +632,7 @@ class GraphRuntime:
         r = self._runner
         it, pos = task["iteration"], task["position"]
         entry = next(e for e in r.store.journal(r.run_id, it) if e.position == pos)
-        triage = r._triage(entry)
+        triage = r.triage(entry)
         if isinstance(triage, ToolResult):
             result = triage
         elif triage == "human":
@@ -647,15 +647,15 @@ class GraphRuntime:
                 decision = r.store.get_decision(r.run_id, decision_id)
                 if decision is None or decision.decision != resumed.get("decision"):
                     raise RuntimeError(f"resumed {decision_id} with {resumed!r} but the store holds {decision!r}")
-            applied = r._apply(entry, decision)
+            applied = r.apply_decision(entry, decision)
             if applied is None:
                 raise StopRequested()
             result = applied
         else:
-            if r._halted():
+            if r.halted():
                 raise StopRequested()
             result = r.executor.execute(entry)
-            r._emit("tool_result", f"{entry.call_id} {entry.tool_call.name}")
+            r.emit("tool_result", f"{entry.call_id} {entry.tool_call.name}")
         r._counted(it, pos, result)
         return {"messages": [to_langchain_message(result.to_message(), msg_id=f"agentfast-tool-{it}-{pos}")]}
 
@@ -700,7 +700,7 @@ class LangGraphRunner(RunnerBase):
     _tool_kinds: dict[tuple[int, int], str | None] | None = None  # (iteration, position) -> error_kind of each finished call
     _count_lock = threading.Lock()  # tool nodes run on LangGraph's executor threads (one runner per process)
 
-    def _drive(self) -> Outcome:
+    def drive(self) -> Outcome:
         thread_id = self.snap.context.session.run_uid
         self.saver = SnapshotSaver()
         self.saver.import_state(thread_id, self.snap.sdk_state, lambda keys, ranges: self.store.sdk_rows(self.run_id, keys, ranges))
@@ -713,8 +713,8 @@ class LangGraphRunner(RunnerBase):
         stream = self.snap.pending is None
         while True:
             if stream:
-                if self._halted():
-                    return self._halt_outcome("stop requested (SIGTERM): state committed; resume to continue")
+                if self.halted():
+                    return self.halt_outcome("stop requested (SIGTERM): state committed; resume to continue")
                 steps = 0
                 try:
                     for _ in self.graph.stream(graph_input, config, stream_mode="updates", durability="sync"):
@@ -722,7 +722,7 @@ class LangGraphRunner(RunnerBase):
                         self._step_done(thread_id, config)
                 except StopRequested:
                     self._step_done(thread_id, config)
-                    return self._halt_outcome("stop requested (SIGTERM) before a tool call; resume to continue")
+                    return self.halt_outcome("stop requested (SIGTERM) before a tool call; resume to continue")
                 # No step and nothing left to run: the graph had finished and its last superstep
                 # was committed, but the process died before the run's final commit; finish now.
                 if steps == 0 and self.graph.get_state(config).next:
@@ -737,7 +737,7 @@ class LangGraphRunner(RunnerBase):
                 continue
             if not state.next:
                 last = self.snap.messages[-1] if self.snap.messages else None
-                return self._finish("Succeeded", "Completed", last.answer_text() if last else "")
+                return self.finish("Succeeded", "Completed", last.answer_text() if last else "")
 
     def _step_done(self, thread_id: str, config: dict[str, Any]) -> None:
         """After a superstep: mirror the transcript, store LangGraph's state opaquely, commit.
@@ -752,7 +752,7 @@ class LangGraphRunner(RunnerBase):
             self._mirror(messages)
         self.snap.sdk_state = self.saver.export_state(thread_id)  # type: ignore[union-attr]
         self._count_tools()
-        self._commit()
+        self.commit()
 
     def _mirror(self, messages: list[BaseMessage]) -> None:
         """``snap.messages`` := ``messages`` in the runtime's shape, converting only the ones
@@ -793,10 +793,10 @@ class LangGraphRunner(RunnerBase):
         c.tool_errors += kind == "tool_raised"
         c.malformed_tool_calls += kind == "malformed"
 
-    def _sdk_rows(self) -> list[SdkRow]:
+    def sdk_rows(self) -> list[SdkRow]:
         return self.saver.take_rows() if self.saver is not None else []
 
-    def _sdk_rows_stored(self, rows: list[SdkRow]) -> None:
+    def sdk_rows_stored(self, rows: list[SdkRow]) -> None:
         if self.saver is not None:
             self.saver.rows_stored(rows)
 
@@ -810,7 +810,7 @@ class LangGraphRunner(RunnerBase):
         siblings: list[ToolResult] = [e.result for e in entries.values() if e.result is not None]
         self.snap.sdk_state = self.saver.export_state(thread_id)
         self._count_tools()
-        decided = self._decisions(waiting, siblings)
+        decided = self.decisions(waiting, siblings)
         if isinstance(decided, Outcome):
             return decided
         self.snap.pending = None
