@@ -202,7 +202,7 @@ def next_step(pods: list[RunnerPod], now: datetime, *, phase: str | None, all_de
 # -- after the run: its runner pods' time to live ----------------------------------------------------
 
 #: The condition whose ``lastTransitionTime`` says when a run reached each terminal phase.
-END_CONDITIONS = {Phase.SUCCEEDED: "Ready", Phase.FAILED: "Failed", Phase.CANCELLED: "Cancelled"}
+END_CONDITIONS: dict[str, str] = {Phase.SUCCEEDED: "Ready", Phase.FAILED: "Failed", Phase.CANCELLED: "Cancelled"}
 
 
 def ended_at(status: dict[str, Any], now: datetime) -> datetime:

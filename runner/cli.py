@@ -322,7 +322,7 @@ def _drive_with(store: Store, run: AgentRun, model: ChatModel, tools: ToolRegist
             outcome = runner.run()
     finally:
         model.close()
-    style = {Phase.SUCCEEDED: "green", Phase.WAITING_FOR_APPROVAL: "yellow"}.get(outcome.phase, "red")
+    style = {Phase.SUCCEEDED.value: "green", Phase.WAITING_FOR_APPROVAL.value: "yellow"}.get(outcome.phase, "red")
     out.print(styled((outcome.phase, f"bold {style}"), ": ", outcome.message))
     return outcome
 
