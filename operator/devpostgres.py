@@ -49,6 +49,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from agentfast.runner.errors import AgentfastError
+
 # The private address ranges a pod network is taken from (RFC 1918 for IPv4, the unique-local
 # fd00::/8 of RFC 4193 for IPv6): they hold kind's, kubeadm's, k3s' and the test cluster's pod
 # CIDRs (hack/cluster/lib.sh: 10.244.0.0/24) and no public address. A cluster whose pods come
@@ -60,7 +62,7 @@ _ROLE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}\Z")
 _DB_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,62}\Z")
 
 
-class SetupError(Exception):
+class SetupError(AgentfastError):
     """A setting the server cannot start with; the message names it and quotes no password."""
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from agentfast.runner.snapshot import TERMINAL_PHASES
+from agentfast.runner.names import TERMINAL_PHASES, ExitCode, Phase
 
 from .workload import ANNOTATION_ATTEMPT, ANNOTATION_COUNTED, RUNNER_CONTAINER
 
@@ -47,9 +47,9 @@ BACKOFF_CAP_S = 300.0
 #: A deleting pod still there this long past its deletion deadline is taken as lost (its kubelet is gone).
 DELETION_SLACK_S = 5.0
 #: Exit codes: the run's own ending (it committed Failed: budget, model, bad input), "retry me",
-#: "another runner holds the run" (runner/loop.py).
-RUN_ENDED_EXITS = frozenset({1, 2})
-EXIT_RETRY, EXIT_OWNED = 75, 76
+#: "another runner holds the run" (runner/names.py).
+RUN_ENDED_EXITS = frozenset({ExitCode.FAILED, ExitCode.BAD_INPUT})
+EXIT_RETRY, EXIT_OWNED = ExitCode.RETRY, ExitCode.LEASE_LOST
 #: Container waiting reasons that need a person (a missing Secret, an image that cannot be pulled).
 CANNOT_START = frozenset({"CreateContainerConfigError", "CreateContainerError", "ErrImagePull", "ImagePullBackOff",
                           "InvalidImageName", "ErrImageNeverPull", "RunContainerError"})
@@ -181,7 +181,7 @@ def next_step(pods: list[RunnerPod], now: datetime, *, phase: str | None, all_de
         return Step("create", attempt=attempt, lost=last)
     # The newest pod has stopped (an older one may still be leaving: its runner, if alive, holds the run).
     if last.exit_code == 0 and last.deletion_due is None:
-        if phase == "WaitingForApproval" and not all_decided:
+        if phase == Phase.WAITING_FOR_APPROVAL and not all_decided:
             return Step("none", suspended=True)
         return Step("create", attempt=attempt)  # it paused and is decided now (or ended a step early): go on
     if last.exit_code in RUN_ENDED_EXITS and last.deletion_due is None:
@@ -202,7 +202,7 @@ def next_step(pods: list[RunnerPod], now: datetime, *, phase: str | None, all_de
 # -- after the run: its runner pods' time to live ----------------------------------------------------
 
 #: The condition whose ``lastTransitionTime`` says when a run reached each terminal phase.
-END_CONDITIONS = {"Succeeded": "Ready", "Failed": "Failed", "Cancelled": "Cancelled"}
+END_CONDITIONS: dict[str, str] = {Phase.SUCCEEDED: "Ready", Phase.FAILED: "Failed", Phase.CANCELLED: "Cancelled"}
 
 
 def ended_at(status: dict[str, Any], now: datetime) -> datetime:

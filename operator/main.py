@@ -46,9 +46,24 @@ import kubernetes
 import psycopg
 from kubernetes.client.rest import ApiException
 
+from agentfast.runner.errors import AgentfastError
 from agentfast.runner.liveness import runner_state, runs_held
+from agentfast.runner.names import (
+    API_VERSION,
+    EVENT_NORMAL,
+    EVENT_WARNING,
+    GROUP,
+    KIND,
+    MODELCONFIG_PLURAL,
+    PLURAL,
+    TERMINAL_PHASES,
+    VERSION,
+    EventReason,
+    Phase,
+    format_run_id,
+    parse_run_id,
+)
 from agentfast.runner.scripted import bundled_scripts
-from agentfast.runner.snapshot import TERMINAL_PHASES
 from agentfast.runner.spec import (
     CALL_ID_PATTERN,
     DEFAULT_ALLOWED_MODULES,
@@ -95,8 +110,6 @@ from .workload import (
     runner_settings,
 )
 
-GROUP, VERSION, PLURAL = "agentfast.dev", "v1alpha1", "agentruns"
-MODELCONFIGS = "modelconfigs"
 log = logging.getLogger("agentfast.operator")
 
 
@@ -217,7 +230,7 @@ def on_runner_pod(body: kopf.Body, **_: Any) -> None:
     meta = body["metadata"]
     # The label holds the name only when it fits a label (63 characters); the annotation always does.
     name = (meta.get("annotations") or {}).get(ANNOTATION_RUN) or meta["labels"][LABEL_RUN]
-    run = _BODIES.get(f"{meta['namespace']}/{name}") or _get_agentrun(meta["namespace"], name)  # as the watch showed it last
+    run = _BODIES.get(format_run_id(meta["namespace"], name)) or _get_agentrun(meta["namespace"], name)  # as the watch showed it last
     if run is not None and run["metadata"]["uid"] == meta["labels"][LABEL_RUN_UID]:  # not a pod of an earlier run of that name
         reconcile(run)
 
@@ -228,7 +241,7 @@ def on_agentrun_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
     had not ended is ``Cancelled`` in the store, its rows kept (unless deleteDataOnDelete removed
     them already), any runner still holding it fenced off."""
     meta = body["metadata"]
-    key = f"{meta.get('namespace')}/{meta.get('name')}"
+    key = format_run_id(meta.get("namespace"), meta.get("name"))
     if event.get("type") != "DELETED":
         _BODIES[key] = dict(body)  # the progress path publishes from it, without a GET per commit
         return
@@ -237,7 +250,7 @@ def on_agentrun_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
     _forget_run(str(meta.get("uid")))
     if STATE.store is None:
         return
-    run_id = f"{meta['namespace']}/{meta['name']}"
+    run_id = format_run_id(meta["namespace"], meta["name"])
     record = STATE.store.get_run(run_id)
     if record is not None and record.run_uid == meta.get("uid"):  # not a newer AgentRun of that name
         STATE.store.cancel_run(run_id, f"the AgentRun {meta['name']} was deleted before the run ended; nothing more runs")
@@ -246,7 +259,7 @@ def on_agentrun_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
 @kopf.on.delete(GROUP, VERSION, PLURAL, id="delete-data", optional=not SETTINGS.delete_data)
 def on_delete(body: kopf.Body, **_: Any) -> None:
     if SETTINGS.delete_data and STATE.store is not None:
-        STATE.store.delete_run(f"{body['metadata']['namespace']}/{body['metadata']['name']}")
+        STATE.store.delete_run(format_run_id(body["metadata"]["namespace"], body["metadata"]["name"]))
 
 
 # -- the reconcile ---------------------------------------------------------------------------------
@@ -264,7 +277,7 @@ def reconcile(body: dict[str, Any]) -> None:
         # event during deletion would otherwise re-create rows the delete handler removed).
         return
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-    run_id = f"{namespace}/{name}"
+    run_id = format_run_id(namespace, name)
     doc = {
         "apiVersion": body["apiVersion"],
         "kind": body["kind"],
@@ -283,10 +296,10 @@ def reconcile(body: dict[str, Any]) -> None:
             runner_settings(doc, SETTINGS.runner)  # spec.runner: an allowed image (by name only), a request within its limit
             doc = _with_model_config(run, doc, run_id, uid)
         except ModelConfigNotFound as err:  # an admin may still create it: the resync retries
-            publish_status(body, None, None, override=("Pending", "ModelConfigNotFound", str(err)))
+            publish_status(body, None, None, override=(Phase.PENDING, "ModelConfigNotFound", str(err)))
             return
         except SpecError as err:  # permanent: nothing to run, nothing to retry
-            publish_status(body, None, None, override=("Failed", "InvalidSpec", str(err)))
+            publish_status(body, None, None, override=(Phase.FAILED, "InvalidSpec", str(err)))
             return
         except StoreUnavailable as err:
             raise kopf.TemporaryError(f"Postgres unavailable: {err}", delay=10) from None
@@ -300,7 +313,7 @@ def reconcile(body: dict[str, Any]) -> None:
     except StoreUnavailable as err:
         raise kopf.TemporaryError(f"Postgres unavailable: {err}", delay=10) from None
     except UnreadableState as err:  # a newer release's (or a corrupt) checkpoint: never acted on, never half-read
-        publish_status(body, None, None, override=("Failed", "UnreadableState", str(err)))
+        publish_status(body, None, None, override=(Phase.FAILED, "UnreadableState", str(err)))
         return
     override, pod_info = None, None
     if ctx is None or ctx.status.phase not in TERMINAL_PHASES:
@@ -336,7 +349,7 @@ def _register(body: dict[str, Any], run_id: str, doc: dict[str, Any]) -> Any:
     if record.run_uid != uid:
         kept_as = STATE.store.archive_run(run_id)
         record = STATE.store.create_run(run_id, uid, doc)
-        _event(body, "Normal", "EarlierRunKept", f"the rows of an earlier AgentRun named {body['metadata']['name']} are kept as"
+        _event(body, EVENT_NORMAL, EventReason.EARLIER_RUN_KEPT, f"the rows of an earlier AgentRun named {body['metadata']['name']} are kept as"
                                                   f" {kept_as} (agentfast history {kept_as})")
     return record
 
@@ -376,11 +389,11 @@ def _drive_runner(body: dict[str, Any], record: Any, ctx: Any, pending: Any,
         if step.lost is not None:
             lost_at = step.lost.finished_at or now
             at = f" at iteration {ctx.counters.iterations}" if ctx is not None else ""
-            _event(body, "Warning", "RunnerLost", f"runner pod {step.lost.name} {step.lost.loss()}{at}; starting "
+            _event(body, EVENT_WARNING, EventReason.RUNNER_LOST, f"runner pod {step.lost.name} {step.lost.loss()}{at}; starting "
                                                   f"{pod_name(name, step.attempt)}" + (f" (failure {step.counted} in a row)" if step.counted else ""))
-        elif ctx is not None and ctx.status.phase != "WaitingForApproval":
+        elif ctx is not None and ctx.status.phase != Phase.WAITING_FOR_APPROVAL:
             lost_at = now  # its pod vanished before we saw it stop
-            _event(body, "Warning", "RunnerLost", f"the runner pod of this run is gone; starting {pod_name(name, step.attempt)}")
+            _event(body, EVENT_WARNING, EventReason.RUNNER_LOST, f"the runner pod of this run is gone; starting {pod_name(name, step.attempt)}")
         if lost_at is not None:
             _LOST_AT[uid] = lost_at
         try:
@@ -400,8 +413,8 @@ def _drive_runner(body: dict[str, Any], record: Any, ctx: Any, pending: Any,
         # they would otherwise read as "no pod yet" and start it again), and `agentfast status`
         # says what the AgentRun says.
         assert STATE.store is not None
-        STATE.store.end_run(f"{namespace}/{name}", "Failed", step.reason, step.message)
-        return ("Failed", step.reason, step.message), info
+        STATE.store.end_run(format_run_id(namespace, name), Phase.FAILED, step.reason, step.message)
+        return (Phase.FAILED, step.reason, step.message), info
     return None, info
 
 
@@ -459,7 +472,7 @@ class _Later:
 
     @staticmethod
     def _fire(key: str) -> None:
-        namespace, _, name = key.partition("/")
+        namespace, name = parse_run_id(key)
         try:
             run = _get_agentrun(namespace, name)
             if run is not None:
@@ -474,10 +487,10 @@ _LATER = _Later()
 def _look_again(namespace: str, name: str, delay_s: float) -> None:
     """Reconcile the AgentRun again in ``delay_s`` (at least 0.5 s; one pending per run, the
     earliest asked for)."""
-    _LATER.add(f"{namespace}/{name}", delay_s)
+    _LATER.add(format_run_id(namespace, name), delay_s)
 
 
-class ModelConfigNotFound(Exception):
+class ModelConfigNotFound(AgentfastError):
     """The ModelConfig an AgentRun names does not exist (yet) in its namespace. ``str(err)`` is
     the sentence status shows."""
 
@@ -499,7 +512,7 @@ def _with_model_config(run: AgentRun, doc: dict[str, Any], run_id: str, uid: str
     if existing is not None and existing.run_uid == uid and existing.spec.get("modelConfig"):
         return existing.spec
     namespace, name = run.metadata.namespace, run.spec.model.config
-    obj = read_or_none(STATE.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, MODELCONFIGS, name)
+    obj = read_or_none(STATE.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, MODELCONFIG_PLURAL, name)
     if obj is None:
         raise ModelConfigNotFound(
             f"spec.model.config names ModelConfig {name!r}, which does not exist in namespace {namespace!r};"
@@ -578,30 +591,30 @@ def _record_approvals(body: dict[str, Any], run_id: str) -> None:
         for call_id in approvals:
             if re.match(CALL_ID_PATTERN, call_id) and STATE.store.get_decision(run_id, call_id) is None:  # type: ignore[union-attr]
                 STATE.store.void_decision(run_id, call_id, f"written while {missing}")  # type: ignore[union-attr]
-                _warn_once(body, call_id, "ApprovalPolicyMissing",
+                _warn_once(body, call_id, EventReason.APPROVAL_POLICY_MISSING,
                            f"spec.approvals: {call_id} is void: {missing}, so who wrote it was not checked; it is never recorded")
         return
     for call_id, d in approvals.items():
         if not re.match(CALL_ID_PATTERN, call_id):
-            _warn_once(body, call_id, "InvalidCallId", f"spec.approvals: {call_id[:48]!r} is not a call id (e.g. call-2-0); ignored")
+            _warn_once(body, call_id, EventReason.INVALID_CALL_ID, f"spec.approvals: {call_id[:48]!r} is not a call id (e.g. call-2-0); ignored")
             continue
         decider = d.get("decidedBy")
         if not isinstance(decider, str) or not decider:
             # The CRD requires decidedBy and the admission policy checks it against the requesting
             # user; an entry without one was written past both, so it is nobody's decision.
-            _warn_once(body, call_id, "UnattributedDecision", f"spec.approvals: {call_id} has no decidedBy; ignored")
+            _warn_once(body, call_id, EventReason.UNATTRIBUTED_DECISION, f"spec.approvals: {call_id} has no decidedBy; ignored")
             continue
         try:
             made = STATE.store.decide(run_id, call_id, d.get("decision", ""), reason=d.get("reason"), result=d.get("result"),  # type: ignore[union-attr]
                                       decided_by=f"{KUBE_DECIDER_PREFIX}{decider}", once=True)
-            _event(body, "Normal", "Decided", f"{call_id} ({made.decision}) decided by {decider}"[:1024])
+            _event(body, EVENT_NORMAL, EventReason.DECIDED, f"{call_id} ({made.decision}) decided by {decider}"[:1024])
         except DecisionConflict as err:
             if not err.same:
-                _warn_once(body, call_id, "DecisionConflict", str(err))
+                _warn_once(body, call_id, EventReason.DECISION_CONFLICT, str(err))
         except UnknownCall as err:
-            _warn_once(body, call_id, "NotAwaitingDecision", str(err))
+            _warn_once(body, call_id, EventReason.NOT_AWAITING_DECISION, str(err))
         except InvalidDecision as err:
-            _warn_once(body, call_id, "InvalidDecision", f"{call_id}: {err}")
+            _warn_once(body, call_id, EventReason.INVALID_DECISION, f"{call_id}: {err}")
 
 
 def cancel_requester(body: dict[str, Any]) -> str:
@@ -644,7 +657,7 @@ def _end_if_asked(body: dict[str, Any], run_id: str) -> None:
     if ends.cancel is not None:
         STATE.store.cancel_run(run_id, cancelled_message(ends.cancel), reason="Cancelled")
     elif isinstance(deadline, int) and ends.age_s >= deadline:
-        STATE.store.end_run(run_id, "Failed", "DeadlineExceeded", deadline_message(deadline, ends.age_s))
+        STATE.store.end_run(run_id, Phase.FAILED, "DeadlineExceeded", deadline_message(deadline, ends.age_s))
 
 
 def _warn_once(body: dict[str, Any], call_id: str, reason: str, message: str) -> bool:
@@ -654,7 +667,7 @@ def _warn_once(body: dict[str, Any], call_id: str, reason: str, message: str) ->
     if key in _warned:
         return False
     _warned.add(key)
-    _event(body, "Warning", reason, message[:1024])
+    _event(body, EVENT_WARNING, reason, message[:1024])
     return True
 
 
@@ -684,10 +697,10 @@ def _create_pod(body: dict[str, Any], model_key: dict[str, str] | None, step: St
             raise RunnerPodRefused(f"the API server refused runner pod {pod['metadata']['name']}: {_api_message(err)}") from None
         raise
     if step.attempt == 1:
-        _event(body, "Normal", "RunnerCreated", f"created runner pod {pod['metadata']['name']}")
+        _event(body, EVENT_NORMAL, EventReason.RUNNER_CREATED, f"created runner pod {pod['metadata']['name']}")
 
 
-class RunnerPodRefused(Exception):
+class RunnerPodRefused(AgentfastError):
     """The API server refused to create a runner pod (403: its ServiceAccount is missing, a quota).
     ``str(err)`` is the sentence status shows."""
 
@@ -812,7 +825,7 @@ def publish_status(body: dict[str, Any], ctx: Any, pending: Any, *, override: tu
     if pod is None:
         pod = {"name": old.get("runnerPod"), "suspended": _condition_true(old, "Suspended"), "blocked": None}
     new = status_from_store(ctx, pending, generation=meta.get("generation", 1), old=old, override=override, runner=runner, decided=decided,
-                            decisions=decisions, run_id=f"{meta['namespace']}/{meta['name']}", summary=SETTINGS.status_summary,
+                            decisions=decisions, run_id=format_run_id(meta["namespace"], meta["name"]), summary=SETTINGS.status_summary,
                             suspended=bool(pod.get("suspended")), blocked=pod.get("blocked"))
     if pod.get("name"):
         new["runnerPod"] = pod["name"]
@@ -820,12 +833,12 @@ def publish_status(body: dict[str, Any], ctx: Any, pending: Any, *, override: tu
         new["runnerPodsDeletedAt"] = pod["deleted_at"]
     if all(old.get(k) == v for k, v in new.items()):
         return
-    with _lock_for(f"{meta['namespace']}/{meta['name']}"):
+    with _lock_for(format_run_id(meta["namespace"], meta["name"])):
         try:
             patched = STATE.custom.patch_namespaced_custom_object_status(GROUP, VERSION, meta["namespace"], PLURAL, meta["name"],
                                                                          {"status": new}, _request_timeout=API_TIMEOUT_S)
             if isinstance(patched, dict) and patched.get("metadata", {}).get("uid") == meta.get("uid"):
-                _BODIES[f"{meta['namespace']}/{meta['name']}"] = patched
+                _BODIES[format_run_id(meta["namespace"], meta["name"])] = patched
         except ApiException as err:
             if err.status == 404:  # deleted meanwhile
                 return
@@ -834,14 +847,14 @@ def publish_status(body: dict[str, Any], ctx: Any, pending: Any, *, override: tu
         said = (new["phase"], new.get("awaiting"))
         if _EMITTED.get(uid) != said and (old.get("phase"), old.get("awaiting")) != said:
             _EMITTED[uid] = said
-            kind = "Warning" if new["phase"] == "Failed" else "Normal"
+            kind = EVENT_WARNING if new["phase"] == Phase.FAILED else EVENT_NORMAL
             detail = f" {new['awaiting']}" if new.get("awaiting") else ""
             _event(body, kind, new["phase"], f"{new['phase']}{detail}: {new.get('message', '')}"[:1024])
         if new.get("restarts", 0) > max(old.get("restarts", 0), _RESUMED.get(uid, 0)) and ctx is not None:
             _RESUMED[uid] = new["restarts"]
             lost_at = _LOST_AT.pop(uid, None)
             lost = f" after {(datetime.now(UTC) - lost_at).total_seconds():.1f} s without a runner" if lost_at else ""
-            _event(body, "Normal", "Resumed", f"a new runner resumed the run at iteration {ctx.counters.iterations}{lost}")
+            _event(body, EVENT_NORMAL, EventReason.RESUMED, f"a new runner resumed the run at iteration {ctx.counters.iterations}{lost}")
 
 
 #: uid -> the (phase, awaiting) of the last transition Event posted: one Event per transition, even
@@ -862,7 +875,7 @@ def _event(body: dict[str, Any], kind: str, reason: str, message: str) -> None:
     event = kubernetes.client.CoreV1Event(
         metadata=kubernetes.client.V1ObjectMeta(generate_name=f"{meta['name']}.", namespace=meta["namespace"]),
         involved_object=kubernetes.client.V1ObjectReference(
-            api_version=f"{GROUP}/{VERSION}", kind="AgentRun", name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid")
+            api_version=API_VERSION, kind=KIND, name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid")
         ),
         reason=reason,
         message=message,
@@ -907,7 +920,7 @@ def _publish_run(run_id: str) -> None:
     """Publish ``run_id``'s status from the store. The AgentRun is the one the watch delivered
     last (a GET only for one not seen yet): one API request per commit, the status patch. A
     body a moment stale costs at most a redundant patch; the Events are guarded against repeats."""
-    namespace, _, name = run_id.partition("/")
+    namespace, name = parse_run_id(run_id)
     try:
         body = _BODIES.get(run_id) or _get_agentrun(namespace, name)
         if body is None:
@@ -915,7 +928,7 @@ def _publish_run(run_id: str) -> None:
         try:
             ctx, pending, extra = _load_status(run_id)
         except UnreadableState as err:
-            publish_status(body, None, None, override=("Failed", "UnreadableState", str(err)))
+            publish_status(body, None, None, override=(Phase.FAILED, "UnreadableState", str(err)))
             return
         if ctx is not None:
             publish_status(body, ctx, pending, **extra)
@@ -951,7 +964,7 @@ def _retain(live: dict[str, str]) -> None:
     assert STATE.store is not None
 
     def ours(run_id: str) -> bool:
-        return not SETTINGS.namespaces or run_id.split("/", 1)[0] in SETTINGS.namespaces
+        return not SETTINGS.namespaces or parse_run_id(run_id)[0] in SETTINGS.namespaces
 
     for run_id in STATE.store.orphans(live):
         if ours(run_id):
@@ -1003,7 +1016,7 @@ def _resync_due(body: dict[str, Any], mark: RunMark | None, listener_whole: bool
     ModelConfig is missing); ``listener_whole``: the progress listener kept one session since the
     previous pass, so every checkpoint since was published from its NOTIFY."""
     meta = body["metadata"]
-    uid, run_id = meta["uid"], f"{meta['namespace']}/{meta['name']}"
+    uid, run_id = meta["uid"], format_run_id(meta["namespace"], meta["name"])
     last = _RESYNCED.get(uid)
     if mark is None or mark.run_uid != uid or last is None or run_id in _UNPUBLISHED:
         return True
@@ -1035,7 +1048,7 @@ def _resync() -> None:
         meta = body["metadata"]
         if meta.get("deletionTimestamp") or _settled(body):
             continue
-        run_id = f"{meta['namespace']}/{meta['name']}"
+        run_id = format_run_id(meta["namespace"], meta["name"])
         mark = marks.get(run_id)
         uid = meta["uid"]
         if uid not in _RESYNCED and mark is not None and mark.run_uid == uid and _RECONCILED_AT.get(uid, -1.0) >= previous_start:
@@ -1059,7 +1072,7 @@ def _resync() -> None:
         _forget_run(uid)
     # A pass that outlasts its period means the resync is the operator's limit (bench/cluster_load.py reads this).
     log.info("resync: %d AgentRuns, %d reconciled in %.2f s", len(items), reconciled, time.monotonic() - started)
-    _retain({f"{b['metadata']['namespace']}/{b['metadata']['name']}": b["metadata"]["uid"] for b in items})
+    _retain({format_run_id(b["metadata"]["namespace"], b["metadata"]["name"]): b["metadata"]["uid"] for b in items})
     # Least standing privilege (G11): a namespace's runner credential lives while it has AgentRuns.
     in_use = {b["metadata"]["namespace"] for b in items}
     for namespace in revoke_unused(STATE.store, STATE.core, in_use, SETTINGS.credential_rotation_s):

@@ -14,7 +14,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agentfast.runner.liveness import RunnerInfo, batch_waits, runner_story
-from agentfast.runner.snapshot import TERMINAL_PHASES, PendingToolCall, RunContext
+from agentfast.runner.names import TERMINAL_PHASES, Phase
+from agentfast.runner.snapshot import PendingToolCall, RunContext
 
 CONDITION_TYPES = ("Ready", "Progressing", "AwaitingApproval", "Failed", "Cancelled")
 # Reason of the RunnerAlive condition for each state of liveness.runner_story.
@@ -52,7 +53,7 @@ def public_message(phase: str, reason: str, message: str, ctx: RunContext | None
         calls = ", ".join(f"{a.call_id} {a.tool_call.name}" for a in pending.awaiting[:MAX_PENDING])
         return f"{len(pending.awaiting)} call(s) await a decision: {calls}"
     counts = f"after {ctx.counters.iterations} iterations and {ctx.usage.total_tokens} tokens" if ctx is not None else ""
-    if phase == "Succeeded":
+    if phase == Phase.SUCCEEDED:
         return f"finished {counts}; the answer is kept in Postgres (agentfast history {run_id})"
     if reason == "ModelError":
         return f"the model endpoint refused the request {counts}; its answer is kept in Postgres (agentfast status {run_id})"
@@ -65,12 +66,12 @@ def _now() -> str:
 
 def _conditions(phase: str, reason: str, message: str, generation: int, old: list[dict[str, Any]]) -> list[dict[str, Any]]:
     truth = {
-        "Ready": phase == "Succeeded",
-        "Progressing": phase in ("Pending", "Running"),
-        "AwaitingApproval": phase == "WaitingForApproval",
-        "Failed": phase == "Failed",
+        "Ready": phase == Phase.SUCCEEDED,
+        "Progressing": phase in (Phase.PENDING, Phase.RUNNING),
+        "AwaitingApproval": phase == Phase.WAITING_FOR_APPROVAL,
+        "Failed": phase == Phase.FAILED,
         # spec.cancel carried out (reason Cancelled), or the AgentRun deleted first (reason Deleted)
-        "Cancelled": phase == "Cancelled",
+        "Cancelled": phase == Phase.CANCELLED,
     }
     previous = {c.get("type"): c for c in old or []}
     out = []
@@ -130,7 +131,7 @@ def status_from_store(
     if override:
         phase, reason, message = override
     elif ctx is None:
-        phase, reason, message = ("Pending", *blocked) if blocked else ("Pending", "RunnerStarting", "waiting for the runner pod to start")
+        phase, reason, message = (Phase.PENDING, *blocked) if blocked else (Phase.PENDING, "RunnerStarting", "waiting for the runner pod to start")
     else:
         phase, reason, message = ctx.status.phase, ctx.status.reason or ctx.status.phase, ctx.status.message
         message = public_message(phase, reason, message, ctx, pending, run_id, summary)
@@ -144,7 +145,7 @@ def status_from_store(
     if runner is not None and ctx is not None and not override:
         status["conditions"].append(_runner_condition(runner, phase, pending, decided, generation, old.get("conditions", [])))
     if phase not in TERMINAL_PHASES:
-        waiting = phase == "WaitingForApproval" and suspended
+        waiting = phase == Phase.WAITING_FOR_APPROVAL and suspended
         status["conditions"].append(_condition(
             "Suspended", waiting, "WaitingForHuman" if waiting else "NotSuspended",
             "the run released its pod and Postgres connections while it waits for a decision; a decision starts a new runner"
@@ -161,7 +162,7 @@ def status_from_store(
     if decisions:
         status["decisions"] = [{"callId": d["call_id"], "decision": d["decision"], "decidedBy": d["decided_by"] or "unknown"}
                                for d in decisions[-MAX_DECISIONS:]]
-    if pending is not None and phase == "WaitingForApproval":
+    if pending is not None and phase == Phase.WAITING_FOR_APPROVAL:
         calls = [a for a in pending.awaiting if a.call_id not in decided][:MAX_PENDING]
         status["pendingApprovals"] = [
             {"callId": a.call_id, "tool": a.tool_call.name, "arguments": a.tool_call.arguments[:ARGUMENTS_CHARS], "reason": a.reason}

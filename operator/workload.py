@@ -36,7 +36,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from agentfast.runner.errors import SettingError
 from agentfast.runner.liveness import STALE_AFTER_S
+from agentfast.runner.names import format_run_id
 from agentfast.runner.payloads import DEFAULT_MAX_BYTES, DEFAULT_THRESHOLD_BYTES, MAX_ENV, THRESHOLD_ENV
 from agentfast.runner.spec import (
     DNS1123_SUBDOMAIN,
@@ -170,28 +172,28 @@ class RunnerConfig:
         e = dict(os.environ if env is None else env)
         tool_secret = e.get("AGENTFAST_RUNNER_TOOL_SECRET", cls.tool_secret)
         if tool_secret in (RUNNER_SECRET, e.get("AGENTFAST_DSN_SECRET", cls.dsn_secret)):
-            raise ValueError(f"AGENTFAST_RUNNER_TOOL_SECRET: {tool_secret!r} is a Postgres credential; tools never receive one")
+            raise SettingError(f"AGENTFAST_RUNNER_TOOL_SECRET: {tool_secret!r} is a Postgres credential; tools never receive one")
         create = _env_bool(e, "AGENTFAST_RUNNER_SERVICE_ACCOUNT_CREATE")
         account = e.get("AGENTFAST_RUNNER_SERVICE_ACCOUNT", "") or (DEFAULT_RUNNER_SERVICE_ACCOUNT if create else "")
         if account and (len(account) > 253 or not re.match(DNS1123_SUBDOMAIN, account)):
-            raise ValueError(f"AGENTFAST_RUNNER_SERVICE_ACCOUNT: {account[:64]!r} is not a ServiceAccount name")
+            raise SettingError(f"AGENTFAST_RUNNER_SERVICE_ACCOUNT: {account[:64]!r} is not a ServiceAccount name")
         if account and account == e.get("AGENTFAST_OPERATOR_SERVICE_ACCOUNT"):
-            raise ValueError(f"AGENTFAST_RUNNER_SERVICE_ACCOUNT: {account!r} is the operator's own ServiceAccount; runners never get its rights")
+            raise SettingError(f"AGENTFAST_RUNNER_SERVICE_ACCOUNT: {account!r} is the operator's own ServiceAccount; runners never get its rights")
         if create and account == "default":
-            raise ValueError("AGENTFAST_RUNNER_SERVICE_ACCOUNT: the operator does not manage a namespace's default ServiceAccount; name another")
+            raise SettingError("AGENTFAST_RUNNER_SERVICE_ACCOUNT: the operator does not manage a namespace's default ServiceAccount; name another")
         annotations = _env_json(e, "AGENTFAST_RUNNER_SERVICE_ACCOUNT_ANNOTATIONS", {})
         if not isinstance(annotations, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()):
-            raise ValueError("AGENTFAST_RUNNER_SERVICE_ACCOUNT_ANNOTATIONS: expected an object of string values")
+            raise SettingError("AGENTFAST_RUNNER_SERVICE_ACCOUNT_ANNOTATIONS: expected an object of string values")
         if annotations and not create:
-            raise ValueError("AGENTFAST_RUNNER_SERVICE_ACCOUNT_ANNOTATIONS: set only with AGENTFAST_RUNNER_SERVICE_ACCOUNT_CREATE=true"
+            raise SettingError("AGENTFAST_RUNNER_SERVICE_ACCOUNT_ANNOTATIONS: set only with AGENTFAST_RUNNER_SERVICE_ACCOUNT_CREATE=true"
                              " (the operator annotates only a ServiceAccount it makes)")
         threshold = _env_bytes(e, "AGENTFAST_RUNNER_PAYLOAD_THRESHOLD_BYTES", DEFAULT_THRESHOLD_BYTES)
         ceiling = _env_bytes(e, "AGENTFAST_RUNNER_PAYLOAD_MAX_BYTES", DEFAULT_MAX_BYTES)
         if threshold > ceiling:
-            raise ValueError(f"AGENTFAST_RUNNER_PAYLOAD_THRESHOLD_BYTES ({threshold}) is over AGENTFAST_RUNNER_PAYLOAD_MAX_BYTES ({ceiling})")
+            raise SettingError(f"AGENTFAST_RUNNER_PAYLOAD_THRESHOLD_BYTES ({threshold}) is over AGENTFAST_RUNNER_PAYLOAD_MAX_BYTES ({ceiling})")
         priority = e.get("AGENTFAST_RUNNER_PRIORITY_CLASS", "")
         if priority and (len(priority) > 253 or not re.match(DNS1123_SUBDOMAIN, priority)):
-            raise ValueError(f"AGENTFAST_RUNNER_PRIORITY_CLASS: {priority[:64]!r} is not a PriorityClass name")
+            raise SettingError(f"AGENTFAST_RUNNER_PRIORITY_CLASS: {priority[:64]!r} is not a PriorityClass name")
         return cls(
             image=e.get("AGENTFAST_RUNNER_IMAGE", cls.image),
             image_pull_policy=e.get("AGENTFAST_RUNNER_PULL_POLICY", cls.image_pull_policy),
@@ -230,7 +232,7 @@ def _pod_ttl(env: dict[str, str]) -> int | None:
     except ValueError:
         value = -2
     if not 0 <= value <= MAX_POD_TTL_S:
-        raise ValueError(f"AGENTFAST_RUNNER_POD_TTL_SECONDS: expected seconds from 0 to {MAX_POD_TTL_S}, or -1 to keep the pods,"
+        raise SettingError(f"AGENTFAST_RUNNER_POD_TTL_SECONDS: expected seconds from 0 to {MAX_POD_TTL_S}, or -1 to keep the pods,"
                          f" not {raw[:16]!r}")
     return value
 
@@ -241,14 +243,14 @@ def _env_bytes(env: dict[str, str], name: str, default: int) -> int:
     if not raw:
         return default
     if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{name}: {raw[:40]!r} is not a positive whole number of bytes")
+        raise SettingError(f"{name}: {raw[:40]!r} is not a positive whole number of bytes")
     return int(raw)
 
 
 def _env_bool(env: dict[str, str], name: str) -> bool:
     value = env.get(name, "false").strip().lower()
     if value not in ("true", "false", ""):
-        raise ValueError(f"{name}: expected true or false, not {value[:16]!r}")
+        raise SettingError(f"{name}: expected true or false, not {value[:16]!r}")
     return value == "true"
 
 
@@ -259,40 +261,40 @@ def _env_json(env: dict[str, str], name: str, default: Any) -> Any:
     try:
         return json.loads(raw)
     except ValueError as err:
-        raise ValueError(f"{name} is not JSON: {err}") from None
+        raise SettingError(f"{name} is not JSON: {err}") from None
 
 
 def _check_resources(value: Any) -> dict[str, Any]:
     """The chart's runner resources: {"requests": {name: quantity}, "limits": {...}}, any resource
     names (an admin may give GPUs or ephemeral storage); numbers become strings."""
     if not isinstance(value, dict) or set(value) - {"requests", "limits"}:
-        raise ValueError("AGENTFAST_RUNNER_RESOURCES: expected an object with requests and limits")
+        raise SettingError("AGENTFAST_RUNNER_RESOURCES: expected an object with requests and limits")
     out: dict[str, Any] = {}
     for part, entries in value.items():
         if entries is None:
             continue
         if not isinstance(entries, dict) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in entries.values()):
-            raise ValueError(f"AGENTFAST_RUNNER_RESOURCES.{part}: expected an object of quantities (cpu: 500m, memory: 1Gi)")
+            raise SettingError(f"AGENTFAST_RUNNER_RESOURCES.{part}: expected an object of quantities (cpu: 500m, memory: 1Gi)")
         out[part] = {k: str(v) for k, v in entries.items()}
     return out
 
 
 def _check_node_selector(value: Any) -> dict[str, str]:
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        raise ValueError("AGENTFAST_RUNNER_NODE_SELECTOR: expected an object of label values")
+        raise SettingError("AGENTFAST_RUNNER_NODE_SELECTOR: expected an object of label values")
     return value
 
 
 def _check_tolerations(value: Any) -> tuple[dict[str, Any], ...]:
     """The chart's tolerations, checked for shape (an admin's may tolerate every taint: no key)."""
     if not isinstance(value, list):
-        raise ValueError("AGENTFAST_RUNNER_TOLERATIONS: expected a list of tolerations")
+        raise SettingError("AGENTFAST_RUNNER_TOLERATIONS: expected a list of tolerations")
     out = []
     for i, t in enumerate(value):
         try:
             out.append(Toleration.model_validate(t).model_dump(exclude_none=True))
         except ValidationError as err:
-            raise ValueError(f"AGENTFAST_RUNNER_TOLERATIONS: [{i}].{_first_error(err)}") from None
+            raise SettingError(f"AGENTFAST_RUNNER_TOLERATIONS: [{i}].{_first_error(err)}") from None
     return tuple(out)
 
 
@@ -302,7 +304,7 @@ def _check_affinity(value: Any) -> dict[str, Any] | None:
     try:
         return Affinity.model_validate(value).model_dump(exclude_none=True, exclude_defaults=True)
     except ValidationError as err:
-        raise ValueError(f"AGENTFAST_RUNNER_AFFINITY: {_first_error(err)}") from None
+        raise SettingError(f"AGENTFAST_RUNNER_AFFINITY: {_first_error(err)}") from None
 
 
 def _first_error(err: ValidationError) -> str:
@@ -466,7 +468,7 @@ def build_pod(body: dict[str, Any], cfg: RunnerConfig, *, attempt: int = 1, coun
                 "name": RUNNER_CONTAINER,
                 "image": placed["image"],
                 "imagePullPolicy": cfg.image_pull_policy,
-                "command": ["agentfast", "resume", f"{namespace}/{name}"],
+                "command": ["agentfast", "resume", format_run_id(namespace, name)],
                 "env": env,
                 "resources": placed["resources"],
                 "securityContext": {
@@ -542,12 +544,12 @@ class EgressPolicy:
         try:
             doc = json.loads(raw)
         except ValueError as err:
-            raise ValueError(f"AGENTFAST_NETWORK_POLICY is not JSON: {err}") from None
+            raise SettingError(f"AGENTFAST_NETWORK_POLICY is not JSON: {err}") from None
         if not isinstance(doc, dict) or set(doc) - {"dns", "postgres", "model"}:
-            raise ValueError("AGENTFAST_NETWORK_POLICY must be an object with keys dns, postgres, model")
+            raise SettingError("AGENTFAST_NETWORK_POLICY must be an object with keys dns, postgres, model")
         parts = {k: tuple(_check_rules(doc.get(k) or [], k)) for k in ("dns", "postgres", "model")}
         if not parts["postgres"]:
-            raise ValueError("AGENTFAST_NETWORK_POLICY has no postgres rule: runners could not reach their store (networkPolicy.postgresEgress)")
+            raise SettingError("AGENTFAST_NETWORK_POLICY has no postgres rule: runners could not reach their store (networkPolicy.postgresEgress)")
         return cls(dns=parts["dns"] or DEFAULT_DNS_EGRESS, postgres=parts["postgres"], model=parts["model"])
 
 
@@ -555,16 +557,16 @@ def _check_rules(rules: Any, where: str) -> list[dict[str, Any]]:
     """``rules`` if it is a list of egress rules with only the keys a NetworkPolicy knows (the API
     server checks the rest); raises ValueError naming ``where`` otherwise."""
     if not isinstance(rules, list):
-        raise ValueError(f"AGENTFAST_NETWORK_POLICY.{where}: expected a list of egress rules")
+        raise SettingError(f"AGENTFAST_NETWORK_POLICY.{where}: expected a list of egress rules")
     for i, rule in enumerate(rules):
         if not isinstance(rule, dict) or set(rule) - _RULE_KEYS:
-            raise ValueError(f"AGENTFAST_NETWORK_POLICY.{where}[{i}]: an egress rule has only 'to' and 'ports'")
+            raise SettingError(f"AGENTFAST_NETWORK_POLICY.{where}[{i}]: an egress rule has only 'to' and 'ports'")
         for peer in rule.get("to") or []:
             if not isinstance(peer, dict) or not peer or set(peer) - _PEER_KEYS:
-                raise ValueError(f"AGENTFAST_NETWORK_POLICY.{where}[{i}].to: a peer has ipBlock, namespaceSelector or podSelector")
+                raise SettingError(f"AGENTFAST_NETWORK_POLICY.{where}[{i}].to: a peer has ipBlock, namespaceSelector or podSelector")
         for port in rule.get("ports") or []:
             if not isinstance(port, dict) or set(port) - _PORT_KEYS:
-                raise ValueError(f"AGENTFAST_NETWORK_POLICY.{where}[{i}].ports: a port has port, endPort, protocol")
+                raise SettingError(f"AGENTFAST_NETWORK_POLICY.{where}[{i}].ports: a port has port, endPort, protocol")
     return rules
 
 

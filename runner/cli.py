@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, get_args
 import click
 
 from . import output
+from .names import GROUP, PLURAL, TERMINAL_PHASES, VERSION, ExitCode, Phase, format_run_id, parse_run_id
 from .output import err, one_line, out, styled
 
 # Everything else is imported by the commands that use it, inside them, so that a command pays
@@ -43,8 +44,8 @@ if TYPE_CHECKING:
     from .toolhost import ToolHost
     from .tools import ToolRegistry
 
-EXIT_BAD_INPUT = 2  # loop.EXIT_BAD_INPUT, not imported from there (see above); a test checks they agree
-EXIT_NO_POSTGRES = 3
+EXIT_BAD_INPUT = ExitCode.BAD_INPUT  # loop.EXIT_BAD_INPUT, not imported from there (see above); a test checks they agree
+EXIT_NO_POSTGRES = ExitCode.NO_POSTGRES
 
 class _Commands(click.Group):
     """The command group; ``--help`` lists the commands in the order they are defined here (as typer did), not sorted."""
@@ -101,7 +102,7 @@ def _open_store(dsn: str | None) -> Store:
 
 
 def _run_key(name: str) -> str:
-    return name if "/" in name else f"default/{name}"
+    return format_run_id(*parse_run_id(name))  # NAME is in namespace default
 
 
 def _load_registered(store: Store, run: str) -> AgentRun:
@@ -255,7 +256,7 @@ def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool, force:
         except SpecError as e:
             # Recorded as the run's ending (Failed/InvalidSpec): the operator shows it and nothing retries it.
             ended = fail_invalid_spec(store, run, str(e), force=force, wait_for_holder_s=wait_for_holder_s)
-            code = EXIT_BAD_INPUT if ended.phase == "Failed" else ended.exit_code
+            code = EXIT_BAD_INPUT if ended.phase == Phase.FAILED else ended.exit_code
             raise _fail(f"run {run_id_of(run)} cannot run:\n{e}", code) from None
         except ModelError as e:
             raise _fail(str(e)) from None
@@ -317,7 +318,7 @@ def _drive_with(store: Store, run: AgentRun, model: ChatModel, tools: ToolRegist
             outcome = runner.run()
     finally:
         model.close()
-    style = {"Succeeded": "green", "WaitingForApproval": "yellow"}.get(outcome.phase, "red")
+    style = {Phase.SUCCEEDED.value: "green", Phase.WAITING_FOR_APPROVAL.value: "yellow"}.get(outcome.phase, "red")
     out.print(styled((outcome.phase, f"bold {style}"), ": ", outcome.message))
     return outcome
 
@@ -452,9 +453,9 @@ def _agentrun_as_reviewed(run: str, namespace: str | None, uid: str | None, *, n
     from kubernetes.client.rest import ApiException
 
     api, ns = _kube_api(namespace)
-    name = run.rsplit("/", 1)[-1]
+    name = parse_run_id(run)[1]
     try:
-        body = api.get_namespaced_custom_object("agentfast.dev", "v1alpha1", ns, "agentruns", name)
+        body = api.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
     except ApiException as e:
         raise _fail(f"cannot read agentrun {ns}/{name}: {e.reason}") from None
     if uid is not None and uid != body["metadata"]["uid"]:
@@ -492,7 +493,7 @@ def _patch_approval(run: str, call_id: str, decision: str, reason: str | None, r
     entry = {"decision": decision, **({"reason": reason} if reason else {}), **({"result": result} if result is not None else {}),
              "decidedBy": _kube_user()}
     try:
-        api.patch_namespaced_custom_object("agentfast.dev", "v1alpha1", ns, "agentruns", name,
+        api.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name,
                                            {"metadata": {"uid": seen_uid}, "spec": {"approvals": {call_id: entry}}})
     except ApiException as e:
         detail = json.loads(e.body).get("message", e.reason) if e.body else e.reason
@@ -569,11 +570,11 @@ def _patch_cancel(run: str, namespace: str | None, uid: str | None) -> None:
         out.print(f"agentrun.agentfast.dev/{name}: a cancel was already requested (spec.cancel is true; phase {phase or 'unknown'})",
                   highlight=False, markup=False)
         return
-    if phase in ("Succeeded", "Failed", "Cancelled"):
+    if phase in TERMINAL_PHASES:
         raise _fail(f"agentrun {ns}/{name} has already ended ({phase}); there is nothing to cancel")
     try:
         # The field manager is what the operator can name as the canceller (metadata.managedFields).
-        api.patch_namespaced_custom_object("agentfast.dev", "v1alpha1", ns, "agentruns", name,
+        api.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name,
                                            {"metadata": {"uid": seen_uid}, "spec": {"cancel": True}}, field_manager="kubectl-agentfast")
     except ApiException as e:
         detail = json.loads(e.body).get("message", e.reason) if e.body else e.reason
@@ -610,7 +611,7 @@ def cancel(run: str, dsn: str | None, kube: bool | None, namespace: str | None, 
     if store.get_run(key) is None:
         raise _fail(f"no run named {run!r} (see `agentfast list`)")
     loaded = store.load_context(key)
-    if loaded is not None and loaded[0].status.phase in ("Succeeded", "Failed", "Cancelled"):
+    if loaded is not None and loaded[0].status.phase in TERMINAL_PHASES:
         st = loaded[0].status
         raise _fail(f"run {key} has already ended ({st.phase}: {one_line(st.message)[:200]}); there is nothing to cancel")
     request, created = store.request_cancel(key, _who())

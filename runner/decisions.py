@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import json
 
+from .errors import InvalidDecision as InvalidDecision  # its home is errors.py; raised and imported from here
 from .storable import storable_text
 
 REASON_MAX_CHARS = 1024
 RESULT_MAX_CHARS = 4096
 DECISIONS = ("approve", "deny", "complete")
-
-
-class InvalidDecision(ValueError):
-    """A decision that cannot be recorded as given (``str(err)`` says why and what to give)."""
 
 
 def check_decision(decision: str, reason: str | None, result: str | None) -> tuple[str | None, str | None]:

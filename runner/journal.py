@@ -19,6 +19,7 @@ import logging
 from typing import Any
 
 from . import faults
+from .errors import AgentfastError
 from .payloads import PayloadTooLarge
 from .snapshot import ToolResult
 from .store import EndRequests, JournalEntry, Lease, LeaseLost, Store, StoreUnavailable
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 NOT_WRITTEN: object = object()
 
 
-class RunEnding(Exception):
+class RunEnding(AgentfastError):
     """The store would not start a call: the run was cancelled or is past its deadline
     (``ends`` says which). The call did not run and stays as it was."""
 

@@ -52,7 +52,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from .snapshot import TERMINAL_PHASES
+from .names import TERMINAL_PHASES, Phase
 from .store import PROGRESS_CHANNEL, Store, StoreError, StoreUnavailable, pin_search_path
 
 log = logging.getLogger(__name__)
@@ -413,11 +413,11 @@ def runner_story(info: RunnerInfo, phase: str, awaiting: str | None, decided: st
     included). The sentence never says what to type: CLI and operator add their own next step.
     """
     if info.alive:
-        extra = f"; it waits for a decision on {awaiting}" if phase == "WaitingForApproval" and awaiting and not decided else ""
+        extra = f"; it waits for a decision on {awaiting}" if phase == Phase.WAITING_FOR_APPROVAL and awaiting and not decided else ""
         return "alive", f"alive: {info.describe()}{extra}"
     if phase in TERMINAL_PHASES:
         return "ended", "none (the run has ended)"
-    if phase == "WaitingForApproval" and awaiting:
+    if phase == Phase.WAITING_FOR_APPROVAL and awaiting:
         if decided:
             return "decided_resume_needed", f"no runner: the decision on {awaiting} ({decided}) is recorded and nothing is running to act on it"
         return "waiting_for_decision", f"no runner: waiting for a decision on {awaiting} (normal for a paused run)"

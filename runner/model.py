@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
+from .errors import AgentfastError
 from .snapshot import Message, ToolCall
 from .spec import MODEL_API_KEY_ENV, NO_KEY, ModelSpec, ResolvedModelConfig, check_model_allowed
 from .storable import storable_text
@@ -59,7 +60,7 @@ class ModelReply(BaseModel):
     finish_reason: str | None = None
 
 
-class ModelError(Exception):
+class ModelError(AgentfastError):
     """A model call that failed for good.
 
     ``retriable`` is True when the failure was transient (429, 5xx, connection error, timeout)

@@ -34,6 +34,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import AgentfastError, SettingError
 from .storable import storable_text
 
 #: Every reference starts with this; so does every string the store keeps out of line for it.
@@ -46,7 +47,7 @@ THRESHOLD_ENV = "AGENTFAST_PAYLOAD_THRESHOLD_BYTES"
 MAX_ENV = "AGENTFAST_PAYLOAD_MAX_BYTES"
 
 
-class PayloadTooLarge(Exception):
+class PayloadTooLarge(AgentfastError):
     """A value the store will not or cannot keep: a string over ``max_bytes``, or one Postgres
     refused with a program-limit error (SQLSTATE class 54). Permanent: retrying changes nothing.
 
@@ -89,9 +90,9 @@ def _env_bytes(name: str, default: int) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"{name}: {raw[:40]!r} is not a whole number of bytes") from None
+        raise SettingError(f"{name}: {raw[:40]!r} is not a whole number of bytes") from None
     if value < 1:
-        raise ValueError(f"{name}: {value} is not a positive number of bytes")
+        raise SettingError(f"{name}: {value} is not a positive number of bytes")
     return value
 
 

@@ -14,11 +14,13 @@ from typing import Any
 
 import yaml
 
+from .errors import AgentfastError
+
 #: Default limit: 1 MiB (a Kubernetes object is capped near 1.5 MiB in etcd anyway).
 MAX_BYTES = 1024 * 1024
 
 
-class UnsafeYaml(ValueError):
+class UnsafeYaml(AgentfastError, ValueError):
     """A file too large, unreadable, not YAML, or holding anchors/aliases. ``str(err)`` names it
     and says why in one line, without echoing its content."""
 

@@ -17,13 +17,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .names import TERMINAL_PHASES as TERMINAL_PHASES  # its home is names.py; imported from here too
+
 #: Version of the snapshot shape written by this release. Bump it and add a step to
 #: ``_UPGRADES`` whenever a field is renamed or its meaning changes.
 SCHEMA_VERSION = 2
 
 #: Cancelled: its AgentRun was deleted before the run ended (written by the operator; issue 13).
+#: The values of runner/names.py's Phase, in its order (a Literal, for pydantic and mypy;
+#: tests/test_names.py keeps the two equal).
 Phase = Literal["Pending", "Running", "WaitingForApproval", "Succeeded", "Failed", "Cancelled"]
-TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "Cancelled"})
 
 
 def now_ms() -> int:

@@ -22,12 +22,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 # The rules of a decision live in .decisions, so that the store (which enforces them) need not import this module.
 from .decisions import DECISIONS, REASON_MAX_CHARS, RESULT_MAX_CHARS, InvalidDecision, check_decision  # noqa: F401
+from .errors import SpecError as SpecError  # its home is errors.py; raised and imported from here
+from .names import API_VERSION as API_VERSION  # the Literals below must say the same (tests/test_names.py)
+from .names import KIND as KIND
+from .names import MODELCONFIG_KIND
 from .snapshot import Budget
 from .storable import storable
-
-API_VERSION = "agentfast.dev/v1alpha1"
-KIND = "AgentRun"
-
 
 log = logging.getLogger("agentfast.spec")
 
@@ -68,10 +68,6 @@ SCRIPT_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 #: Module prefixes a cluster allows in refs when its admin configured none (the chart's default).
 DEFAULT_ALLOWED_MODULES = ("agentfast.runner.examples",)
 ALLOWED_MODULES_ENV = "AGENTFAST_ALLOWED_MODULES"
-
-
-class SpecError(ValueError):
-    """An AgentRun that cannot run. ``str(err)`` is one line per problem, each naming its field."""
 
 
 class _Spec(BaseModel):
@@ -680,7 +676,7 @@ def load_agentrun(path: str | Path, *, check_imports: bool = True) -> AgentRun:
         raise SpecError(str(err)) from None
     kinds = [d.get("kind") if isinstance(d, dict) else None for d in docs]
     if len(docs) > 1:
-        others = [f"document {i + 1} (kind {k!r})" for i, k in enumerate(kinds) if k not in (KIND, "ModelConfig")]
+        others = [f"document {i + 1} (kind {k!r})" for i, k in enumerate(kinds) if k not in (KIND, MODELCONFIG_KIND)]
         if others:
             raise SpecError(f"{path}: {', '.join(others[:3])}: an AgentRun file holds one AgentRun and the ModelConfigs it names,"
                             f" nothing else (locally the model key comes from the environment variable {MODEL_API_KEY_ENV})")
@@ -694,7 +690,7 @@ def load_agentrun(path: str | Path, *, check_imports: bool = True) -> AgentRun:
     wanted = run.spec.model.config
     if wanted is None:
         return run
-    configs = [parse_modelconfig(d) for d, k in zip(docs, kinds) if k == "ModelConfig"]
+    configs = [parse_modelconfig(d) for d, k in zip(docs, kinds) if k == MODELCONFIG_KIND]
     found = [c for c in configs if c.metadata.name == wanted and c.metadata.namespace == run.metadata.namespace]
     if not found:
         have = ", ".join(repr(c.metadata.name) for c in configs) or "none"

@@ -45,8 +45,9 @@ from psycopg.types.string import StrBinaryDumper, StrDumperUnknown
 from psycopg_pool import ConnectionPool
 from pydantic import BaseModel
 
-from . import payloads
+from . import names, payloads
 from .decisions import InvalidDecision, check_decision  # noqa: F401  (InvalidDecision: raised by Store.decide; not from .spec, whose models status, history and list never need)
+from .errors import AgentfastError, UnknownRun
 from .migrations import MIGRATIONS
 from .payloads import Limits, PayloadTooLarge
 from .snapshot import (
@@ -82,7 +83,7 @@ M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger(__name__)
 
 
-class StoreError(Exception):
+class StoreError(AgentfastError):
     """Base class of the store's errors."""
 
 
@@ -759,9 +760,9 @@ class Store:
         """End an unfinished run as ``Cancelled`` with ``reason`` and ``message``: ``Deleted`` (its
         AgentRun was deleted) or ``Cancelled`` (a cancel request, :meth:`request_cancel`, and no
         live runner to carry it out). See :meth:`end_run`."""
-        return self.end_run(run_id, "Cancelled", reason, message)
+        return self.end_run(run_id, names.Phase.CANCELLED, reason, message)
 
-    def end_run(self, run_id: str, phase: Literal["Cancelled", "Failed"], reason: str, message: str) -> bool:
+    def end_run(self, run_id: str, phase: Literal[names.Phase.CANCELLED, names.Phase.FAILED], reason: str, message: str) -> bool:
         """End an unfinished run from outside it (no runner of its own is doing so): ``phase``,
         ``reason`` and ``message`` (cut to 1024 characters) become its status. Takes the lease (a
         runner still holding the run loses it at its next write and starts nothing more) and
@@ -800,11 +801,11 @@ class Store:
         an iteration, before a tool call, while waiting for a decision); nothing is ended here
         (see :meth:`cancel_run` for a run no runner holds). Only a role that owns the tables (the
         operator's, the CLI's with the owner's DSN) may write it: a runner's role gets
-        StoreUnavailable (insufficient privilege). Raises KeyError for no such run."""
+        StoreUnavailable (insufficient privilege). Raises UnknownRun (a KeyError) for no such run."""
 
         def op(conn: psycopg.Connection) -> tuple[CancelRequest, bool]:
             if conn.execute("SELECT 1 FROM agentfast_runs WHERE run_id = %s", (run_id,)).fetchone() is None:
-                raise KeyError(run_id)
+                raise UnknownRun(run_id)
             made = conn.execute(
                 """INSERT INTO agentfast_cancel_requests (run_id, requested_by) VALUES (%s, %s)
                    ON CONFLICT (run_id) DO NOTHING RETURNING requested_by, requested_at""",
@@ -897,14 +898,14 @@ class Store:
     def acquire_lease(self, run_id: str) -> Lease:
         """Take the run over: bump its fencing epoch. Any older holder's writes now fail (G6).
 
-        Raises KeyError if the run does not exist.
+        Raises UnknownRun (a KeyError) if the run does not exist.
         """
         row = self._retry(
             lambda c: c.execute("UPDATE agentfast_runs SET epoch = epoch + 1 WHERE run_id = %s RETURNING epoch, run_uid",
                                 (run_id,)).fetchone()
         )
         if row is None:
-            raise KeyError(run_id)
+            raise UnknownRun(run_id)
         return Lease(run_id, row["epoch"], row["run_uid"])
 
     # -- checkpoints --------------------------------------------------------------------------

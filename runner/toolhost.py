@@ -46,6 +46,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from .errors import AgentfastError
 from .spec import MODEL_API_KEY_ENV, AgentRun, SpecError
 from .tools import Recovery, ToolArgumentsError, ToolContext, ToolRegistry
 
@@ -67,12 +68,12 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
 
 
-class ToolHostLost(Exception):
+class ToolHostLost(AgentfastError):
     """The tool host died or its connection broke: a call in flight may or may not have taken
     effect. Never recorded as the call's result; the runner exits 75 and the resume settles it."""
 
 
-class ToolRaised(Exception):
+class ToolRaised(AgentfastError):
     """A tool (or its recovery check) raised in the host; ``type_name`` is the original type's."""
 
     def __init__(self, type_name: str, message: str):

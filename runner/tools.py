@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError, create_model
 
+from .errors import AgentfastError
 from .spec import AgentRun, SpecError, resolve_ref
 from .storable import storable
 
@@ -91,7 +92,7 @@ def render_result(out: Any) -> str:
     return json.dumps(out, sort_keys=True, default=str)
 
 
-class ToolArgumentsError(ValueError):
+class ToolArgumentsError(AgentfastError, ValueError):
     """The model's arguments could not be parsed or did not match the tool's signature."""
 
 

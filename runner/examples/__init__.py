@@ -23,13 +23,15 @@ import time
 import psycopg
 from psycopg import sql
 
+from agentfast.runner.errors import AgentfastError
+
 #: The variable the example tools read their connection from.
 EXAMPLES_DSN_ENV = "EXAMPLE_TOOLS_DSN"
 #: Their role, and the schema of their tables.
 EXAMPLES_ROLE = "agentfast_examples"
 
 
-class NoExamplesDatabase(RuntimeError):
+class NoExamplesDatabase(AgentfastError, RuntimeError):
     """``EXAMPLE_TOOLS_DSN`` is not set: the example tools have nowhere to keep their records."""
 
 

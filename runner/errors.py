@@ -1,0 +1,46 @@
+"""The project's errors: one base class, and the domain errors named by what they mean.
+
+Every exception class of agentfast derives from :class:`AgentfastError`, so a caller can tell
+ours from a library's or a bug's (tests/test_names.py checks it for every module). A domain
+error that replaced a builtin (``KeyError``, ``ValueError``) also derives from that builtin, so
+every ``except ValueError`` / ``except KeyError`` written before it still catches it (issue 16
+item 4). This module imports only the standard library: the CLI imports it for free.
+
+Here: the errors more than one part raises or catches. Errors that belong to one component stay
+beside it, with this base: the store's (``runner/store.py``: StoreError, StoreUnavailable,
+LeaseLost (fenced out, G6), DecisionConflict, UnknownCall (no such call awaits a decision now,
+G10), UidTaken, UnreadableState, InvalidDsn, SchemaBehind; ``runner/liveness.py``: RunnerAlive,
+ClaimStopped), the model client's (``runner/model.py``: ModelError), payloads'
+(``runner/payloads.py``: PayloadTooLarge), the tool host's (``runner/toolhost.py``: ToolHostLost,
+ToolRaised; ``runner/tools.py``: ToolArgumentsError; ``runner/journal.py``: RunEnding), the
+operator's (``operator/main.py``: ModelConfigNotFound, RunnerPodRefused).
+"""
+
+from __future__ import annotations
+
+
+class AgentfastError(Exception):
+    """Base class of every error agentfast raises on purpose."""
+
+
+class SpecError(AgentfastError, ValueError):
+    """An AgentRun (or ModelConfig) that cannot run. ``str(err)`` is one line per problem, each
+    naming its field. Raised by runner/spec.py's parsers and the runner's preflight; the operator
+    shows it as ``Failed``/``InvalidSpec``, the CLI exits 2."""
+
+
+class InvalidDecision(AgentfastError, ValueError):
+    """A decision that cannot be recorded as given (``str(err)`` says why and what to give).
+    The rules are runner/decisions.py's ``check_decision``."""
+
+
+class UnknownRun(AgentfastError, KeyError):
+    """No run with this id is registered in the store (``Store.acquire_lease``,
+    ``Store.request_cancel``). A ``KeyError``, as the store raised before; ``args[0]`` is the
+    run id."""
+
+
+class SettingError(AgentfastError, ValueError):
+    """An admin's setting that is not valid: an environment variable of the operator (the chart's
+    values, ``AGENTFAST_RUNNER_*``, ``AGENTFAST_NETWORK_POLICY``) or of the runner
+    (``AGENTFAST_PAYLOAD_*``). ``str(err)`` names the variable. Raised at start, before any work."""
