@@ -33,13 +33,13 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, Literal, LiteralString, TypeVar, get_args, overload
 
 import psycopg
 import pydantic
 import pydantic_core
 from psycopg import sql
-from psycopg.rows import dict_row, tuple_row
+from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg.types.json import Jsonb, set_json_dumps
 from psycopg.types.string import StrBinaryDumper, StrDumperUnknown
 from psycopg_pool import ConnectionPool
@@ -338,14 +338,21 @@ _PROGRAM_LIMIT_CLASS = "54"
 _NOT_PERMITTED = "42501"
 
 
-def _name_the_lease(conn: psycopg.Connection, epoch: int, run_uid: str) -> None:
+def _one(row: T | None) -> T:
+    """The row of a statement that always returns one (an aggregate, a function's result, a row
+    this transaction saw or wrote): None there is a broken query or schema, not a state."""
+    assert row is not None, "the statement returned no row"
+    return row
+
+
+def _name_the_lease(conn: psycopg.Connection[DictRow], epoch: int, run_uid: str) -> None:
     """Set the transaction's lease settings, ``agentfast.epoch`` and ``agentfast.run_uid``, which
     the fence trigger (runner/migrations.py) checks on every write to the run's tables (G6). One
     statement; transaction-local, so they end with the transaction."""
     conn.execute("SELECT agentfast_name_lease(%s, %s)", (epoch, run_uid))  # the settings' one definition: migration 12
 
 
-def _in_transaction(conn: psycopg.Connection, lease: Lease | None, op: Callable[[psycopg.Connection], T]) -> T:
+def _in_transaction(conn: psycopg.Connection[DictRow], lease: Lease | None, op: Callable[[psycopg.Connection[DictRow]], T]) -> T:
     """``op(conn)`` in one transaction on ``conn``, whose writes carry ``lease`` (None: none)."""
     with conn.transaction():
         if lease is not None:
@@ -413,6 +420,7 @@ class Store:
         self.retry_for_s = retry_for_s
         self._pool = ConnectionPool(
             dsn,
+            connection_class=psycopg.Connection[DictRow],
             min_size=1,
             max_size=pool_max,
             kwargs={"row_factory": dict_row, "connect_timeout": max(1, int(connect_timeout_s))},
@@ -440,7 +448,7 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _retry(self, op: Callable[[psycopg.Connection], T], *, lease: Lease | None = None) -> T:
+    def _retry(self, op: Callable[[psycopg.Connection[DictRow]], T], *, lease: Lease | None = None) -> T:
         """Run ``op`` in one transaction, retrying connection failures with backoff; returns
         what ``op`` returned. ``lease``: the fencing epoch and run uid the transaction's writes
         carry (G6), set in one statement (no extra round trip).
@@ -456,7 +464,7 @@ class Store:
 
         return self._attempt(lambda conn: _in_transaction(conn, lease, op))
 
-    def _attempt(self, op: Callable[[psycopg.Connection], T]) -> T:
+    def _attempt(self, op: Callable[[psycopg.Connection[DictRow]], T]) -> T:
         """Run ``op`` on a pooled (autocommit) connection, retrying connection failures with
         backoff for ``retry_for_s``; maps the fence's SQLSTATE to LeaseLost, and a refused
         privilege or an outage that outlasts the retries to StoreUnavailable, and a program-limit
@@ -502,11 +510,15 @@ class Store:
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
 
-    def _read(self, query: str, params: Any, *, all: bool = False) -> Any:
+    @overload
+    def _read(self, query: LiteralString, params: Any, *, all: Literal[False] = False) -> DictRow | None: ...
+    @overload
+    def _read(self, query: LiteralString, params: Any, *, all: Literal[True]) -> list[DictRow]: ...
+    def _read(self, query: LiteralString, params: Any, *, all: bool = False) -> DictRow | None | list[DictRow]:
         """One read-only query in its own transaction: its first
         row (None if none), or every row with ``all``. Retried like every store call."""
 
-        def op(conn: psycopg.Connection) -> Any:
+        def op(conn: psycopg.Connection[DictRow]) -> DictRow | None | list[DictRow]:
             cur = conn.execute(query, params)  # autocommit: one statement, one round trip
             return cur.fetchall() if all else cur.fetchone()
 
@@ -519,7 +531,7 @@ class Store:
         ``out``). Raises PayloadTooLarge naming ``what``."""
         return payloads.externalize_json(text, self.payload_limits, out, what=what)
 
-    def _write_statement(self, lease: Lease, out: dict[str, str], query: str, params: Any, *, notify: str | None = None) -> Any:
+    def _write_statement(self, lease: Lease, out: dict[str, str], query: LiteralString, params: Any, *, notify: str | None = None) -> DictRow | None:
         """Run one of the schema's write functions (migration 12), ``query`` with ``params``, as
         one statement on an autocommit connection: its own transaction, one round trip, and no
         transaction left open while the client computes (a client frozen now holds no lock). The
@@ -533,12 +545,12 @@ class Store:
         :meth:`_attempt`."""
         todo = {d: t for d, t in out.items() if (lease.run_id, lease.run_uid, lease.epoch, d) not in self._payloads_stored}
 
-        def write(conn: psycopg.Connection) -> Any:
+        def write(conn: psycopg.Connection[DictRow]) -> DictRow | None:
             if todo:
                 payloads.write(conn, lease.run_id, todo)
             return conn.execute(query, params).fetchone()
 
-        def op(conn: psycopg.Connection) -> Any:
+        def op(conn: psycopg.Connection[DictRow]) -> DictRow | None:
             row = _in_transaction(conn, lease, write) if todo else write(conn)
             if notify is not None:
                 conn.execute("SELECT pg_notify(%s, %s)", (notify, lease.run_id))
@@ -551,7 +563,7 @@ class Store:
             self._payloads_stored.clear()
         self._payloads_stored.update((lease.run_id, lease.run_uid, lease.epoch, d) for d in out)
 
-    def _resolved(self, run_id: str, values: list[tuple[str, str, Any]], conn: psycopg.Connection | None = None) -> list[Any]:
+    def _resolved(self, run_id: str, values: list[tuple[str, str, Any]], conn: psycopg.Connection[DictRow] | None = None) -> list[Any]:
         """The ``value`` of each ``(table, row, value)`` with its payload references resolved, in
         one query for all (on ``conn``, else a read of its own), none when there are no references.
         Raises UnreadableState naming the row that refers to a payload that is not stored."""
@@ -573,10 +585,11 @@ class Store:
         """The store's schema version (0: no schema yet), read without taking any lock or right
         beyond SELECT on ``agentfast_migrations``: what a runner's role may do."""
 
-        def op(conn: psycopg.Connection) -> int:
-            if conn.execute("SELECT to_regclass('agentfast_migrations') IS NOT NULL AS ok").fetchone()["ok"] is False:
+        def op(conn: psycopg.Connection[DictRow]) -> int:
+            if _one(conn.execute("SELECT to_regclass('agentfast_migrations') IS NOT NULL AS ok").fetchone())["ok"] is False:
                 return 0
-            return conn.execute("SELECT coalesce(max(version), 0) AS v FROM agentfast_migrations").fetchone()["v"]
+            version: int = _one(conn.execute("SELECT coalesce(max(version), 0) AS v FROM agentfast_migrations").fetchone())["v"]
+            return version
 
         return self._retry(op)
 
@@ -590,12 +603,12 @@ class Store:
         if current >= len(MIGRATIONS):
             return current
 
-        def op(conn: psycopg.Connection) -> int:
+        def op(conn: psycopg.Connection[DictRow]) -> int:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS agentfast_migrations (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
             )
-            applied = conn.execute("SELECT coalesce(max(version), 0) AS v FROM agentfast_migrations").fetchone()["v"]
+            applied = _one(conn.execute("SELECT coalesce(max(version), 0) AS v FROM agentfast_migrations").fetchone())["v"]
             for version, migration in enumerate(MIGRATIONS, start=1):
                 if version > applied:
                     conn.execute(migration)
@@ -617,7 +630,7 @@ class Store:
         """The login role of ``namespace``'s runners in this database: ``agentfast_r_`` + 24 hex
         digits of a hash of (database, namespace), so two databases on one server (roles are
         server-wide) and any namespace name (up to 63 characters) fit Postgres's 63-byte names."""
-        db = self._retry(lambda c: c.execute("SELECT current_database() AS d").fetchone()["d"])
+        db = self._retry(lambda c: _one(c.execute("SELECT current_database() AS d").fetchone())["d"])
         return "agentfast_r_" + hashlib.sha256(f"{db}/{namespace}".encode()).hexdigest()[:24]
 
     def tenant(self, namespace: str) -> tuple[str, str] | None:
@@ -639,7 +652,7 @@ class Store:
         for it, with what is in it, is the namespace's); :meth:`set_tenant_password` gives it a
         new password and LOGIN again. Returns whether there was one."""
 
-        def op(conn: psycopg.Connection) -> bool:
+        def op(conn: psycopg.Connection[DictRow]) -> bool:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_TENANT_LOCK,))
             row = conn.execute("DELETE FROM agentfast_tenants WHERE namespace = %s RETURNING role_name", (namespace,)).fetchone()
             if row is None:
@@ -658,7 +671,7 @@ class Store:
         role = self.tenant_role(namespace)
         credential_id = uuid.uuid4().hex
 
-        def op(conn: psycopg.Connection) -> tuple[str, str]:
+        def op(conn: psycopg.Connection[DictRow]) -> tuple[str, str]:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_TENANT_LOCK,))
             exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() is not None
             verb = "ALTER ROLE {} LOGIN PASSWORD {}" if exists else "CREATE ROLE {} LOGIN PASSWORD {} IN ROLE agentfast_runner"
@@ -684,7 +697,7 @@ class Store:
         constraint: a unique constraint on ``run_uid`` alone could not be kept once the tables
         are distributed by ``run_id`` (migration 7)."""
 
-        def op(conn: psycopg.Connection) -> RunRecord:
+        def op(conn: psycopg.Connection[DictRow]) -> RunRecord:
             row = conn.execute("SELECT run_id, run_uid, spec, epoch FROM agentfast_runs WHERE run_id = %s", (run_id,)).fetchone()
             if row is None:
                 conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_UID_LOCK, run_uid))
@@ -699,7 +712,7 @@ class Store:
                     (run_id, run_uid, Jsonb(spec)),
                 )
                 row = conn.execute("SELECT run_id, run_uid, spec, epoch FROM agentfast_runs WHERE run_id = %s", (run_id,)).fetchone()
-            return RunRecord(**row)
+            return RunRecord(**_one(row))
 
         return self._retry(op)
 
@@ -712,7 +725,7 @@ class Store:
     def list_runs(self) -> list[tuple[RunRecord, CheckpointInfo | None]]:
         """Every run with its latest checkpoint's summary, oldest first."""
 
-        def op(conn: psycopg.Connection) -> list[tuple[RunRecord, CheckpointInfo | None]]:
+        def op(conn: psycopg.Connection[DictRow]) -> list[tuple[RunRecord, CheckpointInfo | None]]:
             rows = conn.execute(
                 """SELECT r.run_id, r.run_uid, r.spec, r.epoch, c.checkpoint_id, c.iteration, c.message_count, c.phase,
                           c.saved_at, c.epoch AS c_epoch, c.schema_version
@@ -741,7 +754,7 @@ class Store:
         its lease at its next write: the fence finds no run of its id, or, once a new run of the
         name exists, a run of another uid (whatever its epoch)."""
 
-        def op(conn: psycopg.Connection) -> str | None:
+        def op(conn: psycopg.Connection[DictRow]) -> str | None:
             row = conn.execute("SELECT run_uid, epoch FROM agentfast_runs WHERE run_id = %s FOR UPDATE", (run_id,)).fetchone()
             if row is None:
                 return None
@@ -803,7 +816,7 @@ class Store:
         operator's, the CLI's with the owner's DSN) may write it: a runner's role gets
         StoreUnavailable (insufficient privilege). Raises UnknownRun (a KeyError) for no such run."""
 
-        def op(conn: psycopg.Connection) -> tuple[CancelRequest, bool]:
+        def op(conn: psycopg.Connection[DictRow]) -> tuple[CancelRequest, bool]:
             if conn.execute("SELECT 1 FROM agentfast_runs WHERE run_id = %s", (run_id,)).fetchone() is None:
                 raise UnknownRun(run_id)
             made = conn.execute(
@@ -813,7 +826,7 @@ class Store:
             if made is None:
                 row = conn.execute("SELECT requested_by, requested_at FROM agentfast_cancel_requests WHERE run_id = %s",
                                    (run_id,)).fetchone()
-                return CancelRequest(**row), False
+                return CancelRequest(**_one(row)), False
             conn.execute("SELECT pg_notify(%s, %s)", (APPROVAL_CHANNEL, run_id))
             return CancelRequest(**made), True
 
@@ -826,7 +839,7 @@ class Store:
         return CancelRequest(**row) if row else None
 
     @staticmethod
-    def _end_requests(conn: psycopg.Connection, run_id: str) -> EndRequests | None:
+    def _end_requests(conn: psycopg.Connection[DictRow], run_id: str) -> EndRequests | None:
         row = conn.execute(
             """SELECT extract(epoch FROM clock_timestamp() - r.created_at)::float8 AS age_s, q.requested_by, q.requested_at
                FROM agentfast_runs r LEFT JOIN agentfast_cancel_requests q ON q.run_id = r.run_id
@@ -983,6 +996,7 @@ class Store:
         except PayloadTooLarge as err:
             raise err.about(f"the checkpoint of iteration {iteration} (its transcript, context, pending call or sdk_state)") from None
         self._payloads_committed(lease, out)
+        row = _one(row)
         ends = None
         if read_ends and row["run_found"]:
             cancel = CancelRequest(row["cancel_by"], row["cancel_at"]) if row["cancel_by"] is not None else None
@@ -995,7 +1009,7 @@ class Store:
         Raises UnreadableState for a checkpoint of a newer schema or a row that does not decode.
         """
 
-        def op(conn: psycopg.Connection) -> tuple[dict[str, Any], list[Any]] | None:
+        def op(conn: psycopg.Connection[DictRow]) -> tuple[dict[str, Any], list[Any]] | None:
             cp = conn.execute(
                 "SELECT * FROM agentfast_checkpoints WHERE run_id = %s ORDER BY checkpoint_id DESC LIMIT 1", (run_id,)
             ).fetchone()
@@ -1031,7 +1045,7 @@ class Store:
         snap = decode_snapshot(run_id, row, [])
         return snap.context, snap.pending
 
-    def _latest_context(self, conn: psycopg.Connection, run_id: str) -> dict[str, Any] | None:
+    def _latest_context(self, conn: psycopg.Connection[DictRow], run_id: str) -> dict[str, Any] | None:
         """The latest checkpoint row without ``sdk_state`` (its payload references resolved), or None."""
         row = conn.execute(
             """SELECT checkpoint_id, iteration, schema_version, context, pending, saved_at FROM agentfast_checkpoints
@@ -1075,7 +1089,7 @@ class Store:
         marked (run it now), else the :class:`EndRequests` that stopped it (the turn and the plan
         are saved either way; the call stays planned). Raises as both do."""
         turn, row = self._save_turn(lease, turn, planned, position, deadline_s)
-        return turn, self._intent_outcome(lease, turn.iteration, position, deadline_s, row)
+        return turn, self._intent_outcome(lease, turn.iteration, position, deadline_s, _one(row))
 
     def _save_turn(self, lease: Lease, turn: Turn, planned: list[JournalEntry], start: int | None,
                    deadline_s: float | None) -> tuple[Turn, dict[str, Any] | None]:
@@ -1104,7 +1118,8 @@ class Store:
     def last_turn_iteration(self, run_id: str) -> int:
         """The highest iteration with a saved model reply (0: none)."""
         row = self._read("SELECT coalesce(max(iteration), 0) AS it FROM agentfast_turns WHERE run_id = %s", (run_id,))
-        return row["it"]
+        iteration: int = _one(row)["it"]
+        return iteration
 
     def load_turn(self, run_id: str, iteration: int) -> Turn | None:
         row = self._read(
@@ -1160,7 +1175,7 @@ class Store:
 
         row = self._attempt(lambda conn: conn.execute("SELECT * FROM agentfast_mark_started(%s, %s, %s, %s, %s, %s::float8)",
                                                       (lease.run_id, lease.epoch, lease.run_uid, iteration, position, deadline_s)).fetchone())
-        return self._intent_outcome(lease, iteration, position, deadline_s, row)
+        return self._intent_outcome(lease, iteration, position, deadline_s, _one(row))
 
     @staticmethod
     def _intent_outcome(lease: Lease, iteration: int, position: int, deadline_s: float | None,
@@ -1232,7 +1247,7 @@ class Store:
         """
         reason, result = check_decision(decision, reason, result)
 
-        def op(conn: psycopg.Connection) -> Decision:
+        def op(conn: psycopg.Connection[DictRow]) -> Decision:
             self._refuse_if_decided(conn, run_id, call_id, decision, reason, result)
             if once:
                 void = conn.execute("SELECT why FROM agentfast_void_decisions WHERE run_id = %s AND call_id = %s",
@@ -1254,7 +1269,7 @@ class Store:
             if row is None:  # decided concurrently, between the check above and this insert
                 self._refuse_if_decided(conn, run_id, call_id, decision, reason, result)
             conn.execute("SELECT pg_notify(%s, %s)", (APPROVAL_CHANNEL, run_id))
-            return Decision(**row)
+            return Decision(**_one(row))
 
         try:
             return self._retry(op)
@@ -1273,7 +1288,7 @@ class Store:
                ON CONFLICT (run_id, call_id) DO NOTHING""",
             (run_id, call_id, why[:1024], run_id)))
 
-    def _refuse_if_decided(self, conn: psycopg.Connection, run_id: str, call_id: str, decision: str,
+    def _refuse_if_decided(self, conn: psycopg.Connection[DictRow], run_id: str, call_id: str, decision: str,
                            reason: str | None, result: str | None) -> None:
         existing = self._decisions(conn, run_id, [call_id]).get(call_id)
         if existing is None:
@@ -1301,7 +1316,7 @@ class Store:
         return self._retry(lambda c: c.execute(query, params).fetchall())
 
     @staticmethod
-    def _decisions(conn: psycopg.Connection, run_id: str, call_ids: list[str]) -> dict[str, Decision]:
+    def _decisions(conn: psycopg.Connection[DictRow], run_id: str, call_ids: list[str]) -> dict[str, Decision]:
         rows = conn.execute(
             """SELECT call_id, decision, reason, result, decided_by FROM agentfast_approvals
                WHERE run_id = %s AND call_id = ANY(%s)""",
@@ -1309,7 +1324,7 @@ class Store:
         ).fetchall()
         return {r["call_id"]: Decision(**r) for r in rows}
 
-    def _awaiting(self, conn: psycopg.Connection, run_id: str) -> list[AwaitedCall]:
+    def _awaiting(self, conn: psycopg.Connection[DictRow], run_id: str) -> list[AwaitedCall]:
         row = self._latest_context(conn, run_id)
         if row is None:
             return []
@@ -1332,7 +1347,7 @@ class Store:
         return self._retry(lambda c: self._awaiting(c, run_id))
 
     @staticmethod
-    def _not_awaiting(conn: psycopg.Connection, run_id: str, call_id: str, awaiting: list[AwaitedCall]) -> str:
+    def _not_awaiting(conn: psycopg.Connection[DictRow], run_id: str, call_id: str, awaiting: list[AwaitedCall]) -> str:
         """Why ``call_id`` awaits no decision: one sentence, then what does await one."""
         base, sep, rerun = call_id.rpartition("-rerun")
         row = conn.execute(
@@ -1384,7 +1399,7 @@ class Store:
         def late() -> bool:
             return until is not None and time.monotonic() >= until
 
-        def read(conn: psycopg.Connection) -> tuple[dict[str, Decision], bool]:
+        def read(conn: psycopg.Connection[DictRow]) -> tuple[dict[str, Decision], bool]:
             ends = self._end_requests(conn, run_id)
             return self._decisions(conn, run_id, call_ids), ends is not None and ends.cancel is not None
 
@@ -1458,7 +1473,7 @@ def _stored_form(model: M) -> M:
     return model if clean is dumped else type(model).model_validate(clean)
 
 
-def _configure(conn: psycopg.Connection, idle_in_transaction_timeout_s: float) -> None:
+def _configure(conn: psycopg.Connection[DictRow], idle_in_transaction_timeout_s: float) -> None:
     """Session settings of every pooled connection (the pool's ``configure`` hook).
 
     Registers the storable dumpers: every ``str`` parameter and every ``Json``/``Jsonb`` value
@@ -1476,13 +1491,13 @@ def _configure(conn: psycopg.Connection, idle_in_transaction_timeout_s: float) -
     # Store._retry opens its transactions explicitly (conn.transaction()).
 
 
-def pin_search_path(conn: psycopg.Connection) -> None:
+def pin_search_path(conn: psycopg.Connection[Any]) -> None:
     """Drop ``"$user"`` from this session's search_path (the rest, the DSN's or the server's
     default, stays), so the store's table names never resolve in the login role's own schema:
     releases before the tool host gave each runner role a schema of its name for its tools'
     tables, and an ``agentfast_approvals`` made there must never be what a runner reads. Call on
     an autocommit connection (or inside a transaction)."""
-    path = conn.cursor(row_factory=tuple_row).execute("SELECT current_setting('search_path')").fetchone()[0]
+    path = _one(conn.cursor(row_factory=tuple_row).execute("SELECT current_setting('search_path')").fetchone())[0]
     entries = [e.strip() for e in path.split(",")]
     kept = [e for e in entries if e and e not in ('"$user"', "$user")]
     conn.execute("SELECT set_config('search_path', %s, false)", (", ".join(kept) or "public",))
