@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 import psycopg
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from .workload import API_TIMEOUT_S, RUNNER_SECRET, RUNNER_SECRET_KEY, read_or_none
 

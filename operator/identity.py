@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from .workload import RunnerConfig, read_or_none
 

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kubernetes
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 log = logging.getLogger("agentfast.leader")
 

@@ -44,7 +44,7 @@ from typing import Any
 import kopf
 import kubernetes
 import psycopg
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from agentfast.runner.errors import AgentfastError
 from agentfast.runner.liveness import runner_state, runs_held

@@ -74,7 +74,7 @@ def read_or_none(read: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``read(*args, **kwargs)``, a kubernetes client read, with the API timeout unless
     ``_request_timeout`` is given; None when the object does not exist (404). Raises any other
     ApiException."""
-    from kubernetes.client.rest import ApiException
+    from kubernetes.client.exceptions import ApiException
 
     kwargs.setdefault("_request_timeout", API_TIMEOUT_S)
     try:
