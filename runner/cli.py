@@ -156,10 +156,9 @@ class _Progress:
         elif ev.kind == "tool_completed":
             out.print(styled(head, " recorded as done, not run: ", one_line(ev.detail)))
         elif ev.kind == "waiting" and ev.pending is not None:
-            self._waiting(ev)
+            self._waiting(ev.pending)
 
-    def _waiting(self, ev: ProgressEvent) -> None:
-        p = ev.pending
+    def _waiting(self, p: PendingToolCall) -> None:
         name = self.run_id.removeprefix("default/")
         calls = p.awaiting
         if len(calls) == 1:
@@ -437,20 +436,23 @@ def _kube_user() -> str:
     ``kubectl auth whoami``; authentication.k8s.io/v1, GA in Kubernetes 1.28): what decidedBy must
     say, since the admission policy compares it with the requesting user. Raises click's Exit (2)."""
     import kubernetes
-    from kubernetes.client.rest import ApiException
+    from kubernetes.client.exceptions import ApiException
 
     try:
         review = kubernetes.client.AuthenticationV1Api().create_self_subject_review(kubernetes.client.V1SelfSubjectReview())
     except ApiException as e:
         raise _fail(f"cannot learn who you are from the API server (kubectl auth whoami): {e.reason}") from None
-    return review.status.user_info.username
+    user = review.status.user_info if review.status is not None else None
+    if user is None or user.username is None:
+        raise _fail("cannot learn who you are from the API server (kubectl auth whoami): its answer names no user")
+    return user.username
 
 
-def _agentrun_as_reviewed(run: str, namespace: str | None, uid: str | None, *, nothing_done: str) -> tuple[Any, str, str, dict]:
+def _agentrun_as_reviewed(run: str, namespace: str | None, uid: str | None, *, nothing_done: str) -> tuple[Any, str, str, dict[str, Any]]:
     """``(api, namespace, name, body)`` of the AgentRun ``run`` in the cluster. Raises click's Exit
     (2) when it cannot be read, or when ``uid`` is given and the AgentRun has another (it was
     re-created since the caller reviewed it: ``nothing_done`` says what was not done)."""
-    from kubernetes.client.rest import ApiException
+    from kubernetes.client.exceptions import ApiException
 
     api, ns = _kube_api(namespace)
     name = parse_run_id(run)[1]
@@ -477,7 +479,7 @@ def _patch_approval(run: str, call_id: str, decision: str, reason: str | None, r
     reviewed), so the API server refuses it if the AgentRun was deleted and re-created under the
     same name, with other input, in between. It prints the call's tool and arguments as decided.
     """
-    from kubernetes.client.rest import ApiException
+    from kubernetes.client.exceptions import ApiException
 
     api, ns, name, body = _agentrun_as_reviewed(run, namespace, uid, nothing_done="nothing was decided")
     seen_uid = body["metadata"]["uid"]
@@ -561,7 +563,7 @@ def _patch_cancel(run: str, namespace: str | None, uid: str | None) -> None:
     does); the operator records the request in Postgres and the run stops at its next safe
     point. Refused (exit 2) when the AgentRun cannot be read, has another uid than ``uid``, has
     already ended, or the API server refuses the patch; exit 0 when spec.cancel was already true."""
-    from kubernetes.client.rest import ApiException
+    from kubernetes.client.exceptions import ApiException
 
     api, ns, name, body = _agentrun_as_reviewed(run, namespace, uid, nothing_done="nothing was cancelled")
     seen_uid = body["metadata"]["uid"]
@@ -625,10 +627,10 @@ def cancel(run: str, dsn: str | None, kube: bool | None, namespace: str | None, 
     out.print(f"{key}: Cancelled (no runner held it): {cancelled_message(request)}", highlight=False, markup=False)
 
 
-def _budget_summary(ctx: RunContext) -> tuple[dict, str]:
+def _budget_summary(ctx: RunContext) -> tuple[dict[str, Any], str]:
     """The budget applied next to the declared one and why: (JSON object, one text line)."""
     b, cl = ctx.budget, ctx.classification
-    doc: dict = {"applied": b.model_dump(mode="json")}
+    doc: dict[str, Any] = {"applied": b.model_dump(mode="json")}
     if cl is None:
         return doc, "as declared"
     doc.update(declared=cl.declared.model_dump(mode="json"), classifier=cl.classifier, label=cl.label, reason=cl.reason)
@@ -674,7 +676,7 @@ def _awaiting_view(store: Store, key: str, pending: PendingToolCall | None) -> d
     }
 
 
-def _model_config_line(doc: dict, prompt_tokens: int | None = None, completion_tokens: int | None = None) -> str:
+def _model_config_line(doc: dict[str, Any], prompt_tokens: int | None = None, completion_tokens: int | None = None) -> str:
     """One line on the model of a registered run document: its ModelConfig (name, version, endpoint)
     and, with token counts and prices, the cost so far; or the scripted model."""
     model = (doc.get("spec") or {}).get("model") or {}
@@ -785,7 +787,7 @@ def history(run: str, dsn: str | None, output_format: str) -> None:
     iteration = 0
     for i, m in enumerate(snap.messages):
         label = m.role + (f" {m.name}" if m.name else "") + (f" (tool-call id {m.tool_call_id})" if m.tool_call_id else "")
-        parts: list = [(f"{i:>3}", "dim"), " ", (label, "bold")]
+        parts: list[str | tuple[Any, str]] = [(f"{i:>3}", "dim"), " ", (label, "bold")]
         if m.content is not None:
             parts += [": ", m.content]
         out.print(styled(*parts))
@@ -812,9 +814,9 @@ def history(run: str, dsn: str | None, output_format: str) -> None:
             out.print(styled((d["call_id"], "bold"), f"  {d['decision']}  by {d.get('decided_by') or '?'}  at {_when(d.get('decided_at'))}",
                              f"  reason: {d['reason']}" if d.get("reason") else ""))
     out.rule("checkpoints (latest kept)")
-    for c in checkpoints:
-        out.print(styled((f"checkpoint {c.checkpoint_id}", "bold"), f"  iteration {c.iteration}  messages {c.message_count}"
-                         f"  {c.phase}  epoch {c.epoch}  saved {_when(c.saved_at)}"))
+    for cp in checkpoints:
+        out.print(styled((f"checkpoint {cp.checkpoint_id}", "bold"), f"  iteration {cp.iteration}  messages {cp.message_count}"
+                         f"  {cp.phase}  epoch {cp.epoch}  saved {_when(cp.saved_at)}"))
     earlier = store.earlier_runs(key)
     if earlier:
         out.rule("earlier runs of this name (kept for audit)")
