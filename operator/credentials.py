@@ -63,7 +63,7 @@ def ensure_runner_secret(namespace: str, store: Any, core: Any, operator_dsn: st
             return False
         password = secrets.token_urlsafe(32)
         role, credential_id = store.set_tenant_password(namespace, password)
-        body = {
+        body: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Secret",
             "type": "Opaque",

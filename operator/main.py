@@ -36,16 +36,18 @@ import os
 import re
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import kopf
 import kubernetes
 import psycopg
 from kubernetes.client.exceptions import ApiException
 
+from agentfast.runner.decisions import InvalidDecision
 from agentfast.runner.errors import AgentfastError
 from agentfast.runner.liveness import runner_state, runs_held
 from agentfast.runner.names import (
@@ -78,7 +80,6 @@ from agentfast.runner.spec import (
 from agentfast.runner.store import (
     PROGRESS_CHANNEL,
     DecisionConflict,
-    InvalidDecision,
     InvalidDsn,
     RunMark,
     Store,
@@ -236,7 +237,7 @@ def on_runner_pod(body: kopf.Body, **_: Any) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def on_agentrun_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+def on_agentrun_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
     """An AgentRun is gone (the watch's DELETED event; no finalizer is needed for it): a run that
     had not ended is ``Cancelled`` in the store, its rows kept (unless deleteDataOnDelete removed
     them already), any runner still holding it fenced off."""
@@ -560,7 +561,8 @@ def approval_policy_missing() -> str | None:
     """
     now = time.monotonic()
     if now - _policy_checked["at"] < POLICY_RECHECK_S:
-        return _policy_checked["missing"]
+        cached: str | None = _policy_checked["missing"]
+        return cached
     name = SETTINGS.approval_policy
     try:
         STATE.admission.read_validating_admission_policy(name, _request_timeout=API_TIMEOUT_S)
@@ -679,17 +681,17 @@ def _create_pod(body: dict[str, Any], model_key: dict[str, str] | None, step: St
     namespace = body["metadata"]["namespace"]
     if SETTINGS.egress is not None:
         policy = build_network_policy(body, SETTINGS.egress)
-        kopf.adopt(policy, owner=body)
+        kopf.adopt(policy, owner=body)  # type: ignore[arg-type]  # kopf types owner as its Body; it reads any mapping
         try:
-            STATE.networking.create_namespaced_network_policy(namespace, policy, _request_timeout=API_TIMEOUT_S)
+            STATE.networking.create_namespaced_network_policy(namespace, policy, _request_timeout=API_TIMEOUT_S)  # type: ignore[arg-type]  # the client serializes a dict as it does a V1NetworkPolicy
         except ApiException as err:
             if err.status != 409:
                 raise
     pod = build_pod(body, SETTINGS.runner, attempt=step.attempt, counted_failures=step.counted,
                     lost_at=lost_at.isoformat() if lost_at else None, allowed_modules=SETTINGS.allowed_modules, model_key=model_key)
-    kopf.adopt(pod, owner=body)
+    kopf.adopt(pod, owner=body)  # type: ignore[arg-type]  # kopf types owner as its Body; it reads any mapping
     try:
-        STATE.core.create_namespaced_pod(namespace, pod, _request_timeout=API_TIMEOUT_S)
+        STATE.core.create_namespaced_pod(namespace, pod, _request_timeout=API_TIMEOUT_S)  # type: ignore[arg-type]  # the client serializes a dict as it does a V1Pod
     except ApiException as err:
         if err.status == 409:
             return
@@ -797,7 +799,8 @@ def _delete_network_policy(body: dict[str, Any]) -> bool:
 
 
 def _get_agentrun(namespace: str, name: str) -> dict[str, Any] | None:
-    return read_or_none(STATE.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
+    run: dict[str, Any] | None = read_or_none(STATE.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
+    return run
 
 
 # -- status, its one writer ----------------------------------------------------------------------
@@ -978,12 +981,14 @@ def _retain(live: dict[str, str]) -> None:
 def _list_agentruns() -> list[dict[str, Any]]:
     """Every AgentRun this operator serves, in pages of 500 (a large cluster is never one response)."""
     items: list[dict[str, Any]] = []
-    for ns in SETTINGS.namespaces or [None]:
+    namespaces: Sequence[str | None] = SETTINGS.namespaces or [None]
+    for ns in namespaces:
         token = None
         while True:
             kw: dict[str, Any] = {"limit": 500, "_request_timeout": API_TIMEOUT_S, **({"_continue": token} if token else {})}
-            page = (STATE.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, **kw) if ns
-                    else STATE.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kw))
+            # cast: the client types a custom object list as object; it is the API's JSON object.
+            page = cast(dict[str, Any], STATE.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, **kw) if ns
+                        else STATE.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kw))
             items += page["items"]
             token = page.get("metadata", {}).get("continue")
             if not token:

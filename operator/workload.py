@@ -313,7 +313,7 @@ def _first_error(err: ValidationError) -> str:
     return f"{where}: {e['msg'].removeprefix('Value error, ')}" if where else e["msg"]
 
 
-_QUANTITY_SUFFIX = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+_QUANTITY_SUFFIX: dict[str, int | Decimal] = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
                     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
 
 
