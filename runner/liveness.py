@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import DictRow, dict_row
 
 from .names import TERMINAL_PHASES, Phase
 from .store import PROGRESS_CHANNEL, Store, StoreError, StoreUnavailable, pin_search_path
@@ -189,14 +189,14 @@ class RunnerClaim:
         self.heartbeat_s, self.stale_after_s = heartbeat_s, stale_after_s
         self.runner_id = uuid.uuid4().hex[:12]
         self.key = lock_key(run_id)
-        self._conn: psycopg.Connection | None = None
+        self._conn: psycopg.Connection[DictRow] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.locked = False
 
     # -- connection -----------------------------------------------------------------------------
 
-    def _connect(self) -> psycopg.Connection:
+    def _connect(self) -> psycopg.Connection[DictRow]:
         conn = psycopg.connect(
             self.store.dsn,
             autocommit=True,
@@ -218,7 +218,7 @@ class RunnerClaim:
         pin_search_path(conn)  # the heartbeat table is the store's, never one in the role's own schema
         return conn
 
-    def _connect_retrying(self) -> psycopg.Connection:
+    def _connect_retrying(self) -> psycopg.Connection[DictRow]:
         deadline = time.monotonic() + self.store.retry_for_s
         delay = 0.1
         while True:
@@ -232,7 +232,9 @@ class RunnerClaim:
 
     def _try_lock(self) -> bool:
         assert self._conn is not None
-        return bool(self._conn.execute("SELECT pg_try_advisory_lock(%s) AS ok", (self.key,)).fetchone()["ok"])
+        row = self._conn.execute("SELECT pg_try_advisory_lock(%s) AS ok", (self.key,)).fetchone()
+        assert row is not None  # a SELECT without FROM returns its row
+        return bool(row["ok"])
 
     def _state(self) -> RunnerInfo:
         assert self._conn is not None
