@@ -62,8 +62,9 @@ def heuristic_classifier(spec: AgentRunSpec) -> Classification:
     f = _TIERS[label]
 
     def scaled(name: str) -> int:
-        want = max(int(getattr(declared, name) * f), getattr(_FLOOR, name))
-        return min(want, getattr(declared, name))
+        limit: int = getattr(declared, name)
+        want: int = max(int(limit * f), getattr(_FLOOR, name))
+        return min(want, limit)
 
     applied = Budget(max_iterations=scaled("max_iterations"), max_tokens=scaled("max_tokens"), max_duration_ms=scaled("max_duration_ms"))
     return Classification(classifier="heuristic", label=label, reason=reason, declared=declared, applied=applied)
@@ -87,4 +88,5 @@ def get_classifier(name: str) -> Classifier:
         raise SpecError(f"spec.budget.classifier: {err}") from None
     if not callable(fn):
         raise SpecError(f"spec.budget.classifier: {name} is not callable")
-    return fn
+    classifier: Classifier = fn
+    return classifier

@@ -145,7 +145,8 @@ class BestEffortStream(io.TextIOBase):
         target = self.target
         if target is None:
             raise io.UnsupportedOperation("no underlying stream")
-        return target.fileno()
+        fd: int = target.fileno()
+        return fd
 
     def write(self, s: str) -> int:
         # click (its echo, prompt and --help) probes a stream with write(b"") and, if that
@@ -265,7 +266,7 @@ class _DataConsole(Console):
     """A rich Console for which every ``str`` is data (see the module's rule 1) and whose
     output never raises (rule 2)."""
 
-    def render_str(self, text: str, **kwargs: Any) -> Text:  # type: ignore[override]
+    def render_str(self, text: str, **kwargs: Any) -> Text:
         kwargs.update(markup=False, emoji=False, highlight=False)
         return super().render_str(printable(text), **kwargs)
 
@@ -287,7 +288,8 @@ class _DataConsole(Console):
 
 def _console(name: str) -> _DataConsole:
     stream = BestEffortStream(lambda: getattr(sys, name))
-    return _DataConsole(file=stream, soft_wrap=True, markup=False, emoji=False, highlight=False)
+    # typeshed's io.TextIOBase is no IO[str] (rich's type of file), though it is a text stream.
+    return _DataConsole(file=stream, soft_wrap=True, markup=False, emoji=False, highlight=False)  # type: ignore[arg-type]
 
 
 #: The CLI's consoles: stdout for results, stderr for errors and notices.

@@ -423,6 +423,7 @@ class ScriptedModelServer:
         if self._httpd is None:
             raise RuntimeError("scripted model server is not started")
         host, port = self._httpd.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET server's address: (host, port)
         return f"http://{host}:{port}/v1"
 
     def start(self) -> str:

@@ -132,7 +132,8 @@ def _recv(sock: socket.socket) -> dict[str, Any] | None:
     body = _read_exact(sock, _FRAME.unpack(head)[0])
     if body is None:
         return None
-    return json.loads(body)
+    frame: dict[str, Any] = json.loads(body)
+    return frame
 
 
 def _read_exact(sock: socket.socket, n: int) -> bytes | None:
@@ -178,7 +179,8 @@ class RemoteTool:
         answer = self._host.request("invoke", tool=self.name, arguments=arguments, ctx=asdict(ctx))
         if "raised" in answer:
             raise ToolRaised(answer["raised"]["type"], answer["raised"]["message"])
-        return answer["content"]
+        content: str = answer["content"]
+        return content
 
     def _recover(self, ctx: ToolContext) -> Recovery:
         answer = self._host.request("recover", tool=self.name, ctx=asdict(ctx))
@@ -191,7 +193,7 @@ class ToolHost:
     """The runner's side of one tool host process. Thread-safe: calls from several threads are
     multiplexed by request id. Use :meth:`spawn`, then :meth:`registry`; :meth:`close` at the end."""
 
-    def __init__(self, proc: subprocess.Popen, sock: socket.socket):
+    def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket):
         self._proc = proc
         self._sock = sock
         self._send_lock = threading.Lock()
@@ -270,7 +272,7 @@ class ToolHost:
 
     def _register(self, rid: int) -> list[Any]:
         """A slot ``[Event, answer]`` for request ``rid``; the caller holds ``self._lock``."""
-        slot = [threading.Event(), None]
+        slot: list[Any] = [threading.Event(), None]
         self._waiting[rid] = slot
         if self._lost is not None:  # the host is gone already: nothing will answer
             slot[0].set()
@@ -282,7 +284,8 @@ class ToolHost:
             self._waiting.pop(rid, None)
         if slot[1] is None:
             raise ToolHostLost(self._lost or "the tool host is gone")
-        return slot[1]
+        answer: dict[str, Any] = slot[1]
+        return answer
 
     def _read(self) -> None:
         try:

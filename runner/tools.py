@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import ValidationError, create_model
+from pydantic import BaseModel, ValidationError, create_model
 
 from .errors import AgentfastError
 from .spec import AgentRun, SpecError, resolve_ref
@@ -106,7 +106,7 @@ class Tool:
     idempotent: bool = True
     requires_approval: bool = False
     recovery: Callable[[ToolContext], Recovery] | None = field(default=None, repr=False)
-    _args_model: Any = field(default=None, repr=False)
+    _args_model: type[BaseModel] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         params = list(inspect.signature(self.fn).parameters.values())
