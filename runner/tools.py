@@ -30,7 +30,7 @@ import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from pydantic import BaseModel, ValidationError, create_model
 
@@ -157,6 +157,24 @@ class Tool:
         return check
 
 
+@overload
+def tool(
+    fn: Callable[..., Any],
+    *,
+    name: str | None = None,
+    idempotent: bool = True,
+    requires_approval: bool = False,
+    recovery_check: Callable[[ToolContext], Recovery] | None = None,
+) -> Tool: ...
+@overload
+def tool(
+    fn: None = None,
+    *,
+    name: str | None = None,
+    idempotent: bool = True,
+    requires_approval: bool = False,
+    recovery_check: Callable[[ToolContext], Recovery] | None = None,
+) -> Callable[[Callable[..., Any]], Tool]: ...
 def tool(
     fn: Callable[..., Any] | None = None,
     *,
@@ -164,7 +182,7 @@ def tool(
     idempotent: bool = True,
     requires_approval: bool = False,
     recovery_check: Callable[[ToolContext], Recovery] | None = None,
-) -> Any:
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Decorator: ``@tool`` or ``@tool(idempotent=False, requires_approval=True, recovery_check=fn)``.
 
     The function's docstring becomes the description the model sees; its parameters after

@@ -72,7 +72,7 @@ def provision(admin_dsn: str, *, password: str | None = None) -> str:
     info["user"] = EXAMPLES_ROLE
     if password is not None:
         info["password"] = password
-    return psycopg.conninfo.make_conninfo(**info)
+    return psycopg.conninfo.make_conninfo("", **info)
 
 
 def _provision(admin_dsn: str, password: str | None) -> None:

@@ -31,6 +31,7 @@ import json
 import os
 import time
 import uuid
+from typing import Any
 
 import psycopg
 
@@ -77,7 +78,8 @@ def _connect(ctx: ToolContext) -> psycopg.Connection:
             conn = psycopg.connect(examples_dsn(), autocommit=True, connect_timeout=5)
             # A frozen runner (the zombie tests SIGSTOP them) must not hold the DDL lock for ever.
             conn.execute("SET idle_in_transaction_session_timeout = '5s'")
-            if conn.execute("SELECT to_regclass('chaos_outbox')").fetchone()[0] is None:
+            exists = conn.execute("SELECT to_regclass('chaos_outbox')").fetchone()
+            if exists is None or exists[0] is None:
                 with conn.transaction():
                     conn.execute("SELECT pg_advisory_xact_lock(hashtext('agentfast_chaos_ddl'))")
                     conn.execute(_DDL)
@@ -89,7 +91,7 @@ def _connect(ctx: ToolContext) -> psycopg.Connection:
             delay = min(delay * 2, 2.0)
 
 
-def _write(ctx: ToolContext, sql: str, params: tuple) -> None:
+def _write(ctx: ToolContext, sql: str, params: tuple[Any, ...]) -> None:
     """One autocommit statement, retried over a new connection when Postgres goes away.
 
     Every statement here is safe to repeat: the ledger row is keyed by the idempotency key; the
@@ -127,7 +129,7 @@ def _end(work_ms: int) -> None:
     time.sleep(max(0, work_ms) / 2000)
 
 
-def _ledger(ctx: ToolContext, name: str, payload: dict) -> None:
+def _ledger(ctx: ToolContext, name: str, payload: dict[str, Any]) -> None:
     _write(
         ctx,
         "INSERT INTO chaos_ledger (idempotency_key, tool, payload, epoch) VALUES (%s, %s, %s, %s) ON CONFLICT (idempotency_key) DO NOTHING",
@@ -152,7 +154,7 @@ def _digest(*parts: object) -> int:
 
 
 @tool
-def chaos_read(ctx: ToolContext, item: str, work_ms: int = 0) -> dict:
+def chaos_read(ctx: ToolContext, item: str, work_ms: int = 0) -> dict[str, Any]:
     """Read the stock level of an item (no effect)."""
     _begin(ctx, "chaos_read", work_ms)
     _end(work_ms)
@@ -160,7 +162,7 @@ def chaos_read(ctx: ToolContext, item: str, work_ms: int = 0) -> dict:
 
 
 @tool
-def chaos_write(ctx: ToolContext, item: str, qty: int, work_ms: int = 0) -> dict:
+def chaos_write(ctx: ToolContext, item: str, qty: int, work_ms: int = 0) -> dict[str, Any]:
     """Reserve qty units of an item (an idempotent effect, keyed by the idempotency key)."""
     _begin(ctx, "chaos_write", work_ms)
     _ledger(ctx, "chaos_write", {"item": item, "qty": qty})
@@ -169,7 +171,7 @@ def chaos_write(ctx: ToolContext, item: str, qty: int, work_ms: int = 0) -> dict
 
 
 @tool(requires_approval=True)
-def chaos_pay(ctx: ToolContext, account: str, cents: int, work_ms: int = 0) -> dict:
+def chaos_pay(ctx: ToolContext, account: str, cents: int, work_ms: int = 0) -> dict[str, Any]:
     """Pay an account (gated: a human approves each call; idempotent by key)."""
     _begin(ctx, "chaos_pay", work_ms)
     _ledger(ctx, "chaos_pay", {"account": account, "cents": cents})
@@ -178,7 +180,7 @@ def chaos_pay(ctx: ToolContext, account: str, cents: int, work_ms: int = 0) -> d
 
 
 @tool(idempotent=False)
-def chaos_notify(ctx: ToolContext, to: str, text: str, work_ms: int = 0) -> dict:
+def chaos_notify(ctx: ToolContext, to: str, text: str, work_ms: int = 0) -> dict[str, Any]:
     """Send a notification (NOT idempotent: every execution sends one more)."""
     execution = _begin(ctx, "chaos_notify", work_ms)
     # The send and the fencing-token check in one statement: a stale epoch sends nothing.

@@ -17,6 +17,8 @@ refund the ledger holds.
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 
 from ..tools import Recovery, ToolContext, tool
@@ -62,7 +64,7 @@ def _log_invocation(conn: psycopg.Connection, name: str, ctx: ToolContext) -> No
 
 
 @tool
-def lookup_order(ctx: ToolContext, order_id: str) -> dict:
+def lookup_order(ctx: ToolContext, order_id: str) -> dict[str, Any]:
     """Look up an order by id: customer, total and the charges made (amounts in cents)."""
     with _connect(ctx) as conn:
         _log_invocation(conn, "lookup_order", ctx)
@@ -73,7 +75,7 @@ def lookup_order(ctx: ToolContext, order_id: str) -> dict:
 
 
 @tool(requires_approval=True)
-def issue_refund(ctx: ToolContext, order_id: str, amount_cents: int, reason: str) -> dict:
+def issue_refund(ctx: ToolContext, order_id: str, amount_cents: int, reason: str) -> dict[str, Any]:
     """Refund part of an order to the customer's card. Amount in cents. Needs a human's approval."""
     with _connect(ctx) as conn:
         _log_invocation(conn, "issue_refund", ctx)
@@ -88,7 +90,7 @@ def issue_refund(ctx: ToolContext, order_id: str, amount_cents: int, reason: str
     return refund
 
 
-def _refund_of(conn: psycopg.Connection, ctx: ToolContext) -> dict | None:
+def _refund_of(conn: psycopg.Connection, ctx: ToolContext) -> dict[str, Any] | None:
     """The refund the ledger holds for this call's idempotency key, as issue_refund returns it."""
     row = conn.execute(
         "SELECT order_id, amount_cents FROM demo_refund_ledger WHERE idempotency_key = %s", (ctx.idempotency_key,)
@@ -107,7 +109,7 @@ def issue_refund_happened(ctx: ToolContext) -> Recovery:
 
 
 @tool
-def add_case_note(ctx: ToolContext, order_id: str, note: str) -> dict:
+def add_case_note(ctx: ToolContext, order_id: str, note: str) -> dict[str, Any]:
     """Add an internal note to the support case of an order."""
     with _connect(ctx) as conn:
         _log_invocation(conn, "add_case_note", ctx)

@@ -8,16 +8,18 @@ runtime compiles it with its own checkpointer.
 
 from __future__ import annotations
 
+from typing import Any
+
 from langgraph.graph import START, MessagesState, StateGraph
 
 from ..adapters.langgraph import GraphRuntime
 
 
-def build(rt: GraphRuntime) -> StateGraph:
+def build(rt: GraphRuntime) -> StateGraph[MessagesState]:
     """``agent`` -> (one Send per tool call -> ``tools``) -> ``agent`` ... -> END."""
     model = rt.model.bind_tools(rt.tool_schemas)
 
-    def agent(state: MessagesState) -> dict:
+    def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [model.invoke(state["messages"])]}
 
     graph = StateGraph(MessagesState)

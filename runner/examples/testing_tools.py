@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+from typing import Any
 
 from ..tools import ToolContext, tool
 
 
 @tool
-def echo(ctx: ToolContext, text: str) -> dict:
+def echo(ctx: ToolContext, text: str) -> dict[str, Any]:
     """Echo the text back, with the idempotency key of this call."""
     return {"text": text, "idempotency_key": ctx.idempotency_key, "call_id": ctx.call_id}
 
@@ -52,7 +53,7 @@ def big_output(ctx: ToolContext, size_bytes: int, seed: str = "") -> str:
 
 
 @tool
-def probe_credentials(ctx: ToolContext) -> dict:
+def probe_credentials(ctx: ToolContext) -> dict[str, Any]:
     """Report this tool process's environment and what it can read of its own and its parent's /proc files."""
     parent = os.getppid()
     reads: dict[str, str] = {}
