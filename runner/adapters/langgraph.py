@@ -30,6 +30,7 @@ must use ``rt.model`` for model calls and ``rt.route_tools`` / ``rt.tool_node`` 
 from __future__ import annotations
 
 import base64
+import builtins
 import json
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -184,7 +185,7 @@ class SnapshotSaver(InMemorySaver):
             cid = get_checkpoint_id(config)
             if cid and cid != latest["id"]:
                 return None
-            checkpoint = self.serde.loads_typed(latest["checkpoint"])
+            checkpoint: Checkpoint = self.serde.loads_typed(latest["checkpoint"])
             values: dict[str, Any] = {}
             for ch, ver in checkpoint["channel_versions"].items():
                 kept = self._values.get((ns, ch))
@@ -343,7 +344,7 @@ class SnapshotSaver(InMemorySaver):
                 return {}
             return {"format": SDK_STATE_FORMAT, "next_item": self._next_item, "namespaces": namespaces}
 
-    def take_rows(self) -> list[SdkRow]:
+    def take_rows(self) -> builtins.list[SdkRow]:  # builtins: this class's list() is the checkpointer's
         """The rows the last :meth:`export_state` named that are not known to be stored (rows
         made after it wait for the next export: a committed state never names a row it lacks,
         and never a row whose sequence number a resumed process could reuse)."""
@@ -357,7 +358,7 @@ class SnapshotSaver(InMemorySaver):
                 self._exported.pop(r.key, None)
 
     def import_state(self, thread_id: str, state: dict[str, Any],
-                     load: Callable[[list[str], list[tuple[str, str]]], dict[str, tuple[str, bytes]]] | None = None) -> None:
+                     load: Callable[[builtins.list[str], builtins.list[tuple[str, str]]], dict[str, tuple[str, bytes]]] | None = None) -> None:
         """Seed this saver with what :meth:`export_state` returned; ``load(keys, ranges)`` reads
         the rows it names (``Store.sdk_rows`` of the run). A state of format /1 (the whole
         channel state inline) is loaded too, and its values become rows at the next export.
