@@ -30,14 +30,14 @@ from .tools import Tool, ToolArgumentsError, ToolContext, ToolRegistry, render_r
 log = logging.getLogger(__name__)
 
 
-class _NotWritten(enum.Enum):
+class NotWritten(enum.Enum):
     """NOT_WRITTEN's type: an enum member, so that ``intent is NOT_WRITTEN`` narrows ``intent``."""
 
     NOT_WRITTEN = "not written"
 
 
 # execute()'s ``intent`` when no write recorded the call's intent yet (the executor writes it).
-NOT_WRITTEN: Final = _NotWritten.NOT_WRITTEN
+NOT_WRITTEN: Final = NotWritten.NOT_WRITTEN
 
 
 class RunEnding(AgentfastError):
@@ -123,7 +123,7 @@ class CallExecutor:
         it malformed with no intent (an unknown tool, arguments that do not parse)."""
         return not isinstance(self._callable(entry), str)
 
-    def execute(self, entry: JournalEntry, *, intent: EndRequests | None | Literal[_NotWritten.NOT_WRITTEN] = NOT_WRITTEN) -> ToolResult:
+    def execute(self, entry: JournalEntry, *, intent: EndRequests | None | Literal[NotWritten.NOT_WRITTEN] = NOT_WRITTEN) -> ToolResult:
         """Run one call exactly once in effect; returns its (possibly stored) result.
 
         ``intent``: what the write that already recorded the call's intent returned

@@ -481,7 +481,7 @@ class IncrementalAddMessages:
                     base, added = base | added, frozenset()
                 self._remember(merged, base, added)
                 return merged
-        merged = add_messages(left, right)
+        merged = add_messages(left, right)  # type: ignore[assignment]  # typed as Messages; it returns a list of BaseMessage
         if type(merged) is list:
             self._remember(merged, frozenset(m.id for m in merged), frozenset())
         return merged
