@@ -22,17 +22,18 @@ this one refused to take it over (``runner/liveness.py``).
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, Literal
 
 from . import faults
 from .budget import check_budget, get_classifier
-from .journal import NOT_WRITTEN, CallExecutor, RunEnding
+from .journal import NOT_WRITTEN, CallExecutor, NotWritten, RunEnding
 from .liveness import EXIT_GRACE_S, ClaimStopped, RunnerAlive, RunnerClaim
 from .model import ChatModel, ModelError, ModelReply, distinct_tool_call_ids
 from .payloads import PayloadTooLarge
@@ -69,7 +70,13 @@ from .tools import ToolRegistry
 
 log = logging.getLogger(__name__)
 
-_UNREAD = object()  # RunnerBase.halted: no end requests at hand, read them
+class Unread(enum.Enum):
+    """_UNREAD's type: an enum member, so that ``ends is _UNREAD`` narrows ``ends``."""
+
+    UNREAD = "unread"
+
+
+_UNREAD: Final = Unread.UNREAD  # RunnerBase.halted: no end requests at hand, read them
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -118,7 +125,7 @@ def fail_invalid_spec(store: Store, run: AgentRun, message: str, *, force: bool 
 class _NoModel:
     """The model of a run refused before it starts: never asked."""
 
-    def complete(self, messages: list[Message], tools: list[dict]) -> ModelReply:  # pragma: no cover - never called
+    def complete(self, messages: list[Message], tools: list[dict[str, Any]]) -> ModelReply:  # pragma: no cover - never called
         raise ModelError("a run refused before it starts has no model", retriable=False)
 
     def close(self) -> None:
@@ -222,7 +229,7 @@ class RunnerBase(ABC):
         self._planned: tuple[int, list[JournalEntry]] | None = None  # its journal entries, if this runner saved it
         # (iteration, position, what the write returned) of a call whose intent the turn's write recorded
         self._intent: tuple[int, int, EndRequests | None] | None = None
-        self._ends_read: EndRequests | None | object = _UNREAD  # read by the last commit for the next halted()
+        self._ends_read: EndRequests | None | Literal[Unread.UNREAD] = _UNREAD  # read by the last commit for the next halted()
         self._active_since: float | None = None
         self._ending: tuple[str, str, str] | None = None  # (phase, reason, message) a safe point found
         self._deadline_mono: float | None = None  # time.monotonic() when spec.activeDeadlineSeconds passes
@@ -367,7 +374,7 @@ class RunnerBase(ABC):
         with nothing but computing between), or None: the intents are written one by one."""
         return None
 
-    def take_intent(self, it: int, position: int) -> EndRequests | None | object:
+    def take_intent(self, it: int, position: int) -> EndRequests | None | Literal[NotWritten.NOT_WRITTEN]:
         """What the turn's write returned for call ``position`` of iteration ``it``, if it
         recorded that call's intent (once), else ``journal.NOT_WRITTEN``."""
         intent, self._intent = self._intent, None
@@ -503,6 +510,7 @@ class RunnerBase(ABC):
         # on_event callback): waiting time, not active time against max_duration_ms.
         self._account_active()
         self._active_since = None
+        assert self.snap.pending is not None  # set above, or the same batch's record kept
         self.emit("waiting", ", ".join(self.snap.pending.call_ids), pending=self.snap.pending)
         if not self.wait_for_approval:
             return Outcome("WaitingForApproval", EXIT_OK, ctx.status.message, pending=self.snap.pending)
@@ -529,7 +537,7 @@ class RunnerBase(ABC):
 
     # -- safe points: stop, cancel, deadline -------------------------------------------------------
 
-    def halted(self, ends: EndRequests | None | object = _UNREAD) -> bool:
+    def halted(self, ends: EndRequests | None | Literal[Unread.UNREAD] = _UNREAD) -> bool:
         """Whether the run must start nothing more now: ``stop`` is set (SIGTERM), or the store
         holds a cancel request for it, or it is past ``spec.activeDeadlineSeconds``. The last two
         are remembered (:meth:`halt_outcome` ends the run with them). ``ends``: the run's
@@ -552,7 +560,7 @@ class RunnerBase(ABC):
         safe point already found a cancel request or the deadline. Reads nothing."""
         return self._ending is not None or self.stop.is_set()
 
-    def take_ends(self) -> EndRequests | None | object:
+    def take_ends(self) -> EndRequests | None | Literal[Unread.UNREAD]:
         """The end requests the last commit read for the :meth:`halted` that follows it (once)."""
         ends, self._ends_read = self._ends_read, _UNREAD
         return ends

@@ -603,6 +603,7 @@ class RuntimeChatModel(BaseChatModel):
         ctx = runner.snap.context
         ctx.counters.iterations = max(ctx.counters.iterations, it)
         ai = to_langchain_message(turn.message, msg_id=f"agentfast-turn-{it}")
+        assert isinstance(ai, AIMessage)  # the model's turn is an assistant message
         ai.usage_metadata = {
             "input_tokens": turn.prompt_tokens,
             "output_tokens": turn.completion_tokens,
@@ -801,7 +802,7 @@ class LangGraphRunner(RunnerBase):
         if self.saver is not None:
             self.saver.rows_stored(rows)
 
-    def _interrupted(self, thread_id: str, interrupts: Any) -> Command | Outcome:
+    def _interrupted(self, thread_id: str, interrupts: Any) -> Command[str] | Outcome:
         """The graph paused in interrupt(), one per call awaiting a human: make them all pending
         at once, and return the ``Command(resume=...)`` carrying every decision, or an Outcome."""
         ordered = sorted(interrupts, key=lambda i: (i.value["iteration"], i.value["position"]))
@@ -809,6 +810,7 @@ class LangGraphRunner(RunnerBase):
         entries = {e.position: e for e in self.store.journal(self.run_id, it)}
         waiting = [entries[i.value["position"]] for i in ordered]
         siblings: list[ToolResult] = [e.result for e in entries.values() if e.result is not None]
+        assert self.saver is not None  # made before the graph ran
         self.snap.sdk_state = self.saver.export_state(thread_id)
         self._count_tools()
         decided = self.decisions(waiting, siblings)
