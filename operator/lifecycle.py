@@ -49,7 +49,6 @@ DELETION_SLACK_S = 5.0
 #: Exit codes: the run's own ending (it committed Failed: budget, model, bad input), "retry me",
 #: "another runner holds the run" (runner/names.py).
 RUN_ENDED_EXITS = frozenset({ExitCode.FAILED, ExitCode.BAD_INPUT})
-EXIT_RETRY, EXIT_OWNED = ExitCode.RETRY, ExitCode.LEASE_LOST
 #: Container waiting reasons that need a person (a missing Secret, an image that cannot be pulled).
 CANNOT_START = frozenset({"CreateContainerConfigError", "CreateContainerError", "ErrImagePull", "ImagePullBackOff",
                           "InvalidImageName", "ErrImageNeverPull", "RunContainerError"})
@@ -128,7 +127,7 @@ class RunnerPod:
         """Whether this loss counts against the restart limit (it would repeat)."""
         if self.exit_reason == "OOMKilled":
             return True
-        if self.disrupted or self.deletion_due is not None or self.exit_code in (None, EXIT_RETRY, 137, 143):
+        if self.disrupted or self.deletion_due is not None or self.exit_code in (None, ExitCode.RETRY, 137, 143):
             return False
         ran = (self.finished_at - self.started_at).total_seconds() if self.finished_at and self.started_at else 0.0
         return ran < FAST_FAILURE_S
@@ -186,7 +185,7 @@ def next_step(pods: list[RunnerPod], now: datetime, *, phase: str | None, all_de
         return Step("create", attempt=attempt)  # it paused and is decided now (or ended a step early): go on
     if last.exit_code in RUN_ENDED_EXITS and last.deletion_due is None:
         return Step("fail", reason="RunnerFailed", message=f"runner pod {last.name} exited {last.exit_code} before the run recorded its end")
-    if last.exit_code == EXIT_OWNED and runner_alive:
+    if last.exit_code == ExitCode.LEASE_LOST and runner_alive:
         return Step("later", delay_s=5.0, reason="RunnerElsewhere", message="another runner holds this run; waiting for it to end")
     counted = last.counted + 1 if last.counts() else 0
     if counted > restart_limit:

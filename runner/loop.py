@@ -33,12 +33,13 @@ from typing import Any, Final, Literal
 
 from . import faults
 from .budget import check_budget, get_classifier
+from .errors import AgentfastError, UnknownRun
 from .journal import NOT_WRITTEN, CallExecutor, NotWritten, RunEnding
 from .liveness import EXIT_GRACE_S, ClaimStopped, RunnerAlive, RunnerClaim
 from .model import ChatModel, ModelError, ModelReply, distinct_tool_call_ids
+from .names import TERMINAL_PHASES, ExitCode, Phase, format_run_id
 from .payloads import PayloadTooLarge
 from .snapshot import (
-    TERMINAL_PHASES,
     AwaitedCall,
     Budget,
     Message,
@@ -78,11 +79,6 @@ class Unread(enum.Enum):
 
 _UNREAD: Final = Unread.UNREAD  # RunnerBase.halted: no end requests at hand, read them
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_RETRY = 75
-EXIT_LEASE_LOST = 76
 
 
 @dataclass
@@ -133,8 +129,8 @@ class _NoModel:
 
 
 def run_id_of(run: AgentRun) -> str:
-    """The store key of an AgentRun: ``namespace/name``."""
-    return f"{run.metadata.namespace}/{run.metadata.name}"
+    """The store key of an AgentRun: ``namespace/name`` (:func:`~.names.format_run_id`)."""
+    return format_run_id(run.metadata.namespace, run.metadata.name)
 
 
 def awaiting_message(awaited: list[AwaitedCall]) -> str:
@@ -146,7 +142,7 @@ def awaiting_message(awaited: list[AwaitedCall]) -> str:
     return f"{len(awaited)} calls await a decision: {calls}"[:1000]
 
 
-class BudgetExceeded(Exception):
+class BudgetExceeded(AgentfastError):
     """Raised before a model call when a budget limit is reached; ends the run as Failed."""
 
 
@@ -246,15 +242,15 @@ class RunnerBase(ABC):
         """
         record = self.store.get_run(self.run_id)
         if record is None:
-            raise KeyError(f"run {self.run_id} is not registered in the store")
+            raise UnknownRun(f"run {self.run_id} is not registered in the store")
         try:
             claim = RunnerClaim.acquire(self.store, self.run_id, force=self.force, wait_s=self.wait_for_holder_s, stop=self.stop)
         except RunnerAlive as err:
-            return Outcome("Owned", EXIT_LEASE_LOST, str(err))
+            return Outcome("Owned", ExitCode.LEASE_LOST, str(err))
         except ClaimStopped as err:
-            return Outcome("Stopped", EXIT_RETRY, str(err))
+            return Outcome("Stopped", ExitCode.RETRY, str(err))
         except StoreUnavailable as err:
-            return Outcome("Unavailable", EXIT_RETRY, f"Postgres unavailable; nothing is lost, resume later: {err}")
+            return Outcome("Unavailable", ExitCode.RETRY, f"Postgres unavailable; nothing is lost, resume later: {err}")
         try:
             return self._run_claimed(record)
         finally:
@@ -287,27 +283,27 @@ class RunnerBase(ABC):
             self.emit("started")
             return self.drive()
         except BudgetExceeded as err:
-            return self.finish("Failed", "BudgetExceeded", str(err))
+            return self.finish(Phase.FAILED, "BudgetExceeded", str(err))
         except RunEnding as err:  # a cancel or the deadline, found by the write that would have started a call
             self.halted(err.ends)
             return self.halt_outcome("stop requested before a tool call; resume to continue")
         except LeaseLost as err:
             log.error("lease lost: %s", err)
-            return Outcome("LeaseLost", EXIT_LEASE_LOST, f"another runner took this run over; stopping without effects ({err})")
+            return Outcome("LeaseLost", ExitCode.LEASE_LOST, f"another runner took this run over; stopping without effects ({err})")
         except StoreUnavailable as err:
-            return Outcome("Unavailable", EXIT_RETRY, f"Postgres unavailable; nothing is lost, resume later: {err}")
+            return Outcome("Unavailable", ExitCode.RETRY, f"Postgres unavailable; nothing is lost, resume later: {err}")
         except ToolHostLost as err:  # a call in flight may have taken effect: left started, settled on resume (G4)
             return self._retry_exit(f"the tool host died ({err}); resume to continue")
         except ModelError as err:
             if err.retriable:
                 return self._retry_exit(f"model unavailable: {err}")
-            return self.finish("Failed", "ModelError", f"the model rejected the request: {err}")
+            return self.finish(Phase.FAILED, "ModelError", f"the model rejected the request: {err}")
         except PayloadTooLarge as err:  # permanent: retrying would fail the same way, for ever
             return self._fail_too_large(err)
         except SpecError as err:  # user code named by the spec (a classifier, a graph factory) failed: G12
             if not hasattr(self, "snap"):
                 self.snap = self._initial_snapshot(record.run_uid, classify=False)
-            return self.finish("Failed", "InvalidSpec", str(err), exit_code=EXIT_BAD_INPUT)
+            return self.finish(Phase.FAILED, "InvalidSpec", str(err), exit_code=ExitCode.BAD_INPUT)
 
     @abstractmethod
     def drive(self) -> Outcome:
@@ -323,13 +319,13 @@ class RunnerBase(ABC):
         transcript, as ``Store.end_run`` does). Raises LeaseLost, StoreUnavailable."""
         message = f"{err}; the run cannot go on without it"
         try:
-            return self.finish("Failed", "PayloadTooLarge", message)
+            return self.finish(Phase.FAILED, "PayloadTooLarge", message)
         except PayloadTooLarge:
             snap = self.store.load_snapshot(self.run_id)
             if snap is None:  # its very first commit (the input itself) was refused
                 snap = StateSnapshot(run_id=self.run_id, context=self.snap.context, messages=[])
             self.snap, self._stored = snap, len(snap.messages)
-            return self.finish("Failed", "PayloadTooLarge", message)
+            return self.finish(Phase.FAILED, "PayloadTooLarge", message)
 
     # -- model turns and tool plans ------------------------------------------------------------
 
@@ -471,14 +467,14 @@ class RunnerBase(ABC):
                 if suspend_at is not None and time.monotonic() >= suspend_at:
                     # spec.suspendAfter: free the pod and the connections; a decision starts a new runner
                     self._active_since = time.monotonic()
-                    return Outcome("WaitingForApproval", EXIT_OK, f"suspended: no decision within {self.suspend_after_s:g} s; "
+                    return Outcome(Phase.WAITING_FOR_APPROVAL, ExitCode.OK, f"suspended: no decision within {self.suspend_after_s:g} s; "
                                                                   "the runner exits and a decision starts a new one", self.snap.pending)
                 # else woke a hair before the store's clock reached the deadline: wait on
             self._active_since = time.monotonic()  # time spent waiting for a human is not billed
             found = got
-        if self.snap.context.status.phase == "WaitingForApproval":
+        if self.snap.context.status.phase == Phase.WAITING_FOR_APPROVAL.value:
             said = ", ".join(f"{i}: {found[i].decision}" for i in ids.values())
-            self.snap.context.status = RunStatus(phase="Running", reason="Decided", message=said[:1000])
+            self.snap.context.status = RunStatus(phase=Phase.RUNNING, reason="Decided", message=said[:1000])
         return {pos: found[i] for pos, i in ids.items()}
 
     def _pause(self, undecided: list[JournalEntry], siblings: list[ToolResult]) -> Outcome | None:
@@ -503,7 +499,7 @@ class RunnerBase(ABC):
         if old is None or old.call_ids != [a.call_id for a in awaited]:
             self.snap.pending = PendingToolCall.of(awaited, siblings)
             ctx.counters.approvals_requested += sum(1 for a in awaited if a.call_id not in before)
-            ctx.status = RunStatus(phase="WaitingForApproval", reason="AwaitingApproval", message=awaiting_message(awaited))
+            ctx.status = RunStatus(phase=Phase.WAITING_FOR_APPROVAL, reason="AwaitingApproval", message=awaiting_message(awaited))
             self.commit()
         faults.point("approval.waiting")
         # From here on the run waits for a human, also while the CLI asks at its own prompt (an
@@ -513,7 +509,7 @@ class RunnerBase(ABC):
         assert self.snap.pending is not None  # set above, or the same batch's record kept
         self.emit("waiting", ", ".join(self.snap.pending.call_ids), pending=self.snap.pending)
         if not self.wait_for_approval:
-            return Outcome("WaitingForApproval", EXIT_OK, ctx.status.message, pending=self.snap.pending)
+            return Outcome(Phase.WAITING_FOR_APPROVAL, ExitCode.OK, ctx.status.message, pending=self.snap.pending)
         return None
 
     def apply_decision(self, e: JournalEntry, d: Decision) -> ToolResult | None:
@@ -548,9 +544,9 @@ class RunnerBase(ABC):
                 ends = self.store.end_requests(self.run_id)
             deadline = self.spec.activeDeadlineSeconds
             if ends is not None and ends.cancel is not None:
-                self._ending = ("Cancelled", "Cancelled", cancelled_message(ends.cancel))
+                self._ending = (Phase.CANCELLED, "Cancelled", cancelled_message(ends.cancel))
             elif ends is not None and deadline is not None and ends.age_s >= deadline:
-                self._ending = ("Failed", "DeadlineExceeded", deadline_message(deadline, ends.age_s))
+                self._ending = (Phase.FAILED, "DeadlineExceeded", deadline_message(deadline, ends.age_s))
             elif ends is not None and deadline is not None:
                 self._deadline_mono = time.monotonic() + (deadline - ends.age_s) + 0.01
         return self._ending is not None or self.stop.is_set()
@@ -582,8 +578,8 @@ class RunnerBase(ABC):
         if self._ending is None:
             return self._retry_exit(stopped)
         phase, reason, message = self._ending
-        if phase == "Cancelled":
-            return self.finish(phase, reason, message, exit_code=EXIT_OK, keep_pending=True)
+        if phase == Phase.CANCELLED:
+            return self.finish(phase, reason, message, exit_code=ExitCode.OK, keep_pending=True)
         return self.finish(phase, reason, message)
 
     # -- commits and endings ---------------------------------------------------------------------
@@ -606,7 +602,7 @@ class RunnerBase(ABC):
             session=Session(run_uid=run_uid, adapter=self.adapter, model=self.spec.model.name),
             budget=budget,
             classification=classification,
-            status=RunStatus(phase="Running", reason="Started"),
+            status=RunStatus(phase=Phase.RUNNING, reason="Started"),
         )
         messages = []
         if self.spec.systemPrompt:
@@ -659,16 +655,16 @@ class RunnerBase(ABC):
         self.commit()
         self.emit("finished", message)
         if exit_code is None:
-            exit_code = EXIT_OK if phase == "Succeeded" else EXIT_FAILED
+            exit_code = ExitCode.OK if phase == Phase.SUCCEEDED else ExitCode.FAILED
         return Outcome(phase, exit_code, message)
 
     def _outcome_of_terminal(self) -> Outcome:
         st = self.snap.context.status
-        ok = st.phase == "Succeeded" or (st.phase == "Cancelled" and st.reason == "Cancelled")
-        return Outcome(st.phase, EXIT_OK if ok else EXIT_FAILED, st.message)
+        ok = st.phase == Phase.SUCCEEDED.value or (st.phase == Phase.CANCELLED.value and st.reason == "Cancelled")
+        return Outcome(st.phase, ExitCode.OK if ok else ExitCode.FAILED, st.message)
 
     def _retry_exit(self, message: str) -> Outcome:
-        return Outcome("Interrupted", EXIT_RETRY, message)
+        return Outcome("Interrupted", ExitCode.RETRY, message)
 
     def emit(self, kind: str, detail: str = "", pending: PendingToolCall | None = None) -> None:
         """Send a :class:`ProgressEvent` (``kind``: one of its kinds) to ``on_event``; never raises."""
@@ -690,4 +686,4 @@ class _InvalidSpecRunner(RunnerBase):
         return super()._initial_snapshot(run_uid, classify=False)  # the classifier is user code too
 
     def drive(self) -> Outcome:
-        return self.finish("Failed", "InvalidSpec", self.message, exit_code=EXIT_BAD_INPUT)
+        return self.finish(Phase.FAILED, "InvalidSpec", self.message, exit_code=ExitCode.BAD_INPUT)

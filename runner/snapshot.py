@@ -17,8 +17,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .names import TERMINAL_PHASES as TERMINAL_PHASES  # its home is names.py; imported from here too
-
 #: Version of the snapshot shape written by this release. Bump it and add a step to
 #: ``_UPGRADES`` whenever a field is renamed or its meaning changes.
 SCHEMA_VERSION = 2

@@ -49,10 +49,10 @@ from . import names, payloads
 from .decisions import InvalidDecision, check_decision  # noqa: F401  (InvalidDecision: raised by Store.decide; not from .spec, whose models status, history and list never need)
 from .errors import AgentfastError, UnknownRun
 from .migrations import MIGRATIONS
+from .names import TERMINAL_PHASES
 from .payloads import Limits, PayloadTooLarge
 from .snapshot import (
     SCHEMA_VERSION,
-    TERMINAL_PHASES,
     AwaitedCall,
     Message,
     PendingToolCall,

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 import yaml
 
-from agentfast.runner.loop import EXIT_FAILED, EXIT_OK
+from agentfast.runner.names import ExitCode
 from agentfast.runner.store import Store, StoreUnavailable, UnknownCall
 
 from .helpers import EXAMPLES, agentrun_file, count_rows, examples_dsn_for, phase_of, run_cli, spawn_cli, wait_until
@@ -77,7 +77,7 @@ def test_cancel_during_a_slow_tool_call_keeps_it_and_starts_nothing_more(tmp_pat
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == EXIT_OK, out
+    assert proc.returncode == ExitCode.OK, out
     assert "Traceback" not in out and "Cancelled" in out
     st = status(store, "default/slow")
     assert (st.phase, st.reason) == ("Cancelled", "Cancelled")
@@ -90,7 +90,7 @@ def test_cancel_during_a_slow_tool_call_keeps_it_and_starts_nothing_more(tmp_pat
     assert count_rows(dsn, "SELECT count(*) FROM agentfast_turns WHERE run_id = 'default/slow'") == 1
     # Ended for good: a resume runs nothing and says so, exit 0; another cancel is refused.
     again = run_cli("resume", "slow", dsn=dsn)
-    assert again.returncode == EXIT_OK and "Cancelled" in again.stdout, again.stdout
+    assert again.returncode == ExitCode.OK and "Cancelled" in again.stdout, again.stdout
     assert chaos_reads(dsn) == 1
     late = run_cli("cancel", "slow", dsn=dsn)
     assert late.returncode == 2 and "already ended (Cancelled" in late.stdout, late.stdout
@@ -117,7 +117,7 @@ def test_cancel_while_waiting_for_approval_wakes_the_runner_at_once(tmp_path: Pa
         if proc.poll() is None:
             proc.kill()
     assert woke < 1.5, f"the waiting runner took {woke:.2f}s to carry out the cancel"
-    assert proc.returncode == EXIT_OK, out
+    assert proc.returncode == ExitCode.OK, out
     snap = store.load_snapshot(run_id)
     assert snap.context.status.reason == "Cancelled" and "cli:" in snap.context.status.message
     # The gated call stays as it was, undecided, and can no longer be decided; it never ran.
@@ -142,7 +142,7 @@ def test_cancel_with_no_runner_ends_the_run_at_once(tmp_path: Path, dsn: str, st
     assert request is not None and request.requested_by.startswith("cli:")
     # Nothing starts it again: resume ends at once (exit 0), the refund never runs.
     again = run_cli("resume", "refund-demo", dsn=dsn)
-    assert again.returncode == EXIT_OK and "Cancelled" in again.stdout, again.stdout
+    assert again.returncode == ExitCode.OK and "Cancelled" in again.stdout, again.stdout
     assert refunds(dsn) == 0 and invocations(dsn, "issue_refund") == 0
     assert run_cli("cancel", "refund-demo", dsn=dsn).returncode == 2
     missing = run_cli("cancel", "no-such-run", dsn=dsn)
@@ -203,7 +203,7 @@ def test_a_deadline_ends_a_working_run_failed(tmp_path: Path, dsn: str, store: S
     t0 = time.monotonic()
     done = run_cli("run", str(path), dsn=dsn, timeout=60)
     took = time.monotonic() - t0
-    assert done.returncode == EXIT_FAILED, done.stdout
+    assert done.returncode == ExitCode.FAILED, done.stdout
     st = status(store, "default/slow")
     assert (st.phase, st.reason) == ("Failed", "DeadlineExceeded"), st
     assert "spec.activeDeadlineSeconds" in st.message and "over its deadline of 4 s" in st.message
@@ -226,7 +226,7 @@ def test_a_deadline_ends_a_run_waiting_for_a_human(tmp_path: Path, dsn: str, sto
         if proc.poll() is None:
             proc.kill()
     took = time.monotonic() - t0
-    assert proc.returncode == EXIT_FAILED, out
+    assert proc.returncode == ExitCode.FAILED, out
     st = status(store, "default/refund-demo")
     assert (st.phase, st.reason) == ("Failed", "DeadlineExceeded") and "waiting for humans included" in st.message
     assert 4 <= took < 10, f"ended after {took:.1f}s for a deadline of 4s"
@@ -242,7 +242,7 @@ def test_a_deadline_is_checked_when_a_run_resumes(tmp_path: Path, dsn: str, stor
         conn.execute("UPDATE agentfast_runs SET created_at = now() - interval '61 minutes' WHERE run_id = 'default/refund-demo'")
     store.decide("default/refund-demo", call, "approve", decided_by="cli:test")
     late = run_cli("resume", "refund-demo", dsn=dsn)
-    assert late.returncode == EXIT_FAILED, late.stdout
+    assert late.returncode == ExitCode.FAILED, late.stdout
     assert status(store, "default/refund-demo").reason == "DeadlineExceeded"
     assert refunds(dsn) == 0  # approved, but past the deadline: never run
 
@@ -306,7 +306,7 @@ def test_the_operator_leaves_a_cancel_to_a_live_runner(tmp_path: Path, dsn: str,
         if proc.poll() is None:
             proc.kill()
     # The runner, not the operator, ended it: the lease was never taken from it, and it exited 0.
-    assert proc.returncode == EXIT_OK, out
+    assert proc.returncode == ExitCode.OK, out
     assert store.get_run("default/refund-demo").epoch == epoch
     assert status(store, "default/refund-demo").reason == "Cancelled"
 

@@ -127,13 +127,6 @@ def test_read_only_and_deciding_commands_import_only_what_they_use(tmp_path: Pat
         assert _unneeded(modules, also + extra) == [], args
 
 
-def test_the_cli_exit_code_for_bad_input_is_the_runner_loops() -> None:
-    from agentfast.runner import cli, loop
-
-    assert cli.EXIT_BAD_INPUT == loop.EXIT_BAD_INPUT
-
-
-
 def _python(code: str, dsn: str | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "AGENTFAST_FAULT"}
     if dsn is not None:

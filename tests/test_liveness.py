@@ -25,8 +25,9 @@ import pytest
 
 from agentfast.runner.adapters.vanilla import VanillaRunner
 from agentfast.runner.liveness import ClaimStopped, RunnerAlive, RunnerClaim, RunnerInfo, runner_state
-from agentfast.runner.loop import EXIT_LEASE_LOST, run_id_of
+from agentfast.runner.loop import run_id_of
 from agentfast.runner.model import model_from_spec
+from agentfast.runner.names import ExitCode
 from agentfast.runner.snapshot import SCHEMA_VERSION
 from agentfast.runner.store import Store, UnreadableState
 from agentfast.runner.tools import ToolRegistry
@@ -105,7 +106,7 @@ def test_resume_and_run_refuse_a_live_runner_which_status_shows_alive(tmp_path: 
             t0 = time.monotonic()
             res = case.cli(*args, timeout=30)
             took = time.monotonic() - t0
-            assert res.returncode == EXIT_LEASE_LOST, res.stdout + res.stderr
+            assert res.returncode == ExitCode.LEASE_LOST, res.stdout + res.stderr
             assert took <= 5, f"{args[0]} took {took:.1f}s to refuse"
             said = res.stdout + res.stderr
             assert "a live runner owns run default/case07-live-runner" in said and f"pid {first.pid}" in said, said
@@ -137,7 +138,7 @@ def test_force_takes_a_live_runner_over_and_fences_it_out(tmp_path: Path, dsn: s
         if first.poll() is None:
             first.kill()
             first.communicate()
-    assert first.returncode == EXIT_LEASE_LOST, out + err  # fenced out at its next commit (G6)
+    assert first.returncode == ExitCode.LEASE_LOST, out + err  # fenced out at its next commit (G6)
     assert case.status_json("case07-live-runner")["context"]["status"]["phase"] == "Succeeded"
     assert case.executions("start") == 2  # idempotent: re-run with the same key, as --force warned
 

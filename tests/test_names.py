@@ -85,14 +85,17 @@ def test_exit_codes() -> None:
     assert str(ExitCode.RETRY) == "75" and f"{ExitCode.LEASE_LOST}" == "76"
 
 
-def test_the_exit_codes_used_elsewhere_are_these() -> None:
-    from agentfast.operator import lifecycle
-    from agentfast.runner import cli, loop
+def test_no_other_module_names_an_exit_code() -> None:
+    """ExitCode is the one home: no module keeps its own EXIT_* number (liveness's EXIT_GRACE_S is
+    seconds, not a code)."""
+    import re
 
-    assert (loop.EXIT_OK, loop.EXIT_FAILED, loop.EXIT_BAD_INPUT, loop.EXIT_RETRY, loop.EXIT_LEASE_LOST) == (
-        ExitCode.OK, ExitCode.FAILED, ExitCode.BAD_INPUT, ExitCode.RETRY, ExitCode.LEASE_LOST)
-    assert (cli.EXIT_BAD_INPUT, cli.EXIT_NO_POSTGRES) == (ExitCode.BAD_INPUT, ExitCode.NO_POSTGRES)
-    assert (lifecycle.EXIT_RETRY, lifecycle.EXIT_OWNED) == (ExitCode.RETRY, ExitCode.LEASE_LOST)
+    from agentfast.operator import lifecycle
+
+    repo = Path(__file__).resolve().parent.parent
+    own = [f"{path.relative_to(repo)}: {m.group(0)}" for folder in ("runner", "operator") for path in sorted((repo / folder).rglob("*.py"))
+           for m in re.finditer(r"^\s*EXIT_(?!GRACE_S)\w+\s*[:=].*$", path.read_text(encoding="utf-8"), re.M)]
+    assert own == []
     assert lifecycle.RUN_ENDED_EXITS == {1, 2}
 
 
@@ -151,10 +154,6 @@ def test_names_and_errors_import_only_the_standard_library() -> None:
 
 # -- errors ----------------------------------------------------------------------------------------
 
-#: Exception classes not yet given the base: in modules another change is moving (issue 16 item 3).
-NOT_YET = {"BudgetExceeded", "StopRequested"}
-
-
 def _our_exception_classes() -> list[type[BaseException]]:
     found = []
     for package in ("agentfast.runner", "agentfast.operator"):
@@ -171,7 +170,7 @@ def _our_exception_classes() -> list[type[BaseException]]:
 def test_every_error_of_ours_derives_from_the_base() -> None:
     classes = _our_exception_classes()
     assert {c.__name__ for c in classes} >= {"SpecError", "StoreError", "LeaseLost", "UnknownCall", "ModelError", "RunnerPodRefused"}
-    assert sorted(c.__name__ for c in classes if not issubclass(c, errors.AgentfastError) and c.__name__ not in NOT_YET) == []
+    assert sorted(c.__name__ for c in classes if not issubclass(c, errors.AgentfastError)) == []
 
 
 def test_domain_errors_are_still_the_builtins_they_replaced() -> None:

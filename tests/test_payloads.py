@@ -21,8 +21,9 @@ import yaml
 from agentfast.runner.adapters.vanilla import VanillaRunner
 from agentfast.runner.examples import EXAMPLES_DSN_ENV
 from agentfast.runner.examples.testing_tools import big_text
-from agentfast.runner.loop import EXIT_FAILED, EXIT_OK, run_id_of
+from agentfast.runner.loop import run_id_of
 from agentfast.runner.model import model_from_spec
+from agentfast.runner.names import ExitCode
 from agentfast.runner.payloads import PREFIX, Limits, PayloadTooLarge, externalize
 from agentfast.runner.spec import AgentRun, parse_agentrun
 from agentfast.runner.store import Store, UnreadableState
@@ -95,7 +96,7 @@ def _invocations(dsn: str, tool: str) -> int:
 
 def test_a_2_mib_tool_output_is_stored_once_outside_the_hot_rows(dsn: str, store: Store, tmp_path: Path) -> None:
     outcome, requests = _drive(store, _big_run(tmp_path, "big", 2 * MIB))
-    assert outcome.exit_code == EXIT_OK and outcome.phase == "Succeeded", outcome
+    assert outcome.exit_code == ExitCode.OK and outcome.phase == "Succeeded", outcome
     run_id = "default/big"
     # Once: the journal's result and the transcript's tool message are the same text, one row.
     assert _payloads(dsn, run_id) == [2 * MIB]
@@ -137,7 +138,7 @@ def test_resume_after_sigkill_resolves_the_output_and_never_reruns_the_tool(dsn:
     assert first.returncode == -9, first.stdout
     assert _invocations(dsn, "big_output") == 1
     second = run_cli("resume", "default/killed", dsn=dsn, timeout=120)
-    assert second.returncode == EXIT_OK, second.stdout
+    assert second.returncode == ExitCode.OK, second.stdout
     assert _invocations(dsn, "big_output") == 1  # G3: the persisted result was resolved, not re-made
     snap = store.load_snapshot("default/killed")
     assert snap.context.status.phase == "Succeeded" and snap.context.counters.resumes == 1
@@ -152,7 +153,7 @@ def test_a_value_over_the_ceiling_fails_the_run_with_its_reason_and_exit_1(dsn: 
     path.write_text(yaml.safe_dump(_big_run(tmp_path, "huge", 2 * MIB)))
     env = {"AGENTFAST_PAYLOAD_MAX_BYTES": str(MIB)}
     first = run_cli("run", str(path), dsn=dsn, env=env, timeout=120)
-    assert first.returncode == EXIT_FAILED, first.stdout
+    assert first.returncode == ExitCode.FAILED, first.stdout
     ctx, _ = store.load_context("default/huge")
     assert (ctx.status.phase, ctx.status.reason) == ("Failed", "PayloadTooLarge")
     assert "call-1-0 (big_output)" in ctx.status.message and "2.0 MiB" in ctx.status.message, ctx.status.message
@@ -161,7 +162,7 @@ def test_a_value_over_the_ceiling_fails_the_run_with_its_reason_and_exit_1(dsn: 
     [entry] = store.journal("default/huge")
     assert entry.state == "done" and entry.result.is_error and "could not be stored" in entry.result.content
     again = run_cli("resume", "default/huge", dsn=dsn, env=env, timeout=120)
-    assert again.returncode == EXIT_FAILED, again.stdout
+    assert again.returncode == ExitCode.FAILED, again.stdout
     assert _invocations(dsn, "big_output") == 1
     assert _payloads(dsn, "default/huge") == []
 
@@ -268,7 +269,7 @@ def test_a_namespaces_runner_role_stores_its_payloads_and_sees_no_others(dsn: st
     # What a runner pod does: resume with the namespace's own role (G11), the tools with their own DSN.
     done = run_cli("resume", run_id, dsn=psycopg.conninfo.make_conninfo(dsn, user=role_a, password="pw-a"),
                    env={EXAMPLES_DSN_ENV: examples_dsn_for(dsn)}, timeout=120)
-    assert done.returncode == EXIT_OK, done.stdout
+    assert done.returncode == ExitCode.OK, done.stdout
     assert _payloads(dsn, run_id) == [2 * MIB]
     assert [m.content for m in store.load_snapshot(run_id).messages if m.role == "tool"] == [big_text(2 * MIB, "t")]
     with psycopg.connect(psycopg.conninfo.make_conninfo(dsn, user=role_b, password="pw-b"), autocommit=True) as b:
@@ -284,7 +285,7 @@ def test_the_langgraph_adapter_resumes_on_a_stored_payload_without_rerunning_the
     first = run_cli("run", str(path), dsn=dsn, fault="tool.after_persist:big_output", timeout=120)
     assert first.returncode == -9, first.stdout
     second = run_cli("resume", "default/graph-big", dsn=dsn, timeout=120)
-    assert second.returncode == EXIT_OK, second.stdout
+    assert second.returncode == ExitCode.OK, second.stdout
     assert _invocations(dsn, "big_output") == 1  # the journal's stored result was resolved and replayed (G3)
     snap = store.load_snapshot("default/graph-big")
     assert snap.context.status.phase == "Succeeded"
@@ -300,14 +301,14 @@ def test_a_model_reply_or_an_input_over_the_ceiling_fails_the_run(dsn: str, tmp_
         s.migrate()
         script = _script(tmp_path, [{"content": big_text(200_000, "reply")}])
         outcome, _ = _drive(s, _agentrun("chatty", script, [ECHO]))
-        assert (outcome.phase, outcome.exit_code) == ("Failed", EXIT_FAILED)
+        assert (outcome.phase, outcome.exit_code) == ("Failed", ExitCode.FAILED)
         assert outcome.message.startswith("the model's reply of iteration 1 of 195.3 KiB (200000 bytes) cannot be stored"), outcome.message
         assert s.load_turn("default/chatty", 1) is None  # refused before anything was written
         # The very first commit refused (the input itself): the run still ends Failed, with an empty transcript.
         doc = _agentrun("wordy", script, [ECHO])
         doc["spec"]["input"] = big_text(150_000, "input")
         outcome, requests = _drive(s, doc)
-        assert (outcome.phase, outcome.exit_code) == ("Failed", EXIT_FAILED) and requests == []  # no model call
+        assert (outcome.phase, outcome.exit_code) == ("Failed", ExitCode.FAILED) and requests == []  # no model call
         assert outcome.message.startswith("message 0 of the transcript of 146.5 KiB"), outcome.message
         ctx, _ = s.load_context("default/wordy")
         assert ctx.status.reason == "PayloadTooLarge" and s.load_snapshot("default/wordy").messages == []

@@ -20,8 +20,9 @@ import yaml
 
 from agentfast.runner.adapters.vanilla import VanillaRunner
 from agentfast.runner.budget import _FLOOR, check_budget, heuristic_classifier
-from agentfast.runner.loop import EXIT_FAILED, EXIT_LEASE_LOST, EXIT_OK, EXIT_RETRY, Outcome, run_id_of
+from agentfast.runner.loop import Outcome, run_id_of
 from agentfast.runner.model import model_from_spec
+from agentfast.runner.names import ExitCode
 from agentfast.runner.snapshot import Budget, RunContext, Session
 from agentfast.runner.spec import AgentRun, parse_agentrun
 from agentfast.runner.store import Store
@@ -124,7 +125,7 @@ def wait_for_approval(store: Store, dsn: str, n_listeners: int = 1) -> str:
 def test_malformed_json_arguments_go_back_to_the_model(store: Store, dsn: str) -> None:
     run = agentrun("malformed", "malformed", [LOOKUP])
     outcome, requests = drive(store, run)
-    assert (outcome.phase, outcome.exit_code) == ("Succeeded", EXIT_OK), outcome
+    assert (outcome.phase, outcome.exit_code) == ("Succeeded", ExitCode.OK), outcome
     snap = store.load_snapshot(run_id_of(run))
     c = snap.context.counters
     assert (c.iterations, c.model_calls) == (3, 3)
@@ -168,7 +169,7 @@ def test_an_unknown_tool_is_a_counted_error(store: Store) -> None:
 def test_max_iterations_ends_the_run_failed_with_a_reason(store: Store) -> None:
     run = agentrun("iter-budget", "endless", [ECHO], budget={"max_iterations": 3, "classifier": "none"})
     outcome, requests = drive(store, run)
-    assert (outcome.phase, outcome.exit_code) == ("Failed", EXIT_FAILED)
+    assert (outcome.phase, outcome.exit_code) == ("Failed", ExitCode.FAILED)
     st = store.load_snapshot(run_id_of(run)).context
     assert st.status.phase == "Failed" and st.status.reason == "BudgetExceeded"
     assert "max_iterations is 3" in st.status.message and st.status.message.startswith("budget exceeded")
@@ -181,7 +182,7 @@ def test_max_iterations_ends_the_run_failed_with_a_reason(store: Store) -> None:
 def test_max_tokens_ends_the_run_failed_with_a_reason(store: Store) -> None:
     run = agentrun("token-budget", "endless", [ECHO], budget={"max_tokens": 2500, "classifier": "none"})
     outcome, requests = drive(store, run)
-    assert (outcome.phase, outcome.exit_code) == ("Failed", EXIT_FAILED)
+    assert (outcome.phase, outcome.exit_code) == ("Failed", ExitCode.FAILED)
     st = store.load_snapshot(run_id_of(run)).context
     assert st.status.reason == "BudgetExceeded"
     assert "max_tokens is 2500" in st.status.message and "3000 tokens" in st.status.message
@@ -292,7 +293,7 @@ def test_sigterm_while_waiting_for_approval_exits_75_and_resume_continues(tmp_pa
     t0 = time.monotonic()
     out, _ = proc.communicate(timeout=10)
     elapsed = time.monotonic() - t0
-    assert proc.returncode == EXIT_RETRY, out
+    assert proc.returncode == ExitCode.RETRY, out
     assert elapsed < 5, f"took {elapsed:.1f}s to stop"
     assert "resume" in out and "Traceback" not in out
     assert phase_of(store, RUN_ID) == "WaitingForApproval"
@@ -327,8 +328,8 @@ def test_postgres_restart_while_waiting_loses_nothing(tmp_path: Path, dsn: str, 
     assert count_rows(dsn, "SELECT pg_postmaster_start_time()") > before, "the server did not restart"
     store.decide(RUN_ID, call, "approve", decided_by="test")
     out, _ = proc.communicate(timeout=90)
-    assert proc.returncode in (EXIT_OK, EXIT_RETRY), out
-    if proc.returncode == EXIT_RETRY:
+    assert proc.returncode in (ExitCode.OK, ExitCode.RETRY), out
+    if proc.returncode == ExitCode.RETRY:
         resumed = run_cli("resume", "refund-demo", dsn=dsn)
         assert resumed.returncode == 0, resumed.stdout
         out += resumed.stdout
@@ -359,8 +360,8 @@ def test_a_zombie_runner_cannot_act_after_a_takeover(tmp_path: Path, dsn: str, s
     out_s, _ = successor.communicate(timeout=60)
     out_z, _ = zombie.communicate(timeout=60)
     assert successor.returncode == 0, out_s
-    assert zombie.returncode in (EXIT_LEASE_LOST, EXIT_OK), out_z
-    if zombie.returncode == EXIT_LEASE_LOST:
+    assert zombie.returncode in (ExitCode.LEASE_LOST, ExitCode.OK), out_z
+    if zombie.returncode == ExitCode.LEASE_LOST:
         assert "another runner" in out_z
 
     assert phase_of(store, RUN_ID) == "Succeeded"
@@ -406,7 +407,7 @@ def test_a_zombie_of_a_deleted_run_cannot_act_in_a_new_run_of_the_same_name(tmp_
         store.decide(RUN_ID, call, "approve", decided_by="test")
         thaw(zombie.pid)
         out_z, _ = zombie.communicate(timeout=60)
-        assert zombie.returncode == EXIT_LEASE_LOST, out_z
+        assert zombie.returncode == ExitCode.LEASE_LOST, out_z
         assert "another runner" in out_z and "Traceback" not in out_z, out_z
         assert fenced_rows(dsn, RUN_ID) == before
         assert refunds(dsn) == 0 and invocations(dsn, "issue_refund") == 0

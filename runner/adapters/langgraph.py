@@ -64,7 +64,9 @@ except ImportError:  # a LangGraph release before it
 from langgraph.types import Command, Send, interrupt
 from pydantic import ConfigDict
 
+from ..errors import AgentfastError
 from ..loop import Outcome, RunnerBase
+from ..names import Phase
 from ..snapshot import Message, ToolCall, ToolResult
 from ..spec import SpecError, resolve_ref
 from ..storable import storable
@@ -74,7 +76,7 @@ SDK_STATE_FORMAT = "agentfast.langgraph-saver/2"
 _FORMAT_V1 = "agentfast.langgraph-saver/1"  # the whole channel state inline; still loaded (runs checkpointed before /2)
 
 
-class StopRequested(Exception):
+class StopRequested(AgentfastError):
     """Raised inside a graph node at a safe point where the run must start nothing more (SIGTERM,
     a cancel request, the deadline: ``RunnerBase.halted``): no new model or tool call starts."""
 
@@ -739,7 +741,7 @@ class LangGraphRunner(RunnerBase):
                 continue
             if not state.next:
                 last = self.snap.messages[-1] if self.snap.messages else None
-                return self.finish("Succeeded", "Completed", last.answer_text() if last else "")
+                return self.finish(Phase.SUCCEEDED, "Completed", last.answer_text() if last else "")
 
     def _step_done(self, thread_id: str, config: dict[str, Any]) -> None:
         """After a superstep: mirror the transcript, store LangGraph's state opaquely, commit.

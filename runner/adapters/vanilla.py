@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ..journal import NOT_WRITTEN
 from ..loop import Outcome, RunnerBase
+from ..names import Phase
 from ..snapshot import RunStatus, ToolResult
 from ..store import JournalEntry, Turn
 
@@ -44,7 +45,7 @@ class VanillaRunner(RunnerBase):
         if not turn.message.tool_calls:
             self.snap.messages.append(turn.message)
             self.snap.context.counters.iterations = it
-            return self.finish("Succeeded", "Completed", turn.message.answer_text())
+            return self.finish(Phase.SUCCEEDED, "Completed", turn.message.answer_text())
         return self._run_batch(it, turn)
 
     def _run_batch(self, it: int, turn: Turn) -> Outcome | None:
@@ -86,7 +87,7 @@ class VanillaRunner(RunnerBase):
         ctx.counters.tool_errors += sum(1 for r in ordered if r.error_kind == "tool_raised")
         ctx.counters.malformed_tool_calls += sum(1 for r in ordered if r.error_kind == "malformed")
         self.snap.pending = None
-        if ctx.status.phase != "Running":
-            ctx.status = RunStatus(phase="Running")
+        if ctx.status.phase != Phase.RUNNING.value:
+            ctx.status = RunStatus(phase=Phase.RUNNING)
         self.commit(then_halted=True)  # drive's next step is halted()
         return None
