@@ -39,13 +39,11 @@ if TYPE_CHECKING:
     from .loop import Outcome, ProgressEvent
     from .model import ChatModel
     from .snapshot import AwaitedCall, PendingToolCall, RunContext, StateSnapshot
-    from .spec import AgentRun
+    from .spec import AgentRun, ResolvedRun
     from .store import CheckpointInfo, JournalEntry, Store
     from .toolhost import ToolHost
     from .tools import ToolRegistry
 
-EXIT_BAD_INPUT = ExitCode.BAD_INPUT  # loop.EXIT_BAD_INPUT, not imported from there (see above); a test checks they agree
-EXIT_NO_POSTGRES = ExitCode.NO_POSTGRES
 
 class _Commands(click.Group):
     """The command group; ``--help`` lists the commands in the order they are defined here (as typer did), not sorted."""
@@ -71,7 +69,7 @@ wait_option = click.option("--wait/--no-wait", default=True, show_default=True,
                            help="wait for approvals (default) or exit when the run pauses")
 
 
-def _fail(message: str, code: int = EXIT_BAD_INPUT) -> click.exceptions.Exit:
+def _fail(message: str, code: int = ExitCode.BAD_INPUT) -> click.exceptions.Exit:
     err.print(styled(("error:", "bold red"), " ", message))
     return click.exceptions.Exit(code)
 
@@ -88,16 +86,16 @@ def _open_store(dsn: str | None) -> Store:
             if not os.environ.get(EXAMPLES_DSN_ENV):  # the trial server also gives the example tools their own role
                 os.environ[EXAMPLES_DSN_ENV] = provision(dsn)
         except Exception as e:  # initdb or pg_ctl failed: show why
-            raise _fail(f"cannot start the embedded Postgres: {e}", EXIT_NO_POSTGRES) from None
+            raise _fail(f"cannot start the embedded Postgres: {e}", ExitCode.NO_POSTGRES) from None
     try:
         store = Store(dsn)
         store.migrate()
     except InvalidDsn as e:  # refused before any connection; the message quotes none of the DSN
-        raise _fail(f"--dsn / AGENTFAST_DSN: {e}", EXIT_BAD_INPUT) from None
+        raise _fail(f"--dsn / AGENTFAST_DSN: {e}", ExitCode.BAD_INPUT) from None
     except StoreUnavailable as e:
-        raise _fail(f"{e}. Check --dsn / AGENTFAST_DSN.", EXIT_NO_POSTGRES) from None
+        raise _fail(f"{e}. Check --dsn / AGENTFAST_DSN.", ExitCode.NO_POSTGRES) from None
     except ValueError as e:  # AGENTFAST_PAYLOAD_THRESHOLD_BYTES / _MAX_BYTES not a number of bytes
-        raise _fail(str(e), EXIT_BAD_INPUT) from None
+        raise _fail(str(e), ExitCode.BAD_INPUT) from None
     return store
 
 
@@ -231,9 +229,11 @@ def _check_admin_policy(run: AgentRun) -> None:
 
 
 def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool, force: bool = False,
-           host: ToolHost | None = None, wait_for_holder_s: float | None = None) -> Outcome:
+           host: ToolHost | None = None, wait_for_holder_s: float | None = None, resolved: ResolvedRun | None = None) -> Outcome:
     """Run ``run`` to its end, a pause or a stop; its tools run in a tool host (``host``, or one
-    started here) that never receives the store's credential or the model key (G11).
+    started here) that never receives the store's credential or the model key (G11). ``resolved``:
+    ``run`` as ``spec.resolve`` checked it (``agentfast run`` did, before registering it); else it is
+    checked here, once (a registered run's classifier or script may have stopped resolving since).
 
     The host imports the tools while the runner takes the run over: the runner asks for them
     (``host.registry``) only once its takeover is committed, so a replacement fences its
@@ -242,20 +242,21 @@ def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool, force:
     before, from inside the runner (``RunnerBase``)."""
     from .loop import fail_invalid_spec, run_id_of
     from .model import ModelError, model_from_spec
-    from .spec import SpecError, preflight
+    from .spec import SpecError, resolve
     from .toolhost import ToolHost
 
     try:
         try:
-            _check_admin_policy(run)  # before the host is told what to import
-            preflight(run)  # a registered run's classifier or script may have stopped resolving since it was created
+            if resolved is None:
+                _check_admin_policy(run)  # before the host is told what to import
+                resolved = resolve(run)
             host = host or ToolHost.spawn(run, secrets=_credentials(store.dsn))
             tools = host.registry  # called after the takeover: a registered run's tool may have stopped importing since it was created
-            model = model_from_spec(run.spec.model, run.modelConfig)  # the endpoint the run was registered with
+            model = model_from_spec(run.spec.model, run.modelConfig, script=resolved.script)  # the endpoint the run was registered with
         except SpecError as e:
             # Recorded as the run's ending (Failed/InvalidSpec): the operator shows it and nothing retries it.
             ended = fail_invalid_spec(store, run, str(e), force=force, wait_for_holder_s=wait_for_holder_s)
-            code = EXIT_BAD_INPUT if ended.phase == Phase.FAILED else ended.exit_code
+            code = ExitCode.BAD_INPUT if ended.phase == Phase.FAILED else ended.exit_code
             raise _fail(f"run {run_id_of(run)} cannot run:\n{e}", code) from None
         except ModelError as e:
             raise _fail(str(e)) from None
@@ -337,7 +338,7 @@ def run(file: str, dsn: str | None, wait: bool, force: bool) -> None:
     document of the same file; its key, if it names one, is read from AGENTFAST_MODEL_API_KEY.
     """
     from .loop import run_id_of
-    from .spec import SpecError, import_refs, load_agentrun, preflight
+    from .spec import SpecError, import_refs, load_agentrun, resolve
     from .store import UidTaken
     from .toolhost import ToolHost
 
@@ -345,7 +346,7 @@ def run(file: str, dsn: str | None, wait: bool, force: bool) -> None:
         agentrun = load_agentrun(file, check_imports=False)
         _check_admin_policy(agentrun)  # before anything it names is imported
         import_refs(agentrun, tools=False)  # the tools are imported by the tool host, never here (G11)
-        preflight(agentrun)
+        resolved = resolve(agentrun)
     except SpecError as e:
         raise _fail(f"{file} is not a valid AgentRun:\n{e}") from None
     if agentrun.spec.approvals:  # no pre-approval (G10): a decision is made for a call that awaits one
@@ -375,7 +376,7 @@ def run(file: str, dsn: str | None, wait: bool, force: bool) -> None:
     except BaseException:
         host.close()
         raise
-    outcome = _drive(store, agentrun, wait=wait, interactive=_interactive(wait), force=force, host=host)
+    outcome = _drive(store, agentrun, wait=wait, interactive=_interactive(wait), force=force, host=host, resolved=resolved)
     raise click.exceptions.Exit(outcome.exit_code)
 
 
@@ -894,7 +895,7 @@ def list_runs(dsn: str | None) -> None:
     if unreadable:
         for e in unreadable:
             err.print(f"error: {e}")
-        raise click.exceptions.Exit(EXIT_BAD_INPUT)
+        raise click.exceptions.Exit(ExitCode.BAD_INPUT)
 
 
 @app.command()
@@ -932,7 +933,7 @@ def main() -> None:
         if store is None or not isinstance(e, store.UnreadableState):
             raise
         err.print(f"error: {e}")
-        sys.exit(EXIT_BAD_INPUT)
+        sys.exit(ExitCode.BAD_INPUT)
     finally:
         output.finish()
         _collect_from_now_on()

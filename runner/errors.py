@@ -25,7 +25,7 @@ class AgentfastError(Exception):
 
 class SpecError(AgentfastError, ValueError):
     """An AgentRun (or ModelConfig) that cannot run. ``str(err)`` is one line per problem, each
-    naming its field. Raised by runner/spec.py's parsers and the runner's preflight; the operator
+    naming its field. Raised by runner/spec.py's parsers and resolve(); the operator
     shows it as ``Failed``/``InvalidSpec``, the CLI exits 2."""
 
 

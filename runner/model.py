@@ -38,6 +38,8 @@ from .storable import storable_text
 if TYPE_CHECKING:
     import openai
 
+    from .scripted import Script
+
 __all__ = ["ChatModel", "ModelError", "ModelReply", "OpenAIChatModel", "distinct_tool_call_ids", "model_from_spec"]
 
 #: HTTP statuses the openai client retries; a call that still fails with one is retriable later.
@@ -391,10 +393,12 @@ def _error_detail(err: openai.APIStatusError) -> str:
     return err.message
 
 
-def model_from_spec(spec: ModelSpec, config: ResolvedModelConfig | None = None, env: Mapping[str, str] = os.environ) -> ChatModel:
+def model_from_spec(spec: ModelSpec, config: ResolvedModelConfig | None = None, env: Mapping[str, str] = os.environ, *,
+                    script: Script | None = None) -> ChatModel:
     """The provider for an AgentRun's ``spec.model``.
 
-    With ``spec.script``: loads the script, starts a :class:`ScriptedModelServer` on 127.0.0.1
+    With ``spec.script``: loads the script (or takes ``script``, the one ``spec.resolve`` loaded),
+    starts a :class:`ScriptedModelServer` on 127.0.0.1
     (a free port) and returns an :class:`OpenAIChatModel` pointed at it (API key ``"scripted"``,
     the ModelConfig defaults: 60 s per attempt, 4 retries); closing the model stops the server.
     With ``spec.config``: ``config`` is the run's resolved ModelConfig (``AgentRun.modelConfig``,
@@ -408,10 +412,11 @@ def model_from_spec(spec: ModelSpec, config: ResolvedModelConfig | None = None, 
     if spec.script:
         from .scripted import ScriptedModelServer, load_script
 
-        try:
-            script = load_script(spec.script)
-        except ValueError as err:
-            raise ModelError(f"model script (spec.model.script): {err}", retriable=False) from err
+        if script is None:
+            try:
+                script = load_script(spec.script)
+            except ValueError as err:
+                raise ModelError(f"model script (spec.model.script): {err}", retriable=False) from err
         server = ScriptedModelServer(script, host="127.0.0.1", port=0)
         base_url = server.start()
         defaults = ResolvedModelConfig.model_fields

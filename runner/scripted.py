@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import functools
 import hmac
 import json
 import logging
@@ -252,11 +251,10 @@ def load_script(name_or_path: str) -> Script:
     return _parsed(text, name)
 
 
-@functools.lru_cache(maxsize=4)
 def _parsed(text: str, name: str) -> Script:
-    """The script ``text`` (named ``name``) as :func:`load_script` returns it, parsed once per
-    process for the same text: a run's preflight and its model each load its script before the
-    takeover, and PyYAML's safe parser takes ~5 ms per KB of it (issue 15). Raises ValueError."""
+    """The script ``text`` (named ``name``) as :func:`load_script` returns it. Raises ValueError.
+    PyYAML's safe parser takes ~5 ms per KB of it (issue 15): a run loads its script once
+    (``spec.resolve``), and its model takes that (``model.model_from_spec(..., script=)``)."""
     from .safeyaml import UnsafeYaml, load_all
 
     try:

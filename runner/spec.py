@@ -15,8 +15,9 @@ import importlib
 import logging
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -28,6 +29,9 @@ from .names import KIND as KIND
 from .names import MODELCONFIG_KIND
 from .snapshot import Budget
 from .storable import storable
+
+if TYPE_CHECKING:
+    from .scripted import Script
 
 log = logging.getLogger("agentfast.spec")
 
@@ -635,12 +639,23 @@ def import_refs(run: AgentRun, *, tools: bool = True) -> None:
         raise SpecError("\n".join(problems))
 
 
-def preflight(run: AgentRun) -> None:
-    """Checks ``parse_agentrun`` leaves to run time, made before a run is registered or started.
+@dataclass(frozen=True)
+class ResolvedRun:
+    """An AgentRun checked, once, for what :func:`parse_agentrun` leaves to run time, with what the
+    checks loaded: ``run``; ``script``, the scripted model's parsed script (``scripted.Script``), or
+    None for a run on an endpoint. Made by :func:`resolve`; the CLI checks a run once and hands this
+    to the model client (``model.model_from_spec(..., script=)``) instead of loading it again.
+    The tools are not in it: only the tool host imports them (``runner/toolhost.py``, G11)."""
 
-    The classifier resolves, the model script loads (the tools are checked by the tool host,
-    which alone imports them: ``runner/toolhost.py``). Without them a bad file was found only
-    after ``create_run``: a traceback and a run record left behind. Raises SpecError naming the field.
+    run: AgentRun
+    script: Script | None
+
+
+def resolve(run: AgentRun) -> ResolvedRun:
+    """Check ``run`` for what ``parse_agentrun`` leaves to run time, before it is registered or
+    started: the classifier resolves, the model script loads. Without these a bad file was found
+    only after ``create_run``: a traceback and a run record left behind. Raises SpecError naming
+    the field.
 
     Here, beside ``parse_agentrun``, so a caller checks a run without importing the runner's loop;
     what it uses is imported only when it is called (``budget`` imports this module).
@@ -648,13 +663,15 @@ def preflight(run: AgentRun) -> None:
     from .budget import get_classifier
 
     get_classifier(run.spec.budget.classifier)
+    script = None
     if run.spec.model.script:
         from .scripted import load_script  # only then: an endpoint's run never imports the scripted server
 
         try:
-            load_script(run.spec.model.script)
+            script = load_script(run.spec.model.script)
         except ValueError as e:
             raise SpecError(f"spec.model.script: {e}") from None
+    return ResolvedRun(run, script)
 
 
 def load_agentrun(path: str | Path, *, check_imports: bool = True) -> AgentRun:

@@ -61,14 +61,14 @@ def _good_doc() -> dict:
 
 
 def _preflight_error(path: Path) -> str:
-    """The error of the checks made before a run starts: ``preflight`` (classifier, script) and the
+    """The error of the checks made before a run starts: ``resolve`` (classifier, script) and the
     tool registry the tool host builds (runner/toolhost.py: the tools are imported there)."""
-    from agentfast.runner.spec import preflight as _preflight
+    from agentfast.runner.spec import resolve
     from agentfast.runner.tools import ToolRegistry
 
     with pytest.raises(SpecError) as err:
         run = load_agentrun(path)
-        _preflight(run)
+        resolve(run)
         ToolRegistry.from_agentrun(run)
     return str(err.value)
 
@@ -103,9 +103,9 @@ def test_the_shipped_example_is_valid() -> None:
     run = load_agentrun(EXAMPLES / "refund.yaml")
     assert run.metadata.name == "refund-demo"
     assert [t.name for t in run.spec.tools] == ["lookup_order", "issue_refund", "add_case_note"]
-    from agentfast.runner.spec import preflight as _preflight
+    from agentfast.runner.spec import resolve
 
-    _preflight(run)  # does not raise
+    assert resolve(run).script is not None  # does not raise; the scripted model's script is loaded
 
 
 @pytest.mark.parametrize(
