@@ -123,11 +123,14 @@ class _Kept:
 
     A list (``items``: a copy of the list, ``ranges``: the element numbers that spell it, as
     ``[lo, hi)``) or any other value (``typed``: its serialized form, ``key``: its row, "" when
-    it is small enough to ride inline in ``sdk_state``)."""
+    it is small enough to ride inline in ``sdk_state``). ``base``: the previous value's ``items``
+    when ``items`` only appends to it (see :meth:`SnapshotSaver.extends`). ``items`` lists are the
+    saver's own and never changed once made."""
 
     version: Any
     items: list[Any] | None = None
     ranges: list[tuple[int, int]] = field(default_factory=list)
+    base: list[Any] | None = None
     typed: tuple[str, bytes] | None = None
     key: str = ""
 
@@ -255,7 +258,8 @@ class SnapshotSaver(InMemorySaver):
     def settled(self, channel: str) -> Any:
         """The root graph's ``channel`` value at its latest checkpoint if that superstep is
         settled (no task of it has written yet: none finished, interrupted or failed), else
-        None (also for no such channel). What ``graph.get_state`` shows, without building it."""
+        None (also for no such channel). What ``graph.get_state`` shows, without building it. A
+        list is the saver's own (not a copy): the caller must not change it."""
         with self._lock:
             latest = self._latest.get("")
             if latest is None or latest["writes"]:
@@ -264,6 +268,13 @@ class SnapshotSaver(InMemorySaver):
             if kept is None or kept.version != latest["versions"].get(channel):
                 return None
             return kept.items if kept.items is not None else self.serde.loads_typed(kept.typed)  # type: ignore[arg-type]
+
+    def extends(self, items: Any, base: Any) -> bool:
+        """Whether ``items``, a list :meth:`settled` returned, is known to be ``base``, one it
+        returned before, with elements appended (the last ``put`` appended to it): O(1), from
+        the saver's own bookkeeping. False means not known (compare them)."""
+        with self._lock:
+            return any(k.items is items and k.base is base for k in self._values.values())
 
     def delete_thread(self, thread_id: str) -> None:
         """Forget everything kept for ``thread_id`` (stored rows are the store's)."""
@@ -278,12 +289,16 @@ class SnapshotSaver(InMemorySaver):
     def _keep(self, ns: str, channel: str, version: Any, value: Any) -> _Kept:
         if type(value) is list:
             prev = self._values.get((ns, channel))
-            p, ranges = 0, []
+            p, ranges, items, base = 0, [], None, None
             if prev is not None and prev.items is not None:
                 old = prev.items
                 # Identity first (list equality is C code that checks `is` before __eq__): an
                 # appended-to list costs a pointer comparison per element, no serialization.
-                p = len(old) if len(value) >= len(old) and value[: len(old)] == old else _common_prefix(old, value)
+                # The compared prefix becomes the kept copy (the tail is added below): one copy.
+                if len(value) >= len(old) and (items := value[: len(old)]) == old:
+                    p, base = len(old), old
+                else:
+                    items, p = None, _common_prefix(old, value)
                 ranges = _cut(prev.ranges, p)
             tail = value[p:]
             if tail:  # one row for the elements appended together, keyed by the first one's number
@@ -295,7 +310,11 @@ class SnapshotSaver(InMemorySaver):
                     ranges[-1] = (ranges[-1][0], seq + len(tail))
                 else:
                     ranges.append((seq, seq + len(tail)))
-            return _Kept(version, items=list(value), ranges=ranges)
+            if items is None:
+                items = list(value)
+            else:
+                items += tail
+            return _Kept(version, items=items, ranges=ranges, base=base)
         typed = self.serde.dumps_typed(value)
         if len(typed[1]) <= _INLINE_BYTES:  # a small value rides in sdk_state: no row, no fence trigger
             return _Kept(version, typed=typed)
@@ -487,7 +506,12 @@ class IncrementalAddMessages:
 
     def _remember(self, merged: list[Any], base: frozenset[str], added: frozenset[str]) -> None:
         with self._lock:
-            self._known[id(merged)] = (merged, list(merged), base, frozenset(added))
+            # A superstep merges the same left and right twice (a conditional edge's fresh read,
+            # then the channel's update): the copies are never changed, so equal ones are shared.
+            last = self._known[next(reversed(self._known))][1] if self._known else None
+            same = last is not None and len(last) == len(merged) and (not merged or last[-1] is merged[-1]) and last == merged
+            copy = last if same else list(merged)
+            self._known[id(merged)] = (merged, copy, base, frozenset(added))
             while len(self._known) > self._KEEP:
                 del self._known[next(iter(self._known))]
 
@@ -757,14 +781,17 @@ class LangGraphRunner(RunnerBase):
     def _mirror(self, messages: list[BaseMessage]) -> None:
         """``snap.messages`` := ``messages`` in the runtime's shape, converting only the ones
         appended since the last mirror (the graph's list keeps its message objects from step to
-        step; list equality checks identity first), all of them otherwise."""
+        step; list equality checks identity first), all of them otherwise. ``messages`` is what
+        ``saver.settled`` returned, never changed, so it is kept as it is (no copy), and the
+        saver usually knows it extends the last one (no comparison either)."""
         done = self._mirrored
         k = len(done) if done is not None else -1
-        if done is not None and len(messages) >= k and len(self.snap.messages) == k and messages[:k] == done:
+        if (done is not None and len(messages) >= k and len(self.snap.messages) == k
+                and (messages is done or self.saver.extends(messages, done) or messages[:k] == done)):  # type: ignore[union-attr]
             self.snap.messages.extend(to_runtime_message(m) for m in messages[k:])
         else:
             self.snap.messages = [to_runtime_message(m) for m in messages]
-        self._mirrored = list(messages)
+        self._mirrored = messages
 
     def _count_tools(self) -> None:
         """The counters of finished calls: counted from the whole journal once per process; from
