@@ -172,6 +172,7 @@ class SnapshotSaver(InMemorySaver):
         self._next_item = 0
         self._pending: dict[str, SdkRow] = {}  # rows made since the last export
         self._exported: dict[str, SdkRow] = {}  # rows the last exported state names, not known to be stored
+        self._reducers: dict[str, IncrementalAddMessages] = {}  # channel -> its reducer (speed_up_reducers)
 
     # LangGraph's checkpointer contract ------------------------------------------------------
 
@@ -290,12 +291,18 @@ class SnapshotSaver(InMemorySaver):
         if type(value) is list:
             prev = self._values.get((ns, channel))
             p, ranges, items, base = 0, [], None, None
+            # The reducer's own copy of the list it returned, and of the list that one appends
+            # to: kept as they are (never changed), no copy of ours, no prefix to compare.
+            reducer = self._reducers.get(channel)
+            made = reducer.made(value) if reducer is not None else None
             if prev is not None and prev.items is not None:
                 old = prev.items
                 # Identity first (list equality is C code that checks `is` before __eq__): an
                 # appended-to list costs a pointer comparison per element, no serialization.
                 # The compared prefix becomes the kept copy (the tail is added below): one copy.
-                if len(value) >= len(old) and (items := value[: len(old)]) == old:
+                if made is not None and made[1] is old:
+                    p, base = len(old), old
+                elif len(value) >= len(old) and (items := value[: len(old)]) == old:
                     p, base = len(old), old
                 else:
                     items, p = None, _common_prefix(old, value)
@@ -310,7 +317,9 @@ class SnapshotSaver(InMemorySaver):
                     ranges[-1] = (ranges[-1][0], seq + len(tail))
                 else:
                     ranges.append((seq, seq + len(tail)))
-            if items is None:
+            if made is not None:
+                items = made[0]
+            elif items is None:
                 items = list(value)
             else:
                 items += tail
@@ -475,8 +484,9 @@ class IncrementalAddMessages:
     _KEEP = 4  # lists whose ids are kept: the channel's value and the copies a fresh read made
 
     def __init__(self) -> None:
-        # id(list) -> (list, its copy, base ids (never changed once made), ids added since)
-        self._known: dict[int, tuple[list[Any], list[Any], frozenset[str], frozenset[str]]] = {}
+        # id(list) -> (list, its copy, base ids (never changed once made), ids added since,
+        # the copy of the list it appends to (fast path) or None)
+        self._known: dict[int, tuple[list[Any], list[Any], frozenset[str], frozenset[str], list[Any] | None]] = {}
         self._lock = threading.Lock()
 
     def __call__(self, left: Any = None, right: Any = None, **kwargs: Any) -> Any:
@@ -485,7 +495,7 @@ class IncrementalAddMessages:
         with self._lock:
             known = self._known.get(id(left))
         if known is not None and known[0] is left and len(left) == len(known[1]) and left == known[1]:
-            _, _, base, added = known
+            _, grew_from, base, added, _ = known
             new_ids: set[str] = set()
             for m in right:
                 mid = getattr(m, "id", None)
@@ -497,21 +507,32 @@ class IncrementalAddMessages:
                 added = added | new_ids
                 if len(added) > 64 + len(base) // 16:
                     base, added = base | added, frozenset()
-                self._remember(merged, base, added)
+                self._remember(merged, base, added, grew_from)
                 return merged
         merged = add_messages(left, right)
         if type(merged) is list:
-            self._remember(merged, frozenset(m.id for m in merged), frozenset())
+            self._remember(merged, frozenset(m.id for m in merged), frozenset(), None)
         return merged
 
-    def _remember(self, merged: list[Any], base: frozenset[str], added: frozenset[str]) -> None:
+    def made(self, value: Any) -> tuple[list[Any], list[Any] | None] | None:
+        """``(copy, appended_to)`` if ``value`` is a list this reducer returned and it is unchanged
+        since (same elements, compared by identity in C): ``copy`` is this reducer's copy of it,
+        and ``value`` is ``appended_to`` (another such copy; None if not known) plus new
+        elements. Both copies are never changed. Else None."""
+        with self._lock:
+            known = self._known.get(id(value))
+        if known is not None and known[0] is value and len(value) == len(known[1]) and value == known[1]:
+            return known[1], known[4]
+        return None
+
+    def _remember(self, merged: list[Any], base: frozenset[str], added: frozenset[str], grew_from: list[Any] | None) -> None:
         with self._lock:
             # A superstep merges the same left and right twice (a conditional edge's fresh read,
             # then the channel's update): the copies are never changed, so equal ones are shared.
             last = self._known[next(reversed(self._known))][1] if self._known else None
             same = last is not None and len(last) == len(merged) and (not merged or last[-1] is merged[-1]) and last == merged
             copy = last if same else list(merged)
-            self._known[id(merged)] = (merged, copy, base, frozenset(added))
+            self._known[id(merged)] = (merged, copy, base, frozenset(added), grew_from)
             while len(self._known) > self._KEEP:
                 del self._known[next(iter(self._known))]
 
@@ -521,10 +542,14 @@ _PLAIN = frozenset({AIMessage, HumanMessage, ToolMessage, SystemMessage})  # exa
 
 def speed_up_reducers(compiled: Any) -> Any:
     """Put an :class:`IncrementalAddMessages` on every channel of ``compiled`` (a compiled graph)
-    whose reducer is LangGraph's ``add_messages`` itself; returns ``compiled``."""
-    for ch in compiled.channels.values():
+    whose reducer is LangGraph's ``add_messages`` itself; returns ``compiled``. A
+    :class:`SnapshotSaver` checkpointer keeps those channels' lists as the reducer's copies."""
+    saver = getattr(compiled, "checkpointer", None)
+    for name, ch in compiled.channels.items():
         if isinstance(ch, BinaryOperatorAggregate) and ch.operator is add_messages:
             ch.operator = IncrementalAddMessages()
+            if isinstance(saver, SnapshotSaver):
+                saver._reducers[name] = ch.operator
     return compiled
 
 
