@@ -304,3 +304,55 @@ def test_the_incremental_add_messages_gives_what_langgraphs_gives(monkeypatch: p
             ours = list(ours)
     assert len(full_path) <= 300 - appends + 7  # every append but the first ones after a list it never returned: fast
     assert appends > 150
+
+
+def test_with_the_adapters_reducer_the_saver_keeps_what_the_graph_holds_even_if_a_node_changes_it_in_place(store: Store, dsn: str) -> None:
+    """Under ``speed_up_reducers`` the saver keeps the reducer's copies of the list (no copy of its
+    own); a node that changes the channel's list in place (LangGraph hands it the live list) must
+    still be seen, step after step, by the saver, the store and a resumed saver."""
+    from agentfast.runner.adapters.langgraph import speed_up_reducers
+
+    def graph_on(saver: Any, steps: int) -> Any:
+        left = [steps]
+
+        def agent(state: MessagesState) -> dict:
+            msgs = state["messages"]
+            i = len(msgs)
+            if i % 4 == 1:  # in place, behind the reducer's back: an edit and an append
+                msgs[-1] = HumanMessage(content=f"edited {i}", id=msgs[-1].id)
+                msgs.append(HumanMessage(content=f"sneaked {i}", id=f"s{i}"))
+            return {"messages": [AIMessage(content=f"turn {i}", id=f"a{i}"), ToolMessage(content="r", tool_call_id=f"c{i}", id=f"t{i}")]}
+
+        def more(state: MessagesState) -> str:
+            left[0] -= 1
+            return "agent" if left[0] > 0 else END
+
+        g = StateGraph(MessagesState)
+        g.add_node("agent", agent)
+        g.add_edge(START, "agent")
+        g.add_conditional_edges("agent", more, ["agent", END])
+        return speed_up_reducers(g.compile(checkpointer=saver))
+
+    lease, snap = _run(store, 3)
+    saver = SnapshotSaver()
+    thread = snap.context.session.run_uid
+    config = {"configurable": {"thread_id": thread}, "recursion_limit": 10_000}
+    graph = graph_on(saver, 12)
+    theirs = graph_on(InMemorySaver(), 12)
+    graph_input = {"messages": [HumanMessage(content=f"q{i}", id=f"in{i}") for i in range(3)]}
+    seen = []
+    for _ours, _theirs in zip(graph.stream(graph_input, config, stream_mode="updates", durability="sync"),
+                              theirs.stream(graph_input, config, stream_mode="updates", durability="sync"), strict=True):
+        kept = saver.settled("messages")
+        live = graph.get_state(config).values["messages"]
+        assert [(m.id, m.content) for m in kept] == [(m.id, m.content) for m in live]
+        assert [(m.id, m.content) for m in kept] == [(m.id, m.content) for m in theirs.get_state(config).values["messages"]]
+        seen.append(len(kept))
+        snap.sdk_state = saver.export_state(thread)
+        rows = saver.take_rows()
+        store.commit_checkpoint(lease, snap, stored_messages=len(snap.messages), sdk_rows=rows)
+        saver.rows_stored(rows)
+    assert len(seen) == 12 and any("sneaked" in m.content for m in kept) and any("edited" in m.content for m in kept)
+    fresh = SnapshotSaver()
+    fresh.import_state(thread, store.load_snapshot(lease.run_id).sdk_state, _loader(store, lease.run_id))
+    assert [(m.id, m.content) for m in fresh.settled("messages")] == [(m.id, m.content) for m in kept]

@@ -126,11 +126,14 @@ class _Kept:
 
     A list (``items``: a copy of the list, ``ranges``: the element numbers that spell it, as
     ``[lo, hi)``) or any other value (``typed``: its serialized form, ``key``: its row, "" when
-    it is small enough to ride inline in ``sdk_state``)."""
+    it is small enough to ride inline in ``sdk_state``). ``base``: the previous value's ``items``
+    when ``items`` only appends to it (see :meth:`SnapshotSaver.extends`). ``items`` lists are the
+    saver's own and never changed once made."""
 
     version: Any
     items: list[Any] | None = None
     ranges: list[tuple[int, int]] = field(default_factory=list)
+    base: list[Any] | None = None
     typed: tuple[str, bytes] | None = None
     key: str = ""
 
@@ -172,6 +175,7 @@ class SnapshotSaver(InMemorySaver):
         self._next_item = 0
         self._pending: dict[str, SdkRow] = {}  # rows made since the last export
         self._exported: dict[str, SdkRow] = {}  # rows the last exported state names, not known to be stored
+        self._reducers: dict[str, IncrementalAddMessages] = {}  # channel -> its reducer (speed_up_reducers)
 
     # LangGraph's checkpointer contract ------------------------------------------------------
 
@@ -258,7 +262,8 @@ class SnapshotSaver(InMemorySaver):
     def settled(self, channel: str) -> Any:
         """The root graph's ``channel`` value at its latest checkpoint if that superstep is
         settled (no task of it has written yet: none finished, interrupted or failed), else
-        None (also for no such channel). What ``graph.get_state`` shows, without building it."""
+        None (also for no such channel). What ``graph.get_state`` shows, without building it. A
+        list is the saver's own (not a copy): the caller must not change it."""
         with self._lock:
             latest = self._latest.get("")
             if latest is None or latest["writes"]:
@@ -267,6 +272,13 @@ class SnapshotSaver(InMemorySaver):
             if kept is None or kept.version != latest["versions"].get(channel):
                 return None
             return kept.items if kept.items is not None else self.serde.loads_typed(kept.typed)  # type: ignore[arg-type]
+
+    def extends(self, items: Any, base: Any) -> bool:
+        """Whether ``items``, a list :meth:`settled` returned, is known to be ``base``, one it
+        returned before, with elements appended (the last ``put`` appended to it): O(1), from
+        the saver's own bookkeeping. False means not known (compare them)."""
+        with self._lock:
+            return any(k.items is items and k.base is base for k in self._values.values())
 
     def delete_thread(self, thread_id: str) -> None:
         """Forget everything kept for ``thread_id`` (stored rows are the store's)."""
@@ -281,12 +293,22 @@ class SnapshotSaver(InMemorySaver):
     def _keep(self, ns: str, channel: str, version: Any, value: Any) -> _Kept:
         if type(value) is list:
             prev = self._values.get((ns, channel))
-            p, ranges = 0, []
+            p, ranges, items, base = 0, [], None, None
+            # The reducer's own copy of the list it returned, and of the list that one appends
+            # to: kept as they are (never changed), no copy of ours, no prefix to compare.
+            reducer = self._reducers.get(channel)
+            made = reducer.made(value) if reducer is not None else None
             if prev is not None and prev.items is not None:
                 old = prev.items
                 # Identity first (list equality is C code that checks `is` before __eq__): an
                 # appended-to list costs a pointer comparison per element, no serialization.
-                p = len(old) if len(value) >= len(old) and value[: len(old)] == old else _common_prefix(old, value)
+                # The compared prefix becomes the kept copy (the tail is added below): one copy.
+                if made is not None and made[1] is old:
+                    p, base = len(old), old
+                elif len(value) >= len(old) and (items := value[: len(old)]) == old:
+                    p, base = len(old), old
+                else:
+                    items, p = None, _common_prefix(old, value)
                 ranges = _cut(prev.ranges, p)
             tail = value[p:]
             if tail:  # one row for the elements appended together, keyed by the first one's number
@@ -298,7 +320,13 @@ class SnapshotSaver(InMemorySaver):
                     ranges[-1] = (ranges[-1][0], seq + len(tail))
                 else:
                     ranges.append((seq, seq + len(tail)))
-            return _Kept(version, items=list(value), ranges=ranges)
+            if made is not None:
+                items = made[0]
+            elif items is None:
+                items = list(value)
+            else:
+                items += tail
+            return _Kept(version, items=items, ranges=ranges, base=base)
         typed = self.serde.dumps_typed(value)
         if len(typed[1]) <= _INLINE_BYTES:  # a small value rides in sdk_state: no row, no fence trigger
             return _Kept(version, typed=typed)
@@ -459,8 +487,9 @@ class IncrementalAddMessages:
     _KEEP = 4  # lists whose ids are kept: the channel's value and the copies a fresh read made
 
     def __init__(self) -> None:
-        # id(list) -> (list, its copy, base ids (never changed once made), ids added since)
-        self._known: dict[int, tuple[list[Any], list[Any], frozenset[str], frozenset[str]]] = {}
+        # id(list) -> (list, its copy, base ids (never changed once made), ids added since,
+        # the copy of the list it appends to (fast path) or None)
+        self._known: dict[int, tuple[list[Any], list[Any], frozenset[str], frozenset[str], list[Any] | None]] = {}
         self._lock = threading.Lock()
 
     def __call__(self, left: Any = None, right: Any = None, **kwargs: Any) -> Any:
@@ -469,7 +498,7 @@ class IncrementalAddMessages:
         with self._lock:
             known = self._known.get(id(left))
         if known is not None and known[0] is left and len(left) == len(known[1]) and left == known[1]:
-            _, _, base, added = known
+            _, grew_from, base, added, _ = known
             new_ids: set[str] = set()
             for m in right:
                 mid = getattr(m, "id", None)
@@ -481,16 +510,32 @@ class IncrementalAddMessages:
                 added = added | new_ids
                 if len(added) > 64 + len(base) // 16:
                     base, added = base | added, frozenset()
-                self._remember(merged, base, added)
+                self._remember(merged, base, added, grew_from)
                 return merged
         merged = add_messages(left, right)  # type: ignore[assignment]  # typed as Messages; it returns a list of BaseMessage
         if type(merged) is list:
-            self._remember(merged, frozenset(m.id for m in merged), frozenset())
+            self._remember(merged, frozenset(m.id for m in merged), frozenset(), None)
         return merged
 
-    def _remember(self, merged: list[Any], base: frozenset[str], added: frozenset[str]) -> None:
+    def made(self, value: Any) -> tuple[list[Any], list[Any] | None] | None:
+        """``(copy, appended_to)`` if ``value`` is a list this reducer returned and it is unchanged
+        since (same elements, compared by identity in C): ``copy`` is this reducer's copy of it,
+        and ``value`` is ``appended_to`` (another such copy; None if not known) plus new
+        elements. Both copies are never changed. Else None."""
         with self._lock:
-            self._known[id(merged)] = (merged, list(merged), base, frozenset(added))
+            known = self._known.get(id(value))
+        if known is not None and known[0] is value and len(value) == len(known[1]) and value == known[1]:
+            return known[1], known[4]
+        return None
+
+    def _remember(self, merged: list[Any], base: frozenset[str], added: frozenset[str], grew_from: list[Any] | None) -> None:
+        with self._lock:
+            # A superstep merges the same left and right twice (a conditional edge's fresh read,
+            # then the channel's update): the copies are never changed, so equal ones are shared.
+            last = self._known[next(reversed(self._known))][1] if self._known else None
+            same = last is not None and len(last) == len(merged) and (not merged or last[-1] is merged[-1]) and last == merged
+            copy = last if same else list(merged)
+            self._known[id(merged)] = (merged, copy, base, frozenset(added), grew_from)
             while len(self._known) > self._KEEP:
                 del self._known[next(iter(self._known))]
 
@@ -500,10 +545,14 @@ _PLAIN = frozenset({AIMessage, HumanMessage, ToolMessage, SystemMessage})  # exa
 
 def speed_up_reducers(compiled: Any) -> Any:
     """Put an :class:`IncrementalAddMessages` on every channel of ``compiled`` (a compiled graph)
-    whose reducer is LangGraph's ``add_messages`` itself; returns ``compiled``."""
-    for ch in compiled.channels.values():
+    whose reducer is LangGraph's ``add_messages`` itself; returns ``compiled``. A
+    :class:`SnapshotSaver` checkpointer keeps those channels' lists as the reducer's copies."""
+    saver = getattr(compiled, "checkpointer", None)
+    for name, ch in compiled.channels.items():
         if isinstance(ch, BinaryOperatorAggregate) and ch.operator is add_messages:
             ch.operator = IncrementalAddMessages()
+            if isinstance(saver, SnapshotSaver):
+                saver._reducers[name] = ch.operator
     return compiled
 
 
@@ -761,14 +810,17 @@ class LangGraphRunner(RunnerBase):
     def _mirror(self, messages: list[BaseMessage]) -> None:
         """``snap.messages`` := ``messages`` in the runtime's shape, converting only the ones
         appended since the last mirror (the graph's list keeps its message objects from step to
-        step; list equality checks identity first), all of them otherwise."""
+        step; list equality checks identity first), all of them otherwise. ``messages`` is what
+        ``saver.settled`` returned, never changed, so it is kept as it is (no copy), and the
+        saver usually knows it extends the last one (no comparison either)."""
         done = self._mirrored
         k = len(done) if done is not None else -1
-        if done is not None and len(messages) >= k and len(self.snap.messages) == k and messages[:k] == done:
+        if (done is not None and len(messages) >= k and len(self.snap.messages) == k
+                and (messages is done or self.saver.extends(messages, done) or messages[:k] == done)):  # type: ignore[union-attr]
             self.snap.messages.extend(to_runtime_message(m) for m in messages[k:])
         else:
             self.snap.messages = [to_runtime_message(m) for m in messages]
-        self._mirrored = list(messages)
+        self._mirrored = messages
 
     def _count_tools(self) -> None:
         """The counters of finished calls: counted from the whole journal once per process; from
