@@ -534,7 +534,7 @@ class IncrementalAddMessages:
             # then the channel's update): the copies are never changed, so equal ones are shared.
             last = self._known[next(reversed(self._known))][1] if self._known else None
             same = last is not None and len(last) == len(merged) and (not merged or last[-1] is merged[-1]) and last == merged
-            copy = last if same else list(merged)
+            copy = last if last is not None and same else list(merged)
             self._known[id(merged)] = (merged, copy, base, frozenset(added), grew_from)
             while len(self._known) > self._KEEP:
                 del self._known[next(iter(self._known))]
