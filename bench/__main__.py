@@ -56,16 +56,54 @@ class Plan:
     checkpoint_subjects: tuple[str, ...] | None = None  # part 1's subjects (None: all of bench/checkpoint.py's)
 
 
-FULL = Plan(lengths=[10, 100, 1000, 10000], reps=5, samples=40, heavy_samples=8, bytes_samples=8, clients=[1, 8, 64],
-            seconds=10, tp_reps=2, kills=7, startup_reps=5, load_reps=30, long_iterations=1000, lg_iterations=100,
-            langgraph_refund=True, server_profile=True, lg_lengths=[10, 100, 1000, 10000], lg_reps=3, lg_samples=20,
-            big_outputs=14, payload_iterations=8, payload_reps=3)
-QUICK = Plan(lengths=[10, 1000], reps=2, samples=10, heavy_samples=3, bytes_samples=3, clients=[1, 8], seconds=1,
-             tp_reps=1, kills=2, startup_reps=1, load_reps=10, long_iterations=30, lg_iterations=0,
-             langgraph_refund=False, server_profile=False, lg_lengths=[10, 10000], lg_reps=1, lg_samples=6, big_outputs=3,
-             model_rounds=3, model_calls=5,
-             # The LangGraph subjects are part langgraph's to judge; the pipelining what-if is history.
-             checkpoint_subjects=("floor", "store", "iteration"))
+FULL = Plan(
+    lengths=[10, 100, 1000, 10000],
+    reps=5,
+    samples=40,
+    heavy_samples=8,
+    bytes_samples=8,
+    clients=[1, 8, 64],
+    seconds=10,
+    tp_reps=2,
+    kills=7,
+    startup_reps=5,
+    load_reps=30,
+    long_iterations=1000,
+    lg_iterations=100,
+    langgraph_refund=True,
+    server_profile=True,
+    lg_lengths=[10, 100, 1000, 10000],
+    lg_reps=3,
+    lg_samples=20,
+    big_outputs=14,
+    payload_iterations=8,
+    payload_reps=3,
+)
+QUICK = Plan(
+    lengths=[10, 1000],
+    reps=2,
+    samples=10,
+    heavy_samples=3,
+    bytes_samples=3,
+    clients=[1, 8],
+    seconds=1,
+    tp_reps=1,
+    kills=2,
+    startup_reps=1,
+    load_reps=10,
+    long_iterations=30,
+    lg_iterations=0,
+    langgraph_refund=False,
+    server_profile=False,
+    lg_lengths=[10, 10000],
+    lg_reps=1,
+    lg_samples=6,
+    big_outputs=3,
+    model_rounds=3,
+    model_calls=5,
+    # The LangGraph subjects are part langgraph's to judge; the pipelining what-if is history.
+    checkpoint_subjects=("floor", "store", "iteration"),
+)
 
 
 def _log(msg: str) -> None:
@@ -85,13 +123,24 @@ def _jsonable(obj: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="the Targets table's parts at a small size, < 2 minutes; does not touch docs/")
-    ap.add_argument("--only", default=None,
-                    help=f"comma-separated parts to run (default: all; with --quick: {','.join(QUICK_PARTS)}): {','.join(PARTS)}")
-    ap.add_argument("--out", type=Path, default=None,
-                    help="Markdown file whose generated block is replaced (default: docs/benchmarks.md in full mode, "
-                         "a temporary file with --quick or --only)")
+    ap = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="the Targets table's parts at a small size, < 2 minutes; does not touch docs/"
+    )
+    ap.add_argument(
+        "--only",
+        default=None,
+        help=f"comma-separated parts to run (default: all; with --quick: {','.join(QUICK_PARTS)}): {','.join(PARTS)}",
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="Markdown file whose generated block is replaced (default: docs/benchmarks.md in full mode, "
+        "a temporary file with --quick or --only)",
+    )
     ap.add_argument("--long-iterations", type=int, default=None, help="iterations of the long scripted run (full: 1000)")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
@@ -125,14 +174,25 @@ def main(argv: list[str] | None = None) -> int:
         if "checkpoint" in parts:
             _log("part 1: checkpoint cost")
             dsn = server.create_database("ckpt")
-            res["checkpoint"] = checkpoint.run(dsn, checkpoint.CheckpointConfig(
-                lengths=plan.lengths, reps=plan.reps, samples=plan.samples, heavy_samples=plan.heavy_samples,
-                bytes_samples=plan.bytes_samples, subjects=list(plan.checkpoint_subjects or checkpoint.SUBJECTS)), _log)
+            res["checkpoint"] = checkpoint.run(
+                dsn,
+                checkpoint.CheckpointConfig(
+                    lengths=plan.lengths,
+                    reps=plan.reps,
+                    samples=plan.samples,
+                    heavy_samples=plan.heavy_samples,
+                    bytes_samples=plan.bytes_samples,
+                    subjects=list(plan.checkpoint_subjects or checkpoint.SUBJECTS),
+                ),
+                _log,
+            )
             res["load_snapshot"] = checkpoint.measure_load(dsn, 1000, plan.load_reps)
         if "throughput" in parts:
             _log("part 2: throughput")
             dsn = server.create_database("tput")
-            res["throughput"] = throughput.run(server, dsn, throughput.ThroughputConfig(plan.clients, plan.seconds, plan.tp_reps), _log)
+            res["throughput"] = throughput.run(
+                server, dsn, throughput.ThroughputConfig(plan.clients, plan.seconds, plan.tp_reps), _log
+            )
         if "resume" in parts:
             _log("part 3: resume latency and start-up")
             dsn = server.create_database("resume")
@@ -149,8 +209,9 @@ def main(argv: list[str] | None = None) -> int:
 
             with Store(dsn) as s:
                 s.migrate()
-            res["rss"] = procs.measure_rss(dsn, work, plan.long_iterations, plan.lg_iterations, _log,
-                                           langgraph_refund=plan.langgraph_refund)
+            res["rss"] = procs.measure_rss(
+                dsn, work, plan.long_iterations, plan.lg_iterations, _log, langgraph_refund=plan.langgraph_refund
+            )
         if "profile" in parts:
             _log("part 5: profiles")
             dsn = server.create_database("prof")
@@ -165,18 +226,32 @@ def main(argv: list[str] | None = None) -> int:
         if "model" in parts:
             _log("part 6: model call client cost")
             (work / "model").mkdir()
-            res["model"] = model.run(work / "model", model.ModelCallConfig([30, 300, 3000], plan.model_rounds, plan.model_calls), _log)
+            res["model"] = model.run(
+                work / "model", model.ModelCallConfig([30, 300, 3000], plan.model_rounds, plan.model_calls), _log
+            )
         if "payloads" in parts:
             _log("part 7: large payloads")
-            res["payloads"] = payloads.run(server.create_database, payloads.PayloadsConfig(iterations=plan.payload_iterations, reps=plan.payload_reps), _log)
+            res["payloads"] = payloads.run(
+                server.create_database, payloads.PayloadsConfig(iterations=plan.payload_iterations, reps=plan.payload_reps), _log
+            )
         if "langgraph" in parts:
             from . import lg
 
             _log("part 8: the LangGraph adapter against LangGraph itself")
             dsn = server.create_database("lg")
-            res["langgraph"] = lg.run(dsn, work, lg.LgConfig(
-                lengths=plan.lg_lengths, reps=plan.lg_reps, samples=plan.lg_samples, bytes_samples=3,
-                big_outputs=plan.big_outputs, big_bytes=2_000_000), _log)
+            res["langgraph"] = lg.run(
+                dsn,
+                work,
+                lg.LgConfig(
+                    lengths=plan.lg_lengths,
+                    reps=plan.lg_reps,
+                    samples=plan.lg_samples,
+                    bytes_samples=3,
+                    big_outputs=plan.big_outputs,
+                    big_bytes=2_000_000,
+                ),
+                _log,
+            )
     finally:
         server.close()
     res["duration_s"] = time.monotonic() - t_start

@@ -182,8 +182,10 @@ class Bench:
         it = snap.context.counters.iterations + 1
         uid = snap.context.session.run_uid
         msg = assistant_message(it)
-        planned = [JournalEntry(it, p, call_id(it, p), idempotency_key(uid, it, p), c, False, True, "planned", 0, None)
-                   for p, c in enumerate(msg.tool_calls)]
+        planned = [
+            JournalEntry(it, p, call_id(it, p), idempotency_key(uid, it, p), c, False, True, "planned", 0, None)
+            for p, c in enumerate(msg.tool_calls)
+        ]
         results = [tool_result(uid, it, p) for p in range(len(planned))]
         stored = advance(snap)
         return it, Turn(it, msg, 900, 100), planned, results, stored
@@ -347,8 +349,10 @@ def autovacuum_paused(dsn: str) -> Iterator[None]:
         conn.execute("ALTER SYSTEM SET autovacuum = off")
         conn.execute("SELECT pg_reload_conf()")
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'").fetchone()[0]:
+        while (
+            time.monotonic() < deadline
+            and conn.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'").fetchone()[0]
+        ):
             time.sleep(0.1)
         try:
             yield
@@ -381,7 +385,7 @@ def run(dsn: str, cfg: CheckpointConfig, log: Callable[[str], None]) -> Checkpoi
                 # Rotate the subjects' order per repetition. The floor is measured inside every
                 # subject's block, one floor step after each of the subject's steps.
                 subjects = [s for s in cfg.subjects if s != "floor"]
-                order = subjects[rep % len(subjects):] + subjects[: rep % len(subjects)]
+                order = subjects[rep % len(subjects) :] + subjects[: rep % len(subjects)]
                 floor_all: dict[int, list[float]] = {n: []}
                 for s in order:
                     k = cfg.heavy_samples if s.startswith("lg_") and n >= 1000 else cfg.samples
@@ -424,16 +428,22 @@ def measure_load(dsn: str, n: int, reps: int) -> dict[str, Spread]:
                 whole.append(time.perf_counter() - t)
                 assert s is not None and len(s.messages) == n
                 t = time.perf_counter()
-                cp = conn.execute("SELECT * FROM agentfast_checkpoints WHERE run_id = %s ORDER BY checkpoint_id DESC LIMIT 1",
-                                  (lease.run_id,)).fetchone()
-                conn.execute("SELECT message FROM agentfast_messages WHERE run_id = %s AND seq < %s ORDER BY seq",
-                             (lease.run_id, cp["message_count"])).fetchall()
+                cp = conn.execute(
+                    "SELECT * FROM agentfast_checkpoints WHERE run_id = %s ORDER BY checkpoint_id DESC LIMIT 1", (lease.run_id,)
+                ).fetchone()
+                conn.execute(
+                    "SELECT message FROM agentfast_messages WHERE run_id = %s AND seq < %s ORDER BY seq",
+                    (lease.run_id, cp["message_count"]),
+                ).fetchall()
                 conn.commit()
                 sql.append(time.perf_counter() - t)
     finally:
         store.close()
-    return {"load_snapshot": Spread.of(x * 1000 for x in whole), "sql_only": Spread.of(x * 1000 for x in sql),
-            "p99_ms": Spread.of([pct(whole, 99) * 1000])}
+    return {
+        "load_snapshot": Spread.of(x * 1000 for x in whole),
+        "sql_only": Spread.of(x * 1000 for x in sql),
+        "p99_ms": Spread.of([pct(whole, 99) * 1000]),
+    }
 
 
 def new_thread_id() -> str:

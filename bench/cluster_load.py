@@ -54,8 +54,14 @@ from .cluster_scale import GROUP, KUBECONFIG, KUBECTL, PLURAL, REPO, VERSION, lo
 SYSTEM_NS = os.environ.get("AGENTFAST_NAMESPACE", "agentfast-system")
 #: A node label no node has: the runner pods the operator makes for these runs are never scheduled.
 NO_NODE = {"agentfast.dev/load-generator": "no-such-node"}
-HOST_PROCS = {"kube-apiserver": "kube-apiserver ", "etcd": "etcd ", "postgres": "postgres", "kube-scheduler": "kube-scheduler ",
-              "kube-controller-manager": "kube-controller-manager ", "kubelet": "kubelet "}
+HOST_PROCS = {
+    "kube-apiserver": "kube-apiserver ",
+    "etcd": "etcd ",
+    "postgres": "postgres",
+    "kube-scheduler": "kube-scheduler ",
+    "kube-controller-manager": "kube-controller-manager ",
+    "kubelet": "kubelet ",
+}
 
 
 # -- host /proc ----------------------------------------------------------------------------------
@@ -145,15 +151,22 @@ class Cluster:
 
     def request_totals(self) -> dict[str, float]:
         """``apiserver_request_total`` summed per ``VERB resource[/subresource]``."""
-        text = subprocess.run([KUBECTL, "--kubeconfig", KUBECONFIG, "get", "--raw", "/metrics"], capture_output=True, text=True,
-                              timeout=60, check=True).stdout
+        text = subprocess.run(
+            [KUBECTL, "--kubeconfig", KUBECONFIG, "get", "--raw", "/metrics"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
         totals: dict[str, float] = {}
         for line in text.splitlines():
             if not line.startswith("apiserver_request_total{"):
                 continue
             labels, _, value = line.rpartition(" ")
             get = {k: v for k, v in re.findall(r'(\w+)="([^"]*)"', labels)}
-            key = f"{get.get('verb', '')} {get.get('resource', '')}" + (f"/{get['subresource']}" if get.get("subresource") else "")
+            key = f"{get.get('verb', '')} {get.get('resource', '')}" + (
+                f"/{get['subresource']}" if get.get("subresource") else ""
+            )
             totals[key] = totals.get(key, 0.0) + float(value)
         return totals
 
@@ -166,8 +179,24 @@ class Cluster:
         return make_conninfo(dsn, host=pod.status.pod_ip)
 
     def operator_log(self, since_s: int) -> str:
-        p = subprocess.run([KUBECTL, "--kubeconfig", KUBECONFIG, "-n", SYSTEM_NS, "logs", "-l", "app.kubernetes.io/component=operator",
-                            f"--since={since_s}s", "--tail=-1", "--prefix"], capture_output=True, text=True, timeout=60)
+        p = subprocess.run(
+            [
+                KUBECTL,
+                "--kubeconfig",
+                KUBECONFIG,
+                "-n",
+                SYSTEM_NS,
+                "logs",
+                "-l",
+                "app.kubernetes.io/component=operator",
+                f"--since={since_s}s",
+                "--tail=-1",
+                "--prefix",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         return p.stdout
 
 
@@ -196,8 +225,15 @@ class Watch(threading.Thread):
         while not self.stop.is_set():
             w = kubernetes.watch.Watch()
             try:
-                for ev in w.stream(self.k.custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL,
-                                   timeout_seconds=60, **({"resource_version": rv} if rv else {})):
+                for ev in w.stream(
+                    self.k.custom.list_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    PLURAL,
+                    timeout_seconds=60,
+                    **({"resource_version": rv} if rv else {}),
+                ):
                     now = time.time()
                     obj = ev["object"]
                     rv = obj["metadata"].get("resourceVersion", rv)
@@ -253,9 +289,13 @@ class Runs:
         c.usage.prompt_tokens += 900
         c.usage.completion_tokens += 100
         c.usage.total_tokens += 1000
-        c.status = RunStatus(phase=phase, reason="Completed" if phase == "Succeeded" else "", message="done" if phase == "Succeeded" else "")
-        s.messages += [Message(role="assistant", content=f"step {c.counters.iterations} " + "x" * 80),
-                       Message(role="user", content="ok " + "y" * 80)]
+        c.status = RunStatus(
+            phase=phase, reason="Completed" if phase == "Succeeded" else "", message="done" if phase == "Succeeded" else ""
+        )
+        s.messages += [
+            Message(role="assistant", content=f"step {c.counters.iterations} " + "x" * 80),
+            Message(role="user", content="ok " + "y" * 80),
+        ]
         s.saved_at = int(time.time() * 1000)
         try:
             self.store.commit_checkpoint(self.lease[name], s, stored_messages=self.stored[name])
@@ -316,8 +356,15 @@ def trial(k: Cluster, n: int, period: float, steady: float) -> dict[str, Any]:
         t0 = time.time()
         uids: dict[str, str] = {}
         with ThreadPoolExecutor(8) as pool:
-            for name, obj in zip(names, pool.map(lambda nm: k.custom.create_namespaced_custom_object(
-                    GROUP, VERSION, namespace, PLURAL, agentrun(namespace, nm)), names)):
+            for name, obj in zip(
+                names,
+                pool.map(
+                    lambda nm: k.custom.create_namespaced_custom_object(
+                        GROUP, VERSION, namespace, PLURAL, agentrun(namespace, nm)
+                    ),
+                    names,
+                ),
+            ):
                 uids[name] = obj["metadata"]["uid"]
         created = time.time() - t0
         deadline = time.time() + max(120, n * 0.5)
@@ -365,15 +412,29 @@ def trial(k: Cluster, n: int, period: float, steady: float) -> dict[str, Any]:
         top = dict(sorted(((k_, v) for k_, v in delta.items() if v >= 1), key=lambda kv: -kv[1])[:12])
         total = sum(delta.values())
         return {
-            "n": n, "period_s": period, "steady_s": round(secs, 1), "created_s": round(created, 1), "admitted_s": round(admitted, 1),
-            "commits": len(runs.commits), "commit_errors": len(runs.errors), "first_errors": runs.errors[:3],
-            "lag_s": spread(lags), "unseen": unseen, "succeeded_lag_s": spread(end_lags), "succeeded_seen": len(watch.done),
+            "n": n,
+            "period_s": period,
+            "steady_s": round(secs, 1),
+            "created_s": round(created, 1),
+            "admitted_s": round(admitted, 1),
+            "commits": len(runs.commits),
+            "commit_errors": len(runs.errors),
+            "first_errors": runs.errors[:3],
+            "lag_s": spread(lags),
+            "unseen": unseen,
+            "succeeded_lag_s": spread(end_lags),
+            "succeeded_seen": len(watch.done),
             "cpu_cores": {name: round((cpu1[name] - cpu0[name]) / secs, 3) for name in cpu0},
             "rss_mib": {name: round(v / 2**20, 1) for name, v in mem.items()},
-            "api_requests": {"total_per_s": round(total / secs, 1), "per_commit": round(total / max(1, len(runs.commits)), 2),
-                             "per_run_minute": round(total / n / (secs / 60), 2), "top": {k_: round(v) for k_, v in top.items()}},
+            "api_requests": {
+                "total_per_s": round(total / secs, 1),
+                "per_commit": round(total / max(1, len(runs.commits)), 2),
+                "per_run_minute": round(total / n / (secs / 60), 2),
+                "top": {k_: round(v) for k_, v in top.items()},
+            },
             "resync_passes": resyncs,
-            "machine": machine(), "machine_cpu_busy": round(busy, 2),
+            "machine": machine(),
+            "machine_cpu_busy": round(busy, 2),
         }
     finally:
         watch.stop.set()
@@ -395,20 +456,27 @@ def trial(k: Cluster, n: int, period: float, steady: float) -> dict[str, Any]:
 
 
 def report(results: list[dict[str, Any]]) -> str:
-    rows = ["| N | commits/s | status lag p50 / p95 / p99 / max, s | Succeeded lag p95, s | operator CPU, cores | operator RSS, MiB |"
-            " apiserver / etcd / postgres / scheduler / this generator CPU, cores | machine busy, cores of 2 | API requests per commit | per run-minute |"
-            " last resync pass, s (reconciled/runs); slowest |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| N | commits/s | status lag p50 / p95 / p99 / max, s | Succeeded lag p95, s | operator CPU, cores | operator RSS, MiB |"
+        " apiserver / etcd / postgres / scheduler / this generator CPU, cores | machine busy, cores of 2 | API requests per commit | per run-minute |"
+        " last resync pass, s (reconciled/runs); slowest |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         lag, c, m = r["lag_s"], r["cpu_cores"], r["rss_mib"]
         passes = r["resync_passes"]
-        rs = (f"{passes[-1]['seconds']:.2f} ({passes[-1]['reconciled']}/{passes[-1]['runs']}); max {max(p['seconds'] for p in passes):.1f}"
-              if passes else "n/a")
-        rows.append(f"| {r['n']} | {r['commits'] / r['steady_s']:.1f} | {lag['p50']:.2f} / {lag['p95']:.2f} / {lag['p99']:.2f} / {lag['max']:.2f}"
-                    f" | {r['succeeded_lag_s']['p95']:.2f} | {c['operator']:.2f} | {m['operator']:.0f}"
-                    f" | {c['kube-apiserver']:.2f} / {c['etcd']:.2f} / {c['postgres']:.2f} / {c.get('kube-scheduler', 0):.2f} / {c.get('this generator', 0):.2f}"
-                    f" | {r.get('machine_cpu_busy', float('nan')):.2f}"
-                    f" | {r['api_requests']['per_commit']:.2f} | {r['api_requests']['per_run_minute']:.1f} | {rs} |")
+        rs = (
+            f"{passes[-1]['seconds']:.2f} ({passes[-1]['reconciled']}/{passes[-1]['runs']}); max {max(p['seconds'] for p in passes):.1f}"
+            if passes
+            else "n/a"
+        )
+        rows.append(
+            f"| {r['n']} | {r['commits'] / r['steady_s']:.1f} | {lag['p50']:.2f} / {lag['p95']:.2f} / {lag['p99']:.2f} / {lag['max']:.2f}"
+            f" | {r['succeeded_lag_s']['p95']:.2f} | {c['operator']:.2f} | {m['operator']:.0f}"
+            f" | {c['kube-apiserver']:.2f} / {c['etcd']:.2f} / {c['postgres']:.2f} / {c.get('kube-scheduler', 0):.2f} / {c.get('this generator', 0):.2f}"
+            f" | {r.get('machine_cpu_busy', float('nan')):.2f}"
+            f" | {r['api_requests']['per_commit']:.2f} | {r['api_requests']['per_run_minute']:.1f} | {rs} |"
+        )
     return "\n".join(rows)
 
 

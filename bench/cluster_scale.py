@@ -89,8 +89,7 @@ def spread(xs: list[float]) -> dict[str, float]:
     xs = [x for x in xs if x is not None and not math.isnan(x)]
     if not xs:
         return {"n": 0, "median": math.nan, "min": math.nan, "max": math.nan}
-    return {"n": len(xs), "median": statistics.median(xs), "min": min(xs), "max": max(xs),
-            "p95": pct(xs, 95)}
+    return {"n": len(xs), "median": statistics.median(xs), "min": min(xs), "max": max(xs), "p95": pct(xs, 95)}
 
 
 def fmt(s: dict[str, float], unit: str = "s", d: int = 2) -> str:
@@ -130,7 +129,9 @@ class Cluster:
         )
         # exec is several requests (create + stream); count it as 2
         self._count(1)
-        out = self.kubectl("-n", NS, "exec", "deploy/agentfast-postgresql", "--", "python", "-c", code, json.dumps([query, list(params)]))
+        out = self.kubectl(
+            "-n", NS, "exec", "deploy/agentfast-postgresql", "--", "python", "-c", code, json.dumps([query, list(params)])
+        )
         return json.loads(out)
 
     def create_run(self, name: str, session: str, suspend_after: int = 0) -> None:
@@ -147,13 +148,21 @@ class Cluster:
 
     def list_runs(self, session: str) -> list[dict[str, Any]]:
         self._count()
-        return self.custom.list_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, label_selector=f"{SESSION_LABEL}={session}")["items"]
+        return self.custom.list_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, label_selector=f"{SESSION_LABEL}={session}")[
+            "items"
+        ]
 
     def approve(self, name: str) -> None:
         self._count()
         self.custom.patch_namespaced_custom_object(
-            GROUP, VERSION, NS, PLURAL, name, {"spec": {"approvals": {CALL: {"decision": "approve", "decidedBy": self.whoami()}}}},
-            _content_type="application/merge-patch+json")
+            GROUP,
+            VERSION,
+            NS,
+            PLURAL,
+            name,
+            {"spec": {"approvals": {CALL: {"decision": "approve", "decidedBy": self.whoami()}}}},
+            _content_type="application/merge-patch+json",
+        )
 
     def whoami(self) -> str:
         """The user the API server sees (the approval policy wants decidedBy to be it)."""
@@ -164,11 +173,19 @@ class Cluster:
 
     def give_example_tools(self) -> None:
         """The Secret agentfast-tools in NS with the example tools' own DSN (docs/tools.md)."""
-        dsn = self.kubectl("-n", NS, "exec", "deploy/agentfast-postgresql", "--", "python", "-m", "agentfast.runner.examples").strip()
-        secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "agentfast-tools", "namespace": NS},
-                  "stringData": {"EXAMPLE_TOOLS_DSN": dsn}}
+        dsn = self.kubectl(
+            "-n", NS, "exec", "deploy/agentfast-postgresql", "--", "python", "-m", "agentfast.runner.examples"
+        ).strip()
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "agentfast-tools", "namespace": NS},
+            "stringData": {"EXAMPLE_TOOLS_DSN": dsn},
+        }
         self._count()
-        p = subprocess.run([KUBECTL, "--kubeconfig", KUBECONFIG, "apply", "-f", "-"], input=json.dumps(secret), capture_output=True, text=True)
+        p = subprocess.run(
+            [KUBECTL, "--kubeconfig", KUBECONFIG, "apply", "-f", "-"], input=json.dumps(secret), capture_output=True, text=True
+        )
         if p.returncode != 0:
             raise RuntimeError(f"kubectl apply agentfast-tools: {p.stderr.strip()}")
 
@@ -305,7 +322,9 @@ def resume_trial(k: Cluster, session: str, i: int) -> dict[str, float]:
     run_id = f"{NS}/{name}"
     t0 = time.time()
     k.create_run(name, session)
-    wait_for(f"{name} WaitingForApproval", lambda: (k.get_run(name).get("status") or {}).get("phase") == "WaitingForApproval", 240)
+    wait_for(
+        f"{name} WaitingForApproval", lambda: (k.get_run(name).get("status") or {}).get("phase") == "WaitingForApproval", 240
+    )
     t_wfa = time.time()
     [[e0]] = k.sql("SELECT max(epoch) FROM agentfast_checkpoints WHERE run_id = %s", run_id)
     watch = PodWatch(k, name)
@@ -314,8 +333,12 @@ def resume_trial(k: Cluster, session: str, i: int) -> dict[str, float]:
     t_del = time.time()
     k.core.delete_namespaced_pod(first, NS)
     k._count()
-    new = wait_for("the replacement pod Running",
-                   lambda: next((n for n, r in watch.seen.items() if n != first and "running" in r), None), 300, 0.05)
+    new = wait_for(
+        "the replacement pod Running",
+        lambda: next((n for n, r in watch.seen.items() if n != first and "running" in r), None),
+        300,
+        0.05,
+    )
 
     def takeover() -> Any:
         rows = k.sql("SELECT min(saved_at), count(*) FROM agentfast_checkpoints WHERE run_id = %s AND epoch > %s", run_id, e0)
@@ -326,8 +349,11 @@ def resume_trial(k: Cluster, session: str, i: int) -> dict[str, float]:
     old, rep = watch.seen[first], watch.seen[new]
     old_exit = min(old.get("terminal", math.inf), old.get("gone", math.inf))
     # the replacement waits for status.restarts and awaiting before it is approved
-    wait_for("the resumed runner waiting", lambda: ((s := k.get_run(name).get("status") or {}).get("restarts", 0) >= 1
-                                                     and s.get("awaiting") == CALL), 120)
+    wait_for(
+        "the resumed runner waiting",
+        lambda: (s := k.get_run(name).get("status") or {}).get("restarts", 0) >= 1 and s.get("awaiting") == CALL,
+        120,
+    )
     t_appr = time.time()
     k.approve(name)
     wait_for(f"{name} Succeeded", lambda: (k.get_run(name).get("status") or {}).get("phase") == "Succeeded", 180, 0.1)
@@ -355,8 +381,19 @@ def bench_resume(k: Cluster, session: str, reps: int) -> dict[str, Any]:
 
 def _lose(k: Cluster, name: str, kind: str) -> float:
     """Lose the run's live runner one way; returns the moment of the loss (time.time())."""
-    pod = wait_for("a running runner pod", lambda: next((p.metadata.name for p in k.runner_pods(f"agentfast.dev/run={name}")
-                                                        if p.status.phase == "Running" and not p.metadata.deletion_timestamp), None), 60, 0.05)
+    pod = wait_for(
+        "a running runner pod",
+        lambda: next(
+            (
+                p.metadata.name
+                for p in k.runner_pods(f"agentfast.dev/run={name}")
+                if p.status.phase == "Running" and not p.metadata.deletion_timestamp
+            ),
+            None,
+        ),
+        60,
+        0.05,
+    )
     if kind == "kill":
         pids = wait_for("the runner process on this host", lambda: pids_matching(f"resume {NS}/{name} "), 30, 0.05)
         t = time.time()
@@ -369,8 +406,9 @@ def _lose(k: Cluster, name: str, kind: str) -> float:
         k.core.delete_namespaced_pod(pod, NS)
     else:
         k._count()
-        k.core.create_namespaced_pod_eviction(pod, NS, kubernetes.client.V1Eviction(
-            metadata=kubernetes.client.V1ObjectMeta(name=pod, namespace=NS)))
+        k.core.create_namespaced_pod_eviction(
+            pod, NS, kubernetes.client.V1Eviction(metadata=kubernetes.client.V1ObjectMeta(name=pod, namespace=NS))
+        )
     return t
 
 
@@ -380,14 +418,23 @@ def loss_trial(k: Cluster, session: str, kind: str, i: int, losses: int) -> list
     name = f"csb-{session}-{kind[:3]}{i}"
     run_id = f"{NS}/{name}"
     k.create_run(name, session)
-    wait_for(f"{name} WaitingForApproval", lambda: (k.get_run(name).get("status") or {}).get("phase") == "WaitingForApproval", 240)
+    wait_for(
+        f"{name} WaitingForApproval", lambda: (k.get_run(name).get("status") or {}).get("phase") == "WaitingForApproval", 240
+    )
     took = []
     for n in range(1, losses + 1):
-        wait_for("the runner to hold the run", lambda: ((k.get_run(name).get("status") or {}).get("restarts", 0) >= n - 1), 60, 0.1)
+        wait_for("the runner to hold the run", lambda: (k.get_run(name).get("status") or {}).get("restarts", 0) >= n - 1, 60, 0.1)
         [[e0]] = k.sql("SELECT max(epoch) FROM agentfast_checkpoints WHERE run_id = %s", run_id)
         t_loss = _lose(k, name, kind)
-        rows = wait_for("the takeover checkpoint", lambda: (r := k.sql(
-            "SELECT min(saved_at) FROM agentfast_checkpoints WHERE run_id = %s AND epoch > %s", run_id, e0))[0][0] and r, 120, 0.2)
+        rows = wait_for(
+            "the takeover checkpoint",
+            lambda: (
+                (r := k.sql("SELECT min(saved_at) FROM agentfast_checkpoints WHERE run_id = %s AND epoch > %s", run_id, e0))[0][0]
+                and r
+            ),
+            120,
+            0.2,
+        )
         took.append(rows[0][0] / 1000 - t_loss)
     log(f"losses {kind} {i}: " + ", ".join(f"{t:.2f}" for t in took))
     k.approve(name)
@@ -410,22 +457,38 @@ def decision_trial(k: Cluster, session: str, i: int, suspend: bool) -> float:
         st = k.get_run(name).get("status") or {}
         suspended = any(c.get("type") == "Suspended" and c.get("status") == "True" for c in st.get("conditions") or [])
         return st.get("phase") == "WaitingForApproval" and suspended == suspend
+
     wait_for(f"{name} waiting{' and suspended' if suspend else ''}", ready, 240, 0.2)
     if not suspend:
         wait_for("the runner to listen", lambda: (k.get_run(name).get("status") or {}).get("awaiting") == CALL, 60, 0.1)
     t = time.time()
     k.approve(name)
-    [[started]] = wait_for("the refund call to start", lambda: (r := k.sql(
-        "SELECT extract(epoch FROM started_at)::float8 FROM agentfast_tool_calls WHERE run_id = %s AND call_id = %s"
-        " AND started_at IS NOT NULL", run_id, CALL)) and r, 120, 0.1)
+    [[started]] = wait_for(
+        "the refund call to start",
+        lambda: (
+            (
+                r := k.sql(
+                    "SELECT extract(epoch FROM started_at)::float8 FROM agentfast_tool_calls WHERE run_id = %s AND call_id = %s"
+                    " AND started_at IS NOT NULL",
+                    run_id,
+                    CALL,
+                )
+            )
+            and r
+        ),
+        120,
+        0.1,
+    )
     wait_for(f"{name} Succeeded", lambda: (k.get_run(name).get("status") or {}).get("phase") == "Succeeded", 180, 0.2)
     log(f"decision {'suspended' if suspend else 'runner present'} {i}: {started - t:.2f} s")
     return started - t
 
 
 def bench_decisions(k: Cluster, session: str, reps: int) -> dict[str, Any]:
-    return {key: spread([decision_trial(k, session, i, key == "suspended") for i in range(reps)])
-            for key in ("runner_present", "suspended")}
+    return {
+        key: spread([decision_trial(k, session, i, key == "suspended") for i in range(reps)])
+        for key in ("runner_present", "suspended")
+    }
 
 
 def bench_losses(k: Cluster, session: str, reps: int, losses: int = 5) -> dict[str, Any]:
@@ -433,8 +496,14 @@ def bench_losses(k: Cluster, session: str, reps: int, losses: int = 5) -> dict[s
     for kind in ("delete", "evict", "kill"):
         trials = [loss_trial(k, session, kind, i, losses) for i in range(reps)]
         every = [t for tr in trials for t in tr]
-        out[kind] = {"trials": trials, "first": spread([tr[0] for tr in trials]), "fifth": spread([tr[-1] for tr in trials]),
-                     "all": spread(every), "p50": pct(every, 50), "p99": pct(every, 99)}
+        out[kind] = {
+            "trials": trials,
+            "first": spread([tr[0] for tr in trials]),
+            "fifth": spread([tr[-1] for tr in trials]),
+            "all": spread(every),
+            "p50": pct(every, 50),
+            "p99": pct(every, 99),
+        }
     return out
 
 
@@ -457,15 +526,26 @@ def capacity(k: Cluster) -> dict[str, int]:
                 used_m += int(req[:-1]) if req.endswith("m") else int(float(req) * 1000)
     free_pods = alloc_pods - len(pods) - 2  # headroom: an operator/postgres restart must still fit
     free_cpu_runs = (alloc_cpu_m - used_m) // RUNNER_CPU_REQUEST_M
-    return {"alloc_pods": alloc_pods, "running_pods": len(pods), "alloc_cpu_m": alloc_cpu_m, "requested_cpu_m": used_m,
-            "max_by_pods": free_pods, "max_by_cpu": free_cpu_runs, "max": min(free_pods, free_cpu_runs)}
+    return {
+        "alloc_pods": alloc_pods,
+        "running_pods": len(pods),
+        "alloc_cpu_m": alloc_cpu_m,
+        "requested_cpu_m": used_m,
+        "max_by_pods": free_pods,
+        "max_by_cpu": free_cpu_runs,
+        "max": min(free_pods, free_cpu_runs),
+    }
 
 
 def waiting_cost(k: Cluster, session: str) -> dict[str, int]:
     """What the session's waiting runs hold now: runner pods not ended (Pending or Running), the
     CPU they request (m), and the runners' Postgres sessions (runner roles, ``agentfast_r_*``)."""
     pods = [p for p in k.runner_pods(f"{SESSION_LABEL}={session}") if p.status.phase not in ("Succeeded", "Failed")]
-    cpu_m = sum(int(str(((c.resources and c.resources.requests) or {}).get("cpu", "0m")).rstrip("m") or 0) for p in pods for c in p.spec.containers)
+    cpu_m = sum(
+        int(str(((c.resources and c.resources.requests) or {}).get("cpu", "0m")).rstrip("m") or 0)
+        for p in pods
+        for c in p.spec.containers
+    )
     [[conns]] = k.sql("SELECT count(*) FROM pg_stat_activity WHERE usename LIKE 'agentfast_r_%%'")
     return {"live_runner_pods": len(pods), "requested_cpu_m": cpu_m, "runner_pg_sessions": int(conns)}
 
@@ -480,8 +560,12 @@ def bench_scale(k: Cluster, session: str, n_req: int, suspend_after: int = 0) ->
         log(f"capping N={n_req} to {n}: {cap}")
     pid = kopf_pid()
     op_before = proc_status(pid) if pid else {}
-    others = [r for r in k.custom.list_namespaced_custom_object(GROUP, VERSION, NS, PLURAL)["items"]
-              if (r.get("status") or {}).get("phase") not in ("Succeeded", "Failed") and SESSION_LABEL not in (r["metadata"].get("labels") or {})]
+    others = [
+        r
+        for r in k.custom.list_namespaced_custom_object(GROUP, VERSION, NS, PLURAL)["items"]
+        if (r.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        and SESSION_LABEL not in (r["metadata"].get("labels") or {})
+    ]
     k._count()
     own0 = k.own_requests
     req0 = k.request_totals()
@@ -523,14 +607,26 @@ def bench_scale(k: Cluster, session: str, n_req: int, suspend_after: int = 0) ->
         k.create_run(nm, session, suspend_after)
     t_created = time.time()
     log(f"created {n} AgentRuns in {t_created - t0:.1f}s")
-    t_all_wfa = poll_until(lambda: all("WaitingForApproval" in s or "Succeeded" in s or "Failed" in s for s in seen.values()), 900)
+    t_all_wfa = poll_until(
+        lambda: all("WaitingForApproval" in s or "Succeeded" in s or "Failed" in s for s in seen.values()), 900
+    )
     log(f"all waiting for approval after {t_all_wfa - t0:.1f}s")
     suspended: dict[str, Any] = {}
     if suspend_after:
+
         def all_suspended() -> bool:
             items = k.list_runs(session)
-            return sum(any(c.get("type") == "Suspended" and c.get("status") == "True" for c in (r.get("status") or {}).get("conditions") or [])
-                       for r in items) >= n
+            return (
+                sum(
+                    any(
+                        c.get("type") == "Suspended" and c.get("status") == "True"
+                        for c in (r.get("status") or {}).get("conditions") or []
+                    )
+                    for r in items
+                )
+                >= n
+            )
+
         suspended["all_suspended_s"] = wait_for("every run Suspended", all_suspended, 600, 1.0) and time.time() - t0
         time.sleep(3.0)  # the last runners' exits reach the kubelet and Postgres
         suspended["held_while_waiting"] = waiting_cost(k, session)
@@ -548,15 +644,21 @@ def bench_scale(k: Cluster, session: str, n_req: int, suspend_after: int = 0) ->
     req1 = k.request_totals()
     op_after = proc_status(pid) if pid else {}
     pid_after = kopf_pid()
-    rows = k.sql("SELECT run_id, max(saved_at) FROM agentfast_checkpoints WHERE run_id LIKE %s AND phase = 'Succeeded' GROUP BY run_id",
-                 f"{NS}/csb-{session}-s%")
+    rows = k.sql(
+        "SELECT run_id, max(saved_at) FROM agentfast_checkpoints WHERE run_id LIKE %s AND phase = 'Succeeded' GROUP BY run_id",
+        f"{NS}/csb-{session}-s%",
+    )
     saved = {r[0].split("/", 1)[1]: r[1] / 1000 for r in rows}
     lags = [seen[nm]["Succeeded"] - saved[nm] for nm in names if "Succeeded" in seen[nm] and nm in saved]
     # the same lag for the first WaitingForApproval checkpoint (the runner's commit vs the status)
-    rows = k.sql("SELECT run_id, min(saved_at) FROM agentfast_checkpoints WHERE run_id LIKE %s AND phase = 'WaitingForApproval' GROUP BY run_id",
-                 f"{NS}/csb-{session}-s%")
+    rows = k.sql(
+        "SELECT run_id, min(saved_at) FROM agentfast_checkpoints WHERE run_id LIKE %s AND phase = 'WaitingForApproval' GROUP BY run_id",
+        f"{NS}/csb-{session}-s%",
+    )
     saved_wfa = {r[0].split("/", 1)[1]: r[1] / 1000 for r in rows}
-    wfa_lags = [seen[nm]["WaitingForApproval"] - saved_wfa[nm] for nm in names if "WaitingForApproval" in seen[nm] and nm in saved_wfa]
+    wfa_lags = [
+        seen[nm]["WaitingForApproval"] - saved_wfa[nm] for nm in names if "WaitingForApproval" in seen[nm] and nm in saved_wfa
+    ]
     wfa_commit = [saved_wfa[nm] - t0 for nm in names if nm in saved_wfa]
     succeeded = sum("Succeeded" in s for s in seen.values())
     wfa = [s["WaitingForApproval"] - t0 for s in seen.values() if "WaitingForApproval" in s]
@@ -564,8 +666,13 @@ def bench_scale(k: Cluster, session: str, n_req: int, suspend_after: int = 0) ->
     top = sorted(((r, v) for r, v in delta.items() if r != "_all" and v > 0), key=lambda x: -x[1])[:8]
     hwms = [h for h in runner_hwm.values() if h]
     return {
-        "n_requested": n_req, "n": n, "capacity": cap, "succeeded": succeeded, "other_active_agentruns": len(others),
-        "suspend_after_s": suspend_after, **suspended,
+        "n_requested": n_req,
+        "n": n,
+        "capacity": cap,
+        "succeeded": succeeded,
+        "other_active_agentruns": len(others),
+        "suspend_after_s": suspend_after,
+        **suspended,
         "create_s": t_created - t0,
         "create_to_waiting_s": spread(wfa),
         "all_waiting_s": t_all_wfa - t0,
@@ -574,15 +681,40 @@ def bench_scale(k: Cluster, session: str, n_req: int, suspend_after: int = 0) ->
         "total_s": t_all_done - t0,
         "create_to_waiting_commit_s": spread(wfa_commit),
         "waiting_status_lag_s": spread(wfa_lags),
-        "per_run": {nm: {"seen": {ph: t - t0 for ph, t in seen[nm].items()}, "waiting_commit": saved_wfa.get(nm, math.nan) - t0,
-                         "succeeded_commit": saved.get(nm, math.nan) - t0} for nm in names},
-        "status_lag_s": {"n": len(lags), "p50": pct(lags, 50), "p95": pct(lags, 95), "max": max(lags) if lags else math.nan,
-                          "min": min(lags) if lags else math.nan},
-        "operator": {"pid": pid, "pid_after": pid_after, "vmhwm_before": op_before.get("VmHWM"), "vmhwm_after": op_after.get("VmHWM"),
-                     "vmrss_before": op_before.get("VmRSS"), "vmrss_peak_sampled": op_rss_peak},
-        "runner_vmhwm": {"processes": len(hwms), "median": statistics.median(hwms) if hwms else None, "max": max(hwms) if hwms else None},
-        "api_requests": {"total_delta": delta.get("_all", 0), "own": own, "per_run_excl_own": (delta.get("_all", 0) - own) / n,
-                         "top_resources": top},
+        "per_run": {
+            nm: {
+                "seen": {ph: t - t0 for ph, t in seen[nm].items()},
+                "waiting_commit": saved_wfa.get(nm, math.nan) - t0,
+                "succeeded_commit": saved.get(nm, math.nan) - t0,
+            }
+            for nm in names
+        },
+        "status_lag_s": {
+            "n": len(lags),
+            "p50": pct(lags, 50),
+            "p95": pct(lags, 95),
+            "max": max(lags) if lags else math.nan,
+            "min": min(lags) if lags else math.nan,
+        },
+        "operator": {
+            "pid": pid,
+            "pid_after": pid_after,
+            "vmhwm_before": op_before.get("VmHWM"),
+            "vmhwm_after": op_after.get("VmHWM"),
+            "vmrss_before": op_before.get("VmRSS"),
+            "vmrss_peak_sampled": op_rss_peak,
+        },
+        "runner_vmhwm": {
+            "processes": len(hwms),
+            "median": statistics.median(hwms) if hwms else None,
+            "max": max(hwms) if hwms else None,
+        },
+        "api_requests": {
+            "total_delta": delta.get("_all", 0),
+            "own": own,
+            "per_run_excl_own": (delta.get("_all", 0) - own) / n,
+            "top_resources": top,
+        },
     }
 
 
@@ -612,41 +744,58 @@ def report(res: dict[str, Any]) -> str:
             out.append(f"| {label} | {fmt(s[key])} |")
         out.append("")
     if "losses" in res:
-        out += ["| loss → replacement runner's takeover commit, s | p50 | p99 | first loss (median) | fifth loss (median) | n |",
-                "|---|---|---|---|---|---|"]
+        out += [
+            "| loss → replacement runner's takeover commit, s | p50 | p99 | first loss (median) | fifth loss (median) | n |",
+            "|---|---|---|---|---|---|",
+        ]
         for kind, r in res["losses"].items():
-            out.append(f"| {kind} | {r['p50']:.2f} | {r['p99']:.2f} | {r['first']['median']:.2f} | {r['fifth']['median']:.2f} | {r['all']['n']} |")
+            out.append(
+                f"| {kind} | {r['p50']:.2f} | {r['p99']:.2f} | {r['first']['median']:.2f} | {r['fifth']['median']:.2f} | {r['all']['n']} |"
+            )
         out.append("")
     if "decisions" in res:
         d = res["decisions"]
-        out += ["| approve (kubectl patch) → the approved tool call started (median (min–max, n)) | value |", "|---|---|",
-                f"| the runner still waiting in its pod | {fmt(d['runner_present'])} |",
-                f"| the run suspended (its pod released) | {fmt(d['suspended'])} |", ""]
+        out += [
+            "| approve (kubectl patch) → the approved tool call started (median (min–max, n)) | value |",
+            "|---|---|",
+            f"| the runner still waiting in its pod | {fmt(d['runner_present'])} |",
+            f"| the run suspended (its pod released) | {fmt(d['suspended'])} |",
+            "",
+        ]
     if "scale" in res:
         c = res["scale"]
         lag = c["status_lag_s"]
         api = c["api_requests"]
-        out += ["| N concurrent AgentRuns | value |", "|---|---|",
-                f"| N (requested → run; capacity) | {c['n_requested']} → {c['n']}; {c['capacity']} |",
-                f"| succeeded | {c['succeeded']}/{c['n']} (other active AgentRuns in the namespace: {c['other_active_agentruns']}) |",
-                f"| create all (API) | {c['create_s']:.1f} s |",
-                f"| create → WaitingForApproval per run | {fmt(c['create_to_waiting_s'])}, p95 {c['create_to_waiting_s'].get('p95', math.nan):.1f} s |",
-                f"| create → runner's WaitingForApproval commit per run | {fmt(c['create_to_waiting_commit_s'])} |",
-                f"| WaitingForApproval status lag (status seen − runner commit) | {fmt(c['waiting_status_lag_s'])}, p95 {c['waiting_status_lag_s'].get('p95', math.nan):.2f} s |",
-                f"| create → all WaitingForApproval | {c['all_waiting_s']:.1f} s |",
-                *([f"| suspendAfter {c['suspend_after_s']} s: create → all Suspended | {c['all_suspended_s']:.1f} s |",
-                   f"| held by the N suspended runs: live runner pods / requested CPU / runner Postgres sessions |"
-                   f" {c['held_while_waiting']['live_runner_pods']} / {c['held_while_waiting']['requested_cpu_m']}m /"
-                   f" {c['held_while_waiting']['runner_pg_sessions']} |"] if c.get("suspend_after_s") else []),
-                f"| approve all (N patches) | {c['approve_patches_s']:.1f} s |",
-                f"| approve → all Succeeded | {c['approve_to_all_done_s']:.1f} s |",
-                f"| total, create → all Succeeded | {c['total_s']:.1f} s |",
-                f"| status lag p50 / p95 / max (n={lag['n']}) | {lag['p50']:.2f} / {lag['p95']:.2f} / {lag['max']:.2f} s (min {lag['min']:.2f}) |",
-                f"| operator VmHWM before → after | {mib(c['operator']['vmhwm_before'])} → {mib(c['operator']['vmhwm_after'])} (pid {c['operator']['pid']}→{c['operator']['pid_after']}) |",
-                f"| runner VmHWM median / max ({c['runner_vmhwm']['processes']} processes) | {mib(c['runner_vmhwm']['median'])} / {mib(c['runner_vmhwm']['max'])} |",
-                f"| apiserver requests: all clients / this script / per run excl. script | {api['total_delta']:.0f} / {api['own']} / {api['per_run_excl_own']:.1f} |",
-                f"| top resources by requests | {', '.join('%s=%.0f' % (r or '(none)', v) for r, v in api['top_resources'])} |",
-                ""]
+        out += [
+            "| N concurrent AgentRuns | value |",
+            "|---|---|",
+            f"| N (requested → run; capacity) | {c['n_requested']} → {c['n']}; {c['capacity']} |",
+            f"| succeeded | {c['succeeded']}/{c['n']} (other active AgentRuns in the namespace: {c['other_active_agentruns']}) |",
+            f"| create all (API) | {c['create_s']:.1f} s |",
+            f"| create → WaitingForApproval per run | {fmt(c['create_to_waiting_s'])}, p95 {c['create_to_waiting_s'].get('p95', math.nan):.1f} s |",
+            f"| create → runner's WaitingForApproval commit per run | {fmt(c['create_to_waiting_commit_s'])} |",
+            f"| WaitingForApproval status lag (status seen − runner commit) | {fmt(c['waiting_status_lag_s'])}, p95 {c['waiting_status_lag_s'].get('p95', math.nan):.2f} s |",
+            f"| create → all WaitingForApproval | {c['all_waiting_s']:.1f} s |",
+            *(
+                [
+                    f"| suspendAfter {c['suspend_after_s']} s: create → all Suspended | {c['all_suspended_s']:.1f} s |",
+                    f"| held by the N suspended runs: live runner pods / requested CPU / runner Postgres sessions |"
+                    f" {c['held_while_waiting']['live_runner_pods']} / {c['held_while_waiting']['requested_cpu_m']}m /"
+                    f" {c['held_while_waiting']['runner_pg_sessions']} |",
+                ]
+                if c.get("suspend_after_s")
+                else []
+            ),
+            f"| approve all (N patches) | {c['approve_patches_s']:.1f} s |",
+            f"| approve → all Succeeded | {c['approve_to_all_done_s']:.1f} s |",
+            f"| total, create → all Succeeded | {c['total_s']:.1f} s |",
+            f"| status lag p50 / p95 / max (n={lag['n']}) | {lag['p50']:.2f} / {lag['p95']:.2f} / {lag['max']:.2f} s (min {lag['min']:.2f}) |",
+            f"| operator VmHWM before → after | {mib(c['operator']['vmhwm_before'])} → {mib(c['operator']['vmhwm_after'])} (pid {c['operator']['pid']}→{c['operator']['pid_after']}) |",
+            f"| runner VmHWM median / max ({c['runner_vmhwm']['processes']} processes) | {mib(c['runner_vmhwm']['median'])} / {mib(c['runner_vmhwm']['max'])} |",
+            f"| apiserver requests: all clients / this script / per run excl. script | {api['total_delta']:.0f} / {api['own']} / {api['per_run_excl_own']:.1f} |",
+            f"| top resources by requests | {', '.join('%s=%.0f' % (r or '(none)', v) for r, v in api['top_resources'])} |",
+            "",
+        ]
     return "\n".join(out)
 
 
@@ -656,8 +805,12 @@ def main() -> None:
     ap.add_argument("--resume-reps", type=int, default=5)
     ap.add_argument("--skip-resume", action="store_true")
     ap.add_argument("--skip-scale", action="store_true")
-    ap.add_argument("--suspend-after", type=int, default=0,
-                    help="scale: the runs release their pods after waiting this long, s, and what they hold is counted (0: they keep them)")
+    ap.add_argument(
+        "--suspend-after",
+        type=int,
+        default=0,
+        help="scale: the runs release their pods after waiting this long, s, and what they hold is counted (0: they keep them)",
+    )
     ap.add_argument("--loss-reps", type=int, default=2, help="runs per kind of loss (each loses its runner 5 times)")
     ap.add_argument("--skip-losses", action="store_true")
     ap.add_argument("--decision-reps", type=int, default=3, help="approvals timed with the runner present, and as many suspended")
@@ -666,7 +819,11 @@ def main() -> None:
     k = Cluster()
     session = uuid.uuid4().hex[:6]
     log(f"session {session}; AgentRuns are labelled {SESSION_LABEL}={session}")
-    res: dict[str, Any] = {"machine": machine(), "session": session, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    res: dict[str, Any] = {
+        "machine": machine(),
+        "session": session,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     try:
         k.give_example_tools()
         if not a.skip_losses:

@@ -81,8 +81,12 @@ class SaverThread:
         cp["channel_values"] = {"messages": list(self.messages)}
         cp["channel_versions"] = {"messages": self.version}
         self.checkpoint = cp
-        self.config = saver.put({"configurable": {"thread_id": self.thread_id, "checkpoint_ns": ""}}, cp,
-                                {"source": "input", "step": -1, "parents": {}}, {"messages": self.version})
+        self.config = saver.put(
+            {"configurable": {"thread_id": self.thread_id, "checkpoint_ns": ""}},
+            cp,
+            {"source": "input", "step": -1, "parents": {}},
+            {"messages": self.version},
+        )
 
     def step_once(self) -> None:
         """One superstep's persistence: the task's writes, then the new checkpoint."""
@@ -106,8 +110,9 @@ class SaverThread:
             "updated_channels": ["messages"],
         }
         self.checkpoint = cp
-        self.config = self.saver.put(self.config, cp, {"source": "loop", "step": self.step, "parents": {}},
-                                     {"messages": self.version})
+        self.config = self.saver.put(
+            self.config, cp, {"source": "loop", "step": self.step, "parents": {}}, {"messages": self.version}
+        )
 
     def row_bytes(self, conn: psycopg.Connection) -> int:
         """Bytes of the rows the last step wrote: the messages blob, the checkpoint, the writes."""
@@ -137,12 +142,20 @@ class AdapterRun:
 
         lease, snap = prefiller.make_run(n, journal=True)
         ns, name = lease.run_id.split("/")
-        run = parse_agentrun({
-            "apiVersion": "agentfast.dev/v1alpha1", "kind": "AgentRun",
-            "metadata": {"name": name, "namespace": ns, "uid": snap.context.session.run_uid},
-            "spec": {"adapter": "langgraph", "graph": {"ref": "agentfast.runner.examples.refund_graph:build"},
-                     "model": {"name": "bench", "script": "refund"}, "input": "bench"},
-        }, check_imports=False)
+        run = parse_agentrun(
+            {
+                "apiVersion": "agentfast.dev/v1alpha1",
+                "kind": "AgentRun",
+                "metadata": {"name": name, "namespace": ns, "uid": snap.context.session.run_uid},
+                "spec": {
+                    "adapter": "langgraph",
+                    "graph": {"ref": "agentfast.runner.examples.refund_graph:build"},
+                    "model": {"name": "bench", "script": "refund"},
+                    "input": "bench",
+                },
+            },
+            check_imports=False,
+        )
         snap.context.session.adapter = "langgraph"
         runner = LangGraphRunner(store, run, model=None, tools=ToolRegistry([]))  # type: ignore[arg-type]
         runner.lease = lease
@@ -157,8 +170,12 @@ class AdapterRun:
         def agent(state):  # noqa: ANN001,ANN202 - no annotations: LangGraph evaluates them
             self.it += 1
             runner.snap.context.counters.iterations = self.it  # as RuntimeChatModel does for a model call
-            return {"messages": [to_langchain_message(m, msg_id=f"agentfast-turn-{self.it}-{i}")
-                                 for i, m in enumerate(iteration_messages(self.it))]}
+            return {
+                "messages": [
+                    to_langchain_message(m, msg_id=f"agentfast-turn-{self.it}-{i}")
+                    for i, m in enumerate(iteration_messages(self.it))
+                ]
+            }
 
         def more(state):  # noqa: ANN001,ANN202
             self.remaining -= 1
@@ -171,7 +188,9 @@ class AdapterRun:
         runner.graph = speed_up_reducers(g.compile(checkpointer=runner.saver))  # as build_graph compiles a user's graph
         self.runner = runner
         self.config = {"configurable": {"thread_id": self.thread_id}, "recursion_limit": 10**6}
-        self.graph_input = {"messages": [to_langchain_message(m, msg_id=f"agentfast-input-{i}") for i, m in enumerate(snap.messages)]}
+        self.graph_input = {
+            "messages": [to_langchain_message(m, msg_id=f"agentfast-input-{i}") for i, m in enumerate(snap.messages)]
+        }
 
     def supersteps(self) -> Iterator[None]:
         """Yields after each superstep has been committed (exactly what the adapter does)."""
@@ -208,8 +227,12 @@ class GraphSteps:
 
         def agent(state):  # noqa: ANN001,ANN202 - no annotations: LangGraph evaluates them
             self.it += 1
-            return {"messages": [to_langchain_message(m, msg_id=f"agentfast-turn-{self.it}-{i}")
-                                 for i, m in enumerate(iteration_messages(self.it))]}
+            return {
+                "messages": [
+                    to_langchain_message(m, msg_id=f"agentfast-turn-{self.it}-{i}")
+                    for i, m in enumerate(iteration_messages(self.it))
+                ]
+            }
 
         def more(state):  # noqa: ANN001,ANN202
             self.remaining -= 1
@@ -225,7 +248,9 @@ class GraphSteps:
 
             speed_up_reducers(self.graph)
         self.config = {"configurable": {"thread_id": self.thread_id}, "recursion_limit": 10**6}
-        self.graph_input = {"messages": [to_langchain_message(m, msg_id=f"agentfast-input-{i}") for i, m in enumerate(transcript(n))]}
+        self.graph_input = {
+            "messages": [to_langchain_message(m, msg_id=f"agentfast-input-{i}") for i, m in enumerate(transcript(n))]
+        }
 
     def supersteps(self) -> Iterator[None]:
         kw = {"durability": "sync"} if self.pg is not None else {}
@@ -263,8 +288,11 @@ class LgResult:
 
     def norm(self, subject: str, n: int) -> float:
         """p50 ÷ the p50 of the floor steps interleaved with it, median over repetitions."""
-        return statistics.median(statistics.median(s) / statistics.median(f)
-                                 for s, f in zip(self.samples[subject][n], self.floor[subject][n]) if s and f)
+        return statistics.median(
+            statistics.median(s) / statistics.median(f)
+            for s, f in zip(self.samples[subject][n], self.floor[subject][n])
+            if s and f
+        )
 
     def growth(self, subject: str, lo: int, hi: int) -> tuple[float, float]:
         """(raw p50 growth, floor-normalised p50 growth) from ``lo`` to ``hi`` messages."""
@@ -332,18 +360,23 @@ def _sizes(conn: psycopg.Connection, subject: str, run: Any) -> tuple[dict[str, 
             """SELECT 'b:' || key, pg_column_size(b.*) FROM agentfast_sdk_blobs b WHERE run_id = %(r)s
                UNION ALL SELECT 'm:' || seq, pg_column_size(m.*) FROM agentfast_messages m WHERE run_id = %(r)s
                UNION ALL SELECT 'c:' || checkpoint_id, pg_column_size(c.*) FROM agentfast_checkpoints c WHERE run_id = %(r)s""",
-            {"r": run_id}).fetchall()
-        state = conn.execute("SELECT pg_column_size(sdk_state) FROM agentfast_checkpoints WHERE run_id = %s "
-                             "ORDER BY checkpoint_id DESC LIMIT 1", (run_id,)).fetchone()[0]
+            {"r": run_id},
+        ).fetchall()
+        state = conn.execute(
+            "SELECT pg_column_size(sdk_state) FROM agentfast_checkpoints WHERE run_id = %s ORDER BY checkpoint_id DESC LIMIT 1",
+            (run_id,),
+        ).fetchone()[0]
     else:
         t = run.thread_id
         rows = conn.execute(
             """SELECT 'b:' || channel || version, pg_column_size(b.*) FROM checkpoint_blobs b WHERE thread_id = %(t)s
                UNION ALL SELECT 'w:' || checkpoint_id || task_id || idx, pg_column_size(w.*) FROM checkpoint_writes w WHERE thread_id = %(t)s
                UNION ALL SELECT 'c:' || checkpoint_id, pg_column_size(c.*) FROM checkpoints c WHERE thread_id = %(t)s""",
-            {"t": t}).fetchall()
-        state = conn.execute("SELECT pg_column_size(c.*) FROM checkpoints c WHERE thread_id = %s ORDER BY checkpoint_id DESC LIMIT 1",
-                             (t,)).fetchone()[0]
+            {"t": t},
+        ).fetchall()
+        state = conn.execute(
+            "SELECT pg_column_size(c.*) FROM checkpoints c WHERE thread_id = %s ORDER BY checkpoint_id DESC LIMIT 1", (t,)
+        ).fetchone()[0]
     return {r[0]: r[1] for r in rows}, float(state)
 
 
@@ -356,6 +389,7 @@ def measure_bytes(lb: _LgBench, subject: str, n: int, k: int) -> tuple[float, fl
     seen: dict[str, int] = {}
     lsn = [0]
     with psycopg.connect(lb.dsn, autocommit=True) as conn:
+
         def on_step(run: Any) -> None:
             now = wal_lsn(conn)
             sizes, state[0] = _sizes(conn, subject, run)
@@ -376,8 +410,14 @@ def write_big_script(path: Path, outputs: int, size: int) -> Path:
     """A scripted model: ``outputs`` turns, each one call of ``blob`` (``size`` bytes), then an answer."""
     import yaml
 
-    turns = [{"content": "Fetching the next export.", "tool_calls": [{"id": "call_a", "name": "blob", "arguments": {"size": size, "seed": i}}],
-              "usage": {"prompt_tokens": 900, "completion_tokens": 100}} for i in range(1, outputs + 1)]
+    turns = [
+        {
+            "content": "Fetching the next export.",
+            "tool_calls": [{"id": "call_a", "name": "blob", "arguments": {"size": size, "seed": i}}],
+            "usage": {"prompt_tokens": 900, "completion_tokens": 100},
+        }
+        for i in range(1, outputs + 1)
+    ]
     turns.append({"content": "All exports fetched.", "usage": {"prompt_tokens": 900, "completion_tokens": 20}})
     path.write_text(yaml.safe_dump({"model": "scripted-bench", "turns": turns}, sort_keys=False))
     return path
@@ -416,12 +456,19 @@ def run_big(dsn: str, workdir: Path, outputs: int, size: int) -> dict[str, dict[
                         + (SELECT coalesce(sum(pg_column_size(t.*)), 0) FROM agentfast_checkpoints t WHERE run_id = %(r)s)
                         + (SELECT coalesce(sum(pg_column_size(t.*)), 0) FROM agentfast_sdk_blobs t WHERE run_id = %(r)s)
                         + (SELECT coalesce(sum(pg_column_size(t.*)), 0) FROM agentfast_payloads t WHERE run_id = %(r)s)""",
-                {"r": run_id}).fetchone()[0]
-            done = conn.execute("SELECT count(*) FROM agentfast_tool_calls WHERE run_id = %s AND state = 'done'", (run_id,)).fetchone()[0]
+                {"r": run_id},
+            ).fetchone()[0]
+            done = conn.execute(
+                "SELECT count(*) FROM agentfast_tool_calls WHERE run_id = %s AND state = 'done'", (run_id,)
+            ).fetchone()[0]
         if done != outputs:
             raise RuntimeError(f"{name}: {done} of {outputs} outputs done")
-        out[adapter] = {"wall_s": p.ended - p.started, "bytes": float(stored), "outputs": float(done),  # type: ignore[operator]
-                        "peak_mib": p.maxrss_kib / 1024}
+        out[adapter] = {
+            "wall_s": p.ended - p.started,
+            "bytes": float(stored),
+            "outputs": float(done),  # type: ignore[operator]
+            "peak_mib": p.maxrss_kib / 1024,
+        }
     return out
 
 
@@ -442,8 +489,8 @@ def run(dsn: str, workdir: Path, cfg: LgConfig, log: Any) -> LgResult:
         for s in subjects:  # warm-up: imports, compiles, prepared statements
             lb.block(s, cfg.lengths[0], 3)
         for rep in range(cfg.reps):
-            for n in (cfg.lengths if rep % 2 == 0 else list(reversed(cfg.lengths))):
-                for s in subjects[rep % len(subjects):] + subjects[: rep % len(subjects)]:
+            for n in cfg.lengths if rep % 2 == 0 else list(reversed(cfg.lengths)):
+                for s in subjects[rep % len(subjects) :] + subjects[: rep % len(subjects)]:
                     got, fl, c = lb.block(s, n, cfg.samples)
                     samples[s][n].append(got)
                     floor[s][n].append(fl)

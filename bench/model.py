@@ -42,13 +42,26 @@ from .stats import Spread
 REPO = Path(__file__).resolve().parent.parent
 
 TOOLS = [
-    {"type": "function", "function": {"name": "lookup", "description": "Look an order up by id.",
-                                      "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}},
-                                                     "required": ["order_id"]}}},
-    {"type": "function", "function": {"name": "refund", "description": "Refund an order.",
-                                      "parameters": {"type": "object", "properties": {"order_id": {"type": "string"},
-                                                                                      "amount_cents": {"type": "integer"}},
-                                                     "required": ["order_id", "amount_cents"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look an order up by id.",
+            "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "refund",
+            "description": "Refund an order.",
+            "parameters": {
+                "type": "object",
+                "properties": {"order_id": {"type": "string"}, "amount_cents": {"type": "integer"}},
+                "required": ["order_id", "amount_cents"],
+            },
+        },
+    },
 ]
 
 
@@ -84,20 +97,44 @@ def transcript(n: int) -> list[Any]:
     two tool calls and their two results (~300 bytes each)."""
     from agentfast.runner.snapshot import Message, ToolCall
 
-    msgs = [Message(role="system", content="You are a support agent. Look every order up and refund duplicate charges."),
-            Message(role="user", content="Please check all my recent orders for duplicate charges.")]
+    msgs = [
+        Message(role="system", content="You are a support agent. Look every order up and refund duplicate charges."),
+        Message(role="user", content="Please check all my recent orders for duplicate charges."),
+    ]
     i = 0
     while len(msgs) < n:
         i += 1
         a, b = f"call_{i}_a", f"call_{i}_b"
-        msgs.append(Message(role="assistant", content="Checking the order and its charges.", tool_calls=[
-            ToolCall(id=a, name="lookup", arguments=json.dumps({"order_id": f"A-{1000 + i}"})),
-            ToolCall(id=b, name="lookup", arguments=json.dumps({"order_id": f"B-{1000 + i}"}))]))
+        msgs.append(
+            Message(
+                role="assistant",
+                content="Checking the order and its charges.",
+                tool_calls=[
+                    ToolCall(id=a, name="lookup", arguments=json.dumps({"order_id": f"A-{1000 + i}"})),
+                    ToolCall(id=b, name="lookup", arguments=json.dumps({"order_id": f"B-{1000 + i}"})),
+                ],
+            )
+        )
         for cid, order in ((a, f"A-{1000 + i}"), (b, f"B-{1000 + i}")):
-            msgs.append(Message(role="tool", tool_call_id=cid, name="lookup", content=json.dumps({
-                "order_id": order, "status": "charged", "amount_cents": 4999, "currency": "EUR",
-                "charges": [{"id": f"ch_{i}_{k}", "at": "2026-11-30T12:00:00Z", "amount_cents": 4999} for k in range(2)],
-                "customer": {"name": "Zoë Example", "email": "zoe@example.com"}})))
+            msgs.append(
+                Message(
+                    role="tool",
+                    tool_call_id=cid,
+                    name="lookup",
+                    content=json.dumps(
+                        {
+                            "order_id": order,
+                            "status": "charged",
+                            "amount_cents": 4999,
+                            "currency": "EUR",
+                            "charges": [
+                                {"id": f"ch_{i}_{k}", "at": "2026-11-30T12:00:00Z", "amount_cents": 4999} for k in range(2)
+                            ],
+                            "customer": {"name": "Zoë Example", "email": "zoe@example.com"},
+                        }
+                    ),
+                )
+            )
     return msgs[:n]
 
 
@@ -106,14 +143,26 @@ class _Server:
 
     def __init__(self, workdir: Path, turns: int):
         script = workdir / "model-bench-script.json"  # JSON is YAML
-        script.write_text(json.dumps({"model": "scripted-bench", "turns": [
-            {"content": "ok", "usage": {"prompt_tokens": 900, "completion_tokens": 2}} for _ in range(turns)]}))
+        script.write_text(
+            json.dumps(
+                {
+                    "model": "scripted-bench",
+                    "turns": [{"content": "ok", "usage": {"prompt_tokens": 900, "completion_tokens": 2}} for _ in range(turns)],
+                }
+            )
+        )
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "agentfast.runner.scripted", "--script", str(script), "--port", str(port)],
-                                     env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agentfast.runner.scripted", "--script", str(script), "--port", str(port)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         line = self.proc.stdout.readline()  # type: ignore[union-attr]
         if "serving at" not in line:
             self.stop()
@@ -138,8 +187,9 @@ def run(workdir: Path, config: ModelCallConfig, log: Callable[[str], None]) -> M
     longest = max(config.lengths)
     server = _Server(workdir, longest // 3 + 5)
     paths = ("new", "old", "post", "floor")
-    res = ModelCallResult(config, {p: {n: [] for n in config.lengths} for p in paths},
-                          {p: {n: [] for n in config.lengths} for p in paths})
+    res = ModelCallResult(
+        config, {p: {n: [] for n in config.lengths} for p in paths}, {p: {n: [] for n in config.lengths} for p in paths}
+    )
     transcripts = {n: transcript(n) for n in config.lengths}
     try:
         with OpenAIChatModel(base_url=server.base_url, api_key="bench", model="scripted-bench", max_retries=0) as model:
@@ -160,8 +210,14 @@ def run(workdir: Path, config: ModelCallConfig, log: Callable[[str], None]) -> M
                 from openai._base_client import make_request_options
                 from openai.types.chat import ChatCompletion
 
-                model._reply(client.post("/chat/completions", cast_to=ChatCompletion, content=bodies[len(msgs)],
-                                         options=make_request_options(security={"bearer_auth": True})))
+                model._reply(
+                    client.post(
+                        "/chat/completions",
+                        cast_to=ChatCompletion,
+                        content=bodies[len(msgs)],
+                        options=make_request_options(security={"bearer_auth": True}),
+                    )
+                )
 
             def floor(msgs: list[Any]) -> None:
                 raw.request("POST", "/v1/chat/completions", body=bodies[len(msgs)], headers=headers)
@@ -191,8 +247,10 @@ def run(workdir: Path, config: ModelCallConfig, log: Callable[[str], None]) -> M
                         res.wall_ms[path][n].append(statistics.median(wall))
             lo, hi = min(config.lengths), max(config.lengths)
             raw.close()
-            log(f"  model: client CPU growth {lo:,} -> {hi:,} messages: new {res.growth('new').fmt(2, 'x')}, "
-                f"old {res.growth('old').fmt(1, 'x')}, post {res.growth('post').fmt(2, 'x')}, floor {res.growth('floor').fmt(2, 'x')}")
+            log(
+                f"  model: client CPU growth {lo:,} -> {hi:,} messages: new {res.growth('new').fmt(2, 'x')}, "
+                f"old {res.growth('old').fmt(1, 'x')}, post {res.growth('post').fmt(2, 'x')}, floor {res.growth('floor').fmt(2, 'x')}"
+            )
     finally:
         server.stop()
     return res

@@ -49,8 +49,11 @@ from .pg import wal_lsn
 from .stats import Spread
 
 SUBJECTS = ["small", "large", "inline"]
-LABELS = {"small": "baseline: ~300 B output", "large": "2 MiB output, stored once (as shipped)",
-          "inline": "2 MiB output, inline (threshold above it)"}
+LABELS = {
+    "small": "baseline: ~300 B output",
+    "large": "2 MiB output, stored once (as shipped)",
+    "inline": "2 MiB output, inline (threshold above it)",
+}
 SMALL_BYTES = 300
 HOT = """SELECT (SELECT coalesce(sum(pg_column_size(t.*)), 0) FROM agentfast_tool_calls t WHERE run_id = %(r)s AND iteration = %(i)s)
               + (SELECT coalesce(sum(pg_column_size(m.*)), 0) FROM agentfast_messages m WHERE run_id = %(r)s AND iteration = %(i)s)
@@ -87,7 +90,9 @@ class PayloadsResult:
 
     def write_ratio(self) -> Spread:
         """Per repetition: p50 write time of a 2 MiB iteration, stored once ÷ inline."""
-        return Spread.of(statistics.median(a) / statistics.median(b) for a, b in zip(self.write_s["large"], self.write_s["inline"]))
+        return Spread.of(
+            statistics.median(a) / statistics.median(b) for a, b in zip(self.write_s["large"], self.write_s["inline"])
+        )
 
     def ok(self) -> bool:
         return self.hot_ratio() <= 1.1 and self.growth_ratio("large").median <= 1.1 and self.write_ratio().median <= 1.0
@@ -107,8 +112,14 @@ class _Run:
         store.create_run(self.run_id, self.uid, {"bench": True})
         self.lease: Lease = store.acquire_lease(self.run_id)
         ctx = RunContext(session=Session(run_uid=self.uid, model="bench-model"), status=RunStatus(phase="Running"))
-        self.snap = StateSnapshot(run_id=self.run_id, context=ctx, messages=[
-            Message(role="system", content="You are a research agent."), Message(role="user", content="Fetch the report.")])
+        self.snap = StateSnapshot(
+            run_id=self.run_id,
+            context=ctx,
+            messages=[
+                Message(role="system", content="You are a research agent."),
+                Message(role="user", content="Fetch the report."),
+            ],
+        )
         store.commit_checkpoint(self.lease, self.snap, stored_messages=0)
 
     def iteration(self) -> float:
@@ -117,10 +128,26 @@ class _Run:
         content = _output(self.size, f"{self.run_id}/{it}")  # made before the clock starts: the tool's work
         call = ToolCall(id=f"c{it}", name="fetch_report", arguments='{"page": %d}' % it)
         message = Message(role="assistant", content="Fetching the next page.", tool_calls=[call])
-        entry = JournalEntry(iteration=it, position=0, call_id=call_id(it, 0), idempotency_key=idempotency_key(self.uid, it, 0),
-                             tool_call=call, gated=False, idempotent=True, state="planned", attempts=0, result=None)
-        result = ToolResult(call_id=entry.call_id, position=0, tool_call_id=call.id, tool_name=call.name, content=content,
-                            idempotency_key=entry.idempotency_key)
+        entry = JournalEntry(
+            iteration=it,
+            position=0,
+            call_id=call_id(it, 0),
+            idempotency_key=idempotency_key(self.uid, it, 0),
+            tool_call=call,
+            gated=False,
+            idempotent=True,
+            state="planned",
+            attempts=0,
+            result=None,
+        )
+        result = ToolResult(
+            call_id=entry.call_id,
+            position=0,
+            tool_call_id=call.id,
+            tool_name=call.name,
+            content=content,
+            idempotency_key=entry.idempotency_key,
+        )
         t0 = time.perf_counter()
         turn, _ = self.store.save_turn_and_mark_started(self.lease, Turn(it, message, 900, 100), [entry], 0)
         stored_result = self.store.record_result(self.lease, it, 0, result)
@@ -151,7 +178,7 @@ def run(new_database: Callable[[str], str], cfg: PayloadsConfig, log: Callable[[
             res.write_s[s], res.hot_bytes[s], res.wal_bytes[s], res.growth_bytes[s], res.load_ms[s] = [], [], [], [], []
             res.output_bytes[s] = sizes[s] * cfg.iterations
         for rep in range(cfg.reps):
-            order = SUBJECTS[rep % 3:] + SUBJECTS[:rep % 3]
+            order = SUBJECTS[rep % 3 :] + SUBJECTS[: rep % 3]
             runs = {s: _Run(stores[s], sizes[s]) for s in order}
             before = {s: _db_size(conns[s]) for s in order}
             times: dict[str, list[float]] = {s: [] for s in order}
@@ -169,8 +196,10 @@ def run(new_database: Callable[[str], str], cfg: PayloadsConfig, log: Callable[[
                 loaded = stores[s].load_snapshot(runs[s].run_id)
                 res.load_ms[s].append((time.perf_counter() - t0) * 1000)
                 assert loaded is not None and loaded.messages[-1].content == runs[s].snap.messages[-1].content  # resolved, whole
-            log(f"payloads: repetition {rep + 1}/{cfg.reps}: p50 ms " +
-                ", ".join(f"{s} {statistics.median(times[s]) * 1000:.1f}" for s in SUBJECTS))
+            log(
+                f"payloads: repetition {rep + 1}/{cfg.reps}: p50 ms "
+                + ", ".join(f"{s} {statistics.median(times[s]) * 1000:.1f}" for s in SUBJECTS)
+            )
         # The ceiling: a value over max_bytes is refused before anything is written, never retried.
         with Store(new_database("pay_ceiling"), payload_limits=Limits(max_bytes=1 << 20)) as st:
             st.migrate()

@@ -45,8 +45,18 @@ class BenchServer:
         return self.dsn_for(name)
 
     def settings(self) -> dict[str, str]:
-        keys = ["server_version", "fsync", "synchronous_commit", "wal_sync_method", "full_page_writes", "shared_buffers",
-                "max_connections", "wal_level", "checkpoint_timeout", "max_wal_size"]
+        keys = [
+            "server_version",
+            "fsync",
+            "synchronous_commit",
+            "wal_sync_method",
+            "full_page_writes",
+            "shared_buffers",
+            "max_connections",
+            "wal_level",
+            "checkpoint_timeout",
+            "max_wal_size",
+        ]
         with psycopg.connect(self.admin_dsn) as conn:
             return {k: conn.execute(f"SHOW {k}").fetchone()[0] for k in keys}
 
@@ -111,8 +121,22 @@ def wal_lsn(conn: psycopg.Connection) -> int:
 def pgbench_tps(dsn: str, script: Path, clients: int, seconds: float) -> tuple[float, str]:
     """Run pgbench with a custom script; returns (tps, last lines of its output)."""
     info = psycopg.conninfo.conninfo_to_dict(dsn)
-    args = [str(pg_bin("pgbench")), "-n", "-f", str(script), "-c", str(clients), "-j", str(min(clients, 2)),
-            "-T", str(max(1, int(round(seconds)))), "-h", str(info.get("host")), "-U", str(info.get("user") or "postgres")]
+    args = [
+        str(pg_bin("pgbench")),
+        "-n",
+        "-f",
+        str(script),
+        "-c",
+        str(clients),
+        "-j",
+        str(min(clients, 2)),
+        "-T",
+        str(max(1, int(round(seconds)))),
+        "-h",
+        str(info.get("host")),
+        "-U",
+        str(info.get("user") or "postgres"),
+    ]
     if info.get("port"):
         args += ["-p", str(info["port"])]
     args.append(str(info["dbname"]))

@@ -46,18 +46,24 @@ def write_script(path: Path, iterations: int) -> Path:
     """A scripted model: ``iterations`` turns of two tool calls each, then a final answer."""
     turns = []
     for i in range(1, iterations + 1):
-        turns.append({
-            "content": "Checking the order and its charges.",
-            "tool_calls": [{"id": "call_a", "name": "lookup", "arguments": {"order_id": f"A-{1000 + i}"}},
-                           {"id": "call_b", "name": "lookup", "arguments": {"order_id": f"B-{1000 + i}"}}],
-            "usage": {"prompt_tokens": 900, "completion_tokens": 100},
-        })
+        turns.append(
+            {
+                "content": "Checking the order and its charges.",
+                "tool_calls": [
+                    {"id": "call_a", "name": "lookup", "arguments": {"order_id": f"A-{1000 + i}"}},
+                    {"id": "call_b", "name": "lookup", "arguments": {"order_id": f"B-{1000 + i}"}},
+                ],
+                "usage": {"prompt_tokens": 900, "completion_tokens": 100},
+            }
+        )
     turns.append({"content": "All orders checked.", "usage": {"prompt_tokens": 900, "completion_tokens": 20}})
     path.write_text(yaml.safe_dump({"model": "scripted-bench", "turns": turns}, sort_keys=False))
     return path
 
 
-def write_agentrun(path: Path, name: str, script: Path, iterations: int, adapter: str = "vanilla", base_url: str | None = None) -> Path:
+def write_agentrun(
+    path: Path, name: str, script: Path, iterations: int, adapter: str = "vanilla", base_url: str | None = None
+) -> Path:
     """An AgentRun file on the script (the runner serves it itself) or, with ``base_url``, on a
     scripted server already running there, through a ModelConfig document beside the AgentRun
     (the local single-file form; the endpoint needs no key)."""
@@ -68,15 +74,26 @@ def write_agentrun(path: Path, name: str, script: Path, iterations: int, adapter
         "systemPrompt": "You are a support agent. Look every order up.",
         "input": "Please check all my recent orders for duplicate charges.",
         "tools": [{"name": "lookup", "ref": "bench.tools:lookup"}],
-        "budget": {"max_iterations": iterations + 10, "max_tokens": 100_000_000, "max_duration_ms": 3_600_000, "classifier": "none"},
+        "budget": {
+            "max_iterations": iterations + 10,
+            "max_tokens": 100_000_000,
+            "max_duration_ms": 3_600_000,
+            "classifier": "none",
+        },
     }
     if adapter == "langgraph":
         spec["graph"] = {"ref": "agentfast.runner.examples.refund_graph:build"}
     doc = {"apiVersion": "agentfast.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": name}, "spec": spec}
     docs = [doc]
     if base_url:
-        docs.append({"apiVersion": "agentfast.dev/v1alpha1", "kind": "ModelConfig", "metadata": {"name": "bench"},
-                     "spec": {"baseURL": base_url, "models": ["scripted-bench"]}})
+        docs.append(
+            {
+                "apiVersion": "agentfast.dev/v1alpha1",
+                "kind": "ModelConfig",
+                "metadata": {"name": "bench"},
+                "spec": {"baseURL": base_url, "models": ["scripted-bench"]},
+            }
+        )
     path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
     return path
 
@@ -100,8 +117,13 @@ class Proc:
     """A runner process whose output goes to a file and whose rusage is collected by wait4."""
 
     def __init__(self, args: list[str], dsn: str, workdir: Path, tag: str):
-        env = {**os.environ, "AGENTFAST_DSN": dsn, "PYTHONPATH": str(REPO), EXAMPLES_DSN_ENV: _examples_dsn(dsn),
-               "PYTHONPYCACHEPREFIX": str(PYCACHE)}
+        env = {
+            **os.environ,
+            "AGENTFAST_DSN": dsn,
+            "PYTHONPATH": str(REPO),
+            EXAMPLES_DSN_ENV: _examples_dsn(dsn),
+            "PYTHONPYCACHEPREFIX": str(PYCACHE),
+        }
         env.pop("AGENTFAST_FAULT", None)
         # Byte-compiled once, as an installed package is: with PYTHONDONTWRITEBYTECODE (set on the
         # project's machines) every start would compile agentfast's own sources again (~40 ms).
@@ -109,8 +131,14 @@ class Proc:
         self.log_path = workdir / f"{tag}-{uuid.uuid4().hex[:6]}.log"
         self._log = open(self.log_path, "w")
         self.started = time.monotonic()
-        self.popen = subprocess.Popen([sys.executable, *args], env=env, stdin=subprocess.DEVNULL, stdout=self._log,
-                                      stderr=subprocess.STDOUT, cwd=str(workdir))
+        self.popen = subprocess.Popen(
+            [sys.executable, *args],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=str(workdir),
+        )
         self.maxrss_kib = 0
         self.returncode: int | None = None
         self.ended: float | None = None
@@ -190,7 +218,9 @@ def measure_startup(dsn: str, workdir: Path, reps: int) -> dict[str, Any]:
     rss: dict[str, list[float]] = {}
     for rep in range(reps):
         name = f"startup-{rep}-{uuid.uuid4().hex[:6]}"
-        paused = Proc(cli("run", str(example_copy(workdir, "refund.yaml", name)), "--dsn", dsn, "--no-wait"), dsn, workdir, "startup-run")
+        paused = Proc(
+            cli("run", str(example_copy(workdir, "refund.yaml", name)), "--dsn", dsn, "--no-wait"), dsn, workdir, "startup-run"
+        )
         if paused.wait(120) != 0 or "call-2-0" not in paused.output():
             raise RuntimeError(f"the refund run did not pause for approval: {paused.output()[-2000:]}")
         cases = {
@@ -230,7 +260,7 @@ def import_self_ms(importtime: str) -> dict[str, float]:
     by: dict[str, float] = {}
     for line in importtime.splitlines():
         if line.startswith("import time:") and line.count("|") == 2:
-            self_us, _, name = line[len("import time:"):].split("|")
+            self_us, _, name = line[len("import time:") :].split("|")
             if self_us.strip().isdigit():
                 root = name.strip().split(".")[0]
                 by[root] = by.get(root, 0.0) + int(self_us) / 1000
@@ -251,11 +281,15 @@ class ResumeResult:
 def _state(conn: psycopg.Connection, run_id: str) -> tuple[int, int]:
     row = conn.execute(
         "SELECT r.epoch, coalesce((SELECT max(iteration) FROM agentfast_checkpoints c WHERE c.run_id = r.run_id), -1) "
-        "FROM agentfast_runs r WHERE r.run_id = %s", (run_id,)).fetchone()
+        "FROM agentfast_runs r WHERE r.run_id = %s",
+        (run_id,),
+    ).fetchone()
     return (int(row[0]), int(row[1])) if row else (-1, -1)
 
 
-def _wait_for(conn: psycopg.Connection, run_id: str, pred: Callable[[int, int], bool], timeout: float, proc: Proc) -> tuple[int, int]:
+def _wait_for(
+    conn: psycopg.Connection, run_id: str, pred: Callable[[int, int], bool], timeout: float, proc: Proc
+) -> tuple[int, int]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         st = _state(conn, run_id)
@@ -280,8 +314,9 @@ def measure_resume(dsn: str, workdir: Path, reps: int, log: Callable[[str], None
         p = Proc(cli("run", str(manifest), "--dsn", dsn, "--no-wait"), dsn, workdir, "resume-run")
         _wait_for(conn, run_id, lambda e, it: it >= 6, 120, p)
         # The undisturbed iteration time, from the turns' timestamps (one turn per iteration).
-        rows = conn.execute("SELECT extract(epoch FROM created_at) FROM agentfast_turns WHERE run_id = %s ORDER BY iteration",
-                            (run_id,)).fetchall()
+        rows = conn.execute(
+            "SELECT extract(epoch FROM created_at) FROM agentfast_turns WHERE run_id = %s ORDER BY iteration", (run_id,)
+        ).fetchall()
         gaps = [float(b[0] - a[0]) * 1000 for a, b in zip(rows[1:], rows[2:])]
         res.steady_iteration_ms = sorted(gaps)[len(gaps) // 2] if gaps else float("nan")
         for _rep in range(reps):
@@ -336,7 +371,6 @@ class ModelServer:
         return self.proc.maxrss_kib / 1024
 
 
-
 @dataclass
 class RssResult:
     label: str
@@ -362,22 +396,38 @@ def _approve_and_resume(dsn: str, workdir: Path, manifest: Path, name: str, tag:
     if rc != 0:
         raise RuntimeError(f"{tag}: resume exited {rc}:\n{second.output()[-3000:]}")
     wall = time.monotonic() - t0
-    return RssResult(tag, max(first.maxrss_kib, second.maxrss_kib) / 1024, wall, 2,
-                     f"run until the approval pause: {first.maxrss_kib / 1024:.0f} MiB; resume to the end: {second.maxrss_kib / 1024:.0f} MiB")
+    return RssResult(
+        tag,
+        max(first.maxrss_kib, second.maxrss_kib) / 1024,
+        wall,
+        2,
+        f"run until the approval pause: {first.maxrss_kib / 1024:.0f} MiB; resume to the end: {second.maxrss_kib / 1024:.0f} MiB",
+    )
 
 
-def measure_rss(dsn: str, workdir: Path, iterations: int, lg_iterations: int, log: Callable[[str], None], *,
-                langgraph_refund: bool = True) -> list[RssResult]:
+def measure_rss(
+    dsn: str, workdir: Path, iterations: int, lg_iterations: int, log: Callable[[str], None], *, langgraph_refund: bool = True
+) -> list[RssResult]:
     out = []
     base = Proc(["-c", "import agentfast.runner.cli, agentfast.runner.loop, agentfast.runner.model"], dsn, workdir, "rss-base")
     base.wait(60)
     out.append(RssResult("baseline: interpreter + the runner's imports", base.maxrss_kib / 1024, base.ended - base.started, 1))  # type: ignore[operator]
     tag = uuid.uuid4().hex[:6]
-    out.append(_approve_and_resume(dsn, workdir, example_copy(workdir, "refund.yaml", f"refund-{tag}"), f"refund-{tag}",
-                                   "refund demo (vanilla)"))
+    out.append(
+        _approve_and_resume(
+            dsn, workdir, example_copy(workdir, "refund.yaml", f"refund-{tag}"), f"refund-{tag}", "refund demo (vanilla)"
+        )
+    )
     if langgraph_refund:
-        out.append(_approve_and_resume(dsn, workdir, example_copy(workdir, "refund-langgraph.yaml", f"refund-lg-{tag}"),
-                                       f"refund-lg-{tag}", "refund demo (LangGraph adapter)"))
+        out.append(
+            _approve_and_resume(
+                dsn,
+                workdir,
+                example_copy(workdir, "refund-langgraph.yaml", f"refund-lg-{tag}"),
+                f"refund-lg-{tag}",
+                "refund demo (LangGraph adapter)",
+            )
+        )
     log("  rss: refund runs done")
     for adapter, its in (("vanilla", iterations), ("langgraph", lg_iterations)):
         if its <= 0:
@@ -397,16 +447,24 @@ def measure_rss(dsn: str, workdir: Path, iterations: int, lg_iterations: int, lo
         if rc != 0:
             raise RuntimeError(f"{name} exited {rc}:\n{p.output()[-3000:]}")
         with psycopg.connect(dsn) as conn:
-            rows = conn.execute("SELECT extract(epoch FROM created_at) FROM agentfast_turns WHERE run_id = %s ORDER BY iteration",
-                                (f"default/{name}",)).fetchall()
+            rows = conn.execute(
+                "SELECT extract(epoch FROM created_at) FROM agentfast_turns WHERE run_id = %s ORDER BY iteration",
+                (f"default/{name}",),
+            ).fetchall()
             msgs = conn.execute("SELECT count(*) FROM agentfast_messages WHERE run_id = %s", (f"default/{name}",)).fetchone()[0]
         t = [float(r[0]) for r in rows]
         w = max(1, min(100, len(t) // 5))
         early = (t[w] - t[0]) / w * 1000 if len(t) > w else float("nan")
         late = (t[-1] - t[-1 - w]) / w * 1000 if len(t) > w else float("nan")
-        out.append(RssResult(
-            f"scripted run, {its:,} iterations ({adapter})", p.maxrss_kib / 1024, p.ended - p.started, 1,  # type: ignore[operator]
-            f"{len(t)} turns, {msgs:,} messages; mean iteration {early:.0f} ms over the first {w}, {late:.0f} ms over the last {w}; "
-            f"model server in its own process (its peak RSS: {server_mib:.0f} MiB)"))
+        out.append(
+            RssResult(
+                f"scripted run, {its:,} iterations ({adapter})",
+                p.maxrss_kib / 1024,
+                p.ended - p.started,
+                1,  # type: ignore[operator]
+                f"{len(t)} turns, {msgs:,} messages; mean iteration {early:.0f} ms over the first {w}, {late:.0f} ms over the last {w}; "
+                f"model server in its own process (its peak RSS: {server_mib:.0f} MiB)",
+            )
+        )
         log(f"  rss: {its}-iteration {adapter} run done in {p.ended - p.started:.1f}s")  # type: ignore[operator]
     return out

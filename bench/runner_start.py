@@ -39,9 +39,18 @@ RUN_ID = "default/refund-demo"
 
 def _env(dsn: str, examples_dsn: str, pythonpath: str | None, server_dir: Path, *, no_bytecode: bool = False) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTFAST_", "PYTHONPATH", "PYTHONPYCACHEPREFIX"))}
-    env.update({"AGENTFAST_DSN": dsn, EXAMPLES_DSN_ENV: examples_dsn, "HOME": tempfile.gettempdir(), "AGENTFAST_LOG_LEVEL": "INFO",
-                "PYTHONUNBUFFERED": "1", "AGENTFAST_ALLOWED_MODULES": "agentfast.runner.examples",
-                "AGENTFAST_SUSPEND_AFTER_SECONDS": "0", "AGENTFAST_WAIT_FOR_HOLDER_SECONDS": "35"})
+    env.update(
+        {
+            "AGENTFAST_DSN": dsn,
+            EXAMPLES_DSN_ENV: examples_dsn,
+            "HOME": tempfile.gettempdir(),
+            "AGENTFAST_LOG_LEVEL": "INFO",
+            "PYTHONUNBUFFERED": "1",
+            "AGENTFAST_ALLOWED_MODULES": "agentfast.runner.examples",
+            "AGENTFAST_SUSPEND_AFTER_SECONDS": "0",
+            "AGENTFAST_WAIT_FOR_HOLDER_SECONDS": "35",
+        }
+    )
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     if no_bytecode:  # as in an image without .pyc files and a read-only root: every module compiled at every start
@@ -58,13 +67,20 @@ def one_start(admin_dsn: str, env: dict[str, str]) -> float:
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         e0 = conn.execute("SELECT epoch FROM agentfast_runs WHERE run_id = %s", (RUN_ID,)).fetchone()[0]
         t0 = time.time()
-        proc = subprocess.Popen([_agentfast(), "resume", RUN_ID], env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [_agentfast(), "resume", RUN_ID],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         try:
             deadline = time.monotonic() + 60
             while True:
-                row = conn.execute("SELECT min(saved_at) / 1000.0 FROM agentfast_checkpoints"
-                                   " WHERE run_id = %s AND epoch > %s", (RUN_ID, e0)).fetchone()
+                row = conn.execute(
+                    "SELECT min(saved_at) / 1000.0 FROM agentfast_checkpoints WHERE run_id = %s AND epoch > %s", (RUN_ID, e0)
+                ).fetchone()
                 if row[0] is not None:
                     took = float(row[0]) - t0
                     break
@@ -83,10 +99,17 @@ def one_start(admin_dsn: str, env: dict[str, str]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--pythonpath", action="append", default=[],
-                    help="LABEL=DIR: also time the package found in DIR, alternating with this one")
-    ap.add_argument("--no-bytecode", action="store_true",
-                    help="also time each variant with no .pyc to read or write (an image whose __pycache__ was removed)")
+    ap.add_argument(
+        "--pythonpath",
+        action="append",
+        default=[],
+        help="LABEL=DIR: also time the package found in DIR, alternating with this one",
+    )
+    ap.add_argument(
+        "--no-bytecode",
+        action="store_true",
+        help="also time each variant with no .pyc to read or write (an image whose __pycache__ was removed)",
+    )
     args = ap.parse_args()
     server = start_server()
     try:
@@ -103,22 +126,36 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "refund.yaml"
             path.write_text(yaml.safe_dump(doc))
-            first = subprocess.run([_agentfast(), "run", str(path), "--no-wait"], env=_env(admin, examples, None, server.workdir),
-                                   capture_output=True, text=True, timeout=120)
+            first = subprocess.run(
+                [_agentfast(), "run", str(path), "--no-wait"],
+                env=_env(admin, examples, None, server.workdir),
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
         if first.returncode != 0 or "WaitingForApproval" not in first.stdout:
             raise SystemExit(f"the run did not pause:\n{first.stdout}\n{first.stderr}")
         variants = [("this", None)] + [tuple(p.split("=", 1)) for p in args.pythonpath]
         envs = {label: _env(runner_dsn, examples, pp, server.workdir) for label, pp in variants}
         if args.no_bytecode:
-            envs.update({f"{label} (no .pyc)": _env(runner_dsn, examples, pp, server.workdir, no_bytecode=True) for label, pp in variants})
+            envs.update(
+                {f"{label} (no .pyc)": _env(runner_dsn, examples, pp, server.workdir, no_bytecode=True) for label, pp in variants}
+            )
             variants += [(f"{label} (no .pyc)", pp) for label, pp in variants]
         one_start(admin, envs["this"])  # warm the page cache and the server
         figures: dict[str, list[float]] = {label: [] for label, _ in variants}
         for _ in range(args.reps):
             for label, _ in variants:
                 figures[label].append(one_start(admin, envs[label]))
-        print(json.dumps({label: {"median_s": round(statistics.median(v), 3), "runs_s": [round(x, 3) for x in v]}
-                          for label, v in figures.items()}, indent=1))
+        print(
+            json.dumps(
+                {
+                    label: {"median_s": round(statistics.median(v), 3), "runs_s": [round(x, 3) for x in v]}
+                    for label, v in figures.items()
+                },
+                indent=1,
+            )
+        )
     finally:
         server.close()
 

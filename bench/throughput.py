@@ -143,7 +143,8 @@ class WaitSampler:
             while not self._stop.is_set():
                 rows = conn.execute(
                     "SELECT application_name, coalesce(wait_event_type || ':' || wait_event, 'CPU') FROM pg_stat_activity "
-                    "WHERE backend_type = 'client backend' AND state <> 'idle' AND pid <> pg_backend_pid()").fetchall()
+                    "WHERE backend_type = 'client backend' AND state <> 'idle' AND pid <> pg_backend_pid()"
+                ).fetchall()
                 for app, ev in rows:
                     d = self.counts.setdefault(app or "?", {})
                     d[ev] = d.get(ev, 0) + 1
@@ -186,8 +187,10 @@ def run(server: BenchServer, dsn: str, cfg: ThroughputConfig, log: Callable[[str
     store.migrate()
     pf = Prefiller(store, dsn)
     with psycopg.connect(dsn) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS bench_floor (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
-                     "run_id text NOT NULL, payload jsonb NOT NULL)")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS bench_floor (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+            "run_id text NOT NULL, payload jsonb NOT NULL)"
+        )
     script = server.workdir / "pgbench-insert.sql"
     script.write_text(f"INSERT INTO bench_floor (run_id, payload) VALUES ('pgbench', '{FLOOR_PAYLOAD}');\n")
     subjects = ("store", "pgbench", "py_floor")
@@ -222,8 +225,12 @@ def run(server: BenchServer, dsn: str, cfg: ThroughputConfig, log: Callable[[str
     finally:
         store.close()
     waits = sampler.shares()
-    return ThroughputResult(cfg, tps, cpu, {"store": waits.get("store", {}), "pgbench": waits.get("pgbench", {}),
-                                            "py_floor": waits.get("py_floor", {})})
+    return ThroughputResult(
+        cfg,
+        tps,
+        cpu,
+        {"store": waits.get("store", {}), "pgbench": waits.get("pgbench", {}), "py_floor": waits.get("py_floor", {})},
+    )
 
 
 def profile_worker(dsn: str, seconds: float, out_path: Path) -> None:

@@ -20,8 +20,10 @@ def lookup(ctx: ToolContext, order_id: str) -> dict:
         "status": "delivered",
         "charges": [4999, 4999],
         "call": ctx.call_id,
-        "note": ("Two charges of 4999 cents on the same card within a minute; the second looks like a retry "
-                 "of the first. The shipment left the warehouse the next morning and was delivered on time."),
+        "note": (
+            "Two charges of 4999 cents on the same card within a minute; the second looks like a retry "
+            "of the first. The shipment left the warehouse the next morning and was delivered on time."
+        ),
     }
 
 

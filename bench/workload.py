@@ -31,8 +31,14 @@ def _result_text(it: int, pos: int) -> str:
     """~300 B of JSON whose free text is pseudo-random (seeded per call), so that Postgres's
     compression gets no more out of it than out of real tool output (a repeated filler would
     compress ~50x and flatter every subject that stores the transcript again)."""
-    body = {"order_id": f"A-{1000 + it}", "position": pos, "customer": "Dana Ruiz", "status": "delivered",
-            "charges": [4999, 4999], "note": ""}
+    body = {
+        "order_id": f"A-{1000 + it}",
+        "position": pos,
+        "customer": "Dana Ruiz",
+        "status": "delivered",
+        "charges": [4999, 4999],
+        "note": "",
+    }
     raw = json.dumps(body)
     body["note"] = _note(it % 97, pos)[: max(0, TOOL_RESULT_BYTES - len(raw))]
     return json.dumps(body)
@@ -50,8 +56,11 @@ def assistant_message(it: int) -> Message:
         content="Let me look that order up and note it on the case.",
         tool_calls=[
             ToolCall(id=f"call_{it}_0", name="lookup_order", arguments=json.dumps({"order_id": f"A-{1000 + it}"})),
-            ToolCall(id=f"call_{it}_1", name="add_case_note",
-                     arguments=json.dumps({"order_id": f"A-{1000 + it}", "note": "Customer asked about a duplicate charge."})),
+            ToolCall(
+                id=f"call_{it}_1",
+                name="add_case_note",
+                arguments=json.dumps({"order_id": f"A-{1000 + it}", "note": "Customer asked about a duplicate charge."}),
+            ),
         ],
     )
 
@@ -68,8 +77,10 @@ def iteration_messages(it: int) -> list[Message]:
 
 def transcript(n: int) -> list[Message]:
     """A transcript of exactly ``n`` messages: system, user, then iterations of three."""
-    msgs = [Message(role="system", content="You are a support agent for an online shop. Look up the order before acting."),
-            Message(role="user", content="Hi, I was charged twice for order A-1042. Please refund the duplicate charge.")]
+    msgs = [
+        Message(role="system", content="You are a support agent for an online shop. Look up the order before acting."),
+        Message(role="user", content="Hi, I was charged twice for order A-1042. Please refund the duplicate charge."),
+    ]
     it = 0
     while len(msgs) < n:
         it += 1
@@ -104,8 +115,10 @@ class Prefiller:
         self.dsn = dsn
         self._templates: set[int] = set()
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("CREATE TABLE IF NOT EXISTS bench_template (n integer, seq integer, iteration integer, message jsonb, "
-                         "PRIMARY KEY (n, seq))")
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS bench_template (n integer, seq integer, iteration integer, message jsonb, "
+                "PRIMARY KEY (n, seq))"
+            )
 
     def _template(self, n: int) -> None:
         if n in self._templates:
@@ -114,8 +127,10 @@ class Prefiller:
             if conn.execute("SELECT 1 FROM bench_template WHERE n = %s LIMIT 1", (n,)).fetchone():
                 self._templates.add(n)
                 return
-        rows = [(n, i, max(0, (i - 2) // 3 + 1), Jsonb(m.model_dump(mode="json", exclude_defaults=True)))
-                for i, m in enumerate(transcript(n))]
+        rows = [
+            (n, i, max(0, (i - 2) // 3 + 1), Jsonb(m.model_dump(mode="json", exclude_defaults=True)))
+            for i, m in enumerate(transcript(n))
+        ]
         with psycopg.connect(self.dsn) as conn, conn.cursor() as cur:
             with cur.copy("COPY bench_template (n, seq, iteration, message) FROM STDIN") as copy:
                 for r in rows:
@@ -132,10 +147,15 @@ class Prefiller:
         iterations = max(0, (n - 2 + 2) // 3)
         ctx = context_for(uid, iterations)
         with psycopg.connect(self.dsn) as conn:
-            conn.execute("SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)",
-                         (str(lease.epoch), lease.run_uid))
-            conn.execute("INSERT INTO agentfast_messages (run_id, seq, iteration, message, epoch) "
-                         "SELECT %s, seq, iteration, message, 0 FROM bench_template WHERE n = %s", (run_id, n))
+            conn.execute(
+                "SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)",
+                (str(lease.epoch), lease.run_uid),
+            )
+            conn.execute(
+                "INSERT INTO agentfast_messages (run_id, seq, iteration, message, epoch) "
+                "SELECT %s, seq, iteration, message, 0 FROM bench_template WHERE n = %s",
+                (run_id, n),
+            )
             if journal and iterations:
                 conn.execute(
                     """INSERT INTO agentfast_tool_calls (run_id, iteration, position, call_id, idempotency_key, tool_call_id,
@@ -175,8 +195,14 @@ def advance(snap: StateSnapshot) -> int:
 
 def tool_result(uid: str, it: int, pos: int) -> ToolResult:
     m = tool_message(it, pos)
-    return ToolResult(call_id=f"call-{it}-{pos}", position=pos, tool_call_id=m.tool_call_id or "", tool_name=m.name or "",
-                      content=m.content or "", idempotency_key=f"{uid}:{it}:{pos}")
+    return ToolResult(
+        call_id=f"call-{it}-{pos}",
+        position=pos,
+        tool_call_id=m.tool_call_id or "",
+        tool_name=m.name or "",
+        content=m.content or "",
+        idempotency_key=f"{uid}:{it}:{pos}",
+    )
 
 
 def message_bytes(m: Message) -> int:

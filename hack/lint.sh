@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The checkers (docs/testing.md): ruff's lint rules, the import-linter architecture contracts and
-# mypy, all configured in pyproject.toml. Any finding fails. The first tier of hack/test.sh.
+# The checkers (docs/testing.md): ruff's lint rules and its formatter (ruff format --check), the
+# import-linter architecture contracts and mypy, all configured in pyproject.toml. Any finding fails. The first tier of hack/test.sh.
 # mypy reads the operator's and the LangGraph adapter's libraries, so their extras are installed too.
 PY_EXTRAS="${PY_EXTRAS-lint,operator,langgraph}"
 source "$(dirname "$0")/lib.sh"
@@ -9,6 +9,8 @@ cd "$REPO"
 rc=0
 echo "==> ruff check"
 ruff check --no-cache . || rc=1
+echo "==> ruff format --check"
+ruff format --check --no-cache . || rc=1
 echo "==> lint-imports"
 # No cache dir: it would be written into the repository.
 lint-imports --no-cache || rc=1

@@ -67,7 +67,9 @@ def _liveness_url(args: list[str]) -> str | None:
 
 
 def main(args: list[str]) -> int:
-    logging.basicConfig(level=os.environ.get("AGENTFAST_LOG_LEVEL", "INFO"), format="%(asctime)s [%(levelname)s] %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("AGENTFAST_LOG_LEVEL", "INFO"), format="%(asctime)s [%(levelname)s] %(name)s: %(message)s"
+    )
     import kopf.cli
 
     elector = None
@@ -77,9 +79,12 @@ def main(args: list[str]) -> int:
             kubernetes.config.load_incluster_config()
         except kubernetes.config.ConfigException:
             kubernetes.config.load_kube_config()
-        elector = LeaderElector(kubernetes.client.CoordinationV1Api(), os.environ.get("POD_NAMESPACE", "default"),
-                                os.environ.get("AGENTFAST_LEADER_LEASE", "agentfast-operator"),
-                                os.environ.get("POD_NAME") or socket.gethostname())
+        elector = LeaderElector(
+            kubernetes.client.CoordinationV1Api(),
+            os.environ.get("POD_NAMESPACE", "default"),
+            os.environ.get("AGENTFAST_LEADER_LEASE", "agentfast-operator"),
+            os.environ.get("POD_NAME") or socket.gethostname(),
+        )
         log.info("leader election: %s waits for the lease", elector.identity)
         with _standby_health(_liveness_url(args)):
             elector.acquire(stop)

@@ -58,7 +58,12 @@ def ensure_runner_secret(namespace: str, store: Any, core: Any, operator_dsn: st
             return False
         found = read_or_none(core.read_namespaced_secret, RUNNER_SECRET, namespace)
         rotate = namespace in _stale
-        if not rotate and tenant is not None and found is not None and (found.metadata.annotations or {}).get(CREDENTIAL_ANNOTATION) == tenant[1]:
+        if (
+            not rotate
+            and tenant is not None
+            and found is not None
+            and (found.metadata.annotations or {}).get(CREDENTIAL_ANNOTATION) == tenant[1]
+        ):
             _verified[namespace] = (tenant[1], time.monotonic())
             return False
         password = secrets.token_urlsafe(32)
@@ -67,8 +72,12 @@ def ensure_runner_secret(namespace: str, store: Any, core: Any, operator_dsn: st
             "apiVersion": "v1",
             "kind": "Secret",
             "type": "Opaque",
-            "metadata": {"name": RUNNER_SECRET, "namespace": namespace, "labels": dict(MANAGED_BY),
-                         "annotations": {CREDENTIAL_ANNOTATION: credential_id}},
+            "metadata": {
+                "name": RUNNER_SECRET,
+                "namespace": namespace,
+                "labels": dict(MANAGED_BY),
+                "annotations": {CREDENTIAL_ANNOTATION: credential_id},
+            },
             "data": {RUNNER_SECRET_KEY: base64.b64encode(runner_dsn(operator_dsn, role, password).encode()).decode()},
         }
         if found is None:

@@ -121,7 +121,9 @@ def app_role(dsn: str | None) -> tuple[str, str, str]:
     role, password = info.get("user", ""), info.get("password", "")
     database = info.get("dbname") or role
     if role == SUPERUSER:
-        raise SetupError(f"AGENTFAST_DSN names the superuser {SUPERUSER!r}: the operator and runners must connect as a role of their own (e.g. agentfast)")
+        raise SetupError(
+            f"AGENTFAST_DSN names the superuser {SUPERUSER!r}: the operator and runners must connect as a role of their own (e.g. agentfast)"
+        )
     if not _ROLE_NAME.match(role):
         raise SetupError("AGENTFAST_DSN: its user must be a lower-case name of letters, digits and _ (e.g. agentfast)")
     if not password:
@@ -137,7 +139,9 @@ def _initdb(bin_dir: Path, data: Path, superuser_password: str) -> None:
         pw.write(superuser_password)
     try:
         initdb = str(bin_dir / "initdb")  # argv[0] a full path: initdb finds postgres beside it
-        code = subprocess.call([initdb, "-D", str(data), "-U", SUPERUSER, "--auth=scram-sha-256", f"--pwfile={pw.name}", "--encoding=UTF8"])
+        code = subprocess.call(
+            [initdb, "-D", str(data), "-U", SUPERUSER, "--auth=scram-sha-256", f"--pwfile={pw.name}", "--encoding=UTF8"]
+        )
         if code != 0:
             raise SetupError(f"initdb failed with exit code {code}")
     finally:
@@ -152,36 +156,66 @@ def bootstrap(bin_dir: Path, data: Path, port: int, superuser_password: str, rol
     import psycopg
     from psycopg import sql
 
-    private = Path(tempfile.mkdtemp(prefix="agentfast-pgboot-", dir=os.environ.get("TMPDIR", "/tmp")))  # 0700: only we reach the socket
+    private = Path(
+        tempfile.mkdtemp(prefix="agentfast-pgboot-", dir=os.environ.get("TMPDIR", "/tmp"))
+    )  # 0700: only we reach the socket
     hba = private / "pg_hba.conf"
     hba.write_text(f"local all {SUPERUSER} trust\n")
     postgres = str(bin_dir / "postgres")
-    server = subprocess.Popen([postgres, "-D", str(data), "-p", str(port), "-k", str(private), "-c", "listen_addresses=",
-                               "-c", f"hba_file={hba}", "-c", "log_min_messages=warning"])
+    server = subprocess.Popen(
+        [
+            postgres,
+            "-D",
+            str(data),
+            "-p",
+            str(port),
+            "-k",
+            str(private),
+            "-c",
+            "listen_addresses=",
+            "-c",
+            f"hba_file={hba}",
+            "-c",
+            "log_min_messages=warning",
+        ]
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
             try:
-                conn = psycopg.connect(host=str(private), port=port, user=SUPERUSER, dbname="postgres", autocommit=True, connect_timeout=5)
+                conn = psycopg.connect(
+                    host=str(private), port=port, user=SUPERUSER, dbname="postgres", autocommit=True, connect_timeout=5
+                )
                 break
             except psycopg.OperationalError:
                 if server.poll() is not None or time.monotonic() > deadline:
                     raise SetupError(f"the bootstrap server did not start (exit code {server.poll()})") from None
                 time.sleep(0.2)
         with conn:
+
             def verifier(user: str, secret: str) -> sql.Literal:  # libpq's SCRAM: the text never reaches the server
                 return sql.Literal(conn.pgconn.encrypt_password(secret.encode(), user.encode(), b"scram-sha-256").decode())
 
-            conn.execute(sql.SQL("ALTER ROLE {} WITH PASSWORD {}").format(sql.Identifier(SUPERUSER), verifier(SUPERUSER, superuser_password)))
+            conn.execute(
+                sql.SQL("ALTER ROLE {} WITH PASSWORD {}").format(
+                    sql.Identifier(SUPERUSER), verifier(SUPERUSER, superuser_password)
+                )
+            )
             exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
             verb = sql.SQL("ALTER ROLE" if exists else "CREATE ROLE")
-            conn.execute(sql.SQL("{} {} WITH " + ROLE_ATTRIBUTES + " PASSWORD {}").format(verb, sql.Identifier(role), verifier(role, password)))
+            conn.execute(
+                sql.SQL("{} {} WITH " + ROLE_ATTRIBUTES + " PASSWORD {}").format(
+                    verb, sql.Identifier(role), verifier(role, password)
+                )
+            )
             if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone():
                 conn.execute(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(sql.Identifier(database), sql.Identifier(role)))
             else:
                 conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(database), sql.Identifier(role)))
     except psycopg.Error as err:
-        raise SetupError(f"bootstrap failed: {type(err).__name__}: {getattr(err.diag, 'message_primary', None) or 'see the server log'}") from None
+        raise SetupError(
+            f"bootstrap failed: {type(err).__name__}: {getattr(err.diag, 'message_primary', None) or 'see the server log'}"
+        ) from None
     finally:
         if server.poll() is None:
             server.send_signal(signal.SIGINT)  # fast shutdown

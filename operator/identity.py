@@ -57,9 +57,17 @@ def _make_or_mend(found: Any, namespace: str, core: Any, cfg: RunnerConfig, time
     the operator made; returns what it did (see :func:`ensure_runner_service_account`)."""
     name = cfg.service_account
     if found is None:
-        body = {"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": cfg.automount_token,
-                "metadata": {"name": name, "namespace": namespace, "labels": dict(MANAGED_BY),
-                             "annotations": dict(cfg.service_account_annotations)}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "automountServiceAccountToken": cfg.automount_token,
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": dict(MANAGED_BY),
+                "annotations": dict(cfg.service_account_annotations),
+            },
+        }
         try:
             core.create_namespaced_service_account(namespace, body, _request_timeout=timeout_s)
         except ApiException as err:
@@ -72,8 +80,9 @@ def _make_or_mend(found: Any, namespace: str, core: Any, cfg: RunnerConfig, time
         return "foreign"
     have = found.metadata.annotations or {}
     if any(have.get(k) != v for k, v in cfg.service_account_annotations.items()):
-        core.patch_namespaced_service_account(name, namespace, {"metadata": {"annotations": dict(cfg.service_account_annotations)}},
-                                              _request_timeout=timeout_s)
+        core.patch_namespaced_service_account(
+            name, namespace, {"metadata": {"annotations": dict(cfg.service_account_annotations)}}, _request_timeout=timeout_s
+        )
         return "updated"
     return "unchanged"
 

@@ -40,8 +40,17 @@ class LeaderElector:
     timeout of ``retry_s`` or more, so a hung call cannot outlive the renew deadline unnoticed.
     """
 
-    def __init__(self, api: Any, namespace: str, name: str, identity: str, *, lease_s: float = 10.0,
-                 renew_deadline_s: float = 7.0, retry_s: float = 1.0):
+    def __init__(
+        self,
+        api: Any,
+        namespace: str,
+        name: str,
+        identity: str,
+        *,
+        lease_s: float = 10.0,
+        renew_deadline_s: float = 7.0,
+        retry_s: float = 1.0,
+    ):
         if not retry_s < renew_deadline_s < lease_s:
             raise ValueError("leader election needs retry < renew deadline < lease duration")
         self.api, self.namespace, self.name, self.identity = api, namespace, name, identity
@@ -91,7 +100,8 @@ class LeaderElector:
                 raise
             body = kubernetes.client.V1Lease(
                 metadata=kubernetes.client.V1ObjectMeta(name=self.name, namespace=self.namespace),
-                spec=self._spec(now, acquired=now, transitions=0))
+                spec=self._spec(now, acquired=now, transitions=0),
+            )
             try:
                 self.api.create_namespaced_lease(self.namespace, body, _request_timeout=timeout)
                 return True
@@ -108,8 +118,9 @@ class LeaderElector:
         if holder and holder != self.identity and not expired:
             return False
         ours = holder == self.identity
-        lease.spec = self._spec(now, acquired=spec.acquire_time if ours else now,
-                                transitions=(spec.lease_transitions or 0) + (0 if ours else 1))
+        lease.spec = self._spec(
+            now, acquired=spec.acquire_time if ours else now, transitions=(spec.lease_transitions or 0) + (0 if ours else 1)
+        )
         try:
             self.api.replace_namespaced_lease(self.name, self.namespace, lease, _request_timeout=timeout)
             return True
@@ -132,8 +143,13 @@ class LeaderElector:
             log.exception("leader election: releasing the lease failed (the next leader waits for it to expire)")
 
     def _spec(self, now: datetime, *, acquired: Any, transitions: int) -> Any:
-        return kubernetes.client.V1LeaseSpec(holder_identity=self.identity, lease_duration_seconds=int(self.lease_s),
-                                             acquire_time=_micro(acquired), renew_time=_micro(now), lease_transitions=transitions)
+        return kubernetes.client.V1LeaseSpec(
+            holder_identity=self.identity,
+            lease_duration_seconds=int(self.lease_s),
+            acquire_time=_micro(acquired),
+            renew_time=_micro(now),
+            lease_transitions=transitions,
+        )
 
 
 def _micro(t: Any) -> Any:

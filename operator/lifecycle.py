@@ -50,8 +50,17 @@ DELETION_SLACK_S = 5.0
 #: "another runner holds the run" (runner/names.py).
 RUN_ENDED_EXITS = frozenset({ExitCode.FAILED, ExitCode.BAD_INPUT})
 #: Container waiting reasons that need a person (a missing Secret, an image that cannot be pulled).
-CANNOT_START = frozenset({"CreateContainerConfigError", "CreateContainerError", "ErrImagePull", "ImagePullBackOff",
-                          "InvalidImageName", "ErrImageNeverPull", "RunContainerError"})
+CANNOT_START = frozenset(
+    {
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "RunContainerError",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -81,8 +90,18 @@ class RunnerPod:
         terminated = runner.state.terminated if runner and runner.state else None
         waiting = runner.state.waiting if runner and runner.state else None
         running = runner.state.running if runner and runner.state else None
-        disrupted = next((c.reason or "Disrupted" for c in (status.conditions or []) if c.type == "DisruptionTarget" and c.status == "True"),
-                         None) if status else None
+        disrupted = (
+            next(
+                (
+                    c.reason or "Disrupted"
+                    for c in (status.conditions or [])
+                    if c.type == "DisruptionTarget" and c.status == "True"
+                ),
+                None,
+            )
+            if status
+            else None
+        )
         return cls(
             name=meta.name,
             attempt=int(annotations.get(ANNOTATION_ATTEMPT, "1")),
@@ -115,13 +134,18 @@ class RunnerPod:
         if self.exit_reason == "OOMKilled":
             return "OOM-killed"
         if self.disrupted:
-            return {"EvictionByEvictionAPI": "evicted", "PreemptionByScheduler": "preempted",
-                    "DeletionByTaintManager": "evicted from a lost node"}.get(self.disrupted, f"disrupted ({self.disrupted})")
+            return {
+                "EvictionByEvictionAPI": "evicted",
+                "PreemptionByScheduler": "preempted",
+                "DeletionByTaintManager": "evicted from a lost node",
+            }.get(self.disrupted, f"disrupted ({self.disrupted})")
         if self.exit_code is None:
             return "deleted" if self.deletion_due is not None else "gone"
         if self.deletion_due is not None:
             return f"deleted (its runner exited {self.exit_code})"
-        return f"exited {self.exit_code}" + (f" ({self.exit_reason})" if self.exit_reason not in (None, "Error", "Completed") else "")
+        return f"exited {self.exit_code}" + (
+            f" ({self.exit_reason})" if self.exit_reason not in (None, "Error", "Completed") else ""
+        )
 
     def counts(self) -> bool:
         """Whether this loss counts against the restart limit (it would repeat)."""
@@ -156,8 +180,9 @@ def backoff_s(counted: int) -> float:
     return 0.0 if counted <= 0 else min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (counted - 1))
 
 
-def next_step(pods: list[RunnerPod], now: datetime, *, phase: str | None, all_decided: bool, runner_alive: bool,
-              restart_limit: int) -> Step:
+def next_step(
+    pods: list[RunnerPod], now: datetime, *, phase: str | None, all_decided: bool, runner_alive: bool, restart_limit: int
+) -> Step:
     """The next step for a run in ``phase`` (None: no checkpoint yet) whose runner pods are ``pods``.
 
     ``all_decided``: every call the run awaits has a decision (only read while it waits);
@@ -169,8 +194,13 @@ def next_step(pods: list[RunnerPod], now: datetime, *, phase: str | None, all_de
     if staying:  # a runner runs or starts (beside a leaving one, the replacement already made)
         current = max(staying, key=lambda p: p.attempt)
         if current.waiting_reason in CANNOT_START:
-            return Step("none", blocked=(current.waiting_reason, f"runner pod {current.name} cannot start: "
-                                                                 f"{current.waiting_message or current.waiting_reason}"))
+            return Step(
+                "none",
+                blocked=(
+                    current.waiting_reason,
+                    f"runner pod {current.name} cannot start: {current.waiting_message or current.waiting_reason}",
+                ),
+            )
         return Step("none")
     if not pods:
         return Step("create", attempt=1)
@@ -184,17 +214,31 @@ def next_step(pods: list[RunnerPod], now: datetime, *, phase: str | None, all_de
             return Step("none", suspended=True)
         return Step("create", attempt=attempt)  # it paused and is decided now (or ended a step early): go on
     if last.exit_code in RUN_ENDED_EXITS and last.deletion_due is None:
-        return Step("fail", reason="RunnerFailed", message=f"runner pod {last.name} exited {last.exit_code} before the run recorded its end")
+        return Step(
+            "fail",
+            reason="RunnerFailed",
+            message=f"runner pod {last.name} exited {last.exit_code} before the run recorded its end",
+        )
     if last.exit_code == ExitCode.LEASE_LOST and runner_alive:
-        return Step("later", delay_s=5.0, reason="RunnerElsewhere", message="another runner holds this run; waiting for it to end")
+        return Step(
+            "later", delay_s=5.0, reason="RunnerElsewhere", message="another runner holds this run; waiting for it to end"
+        )
     counted = last.counted + 1 if last.counts() else 0
     if counted > restart_limit:
-        return Step("fail", reason="RestartLimit", message=f"the runner failed {counted} times in a row, last {last.loss()} "
-                                                           f"(pod {last.name}); the limit is {restart_limit}")
+        return Step(
+            "fail",
+            reason="RestartLimit",
+            message=f"the runner failed {counted} times in a row, last {last.loss()} "
+            f"(pod {last.name}); the limit is {restart_limit}",
+        )
     wait = backoff_s(counted) - (now - (last.finished_at or now)).total_seconds()
     if wait > 0:
-        return Step("later", delay_s=wait, reason="BackingOff",
-                    message=f"runner pod {last.name} {last.loss()}; failure {counted} of at most {restart_limit}, next attempt in {wait:.0f} s")
+        return Step(
+            "later",
+            delay_s=wait,
+            reason="BackingOff",
+            message=f"runner pod {last.name} {last.loss()}; failure {counted} of at most {restart_limit}, next attempt in {wait:.0f} s",
+        )
     return Step("create", attempt=attempt, counted=counted, lost=last)
 
 
@@ -210,8 +254,14 @@ def ended_at(status: dict[str, Any], now: datetime) -> datetime:
     kept in the object, so an operator restart does not reset the clock). ``now`` when status does
     not show the end yet (the reconcile asking is about to publish it) or the time is unreadable."""
     ctype = END_CONDITIONS.get(status.get("phase") or "")
-    found = next((c.get("lastTransitionTime") for c in status.get("conditions") or []
-                  if c.get("type") == ctype and c.get("status") == "True"), None)
+    found = next(
+        (
+            c.get("lastTransitionTime")
+            for c in status.get("conditions") or []
+            if c.get("type") == ctype and c.get("status") == "True"
+        ),
+        None,
+    )
     if not found:
         return now
     try:

@@ -122,7 +122,9 @@ class Settings:
     delete_data: bool = field(default_factory=lambda: os.environ.get("AGENTFAST_DELETE_DATA", "false").lower() == "true")
     resync_s: float = field(default_factory=lambda: float(os.environ.get("AGENTFAST_RESYNC_SECONDS", "30")))
     # Namespaces to resync; empty: all (the chart sets it with the kopf --namespace flags).
-    namespaces: list[str] = field(default_factory=lambda: [n for n in os.environ.get("AGENTFAST_WATCH_NAMESPACES", "").split(",") if n])
+    namespaces: list[str] = field(
+        default_factory=lambda: [n for n in os.environ.get("AGENTFAST_WATCH_NAMESPACES", "").split(",") if n]
+    )
     runner: RunnerConfig = field(default_factory=RunnerConfig.from_env)
     # Module prefixes refs may name (the chart's runner.allowedModules); never imported here (G12).
     allowed_modules: tuple[str, ...] = field(default_factory=lambda: _allowed_modules())  # [AGENTFAST_ALLOWED_MODULES]
@@ -137,7 +139,9 @@ class Settings:
     ttl_after_finished_s: int = field(default_factory=lambda: int(os.environ.get("AGENTFAST_TTL_SECONDS_AFTER_FINISHED", "0")))
     # Re-key each namespace's runner credential when it is older than this, s (chart
     # runner.credentialRotationHours; 0: never).
-    credential_rotation_s: float = field(default_factory=lambda: float(os.environ.get("AGENTFAST_CREDENTIAL_ROTATION_HOURS", "168")) * 3600)
+    credential_rotation_s: float = field(
+        default_factory=lambda: float(os.environ.get("AGENTFAST_CREDENTIAL_ROTATION_HOURS", "168")) * 3600
+    )
     # A NetworkPolicy per runner pod (the chart's networkPolicy.enabled); None: none.
     egress: EgressPolicy | None = field(default_factory=EgressPolicy.from_env)  # [AGENTFAST_NETWORK_POLICY]
 
@@ -177,7 +181,9 @@ STATE = _State()
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="agentfast.dev")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="agentfast.dev", key="last-handled-configuration")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="agentfast.dev", key="last-handled-configuration"
+    )
     settings.persistence.finalizer = "agentfast.dev/cleanup"
     settings.posting.level = logging.WARNING  # our own Events say what happened; kopf's say only on trouble
     # kopf logs every handler's success per object at INFO: thousands of lines a minute with 1,000
@@ -231,7 +237,9 @@ def on_runner_pod(body: kopf.Body, **_: Any) -> None:
     meta = body["metadata"]
     # The label holds the name only when it fits a label (63 characters); the annotation always does.
     name = (meta.get("annotations") or {}).get(ANNOTATION_RUN) or meta["labels"][LABEL_RUN]
-    run = _BODIES.get(format_run_id(meta["namespace"], name)) or _get_agentrun(meta["namespace"], name)  # as the watch showed it last
+    run = _BODIES.get(format_run_id(meta["namespace"], name)) or _get_agentrun(
+        meta["namespace"], name
+    )  # as the watch showed it last
     if run is not None and run["metadata"]["uid"] == meta["labels"][LABEL_RUN_UID]:  # not a pod of an earlier run of that name
         reconcile(run)
 
@@ -320,7 +328,9 @@ def reconcile(body: dict[str, Any]) -> None:
     if ctx is None or ctx.status.phase not in TERMINAL_PHASES:
         try:
             ensure_runner_secret(namespace, STATE.store, STATE.core, SETTINGS.dsn)  # before its first pod needs it
-            ensure_runner_service_account(namespace, STATE.core, SETTINGS.runner, timeout_s=API_TIMEOUT_S)  # runner.serviceAccount.create
+            ensure_runner_service_account(
+                namespace, STATE.core, SETTINGS.runner, timeout_s=API_TIMEOUT_S
+            )  # runner.serviceAccount.create
             with _lock_for(f"pods:{uid}"):  # one decision at a time per run: never two pods for one attempt
                 override, pod_info = _drive_runner(body, record, ctx, pending, extra)
         except StoreUnavailable as err:
@@ -329,7 +339,10 @@ def reconcile(body: dict[str, Any]) -> None:
         deleted_at = _collect_runner_pods(body)
         if deleted_at is not None:
             old = body.get("status") or {}
-            pod_info = {**(pod_info or {"name": old.get("runnerPod"), "suspended": False, "blocked": None}), "deleted_at": deleted_at}
+            pod_info = {
+                **(pod_info or {"name": old.get("runnerPod"), "suspended": False, "blocked": None}),
+                "deleted_at": deleted_at,
+            }
     publish_status(body, ctx, pending, override=override, pod=pod_info, **extra)
     _RECONCILED_AT[uid] = time.monotonic()
 
@@ -350,8 +363,13 @@ def _register(body: dict[str, Any], run_id: str, doc: dict[str, Any]) -> Any:
     if record.run_uid != uid:
         kept_as = STATE.store.archive_run(run_id)
         record = STATE.store.create_run(run_id, uid, doc)
-        _event(body, EVENT_NORMAL, EventReason.EARLIER_RUN_KEPT, f"the rows of an earlier AgentRun named {body['metadata']['name']} are kept as"
-                                                  f" {kept_as} (agentfast history {kept_as})")
+        _event(
+            body,
+            EVENT_NORMAL,
+            EventReason.EARLIER_RUN_KEPT,
+            f"the rows of an earlier AgentRun named {body['metadata']['name']} are kept as"
+            f" {kept_as} (agentfast history {kept_as})",
+        )
     return record
 
 
@@ -363,21 +381,31 @@ def _forget_run(uid: str) -> None:
         table.pop(uid, None)
 
 
-def _drive_runner(body: dict[str, Any], record: Any, ctx: Any, pending: Any,
-                  extra: dict[str, Any]) -> tuple[tuple[str, str, str] | None, dict[str, Any]]:
+def _drive_runner(
+    body: dict[str, Any], record: Any, ctx: Any, pending: Any, extra: dict[str, Any]
+) -> tuple[tuple[str, str, str] | None, dict[str, Any]]:
     """Act on :func:`lifecycle.next_step` for the run's runner pods: create the next one (with a
     RunnerLost Event when it replaces a lost one), look again later (backoff, another runner still
     holding the run), or fail the run. Returns ``(override, pod)`` for publish_status."""
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-    pods = [RunnerPod.from_api(p) for p in STATE.core.list_namespaced_pod(
-        namespace, label_selector=f"{LABEL_RUN_UID}={uid}", _request_timeout=API_TIMEOUT_S).items]
+    pods = [
+        RunnerPod.from_api(p)
+        for p in STATE.core.list_namespaced_pod(
+            namespace, label_selector=f"{LABEL_RUN_UID}={uid}", _request_timeout=API_TIMEOUT_S
+        ).items
+    ]
     decided = extra.get("decided") or {}
     now = datetime.now(UTC)
     runner = extra.get("runner")
-    step = next_step(pods, now, phase=ctx.status.phase if ctx is not None else None,
-                     all_decided=pending is not None and all(c in decided for c in pending.call_ids),
-                     runner_alive=bool(runner is not None and runner.alive), restart_limit=SETTINGS.runner.restart_limit)
+    step = next_step(
+        pods,
+        now,
+        phase=ctx.status.phase if ctx is not None else None,
+        all_decided=pending is not None and all(c in decided for c in pending.call_ids),
+        runner_alive=bool(runner is not None and runner.alive),
+        restart_limit=SETTINGS.runner.restart_limit,
+    )
     latest = max(pods, key=lambda p: p.attempt).name if pods else None
     info: dict[str, Any] = {"name": latest, "suspended": step.suspended, "blocked": step.blocked}
     if step.blocked and step.blocked[0] == "CreateContainerConfigError" and f'"{RUNNER_SECRET}"' in step.blocked[1]:
@@ -390,11 +418,21 @@ def _drive_runner(body: dict[str, Any], record: Any, ctx: Any, pending: Any,
         if step.lost is not None:
             lost_at = step.lost.finished_at or now
             at = f" at iteration {ctx.counters.iterations}" if ctx is not None else ""
-            _event(body, EVENT_WARNING, EventReason.RUNNER_LOST, f"runner pod {step.lost.name} {step.lost.loss()}{at}; starting "
-                                                  f"{pod_name(name, step.attempt)}" + (f" (failure {step.counted} in a row)" if step.counted else ""))
+            _event(
+                body,
+                EVENT_WARNING,
+                EventReason.RUNNER_LOST,
+                f"runner pod {step.lost.name} {step.lost.loss()}{at}; starting "
+                f"{pod_name(name, step.attempt)}" + (f" (failure {step.counted} in a row)" if step.counted else ""),
+            )
         elif ctx is not None and ctx.status.phase != Phase.WAITING_FOR_APPROVAL:
             lost_at = now  # its pod vanished before we saw it stop
-            _event(body, EVENT_WARNING, EventReason.RUNNER_LOST, f"the runner pod of this run is gone; starting {pod_name(name, step.attempt)}")
+            _event(
+                body,
+                EVENT_WARNING,
+                EventReason.RUNNER_LOST,
+                f"the runner pod of this run is gone; starting {pod_name(name, step.attempt)}",
+            )
         if lost_at is not None:
             _LOST_AT[uid] = lost_at
         try:
@@ -517,12 +555,17 @@ def _with_model_config(run: AgentRun, doc: dict[str, Any], run_id: str, uid: str
     if obj is None:
         raise ModelConfigNotFound(
             f"spec.model.config names ModelConfig {name!r}, which does not exist in namespace {namespace!r};"
-            " the run starts once an admin creates it (kubectl get modelconfigs)")
+            " the run starts once an admin creates it (kubectl get modelconfigs)"
+        )
     resolved = resolve_model_config(run, parse_modelconfig(obj))
     key = resolved.modelConfig.apiKeySecretRef if resolved.modelConfig else None
-    if key is not None and ((key.name, key.key) == (SETTINGS.runner.dsn_secret, SETTINGS.runner.dsn_secret_key) or key.name == RUNNER_SECRET):
-        raise SpecError(f"spec.model.config: ModelConfig {name!r} names the Secret key holding the runs' Postgres DSN"
-                        f" ({key.name}/{key.key}) as its API key; refused")
+    if key is not None and (
+        (key.name, key.key) == (SETTINGS.runner.dsn_secret, SETTINGS.runner.dsn_secret_key) or key.name == RUNNER_SECRET
+    ):
+        raise SpecError(
+            f"spec.model.config: ModelConfig {name!r} names the Secret key holding the runs' Postgres DSN"
+            f" ({key.name}/{key.key}) as its API key; refused"
+        )
     return resolved.model_dump(mode="json", exclude_none=True, exclude={"status"})
 
 
@@ -536,8 +579,15 @@ def _load_status(run_id: str) -> tuple[Any, Any, dict[str, Any]]:
         return None, None, {}
     ctx, pending = loaded
     found = STATE.store.get_decisions(run_id, pending.call_ids) if pending is not None else {}
-    return ctx, pending, {"runner": runner_state(STATE.store, run_id), "decided": {c: d.decision for c, d in found.items()},
-                          "decisions": STATE.store.decision_log(run_id, last=MAX_DECISIONS)}
+    return (
+        ctx,
+        pending,
+        {
+            "runner": runner_state(STATE.store, run_id),
+            "decided": {c: d.decision for c, d in found.items()},
+            "decisions": STATE.store.decision_log(run_id, last=MAX_DECISIONS),
+        },
+    )
 
 
 _warned: set[tuple[str, str]] = set()
@@ -593,12 +643,21 @@ def _record_approvals(body: dict[str, Any], run_id: str) -> None:
         for call_id in approvals:
             if re.match(CALL_ID_PATTERN, call_id) and STATE.store.get_decision(run_id, call_id) is None:  # type: ignore[union-attr]
                 STATE.store.void_decision(run_id, call_id, f"written while {missing}")  # type: ignore[union-attr]
-                _warn_once(body, call_id, EventReason.APPROVAL_POLICY_MISSING,
-                           f"spec.approvals: {call_id} is void: {missing}, so who wrote it was not checked; it is never recorded")
+                _warn_once(
+                    body,
+                    call_id,
+                    EventReason.APPROVAL_POLICY_MISSING,
+                    f"spec.approvals: {call_id} is void: {missing}, so who wrote it was not checked; it is never recorded",
+                )
         return
     for call_id, d in approvals.items():
         if not re.match(CALL_ID_PATTERN, call_id):
-            _warn_once(body, call_id, EventReason.INVALID_CALL_ID, f"spec.approvals: {call_id[:48]!r} is not a call id (e.g. call-2-0); ignored")
+            _warn_once(
+                body,
+                call_id,
+                EventReason.INVALID_CALL_ID,
+                f"spec.approvals: {call_id[:48]!r} is not a call id (e.g. call-2-0); ignored",
+            )
             continue
         decider = d.get("decidedBy")
         if not isinstance(decider, str) or not decider:
@@ -607,8 +666,15 @@ def _record_approvals(body: dict[str, Any], run_id: str) -> None:
             _warn_once(body, call_id, EventReason.UNATTRIBUTED_DECISION, f"spec.approvals: {call_id} has no decidedBy; ignored")
             continue
         try:
-            made = STATE.store.decide(run_id, call_id, d.get("decision", ""), reason=d.get("reason"), result=d.get("result"),  # type: ignore[union-attr]
-                                      decided_by=f"{KUBE_DECIDER_PREFIX}{decider}", once=True)
+            made = STATE.store.decide(  # type: ignore[union-attr]
+                run_id,
+                call_id,
+                d.get("decision", ""),
+                reason=d.get("reason"),
+                result=d.get("result"),
+                decided_by=f"{KUBE_DECIDER_PREFIX}{decider}",
+                once=True,
+            )
             _event(body, EVENT_NORMAL, EventReason.DECIDED, f"{call_id} ({made.decision}) decided by {decider}"[:1024])
         except DecisionConflict as err:
             if not err.same:
@@ -624,8 +690,11 @@ def cancel_requester(body: dict[str, Any]) -> str:
     (``kubectl-patch``, ``kubectl-agentfast``...), from ``metadata.managedFields``. The user is not
     known here (no admission policy attributes spec.cancel, unlike a decision); the API server's
     audit log has it."""
-    managers = [m for m in body.get("metadata", {}).get("managedFields") or []
-                if "f:cancel" in ((m.get("fieldsV1") or {}).get("f:spec") or {})]
+    managers = [
+        m
+        for m in body.get("metadata", {}).get("managedFields") or []
+        if "f:cancel" in ((m.get("fieldsV1") or {}).get("f:spec") or {})
+    ]
     manager = max(managers, key=lambda m: m.get("time") or "").get("manager") if managers else None
     return "kubernetes (spec.cancel" + (f", field manager {manager})" if manager else ")")
 
@@ -687,8 +756,15 @@ def _create_pod(body: dict[str, Any], model_key: dict[str, str] | None, step: St
         except ApiException as err:
             if err.status != 409:
                 raise
-    pod = build_pod(body, SETTINGS.runner, attempt=step.attempt, counted_failures=step.counted,
-                    lost_at=lost_at.isoformat() if lost_at else None, allowed_modules=SETTINGS.allowed_modules, model_key=model_key)
+    pod = build_pod(
+        body,
+        SETTINGS.runner,
+        attempt=step.attempt,
+        counted_failures=step.counted,
+        lost_at=lost_at.isoformat() if lost_at else None,
+        allowed_modules=SETTINGS.allowed_modules,
+        model_key=model_key,
+    )
     kopf.adopt(pod, owner=body)  # type: ignore[arg-type]  # kopf types owner as its Body; it reads any mapping
     try:
         STATE.core.create_namespaced_pod(namespace, pod, _request_timeout=API_TIMEOUT_S)  # type: ignore[arg-type]  # the client serializes a dict as it does a V1Pod
@@ -757,8 +833,12 @@ def _collect_runner_pods(body: dict[str, Any]) -> str | None:
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     now = datetime.now(UTC)
     with _lock_for(f"pods:{uid}"):
-        pods = [RunnerPod.from_api(p) for p in STATE.core.list_namespaced_pod(
-            namespace, label_selector=f"{LABEL_RUN_UID}={uid}", _request_timeout=API_TIMEOUT_S).items]
+        pods = [
+            RunnerPod.from_api(p)
+            for p in STATE.core.list_namespaced_pod(
+                namespace, label_selector=f"{LABEL_RUN_UID}={uid}", _request_timeout=API_TIMEOUT_S
+            ).items
+        ]
         due, wait = expired_pods(pods, now, ended=ended_at(old, now), ttl_s=ttl)
         if not _delete_pods(namespace, due):
             _look_again(namespace, name, COLLECT_RETRY_S)
@@ -788,8 +868,11 @@ def _delete_network_policy(body: dict[str, Any]) -> bool:
         if found is None or not any(o.uid == meta["uid"] for o in (found.metadata.owner_references or [])):
             return True
         STATE.networking.delete_namespaced_network_policy(
-            policy, namespace, body=kubernetes.client.V1DeleteOptions(preconditions=kubernetes.client.V1Preconditions(uid=found.metadata.uid)),
-            _request_timeout=API_TIMEOUT_S)
+            policy,
+            namespace,
+            body=kubernetes.client.V1DeleteOptions(preconditions=kubernetes.client.V1Preconditions(uid=found.metadata.uid)),
+            _request_timeout=API_TIMEOUT_S,
+        )
     except ApiException as err:
         if err.status in (404, 409):  # gone meanwhile, or replaced by another (its uid differs)
             return True
@@ -816,9 +899,17 @@ def _lock_for(key: str) -> threading.Lock:
         return _publish_locks.setdefault(key, threading.Lock())
 
 
-def publish_status(body: dict[str, Any], ctx: Any, pending: Any, *, override: tuple[str, str, str] | None = None,
-                   runner: Any = None, decided: dict[str, str] | None = None, decisions: list[dict[str, Any]] | None = None,
-                   pod: dict[str, Any] | None = None) -> None:
+def publish_status(
+    body: dict[str, Any],
+    ctx: Any,
+    pending: Any,
+    *,
+    override: tuple[str, str, str] | None = None,
+    runner: Any = None,
+    decided: dict[str, str] | None = None,
+    decisions: list[dict[str, Any]] | None = None,
+    pod: dict[str, Any] | None = None,
+) -> None:
     """Patch ``status`` (merge patch on the status subresource) and post one Event per transition
     (phase or awaited calls), and a Resumed Event when a runner took the run over after a loss.
     ``pod``: what the reconcile learned of the runner pods (``name``, ``suspended``, ``blocked``);
@@ -827,9 +918,20 @@ def publish_status(body: dict[str, Any], ctx: Any, pending: Any, *, override: tu
     old = body.get("status") or {}
     if pod is None:
         pod = {"name": old.get("runnerPod"), "suspended": _condition_true(old, "Suspended"), "blocked": None}
-    new = status_from_store(ctx, pending, generation=meta.get("generation", 1), old=old, override=override, runner=runner, decided=decided,
-                            decisions=decisions, run_id=format_run_id(meta["namespace"], meta["name"]), summary=SETTINGS.status_summary,
-                            suspended=bool(pod.get("suspended")), blocked=pod.get("blocked"))
+    new = status_from_store(
+        ctx,
+        pending,
+        generation=meta.get("generation", 1),
+        old=old,
+        override=override,
+        runner=runner,
+        decided=decided,
+        decisions=decisions,
+        run_id=format_run_id(meta["namespace"], meta["name"]),
+        summary=SETTINGS.status_summary,
+        suspended=bool(pod.get("suspended")),
+        blocked=pod.get("blocked"),
+    )
     if pod.get("name"):
         new["runnerPod"] = pod["name"]
     if pod.get("deleted_at"):  # set once; later patches leave it (a merge patch keeps what it does not name)
@@ -838,8 +940,9 @@ def publish_status(body: dict[str, Any], ctx: Any, pending: Any, *, override: tu
         return
     with _lock_for(format_run_id(meta["namespace"], meta["name"])):
         try:
-            patched = STATE.custom.patch_namespaced_custom_object_status(GROUP, VERSION, meta["namespace"], PLURAL, meta["name"],
-                                                                         {"status": new}, _request_timeout=API_TIMEOUT_S)
+            patched = STATE.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], {"status": new}, _request_timeout=API_TIMEOUT_S
+            )
             if isinstance(patched, dict) and patched.get("metadata", {}).get("uid") == meta.get("uid"):
                 _BODIES[format_run_id(meta["namespace"], meta["name"])] = patched
         except ApiException as err:
@@ -857,7 +960,12 @@ def publish_status(body: dict[str, Any], ctx: Any, pending: Any, *, override: tu
             _RESUMED[uid] = new["restarts"]
             lost_at = _LOST_AT.pop(uid, None)
             lost = f" after {(datetime.now(UTC) - lost_at).total_seconds():.1f} s without a runner" if lost_at else ""
-            _event(body, EVENT_NORMAL, EventReason.RESUMED, f"a new runner resumed the run at iteration {ctx.counters.iterations}{lost}")
+            _event(
+                body,
+                EVENT_NORMAL,
+                EventReason.RESUMED,
+                f"a new runner resumed the run at iteration {ctx.counters.iterations}{lost}",
+            )
 
 
 #: uid -> the (phase, awaiting) of the last transition Event posted: one Event per transition, even
@@ -987,8 +1095,12 @@ def _list_agentruns() -> list[dict[str, Any]]:
         while True:
             kw: dict[str, Any] = {"limit": 500, "_request_timeout": API_TIMEOUT_S, **({"_continue": token} if token else {})}
             # cast: the client types a custom object list as object; it is the API's JSON object.
-            page = cast(dict[str, Any], STATE.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, **kw) if ns
-                        else STATE.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kw))
+            page = cast(
+                dict[str, Any],
+                STATE.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, **kw)
+                if ns
+                else STATE.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kw),
+            )
             items += page["items"]
             token = page.get("metadata", {}).get("continue")
             if not token:

@@ -35,12 +35,24 @@ MAX_PENDING = 128  # awaited calls listed in status (G9: the resource stays smal
 # in Postgres unless the admin opts in (the chart's operator.statusSummary).
 # RestartLimit and RunnerFailed are the operator's, committed by it as the run's ending (pod names,
 # counts, exit codes).
-OWN_SENTENCE_REASONS = frozenset({"Started", "Decided", "BudgetExceeded", "InvalidSpec", "RunnerStarting", "Cancelled", "DeadlineExceeded",
-                                  "RestartLimit", "RunnerFailed"})
+OWN_SENTENCE_REASONS = frozenset(
+    {
+        "Started",
+        "Decided",
+        "BudgetExceeded",
+        "InvalidSpec",
+        "RunnerStarting",
+        "Cancelled",
+        "DeadlineExceeded",
+        "RestartLimit",
+        "RunnerFailed",
+    }
+)
 
 
-def public_message(phase: str, reason: str, message: str, ctx: RunContext | None, pending: PendingToolCall | None,
-                   run_id: str, summary: bool) -> str:
+def public_message(
+    phase: str, reason: str, message: str, ctx: RunContext | None, pending: PendingToolCall | None, run_id: str, summary: bool
+) -> str:
     """What ``status.message`` (and ``result``, conditions, Events) may say about a run (G12).
 
     Our own sentences as they are; for a message that may carry foreign text (the final answer,
@@ -83,7 +95,9 @@ def _conditions(phase: str, reason: str, message: str, generation: int, old: lis
                 "type": ctype,
                 "status": status,
                 "observedGeneration": generation,
-                "lastTransitionTime": prev["lastTransitionTime"] if prev.get("status") == status and prev.get("lastTransitionTime") else _now(),
+                "lastTransitionTime": prev["lastTransitionTime"]
+                if prev.get("status") == status and prev.get("lastTransitionTime")
+                else _now(),
                 "reason": (reason if truth[ctype] else f"Not{ctype}") or phase,
                 "message": message[:SUMMARY_CHARS] if truth[ctype] else "",
             }
@@ -131,7 +145,9 @@ def status_from_store(
     if override:
         phase, reason, message = override
     elif ctx is None:
-        phase, reason, message = (Phase.PENDING, *blocked) if blocked else (Phase.PENDING, "RunnerStarting", "waiting for the runner pod to start")
+        phase, reason, message = (
+            (Phase.PENDING, *blocked) if blocked else (Phase.PENDING, "RunnerStarting", "waiting for the runner pod to start")
+        )
     else:
         phase, reason, message = ctx.status.phase, ctx.status.reason or ctx.status.phase, ctx.status.message
         message = public_message(phase, reason, message, ctx, pending, run_id, summary)
@@ -146,13 +162,28 @@ def status_from_store(
         status["conditions"].append(_runner_condition(runner, phase, pending, decided, generation, old.get("conditions", [])))
     if phase not in TERMINAL_PHASES:
         waiting = phase == Phase.WAITING_FOR_APPROVAL and suspended
-        status["conditions"].append(_condition(
-            "Suspended", waiting, "WaitingForHuman" if waiting else "NotSuspended",
-            "the run released its pod and Postgres connections while it waits for a decision; a decision starts a new runner"
-            if waiting else "", generation, old.get("conditions", [])))
-        status["conditions"].append(_condition(
-            "RunnerPodReady", blocked is None, blocked[0] if blocked else "RunnerPodOK", blocked[1] if blocked else "",
-            generation, old.get("conditions", [])))
+        status["conditions"].append(
+            _condition(
+                "Suspended",
+                waiting,
+                "WaitingForHuman" if waiting else "NotSuspended",
+                "the run released its pod and Postgres connections while it waits for a decision; a decision starts a new runner"
+                if waiting
+                else "",
+                generation,
+                old.get("conditions", []),
+            )
+        )
+        status["conditions"].append(
+            _condition(
+                "RunnerPodReady",
+                blocked is None,
+                blocked[0] if blocked else "RunnerPodOK",
+                blocked[1] if blocked else "",
+                generation,
+                old.get("conditions", []),
+            )
+        )
     if ctx is not None:
         status["iteration"] = ctx.counters.iterations
         status["tokensUsed"] = ctx.usage.total_tokens
@@ -160,12 +191,19 @@ def status_from_store(
     if phase in TERMINAL_PHASES:
         status["result"] = message[:SUMMARY_CHARS]
     if decisions:
-        status["decisions"] = [{"callId": d["call_id"], "decision": d["decision"], "decidedBy": d["decided_by"] or "unknown"}
-                               for d in decisions[-MAX_DECISIONS:]]
+        status["decisions"] = [
+            {"callId": d["call_id"], "decision": d["decision"], "decidedBy": d["decided_by"] or "unknown"}
+            for d in decisions[-MAX_DECISIONS:]
+        ]
     if pending is not None and phase == Phase.WAITING_FOR_APPROVAL:
         calls = [a for a in pending.awaiting if a.call_id not in decided][:MAX_PENDING]
         status["pendingApprovals"] = [
-            {"callId": a.call_id, "tool": a.tool_call.name, "arguments": a.tool_call.arguments[:ARGUMENTS_CHARS], "reason": a.reason}
+            {
+                "callId": a.call_id,
+                "tool": a.tool_call.name,
+                "arguments": a.tool_call.arguments[:ARGUMENTS_CHARS],
+                "reason": a.reason,
+            }
             for a in calls
         ]
         status["awaiting"] = ",".join(a.call_id for a in calls)
@@ -179,18 +217,31 @@ def _condition(ctype: str, true: bool, reason: str, message: str, generation: in
     """One KEP-1623 condition; ``lastTransitionTime`` kept while its status is unchanged."""
     status = "True" if true else "False"
     prev = next((c for c in old or [] if c.get("type") == ctype), {})
-    return {"type": ctype, "status": status, "observedGeneration": generation,
-            "lastTransitionTime": prev["lastTransitionTime"] if prev.get("status") == status and prev.get("lastTransitionTime") else _now(),
-            "reason": reason, "message": message[:SUMMARY_CHARS]}
+    return {
+        "type": ctype,
+        "status": status,
+        "observedGeneration": generation,
+        "lastTransitionTime": prev["lastTransitionTime"]
+        if prev.get("status") == status and prev.get("lastTransitionTime")
+        else _now(),
+        "reason": reason,
+        "message": message[:SUMMARY_CHARS],
+    }
 
 
 def _runner_condition(
-    runner: RunnerInfo, phase: str, pending: PendingToolCall | None, decided: Mapping[str, str], generation: int,
+    runner: RunnerInfo,
+    phase: str,
+    pending: PendingToolCall | None,
+    decided: Mapping[str, str],
+    generation: int,
     old: list[dict[str, Any]],
 ) -> dict[str, Any]:
     state, story = runner_story(runner, phase, *batch_waits(pending.call_ids if pending else [], decided))
     if state == "interrupted":  # (a stale holder's sentence has its heartbeat age)
         story = "no runner: interrupted (its process stopped or was killed); the operator starts the next runner pod"
     if state == "alive":  # without the heartbeat age: the condition changes only with liveness
-        story = f"alive: runner {runner.runner_id or '(starting)'}" + (f" (pid {runner.pid} on host {runner.host})" if runner.pid is not None else "")
+        story = f"alive: runner {runner.runner_id or '(starting)'}" + (
+            f" (pid {runner.pid} on host {runner.host})" if runner.pid is not None else ""
+        )
     return _condition("RunnerAlive", runner.alive, _RUNNER_REASONS[state], story, generation, old)

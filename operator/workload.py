@@ -83,6 +83,8 @@ def read_or_none(read: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if err.status == 404:
             return None
         raise
+
+
 #: Seconds a runner pod stays bound to a node that stopped answering before it is evicted.
 NODE_LOSS_TOLERATION_S = 20
 #: The Secret in a run's namespace holding its runners' DSN (made by operator/credentials.py).
@@ -178,19 +180,29 @@ class RunnerConfig:
         if account and (len(account) > 253 or not re.match(DNS1123_SUBDOMAIN, account)):
             raise SettingError(f"AGENTFAST_RUNNER_SERVICE_ACCOUNT: {account[:64]!r} is not a ServiceAccount name")
         if account and account == e.get("AGENTFAST_OPERATOR_SERVICE_ACCOUNT"):
-            raise SettingError(f"AGENTFAST_RUNNER_SERVICE_ACCOUNT: {account!r} is the operator's own ServiceAccount; runners never get its rights")
+            raise SettingError(
+                f"AGENTFAST_RUNNER_SERVICE_ACCOUNT: {account!r} is the operator's own ServiceAccount; runners never get its rights"
+            )
         if create and account == "default":
-            raise SettingError("AGENTFAST_RUNNER_SERVICE_ACCOUNT: the operator does not manage a namespace's default ServiceAccount; name another")
+            raise SettingError(
+                "AGENTFAST_RUNNER_SERVICE_ACCOUNT: the operator does not manage a namespace's default ServiceAccount; name another"
+            )
         annotations = _env_json(e, "AGENTFAST_RUNNER_SERVICE_ACCOUNT_ANNOTATIONS", {})
-        if not isinstance(annotations, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()):
+        if not isinstance(annotations, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
+        ):
             raise SettingError("AGENTFAST_RUNNER_SERVICE_ACCOUNT_ANNOTATIONS: expected an object of string values")
         if annotations and not create:
-            raise SettingError("AGENTFAST_RUNNER_SERVICE_ACCOUNT_ANNOTATIONS: set only with AGENTFAST_RUNNER_SERVICE_ACCOUNT_CREATE=true"
-                             " (the operator annotates only a ServiceAccount it makes)")
+            raise SettingError(
+                "AGENTFAST_RUNNER_SERVICE_ACCOUNT_ANNOTATIONS: set only with AGENTFAST_RUNNER_SERVICE_ACCOUNT_CREATE=true"
+                " (the operator annotates only a ServiceAccount it makes)"
+            )
         threshold = _env_bytes(e, "AGENTFAST_RUNNER_PAYLOAD_THRESHOLD_BYTES", DEFAULT_THRESHOLD_BYTES)
         ceiling = _env_bytes(e, "AGENTFAST_RUNNER_PAYLOAD_MAX_BYTES", DEFAULT_MAX_BYTES)
         if threshold > ceiling:
-            raise SettingError(f"AGENTFAST_RUNNER_PAYLOAD_THRESHOLD_BYTES ({threshold}) is over AGENTFAST_RUNNER_PAYLOAD_MAX_BYTES ({ceiling})")
+            raise SettingError(
+                f"AGENTFAST_RUNNER_PAYLOAD_THRESHOLD_BYTES ({threshold}) is over AGENTFAST_RUNNER_PAYLOAD_MAX_BYTES ({ceiling})"
+            )
         priority = e.get("AGENTFAST_RUNNER_PRIORITY_CLASS", "")
         if priority and (len(priority) > 253 or not re.match(DNS1123_SUBDOMAIN, priority)):
             raise SettingError(f"AGENTFAST_RUNNER_PRIORITY_CLASS: {priority[:64]!r} is not a PriorityClass name")
@@ -211,7 +223,9 @@ class RunnerConfig:
             tolerations=_check_tolerations(_env_json(e, "AGENTFAST_RUNNER_TOLERATIONS", [])),
             affinity=_check_affinity(_env_json(e, "AGENTFAST_RUNNER_AFFINITY", {})),
             priority_class=priority,
-            allowed_images=check_allowed_images(_env_json(e, "AGENTFAST_RUNNER_ALLOWED_IMAGES", []), "AGENTFAST_RUNNER_ALLOWED_IMAGES"),
+            allowed_images=check_allowed_images(
+                _env_json(e, "AGENTFAST_RUNNER_ALLOWED_IMAGES", []), "AGENTFAST_RUNNER_ALLOWED_IMAGES"
+            ),
             tool_secret=tool_secret,
             payload_threshold_bytes=threshold,
             payload_max_bytes=ceiling,
@@ -232,8 +246,10 @@ def _pod_ttl(env: dict[str, str]) -> int | None:
     except ValueError:
         value = -2
     if not 0 <= value <= MAX_POD_TTL_S:
-        raise SettingError(f"AGENTFAST_RUNNER_POD_TTL_SECONDS: expected seconds from 0 to {MAX_POD_TTL_S}, or -1 to keep the pods,"
-                         f" not {raw[:16]!r}")
+        raise SettingError(
+            f"AGENTFAST_RUNNER_POD_TTL_SECONDS: expected seconds from 0 to {MAX_POD_TTL_S}, or -1 to keep the pods,"
+            f" not {raw[:16]!r}"
+        )
     return value
 
 
@@ -273,7 +289,9 @@ def _check_resources(value: Any) -> dict[str, Any]:
     for part, entries in value.items():
         if entries is None:
             continue
-        if not isinstance(entries, dict) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in entries.values()):
+        if not isinstance(entries, dict) or not all(
+            isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in entries.values()
+        ):
             raise SettingError(f"AGENTFAST_RUNNER_RESOURCES.{part}: expected an object of quantities (cpu: 500m, memory: 1Gi)")
         out[part] = {k: str(v) for k, v in entries.items()}
     return out
@@ -313,8 +331,20 @@ def _first_error(err: ValidationError) -> str:
     return f"{where}: {e['msg'].removeprefix('Value error, ')}" if where else e["msg"]
 
 
-_QUANTITY_SUFFIX: dict[str, int | Decimal] = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
-                    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
+_QUANTITY_SUFFIX: dict[str, int | Decimal] = {
+    "": 1,
+    "m": Decimal("0.001"),
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+}
 
 
 def parse_quantity(text: str) -> Decimal | None:
@@ -323,7 +353,7 @@ def parse_quantity(text: str) -> Decimal | None:
     if not re.match(QUANTITY_PATTERN, text):
         return None
     number = re.match(r"^[0-9.]+", text).group(0)  # type: ignore[union-attr]
-    return Decimal(number) * Decimal(_QUANTITY_SUFFIX[text[len(number):]])
+    return Decimal(number) * Decimal(_QUANTITY_SUFFIX[text[len(number) :]])
 
 
 def runner_settings(body: dict[str, Any], cfg: RunnerConfig) -> dict[str, Any]:
@@ -347,8 +377,10 @@ def runner_settings(body: dict[str, Any], cfg: RunnerConfig) -> dict[str, Any]:
     if spec.image is not None:
         if not image_allowed(spec.image, cfg.allowed_images, cfg.image):
             listed = ", ".join([cfg.image, *cfg.allowed_images][:8])
-            raise SpecError(f"spec.runner.image: {spec.image[:128]!r} is not an image this cluster allows for runners"
-                            f" (runner.allowedImages: {listed})")
+            raise SpecError(
+                f"spec.runner.image: {spec.image[:128]!r} is not an image this cluster allows for runners"
+                f" (runner.allowedImages: {listed})"
+            )
         image = spec.image
     resources = {part: dict(entries) for part, entries in cfg.resources.items()}
     if spec.resources is not None:
@@ -360,10 +392,14 @@ def runner_settings(body: dict[str, Any], cfg: RunnerConfig) -> dict[str, Any]:
         limit = (resources.get("limits") or {}).get(name)
         r, lim = parse_quantity(str(request)), parse_quantity(str(limit)) if limit is not None else None
         if r is not None and lim is not None and r > lim:
-            raise SpecError(f"spec.runner.resources: requests.{name} {request} is above limits.{name} {limit} (the chart's"
-                            f" runner.resources, unless the run sets it): give limits.{name} too")
-    own = [{"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": NODE_LOSS_TOLERATION_S}
-           for key in OPERATOR_TOLERATION_KEYS]
+            raise SpecError(
+                f"spec.runner.resources: requests.{name} {request} is above limits.{name} {limit} (the chart's"
+                f" runner.resources, unless the run sets it): give limits.{name} too"
+            )
+    own = [
+        {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": NODE_LOSS_TOLERATION_S}
+        for key in OPERATOR_TOLERATION_KEYS
+    ]
     run_tolerations = [t.model_dump(exclude_none=True) for t in spec.tolerations]
     affinity = spec.affinity.model_dump(exclude_none=True, exclude_defaults=True) if spec.affinity is not None else cfg.affinity
     return {
@@ -406,8 +442,16 @@ def run_label(run_name: str) -> str:
     return _fit63(run_name, run_name)
 
 
-def build_pod(body: dict[str, Any], cfg: RunnerConfig, *, attempt: int = 1, counted_failures: int = 0, lost_at: str | None = None,
-              allowed_modules: tuple[str, ...] = (), model_key: dict[str, str] | None = None) -> dict[str, Any]:
+def build_pod(
+    body: dict[str, Any],
+    cfg: RunnerConfig,
+    *,
+    attempt: int = 1,
+    counted_failures: int = 0,
+    lost_at: str | None = None,
+    allowed_modules: tuple[str, ...] = (),
+    model_key: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """The manifest of attempt ``attempt`` of the runner pod of an AgentRun ``body`` (the
     ownerReference is added by kopf.adopt). ``counted_failures`` and ``lost_at`` are carried in
     its annotations (operator/lifecycle.py reads them back from the latest pod).
@@ -448,8 +492,12 @@ def build_pod(body: dict[str, Any], cfg: RunnerConfig, *, attempt: int = 1, coun
         volumes.append({"name": "tool-env", "secret": {"secretName": cfg.tool_secret, "optional": True}})
     if model_key is not None:
         if (model_key["name"], model_key["key"]) == (cfg.dsn_secret, cfg.dsn_secret_key) or model_key["name"] == RUNNER_SECRET:
-            raise ValueError(f"the model key would be a Postgres credential (Secret {model_key['name']!r}, key {model_key['key']!r})")
-        env.append({"name": MODEL_API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": model_key["name"], "key": model_key["key"]}}})
+            raise ValueError(
+                f"the model key would be a Postgres credential (Secret {model_key['name']!r}, key {model_key['key']!r})"
+            )
+        env.append(
+            {"name": MODEL_API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": model_key["name"], "key": model_key["key"]}}}
+        )
     placed = runner_settings(body, cfg)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -457,7 +505,12 @@ def build_pod(body: dict[str, Any], cfg: RunnerConfig, *, attempt: int = 1, coun
         "automountServiceAccountToken": cfg.automount_token,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": cfg.termination_grace_s,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 10001,
+            "runAsGroup": 10001,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         # First the operator's own: a lost node's pods are evicted after 20 s instead of the
         # default 300 s; the operator replaces a pod once its deletion deadline passes, even if
         # the kubelet never confirms (G6 fences a runner that is in fact still alive there).
@@ -514,8 +567,10 @@ def holder_wait_s(cfg: RunnerConfig) -> int:
 
 #: Egress to the cluster DNS when the admin gives none: kube-system, port 53 over UDP and TCP.
 DEFAULT_DNS_EGRESS: tuple[dict[str, Any], ...] = (
-    {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}],
-     "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+    {
+        "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}],
+        "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+    },
 )
 _RULE_KEYS = {"to", "ports"}
 _PEER_KEYS = {"ipBlock", "namespaceSelector", "podSelector"}
@@ -549,7 +604,9 @@ class EgressPolicy:
             raise SettingError("AGENTFAST_NETWORK_POLICY must be an object with keys dns, postgres, model")
         parts = {k: tuple(_check_rules(doc.get(k) or [], k)) for k in ("dns", "postgres", "model")}
         if not parts["postgres"]:
-            raise SettingError("AGENTFAST_NETWORK_POLICY has no postgres rule: runners could not reach their store (networkPolicy.postgresEgress)")
+            raise SettingError(
+                "AGENTFAST_NETWORK_POLICY has no postgres rule: runners could not reach their store (networkPolicy.postgresEgress)"
+            )
         return cls(dns=parts["dns"] or DEFAULT_DNS_EGRESS, postgres=parts["postgres"], model=parts["model"])
 
 
@@ -563,7 +620,9 @@ def _check_rules(rules: Any, where: str) -> list[dict[str, Any]]:
             raise SettingError(f"AGENTFAST_NETWORK_POLICY.{where}[{i}]: an egress rule has only 'to' and 'ports'")
         for peer in rule.get("to") or []:
             if not isinstance(peer, dict) or not peer or set(peer) - _PEER_KEYS:
-                raise SettingError(f"AGENTFAST_NETWORK_POLICY.{where}[{i}].to: a peer has ipBlock, namespaceSelector or podSelector")
+                raise SettingError(
+                    f"AGENTFAST_NETWORK_POLICY.{where}[{i}].to: a peer has ipBlock, namespaceSelector or podSelector"
+                )
         for port in rule.get("ports") or []:
             if not isinstance(port, dict) or set(port) - _PORT_KEYS:
                 raise SettingError(f"AGENTFAST_NETWORK_POLICY.{where}[{i}].ports: a port has port, endPort, protocol")
@@ -577,7 +636,11 @@ def _runner_object_meta(name: str, namespace: str) -> dict[str, Any]:
     return {
         "name": runner_name(name),
         "namespace": namespace,
-        "labels": {LABEL_RUN: run_label(name), "app.kubernetes.io/managed-by": "agentfast", "app.kubernetes.io/component": "runner"},
+        "labels": {
+            LABEL_RUN: run_label(name),
+            "app.kubernetes.io/managed-by": "agentfast",
+            "app.kubernetes.io/component": "runner",
+        },
         "annotations": {ANNOTATION_RUN: name},
     }
 

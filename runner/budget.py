@@ -53,7 +53,10 @@ def heuristic_classifier(spec: AgentRunSpec) -> Classification:
     words = len(spec.input.split())
     tools = len(spec.tools)
     if words > 150 or tools > 8 or _COMPLEX_WORDS.search(spec.input):
-        label, reason = "complex", f"{words} words, {tools} tools" + (", research wording" if _COMPLEX_WORDS.search(spec.input) else "")
+        label, reason = (
+            "complex",
+            f"{words} words, {tools} tools" + (", research wording" if _COMPLEX_WORDS.search(spec.input) else ""),
+        )
     elif words <= 40 and tools <= 3:
         label, reason = "simple", f"{words} words and {tools} tools"
     else:
@@ -66,14 +69,18 @@ def heuristic_classifier(spec: AgentRunSpec) -> Classification:
         want: int = max(int(limit * f), getattr(_FLOOR, name))
         return min(want, limit)
 
-    applied = Budget(max_iterations=scaled("max_iterations"), max_tokens=scaled("max_tokens"), max_duration_ms=scaled("max_duration_ms"))
+    applied = Budget(
+        max_iterations=scaled("max_iterations"), max_tokens=scaled("max_tokens"), max_duration_ms=scaled("max_duration_ms")
+    )
     return Classification(classifier="heuristic", label=label, reason=reason, declared=declared, applied=applied)
 
 
 def no_classifier(spec: AgentRunSpec) -> Classification:
     """Keep the declared budget as it is."""
     declared = Budget(**spec.budget.model_dump(include={"max_iterations", "max_tokens", "max_duration_ms"}))
-    return Classification(classifier="none", label="unclassified", reason="classifier disabled", declared=declared, applied=declared)
+    return Classification(
+        classifier="none", label="unclassified", reason="classifier disabled", declared=declared, applied=declared
+    )
 
 
 def get_classifier(name: str) -> Classifier:

@@ -56,17 +56,22 @@ class _Commands(click.Group):
 def app() -> None:
     """The ``agentfast`` command group (click: typer's own base, without typer's per-parameter
     pydantic coercion, which cost every command ~20 ms of start-up; issue 15)."""
+
+
 # out, err: runner/output.py's consoles. Every str printed is data (no markup, no control
 # characters) and a failed write never raises; style only through output.styled(...).
 
-dsn_option = click.option("--dsn", envvar="AGENTFAST_DSN", show_envvar=True,
-                          help="Postgres DSN; default: the embedded server under the user's data dir")
+dsn_option = click.option(
+    "--dsn", envvar="AGENTFAST_DSN", show_envvar=True, help="Postgres DSN; default: the embedded server under the user's data dir"
+)
 force_option = click.option(
-    "--force", is_flag=True,
+    "--force",
+    is_flag=True,
     help="take the run over even from a live runner (which is then fenced out: its next commit fails); without it a live owner makes this exit 76",
 )
-wait_option = click.option("--wait/--no-wait", default=True, show_default=True,
-                           help="wait for approvals (default) or exit when the run pauses")
+wait_option = click.option(
+    "--wait/--no-wait", default=True, show_default=True, help="wait for approvals (default) or exit when the run pauses"
+)
 
 
 def _fail(message: str, code: int = ExitCode.BAD_INPUT) -> click.exceptions.Exit:
@@ -161,11 +166,22 @@ class _Progress:
         calls = p.awaiting
         if len(calls) == 1:
             a = calls[0]
-            out.print(styled(("waiting for approval", "bold yellow"), " of ", (a.call_id, "bold"), ": ",
-                             one_line(f"{a.tool_call.name}({a.tool_call.arguments})")))
+            out.print(
+                styled(
+                    ("waiting for approval", "bold yellow"),
+                    " of ",
+                    (a.call_id, "bold"),
+                    ": ",
+                    one_line(f"{a.tool_call.name}({a.tool_call.arguments})"),
+                )
+            )
         else:
-            out.print(styled((f"waiting for decisions on {len(calls)} calls", "bold yellow"),
-                             " (decide each, in any order; the run goes on when all are):"))
+            out.print(
+                styled(
+                    (f"waiting for decisions on {len(calls)} calls", "bold yellow"),
+                    " (decide each, in any order; the run goes on when all are):",
+                )
+            )
             for a in calls:
                 out.print(styled("  ", (a.call_id, "bold"), ": ", one_line(f"{a.tool_call.name}({a.tool_call.arguments})")))
         for a in calls:
@@ -174,9 +190,14 @@ class _Progress:
         for r in p.executed_sibling_results:
             out.print(f"  sibling already done: {r.call_id} {r.tool_name} -> {one_line(r.content, 120)}")
         cid = calls[0].call_id if len(calls) == 1 else "CALL_ID"
-        out.print(styled("  approve: ", (f"agentfast approve {name} {cid}", "bold"),
-                         f"   deny: agentfast deny {name} {cid} --reason '...'"
-                         f"   already happened: agentfast complete {name} {cid} --result 'JSON'"))
+        out.print(
+            styled(
+                "  approve: ",
+                (f"agentfast approve {name} {cid}", "bold"),
+                f"   deny: agentfast deny {name} {cid} --reason '...'"
+                f"   already happened: agentfast complete {name} {cid} --result 'JSON'",
+            )
+        )
         if self.interactive:
             for a in calls:
                 self._ask(a)
@@ -190,8 +211,14 @@ class _Progress:
 
         try:
             with output.attached_writes():  # each question in order, before input() reads the answer
-                answer = click.prompt(f"Approve {a.call_id} ({a.tool_call.name}) now? [y]es / [n]o / [w]ait", default="w").strip().lower()
-                reason = click.prompt("Reason for the model", default="declined by the operator") if answer.startswith("n") else None
+                answer = (
+                    click.prompt(f"Approve {a.call_id} ({a.tool_call.name}) now? [y]es / [n]o / [w]ait", default="w")
+                    .strip()
+                    .lower()
+                )
+                reason = (
+                    click.prompt("Reason for the model", default="declined by the operator") if answer.startswith("n") else None
+                )
             if answer.startswith("y"):
                 self.store.decide(self.run_id, a.call_id, "approve", decided_by=_who())
             elif reason is not None:
@@ -228,8 +255,17 @@ def _check_admin_policy(run: AgentRun) -> None:
         check_cluster_policy(run, allowed, bundled)
 
 
-def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool, force: bool = False,
-           host: ToolHost | None = None, wait_for_holder_s: float | None = None, resolved: ResolvedRun | None = None) -> Outcome:
+def _drive(
+    store: Store,
+    run: AgentRun,
+    *,
+    wait: bool,
+    interactive: bool,
+    force: bool = False,
+    host: ToolHost | None = None,
+    wait_for_holder_s: float | None = None,
+    resolved: ResolvedRun | None = None,
+) -> Outcome:
     """Run ``run`` to its end, a pause or a stop; its tools run in a tool host (``host``, or one
     started here) that never receives the store's credential or the model key (G11). ``resolved``:
     ``run`` as ``spec.resolve`` checked it (``agentfast run`` did, before registering it); else it is
@@ -251,8 +287,12 @@ def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool, force:
                 _check_admin_policy(run)  # before the host is told what to import
                 resolved = resolve(run)
             host = host or ToolHost.spawn(run, secrets=_credentials(store.dsn))
-            tools = host.registry  # called after the takeover: a registered run's tool may have stopped importing since it was created
-            model = model_from_spec(run.spec.model, run.modelConfig, script=resolved.script)  # the endpoint the run was registered with
+            tools = (
+                host.registry
+            )  # called after the takeover: a registered run's tool may have stopped importing since it was created
+            model = model_from_spec(
+                run.spec.model, run.modelConfig, script=resolved.script
+            )  # the endpoint the run was registered with
         except SpecError as e:
             # Recorded as the run's ending (Failed/InvalidSpec): the operator shows it and nothing retries it.
             ended = fail_invalid_spec(store, run, str(e), force=force, wait_for_holder_s=wait_for_holder_s)
@@ -260,8 +300,9 @@ def _drive(store: Store, run: AgentRun, *, wait: bool, interactive: bool, force:
             raise _fail(f"run {run_id_of(run)} cannot run:\n{e}", code) from None
         except ModelError as e:
             raise _fail(str(e)) from None
-        return _drive_with(store, run, model, tools, wait=wait, interactive=interactive, force=force,
-                           wait_for_holder_s=wait_for_holder_s)
+        return _drive_with(
+            store, run, model, tools, wait=wait, interactive=interactive, force=force, wait_for_holder_s=wait_for_holder_s
+        )
     finally:
         if host is not None:
             host.close()
@@ -293,8 +334,17 @@ def _collect_from_now_on() -> None:
     gc.enable()
 
 
-def _drive_with(store: Store, run: AgentRun, model: ChatModel, tools: ToolRegistry | Callable[[], ToolRegistry], *, wait: bool,
-                interactive: bool, force: bool, wait_for_holder_s: float | None = None) -> Outcome:
+def _drive_with(
+    store: Store,
+    run: AgentRun,
+    model: ChatModel,
+    tools: ToolRegistry | Callable[[], ToolRegistry],
+    *,
+    wait: bool,
+    interactive: bool,
+    force: bool,
+    wait_for_holder_s: float | None = None,
+) -> Outcome:
     from .adapters import adapter_class
     from .loop import run_id_of
 
@@ -310,8 +360,15 @@ def _drive_with(store: Store, run: AgentRun, model: ChatModel, tools: ToolRegist
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         runner = adapter_class(run.spec.adapter)(
-            store, run, model, tools, wait_for_approval=wait, stop=stop, on_event=_Progress(store, run_id_of(run), interactive),
-            force=force, suspend_after_s=_suspend_after_s(),
+            store,
+            run,
+            model,
+            tools,
+            wait_for_approval=wait,
+            stop=stop,
+            on_event=_Progress(store, run_id_of(run), interactive),
+            force=force,
+            suspend_after_s=_suspend_after_s(),
             wait_for_holder_s=wait_for_holder_s,
         )
         with output.detached_writes():  # a reader that stops reading must not hold up the run
@@ -350,8 +407,10 @@ def run(file: str, dsn: str | None, wait: bool, force: bool) -> None:
     except SpecError as e:
         raise _fail(f"{file} is not a valid AgentRun:\n{e}") from None
     if agentrun.spec.approvals:  # no pre-approval (G10): a decision is made for a call that awaits one
-        raise _fail(f"{file}: spec.approvals is never read from a file: a call is decided once it awaits a decision "
-                    "(agentfast approve RUN CALL_ID), not before it exists")
+        raise _fail(
+            f"{file}: spec.approvals is never read from a file: a call is decided once it awaits a decision "
+            "(agentfast approve RUN CALL_ID), not before it exists"
+        )
     if agentrun.spec.cancel:
         raise _fail(f"{file}: spec.cancel is never read from a file: cancel a run that exists with `agentfast cancel RUN`")
     store = _open_store(dsn)
@@ -371,8 +430,10 @@ def run(file: str, dsn: str | None, wait: bool, force: bool) -> None:
         if record.spec.get("spec") != doc.get("spec"):
             raise _fail(f"a run named {run_id} exists with a different spec; rename metadata.name or `agentfast delete {run_id}`")
         if record.spec.get("modelConfig") != doc.get("modelConfig"):  # a run keeps the endpoint it was registered with
-            raise _fail(f"a run named {run_id} exists with a different ModelConfig ({_model_config_line(record.spec)});"
-                        f" rename metadata.name or `agentfast delete {run_id}`")
+            raise _fail(
+                f"a run named {run_id} exists with a different ModelConfig ({_model_config_line(record.spec)});"
+                f" rename metadata.name or `agentfast delete {run_id}`"
+            )
     except BaseException:
         host.close()
         raise
@@ -381,9 +442,12 @@ def run(file: str, dsn: str | None, wait: bool, force: bool) -> None:
 
 
 wait_for_holder_option = click.option(
-    "--wait-for-holder", type=click.FloatRange(min=0.0), envvar="AGENTFAST_WAIT_FOR_HOLDER_SECONDS", show_envvar=True,
+    "--wait-for-holder",
+    type=click.FloatRange(min=0.0),
+    envvar="AGENTFAST_WAIT_FOR_HOLDER_SECONDS",
+    show_envvar=True,
     help="seconds to wait for a runner that holds the run to let go before refusing (exit 76); default 1."
-         " A runner pod waits longer: the operator starts it while its predecessor is still stopping",
+    " A runner pod waits longer: the operator starts it while its predecessor is still stopping",
 )
 
 
@@ -406,7 +470,8 @@ def resume(run: str, dsn: str | None, wait: bool, force: bool, wait_for_holder: 
 
 
 kube_option = click.option(
-    "--kube/--local", default=None,
+    "--kube/--local",
+    default=None,
     help="patch the AgentRun in the cluster (default when run as `kubectl agentfast`) or write to the local store",
 )
 namespace_option = click.option("-n", "--namespace", help="the AgentRun's namespace (--kube); default: the kubeconfig's")
@@ -449,7 +514,9 @@ def _kube_user() -> str:
     return user.username
 
 
-def _agentrun_as_reviewed(run: str, namespace: str | None, uid: str | None, *, nothing_done: str) -> tuple[Any, str, str, dict[str, Any]]:
+def _agentrun_as_reviewed(
+    run: str, namespace: str | None, uid: str | None, *, nothing_done: str
+) -> tuple[Any, str, str, dict[str, Any]]:
     """``(api, namespace, name, body)`` of the AgentRun ``run`` in the cluster. Raises click's Exit
     (2) when it cannot be read, or when ``uid`` is given and the AgentRun has another (it was
     re-created since the caller reviewed it: ``nothing_done`` says what was not done)."""
@@ -462,12 +529,15 @@ def _agentrun_as_reviewed(run: str, namespace: str | None, uid: str | None, *, n
     except ApiException as e:
         raise _fail(f"cannot read agentrun {ns}/{name}: {e.reason}") from None
     if uid is not None and uid != body["metadata"]["uid"]:
-        raise _fail(f"agentrun {ns}/{name} has uid {body['metadata']['uid']}, not {uid}: it was re-created since you reviewed it; {nothing_done}")
+        raise _fail(
+            f"agentrun {ns}/{name} has uid {body['metadata']['uid']}, not {uid}: it was re-created since you reviewed it; {nothing_done}"
+        )
     return api, ns, name, body
 
 
-def _patch_approval(run: str, call_id: str, decision: str, reason: str | None, result: str | None,
-                    namespace: str | None, uid: str | None = None) -> None:
+def _patch_approval(
+    run: str, call_id: str, decision: str, reason: str | None, result: str | None, namespace: str | None, uid: str | None = None
+) -> None:
     """``kubectl patch agentrun RUN --type merge -p '{"spec":{"approvals":{CALL_ID:{...}}}}'``, made
     with the Kubernetes client; the operator records it in Postgres and the runner resumes.
 
@@ -487,29 +557,52 @@ def _patch_approval(run: str, call_id: str, decision: str, reason: str | None, r
     earlier = ((body.get("spec") or {}).get("approvals") or {}).get(call_id)
     if earlier is not None:
         said = earlier.get("decision", "?") + (f" ({earlier['reason']})" if earlier.get("reason") else "")
-        raise _fail(f"{call_id} of agentrun {ns}/{name} was already decided: {said}; a decision is write-once, so this one was not recorded")
+        raise _fail(
+            f"{call_id} of agentrun {ns}/{name} was already decided: {said}; a decision is write-once, so this one was not recorded"
+        )
     listed = {p.get("callId"): p for p in (body.get("status") or {}).get("pendingApprovals") or []}
     pending = list(listed)
     if call_id not in pending:
         now = f"awaiting a decision now: {', '.join(pending)}" if pending else "no call of this run awaits a decision now"
         raise _fail(f"{call_id} of agentrun {ns}/{name} does not await a decision (status.pendingApprovals); {now}")
-    entry = {"decision": decision, **({"reason": reason} if reason else {}), **({"result": result} if result is not None else {}),
-             "decidedBy": _kube_user()}
+    entry = {
+        "decision": decision,
+        **({"reason": reason} if reason else {}),
+        **({"result": result} if result is not None else {}),
+        "decidedBy": _kube_user(),
+    }
     try:
-        api.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name,
-                                           {"metadata": {"uid": seen_uid}, "spec": {"approvals": {call_id: entry}}})
+        api.patch_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, name, {"metadata": {"uid": seen_uid}, "spec": {"approvals": {call_id: entry}}}
+        )
     except ApiException as e:
         detail = json.loads(e.body).get("message", e.reason) if e.body else e.reason
         if "metadata.uid" in detail:
-            raise _fail(f"agentrun {ns}/{name} was re-created since it was read (uid {seen_uid} is gone); nothing was decided") from None
+            raise _fail(
+                f"agentrun {ns}/{name} was re-created since it was read (uid {seen_uid} is gone); nothing was decided"
+            ) from None
         raise _fail(f"the API server refused the patch: {detail}") from None
     call = listed[call_id]
-    out.print(f"agentrun.agentfast.dev/{name} (uid {seen_uid}) patched: {call_id} {decision}" + (f" ({reason})" if reason else "")
-              + f" by {entry['decidedBy']}: {call.get('tool', '?')}({call.get('arguments', '')})", highlight=False, markup=False)
+    out.print(
+        f"agentrun.agentfast.dev/{name} (uid {seen_uid}) patched: {call_id} {decision}"
+        + (f" ({reason})" if reason else "")
+        + f" by {entry['decidedBy']}: {call.get('tool', '?')}({call.get('arguments', '')})",
+        highlight=False,
+        markup=False,
+    )
 
 
-def _decide(run: str, call_id: str, decision: str, reason: str | None, dsn: str | None,
-            kube: bool | None, namespace: str | None, result: str | None = None, uid: str | None = None) -> None:
+def _decide(
+    run: str,
+    call_id: str,
+    decision: str,
+    reason: str | None,
+    dsn: str | None,
+    kube: bool | None,
+    namespace: str | None,
+    result: str | None = None,
+    uid: str | None = None,
+) -> None:
     """Record one decision (the store's rules: only for a call awaiting one now, once); exit 2 when refused."""
     from .decisions import InvalidDecision, check_decision
     from .store import DecisionConflict, UnknownCall
@@ -570,22 +663,38 @@ def _patch_cancel(run: str, namespace: str | None, uid: str | None) -> None:
     seen_uid = body["metadata"]["uid"]
     phase = (body.get("status") or {}).get("phase")
     if (body.get("spec") or {}).get("cancel") is True:
-        out.print(f"agentrun.agentfast.dev/{name}: a cancel was already requested (spec.cancel is true; phase {phase or 'unknown'})",
-                  highlight=False, markup=False)
+        out.print(
+            f"agentrun.agentfast.dev/{name}: a cancel was already requested (spec.cancel is true; phase {phase or 'unknown'})",
+            highlight=False,
+            markup=False,
+        )
         return
     if phase in TERMINAL_PHASES:
         raise _fail(f"agentrun {ns}/{name} has already ended ({phase}); there is nothing to cancel")
     try:
         # The field manager is what the operator can name as the canceller (metadata.managedFields).
-        api.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name,
-                                           {"metadata": {"uid": seen_uid}, "spec": {"cancel": True}}, field_manager="kubectl-agentfast")
+        api.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            ns,
+            PLURAL,
+            name,
+            {"metadata": {"uid": seen_uid}, "spec": {"cancel": True}},
+            field_manager="kubectl-agentfast",
+        )
     except ApiException as e:
         detail = json.loads(e.body).get("message", e.reason) if e.body else e.reason
         if "metadata.uid" in detail:
-            raise _fail(f"agentrun {ns}/{name} was re-created since it was read (uid {seen_uid} is gone); nothing was cancelled") from None
+            raise _fail(
+                f"agentrun {ns}/{name} was re-created since it was read (uid {seen_uid} is gone); nothing was cancelled"
+            ) from None
         raise _fail(f"the API server refused the patch: {detail}") from None
-    out.print(f"agentrun.agentfast.dev/{name} (uid {seen_uid}) patched: spec.cancel true; it stops at its next safe point"
-              " (a tool call in flight finishes) and ends Cancelled", highlight=False, markup=False)
+    out.print(
+        f"agentrun.agentfast.dev/{name} (uid {seen_uid}) patched: spec.cancel true; it stops at its next safe point"
+        " (a tool call in flight finishes) and ends Cancelled",
+        highlight=False,
+        markup=False,
+    )
 
 
 @app.command()
@@ -621,8 +730,12 @@ def cancel(run: str, dsn: str | None, kube: bool | None, namespace: str | None, 
     said = "requested" if created else f"already requested by {request.requested_by}"
     runner = runner_state(store, key)
     if runner.alive:
-        out.print(f"{key}: cancel {said}; its runner stops at its next safe point (a tool call in flight finishes first)"
-                  " and ends the run Cancelled", highlight=False, markup=False)
+        out.print(
+            f"{key}: cancel {said}; its runner stops at its next safe point (a tool call in flight finishes first)"
+            " and ends the run Cancelled",
+            highlight=False,
+            markup=False,
+        )
         return
     store.cancel_run(key, cancelled_message(request), reason="Cancelled")
     out.print(f"{key}: Cancelled (no runner held it): {cancelled_message(request)}", highlight=False, markup=False)
@@ -651,7 +764,9 @@ def _budget_summary(ctx: RunContext) -> tuple[dict[str, Any], str]:
 @kube_option
 @namespace_option
 @uid_option
-def complete(run: str, call_id: str, result: str, dsn: str | None, kube: bool | None, namespace: str | None, uid: str | None) -> None:
+def complete(
+    run: str, call_id: str, result: str, dsn: str | None, kube: bool | None, namespace: str | None, uid: str | None
+) -> None:
     """Record that an awaited call's effect already happened, with this result; its tool never runs again.
 
     CALL_ID: the call id status shows, e.g. call-1-0-rerun1."""
@@ -668,11 +783,13 @@ def _awaiting_view(store: Store, key: str, pending: PendingToolCall | None) -> d
     return {
         "awaiting": [
             {"call_id": a.call_id, "tool": a.tool_call.name, "arguments": a.tool_call.arguments, "reason": a.reason}
-            for a in pending.awaiting if a.call_id in now
+            for a in pending.awaiting
+            if a.call_id in now
         ],
         "decided": [
             {"call_id": c, "decision": d.decision, "reason": d.reason, "result": d.result, "decided_by": d.decided_by}
-            for c in pending.call_ids if (d := decided.get(c)) is not None
+            for c in pending.call_ids
+            if (d := decided.get(c)) is not None
         ],
     }
 
@@ -682,11 +799,17 @@ def _model_config_line(doc: dict[str, Any], prompt_tokens: int | None = None, co
     and, with token counts and prices, the cost so far; or the scripted model."""
     model = (doc.get("spec") or {}).get("model") or {}
     if not doc.get("modelConfig"):
-        return f"{model.get('name')} (scripted: {model.get('script')})" if model.get("script") else f"{model.get('name')} (no ModelConfig)"
+        return (
+            f"{model.get('name')} (scripted: {model.get('script')})"
+            if model.get("script")
+            else f"{model.get('name')} (no ModelConfig)"
+        )
     from .spec import ResolvedModelConfig  # only here: a run without a ModelConfig needs none of the spec models
 
     mc = ResolvedModelConfig.model_validate(doc["modelConfig"])
-    line = f"{model.get('name')} via ModelConfig {mc.name}" + (f" (resourceVersion {mc.resourceVersion})" if mc.resourceVersion else "")
+    line = f"{model.get('name')} via ModelConfig {mc.name}" + (
+        f" (resourceVersion {mc.resourceVersion})" if mc.resourceVersion else ""
+    )
     line += f" at {mc.baseURL}"
     if mc.prices is not None and prompt_tokens is not None and completion_tokens is not None:
         line += f"; cost so far {mc.prices.cost(prompt_tokens, completion_tokens):.4f} {mc.prices.currency}"
@@ -721,8 +844,10 @@ def status(run: str, dsn: str | None, output: str) -> None:
     state, story = runner_story(info, ctx.status.phase, *batch_waits(pending.call_ids if pending else [], decided))
     short = key.removeprefix("default/")
     if state == "waiting_for_decision":
-        story += (f"; decide with `agentfast approve {short} CALL_ID`, `deny ... --reason ...` or `complete ... --result ...`,"
-                  f" then `agentfast resume {short}`")
+        story += (
+            f"; decide with `agentfast approve {short} CALL_ID`, `deny ... --reason ...` or `complete ... --result ...`,"
+            f" then `agentfast resume {short}`"
+        )
     elif state in ("decided_resume_needed", "interrupted"):
         story += f"; resume to continue: `agentfast resume {short}`"
     budget_doc, budget_line = _budget_summary(ctx)
@@ -758,16 +883,28 @@ def status(run: str, dsn: str | None, output: str) -> None:
         note = " (in flight when a runner died: may already have run)" if a["reason"] == "in_flight_not_idempotent" else ""
         t.add_row("awaiting", one_line(f"{a['call_id']} {a['tool']}({a['arguments']}){note}"))
     for d in view["decided"]:
-        t.add_row("decided", one_line(f"{d['call_id']}: {d['decision']}" + (f" ({d['reason']})" if d["reason"] else "")
-                                  + (f" by {d['decided_by']}" if d["decided_by"] else "")))
+        t.add_row(
+            "decided",
+            one_line(
+                f"{d['call_id']}: {d['decision']}"
+                + (f" ({d['reason']})" if d["reason"] else "")
+                + (f" by {d['decided_by']}" if d["decided_by"] else "")
+            ),
+        )
     out.print(t, highlight=False)
 
 
 @app.command()
 @click.argument("run")
 @dsn_option
-@click.option("-o", "--output", "output_format", default="text", show_default=True,
-              help="text, or json: transcript, journal, decisions and checkpoints")
+@click.option(
+    "-o",
+    "--output",
+    "output_format",
+    default="text",
+    show_default=True,
+    help="text, or json: transcript, journal, decisions and checkpoints",
+)
 def history(run: str, dsn: str | None, output_format: str) -> None:
     """The transcript (every part of every message), the tool-call journal, the decisions and the kept checkpoints of a run."""
     if output_format not in ("text", "json"):
@@ -805,19 +942,35 @@ def history(run: str, dsn: str | None, output_format: str) -> None:
     for e in journal:
         flags = [f for f, on in (("gated", e.gated), ("not idempotent", not e.idempotent)) if on]
         state = e.state + (f" ({e.result.error_kind or 'error'})" if e.result and e.result.is_error else "")
-        out.print(styled((e.call_id, "bold"), f"  {e.tool_call.name}  {state}  attempts {e.attempts}",
-                         f"  {', '.join(flags)}" if flags else "", f"  idempotency key {e.idempotency_key}"))
+        out.print(
+            styled(
+                (e.call_id, "bold"),
+                f"  {e.tool_call.name}  {state}  attempts {e.attempts}",
+                f"  {', '.join(flags)}" if flags else "",
+                f"  idempotency key {e.idempotency_key}",
+            )
+        )
     if not journal:
         out.print("(no tool calls)")
     if decisions:
         out.rule("decisions")
         for d in decisions:
-            out.print(styled((d["call_id"], "bold"), f"  {d['decision']}  by {d.get('decided_by') or '?'}  at {_when(d.get('decided_at'))}",
-                             f"  reason: {d['reason']}" if d.get("reason") else ""))
+            out.print(
+                styled(
+                    (d["call_id"], "bold"),
+                    f"  {d['decision']}  by {d.get('decided_by') or '?'}  at {_when(d.get('decided_at'))}",
+                    f"  reason: {d['reason']}" if d.get("reason") else "",
+                )
+            )
     out.rule("checkpoints (latest kept)")
     for cp in checkpoints:
-        out.print(styled((f"checkpoint {cp.checkpoint_id}", "bold"), f"  iteration {cp.iteration}  messages {cp.message_count}"
-                         f"  {cp.phase}  epoch {cp.epoch}  saved {_when(cp.saved_at)}"))
+        out.print(
+            styled(
+                (f"checkpoint {cp.checkpoint_id}", "bold"),
+                f"  iteration {cp.iteration}  messages {cp.message_count}"
+                f"  {cp.phase}  epoch {cp.epoch}  saved {_when(cp.saved_at)}",
+            )
+        )
     earlier = store.earlier_runs(key)
     if earlier:
         out.rule("earlier runs of this name (kept for audit)")
@@ -825,8 +978,9 @@ def history(run: str, dsn: str | None, output_format: str) -> None:
             out.print(styled((r.run_id, "bold"), f"  uid {r.run_uid}  (agentfast history {r.run_id})"))
 
 
-def _history_json(key: str, snap: StateSnapshot, journal: list[JournalEntry], decisions: list[dict[str, Any]],
-                  checkpoints: list[CheckpointInfo]) -> dict[str, Any]:
+def _history_json(
+    key: str, snap: StateSnapshot, journal: list[JournalEntry], decisions: list[dict[str, Any]], checkpoints: list[CheckpointInfo]
+) -> dict[str, Any]:
     """``history -o json``: the whole record of a run, machine-readable (times as ISO 8601 UTC)."""
     return {
         "run": key,
@@ -834,17 +988,31 @@ def _history_json(key: str, snap: StateSnapshot, journal: list[JournalEntry], de
         "transcript": [m.model_dump(mode="json") for m in snap.messages],
         "journal": [
             {
-                "call_id": e.call_id, "iteration": e.iteration, "position": e.position, "tool": e.tool_call.name,
-                "tool_call_id": e.tool_call.id, "arguments": e.tool_call.arguments, "gated": e.gated,
-                "idempotent": e.idempotent, "state": e.state, "attempts": e.attempts,
-                "idempotency_key": e.idempotency_key, "result": e.result.model_dump(mode="json") if e.result else None,
+                "call_id": e.call_id,
+                "iteration": e.iteration,
+                "position": e.position,
+                "tool": e.tool_call.name,
+                "tool_call_id": e.tool_call.id,
+                "arguments": e.tool_call.arguments,
+                "gated": e.gated,
+                "idempotent": e.idempotent,
+                "state": e.state,
+                "attempts": e.attempts,
+                "idempotency_key": e.idempotency_key,
+                "result": e.result.model_dump(mode="json") if e.result else None,
             }
             for e in journal
         ],
         "decisions": [{k: _iso(v) for k, v in d.items() if k != "run_id"} for d in decisions],
         "checkpoints": [
-            {"checkpoint_id": c.checkpoint_id, "iteration": c.iteration, "messages": c.message_count, "phase": c.phase,
-             "epoch": c.epoch, "saved_at": _iso(c.saved_at)}
+            {
+                "checkpoint_id": c.checkpoint_id,
+                "iteration": c.iteration,
+                "messages": c.message_count,
+                "phase": c.phase,
+                "epoch": c.epoch,
+                "saved_at": _iso(c.saved_at),
+            }
             for c in checkpoints
         ],
     }
@@ -885,12 +1053,21 @@ def list_runs(dsn: str | None) -> None:
     unreadable = []
     for rec, info in store.list_runs():
         if info is not None and not info.readable:  # a newer release's row: its phase may not mean what ours does
-            unreadable.append(UnreadableState(rec.run_id, "agentfast_checkpoints", f"checkpoint {info.checkpoint_id} (iteration {info.iteration})",
-                                              "written by a newer or unknown release" + ("" if info.phase in get_args(Phase) else f" (phase {info.phase!r})"),
-                                              found_version=info.schema_version))
+            unreadable.append(
+                UnreadableState(
+                    rec.run_id,
+                    "agentfast_checkpoints",
+                    f"checkpoint {info.checkpoint_id} (iteration {info.iteration})",
+                    "written by a newer or unknown release"
+                    + ("" if info.phase in get_args(Phase) else f" (phase {info.phase!r})"),
+                    found_version=info.schema_version,
+                )
+            )
             t.add_row(rec.run_id, f"unreadable (schema_version {info.schema_version}, phase {info.phase})", "-", "-")
             continue
-        t.add_row(rec.run_id, info.phase if info else "-", str(info.iteration) if info else "-", _when(info.saved_at) if info else "-")
+        t.add_row(
+            rec.run_id, info.phase if info else "-", str(info.iteration) if info else "-", _when(info.saved_at) if info else "-"
+        )
     out.print(t)
     if unreadable:
         for e in unreadable:

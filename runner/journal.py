@@ -93,7 +93,9 @@ class CallExecutor:
             epoch=self.lease.epoch,
         )
 
-    def _result(self, entry: JournalEntry, content: str, error_kind: str | None = None, recorded_by: str | None = None) -> ToolResult:
+    def _result(
+        self, entry: JournalEntry, content: str, error_kind: str | None = None, recorded_by: str | None = None
+    ) -> ToolResult:
         return ToolResult(
             call_id=entry.call_id,
             position=entry.position,
@@ -123,7 +125,9 @@ class CallExecutor:
         it malformed with no intent (an unknown tool, arguments that do not parse)."""
         return not isinstance(self._callable(entry), str)
 
-    def execute(self, entry: JournalEntry, *, intent: EndRequests | None | Literal[NotWritten.NOT_WRITTEN] = NOT_WRITTEN) -> ToolResult:
+    def execute(
+        self, entry: JournalEntry, *, intent: EndRequests | None | Literal[NotWritten.NOT_WRITTEN] = NOT_WRITTEN
+    ) -> ToolResult:
         """Run one call exactly once in effect; returns its (possibly stored) result.
 
         ``intent``: what the write that already recorded the call's intent returned
@@ -144,8 +148,11 @@ class CallExecutor:
 
         # The write-ahead intent, durable before the call: the journal counts every attempt, even
         # across a Postgres crash (tests/chaos checks runs <= attempts), for idempotent tools too.
-        ends = (self.store.mark_started(self.lease, entry.iteration, entry.position, deadline_s=self.deadline_s)
-                if intent is NOT_WRITTEN else intent)
+        ends = (
+            self.store.mark_started(self.lease, entry.iteration, entry.position, deadline_s=self.deadline_s)
+            if intent is NOT_WRITTEN
+            else intent
+        )
         if ends is not None:
             raise RunEnding(ends)
         faults.point("tool.before_call", name)
@@ -180,9 +187,18 @@ class CallExecutor:
             raise
         except PayloadTooLarge as err:
             log.error("the result of %s (%s) is too large to store: %s", entry.call_id, entry.tool_call.name, err)
-            self.store.record_result(self.lease, entry.iteration, entry.position, self._result(
-                entry, f"error: {entry.tool_call.name} ran (its effect, if any, happened), but its result could not be stored: {err}"[:1000],
-                "tool_raised"))
+            self.store.record_result(
+                self.lease,
+                entry.iteration,
+                entry.position,
+                self._result(
+                    entry,
+                    f"error: {entry.tool_call.name} ran (its effect, if any, happened), but its result could not be stored: {err}"[
+                        :1000
+                    ],
+                    "tool_raised",
+                ),
+            )
             raise
         except Exception as err:
             log.error("the result of %s (%s) could not be stored: %r", entry.call_id, entry.tool_call.name, err)
@@ -229,8 +245,10 @@ class CallExecutor:
         name = entry.tool_call.name
         why = f": {reason}" if reason else ""
         if entry.attempts > 0:  # started before: it ran, or may have
-            text = (f"denied: a human reviewer declined to run this {name} call again{why}. "
-                    "An earlier attempt was interrupted and may have taken effect.")
+            text = (
+                f"denied: a human reviewer declined to run this {name} call again{why}. "
+                "An earlier attempt was interrupted and may have taken effect."
+            )
         else:
             text = f"denied: a human reviewer declined this {name} call{why}. It was not run."
         return self._persist(entry, self._result(entry, text, "denied"))
@@ -238,4 +256,6 @@ class CallExecutor:
     def complete(self, entry: JournalEntry, result_text: str, decided_by: str) -> ToolResult:
         """Persist a human's record that the call's effect already happened, with ``result_text``
         (what the model reads, verbatim); the tool body never runs again."""
-        return self._persist(entry, self._result(entry, result_text, recorded_by=f"human:{decided_by}" if decided_by else "human"))
+        return self._persist(
+            entry, self._result(entry, result_text, recorded_by=f"human:{decided_by}" if decided_by else "human")
+        )

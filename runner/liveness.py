@@ -148,10 +148,13 @@ LEFT JOIN agentfast_runners r ON r.run_id = %(run_id)s
 def runs_held(store: Store, run_ids: Sequence[str]) -> set[str]:
     """Which of ``run_ids`` have their runner lock held now (a runner alive, or frozen: see
     :func:`runner_state` for the story), in one query for all of them. Raises StoreUnavailable."""
-    rows = store._retry(lambda c: c.execute(
-        """SELECT classid::bigint AS classid, objid::bigint AS objid FROM pg_locks
+    rows = store._retry(
+        lambda c: c.execute(
+            """SELECT classid::bigint AS classid, objid::bigint AS objid FROM pg_locks
            WHERE locktype = 'advisory' AND granted AND objsubid = 1
-             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())""").fetchall())
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"""
+        ).fetchall()
+    )
     held = {(r["classid"], r["objid"]) for r in rows}
     return {run_id for run_id in run_ids if _lock_parts(run_id) in held}
 
@@ -256,8 +259,16 @@ class RunnerClaim:
     # -- acquire / release ----------------------------------------------------------------------
 
     @classmethod
-    def acquire(cls, store: Store, run_id: str, *, force: bool = False, wait_s: float = EXIT_GRACE_S,
-                stop: threading.Event | None = None, **kw: Any) -> RunnerClaim:
+    def acquire(
+        cls,
+        store: Store,
+        run_id: str,
+        *,
+        force: bool = False,
+        wait_s: float = EXIT_GRACE_S,
+        stop: threading.Event | None = None,
+        **kw: Any,
+    ) -> RunnerClaim:
         """Take the run's lock and start heartbeating; returns the claim.
 
         A held lock is looked at again for ``wait_s`` seconds (a holder that was killed, or got
@@ -280,7 +291,9 @@ class RunnerClaim:
                 claim._conn.close()
                 sqlstate = getattr(err, "sqlstate", None)
                 if sqlstate == "42501":
-                    raise StoreUnavailable(f"Postgres refused the runner a privilege (nothing is lost; fix the grant, then resume): {err}") from None
+                    raise StoreUnavailable(
+                        f"Postgres refused the runner a privilege (nothing is lost; fix the grant, then resume): {err}"
+                    ) from None
                 if not (isinstance(err, psycopg.OperationalError) or sqlstate in ("25006", "25P03")):
                     raise
                 if time.monotonic() + delay > deadline:
@@ -339,7 +352,9 @@ class RunnerClaim:
                 time.sleep(0.1)
                 self.locked = self._try_lock()
             if not self.locked:
-                log.warning("run %s: the old runner's lock is still held; continuing without it (fenced by the epoch)", self.run_id)
+                log.warning(
+                    "run %s: the old runner's lock is still held; continuing without it (fenced by the epoch)", self.run_id
+                )
         self._write_row()
 
     def _beat(self) -> None:
@@ -415,13 +430,18 @@ def runner_story(info: RunnerInfo, phase: str, awaiting: str | None, decided: st
     included). The sentence never says what to type: CLI and operator add their own next step.
     """
     if info.alive:
-        extra = f"; it waits for a decision on {awaiting}" if phase == Phase.WAITING_FOR_APPROVAL and awaiting and not decided else ""
+        extra = (
+            f"; it waits for a decision on {awaiting}" if phase == Phase.WAITING_FOR_APPROVAL and awaiting and not decided else ""
+        )
         return "alive", f"alive: {info.describe()}{extra}"
     if phase in TERMINAL_PHASES:
         return "ended", "none (the run has ended)"
     if phase == Phase.WAITING_FOR_APPROVAL and awaiting:
         if decided:
-            return "decided_resume_needed", f"no runner: the decision on {awaiting} ({decided}) is recorded and nothing is running to act on it"
+            return (
+                "decided_resume_needed",
+                f"no runner: the decision on {awaiting} ({decided}) is recorded and nothing is running to act on it",
+            )
         return "waiting_for_decision", f"no runner: waiting for a decision on {awaiting} (normal for a paused run)"
     if info.state == "stale":
         return "interrupted", f"no live runner: interrupted; {info.describe()} (frozen or unreachable; a resume takes it over)"

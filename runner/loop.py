@@ -71,6 +71,7 @@ from .tools import ToolRegistry
 
 log = logging.getLogger(__name__)
 
+
 class Unread(enum.Enum):
     """_UNREAD's type: an enum member, so that ``ends is _UNREAD`` narrows ``ends``."""
 
@@ -78,7 +79,6 @@ class Unread(enum.Enum):
 
 
 _UNREAD: Final = Unread.UNREAD  # RunnerBase.halted: no end requests at hand, read them
-
 
 
 @dataclass
@@ -105,7 +105,9 @@ class ProgressEvent:
     pending: PendingToolCall | None = None
 
 
-def fail_invalid_spec(store: Store, run: AgentRun, message: str, *, force: bool = False, wait_for_holder_s: float | None = None) -> Outcome:
+def fail_invalid_spec(
+    store: Store, run: AgentRun, message: str, *, force: bool = False, wait_for_holder_s: float | None = None
+) -> Outcome:
     """End a registered run as ``Failed`` / ``InvalidSpec`` with ``message``, running nothing of it.
 
     For a spec the runner cannot resolve (a ref that does not import or raises, a tool's gate
@@ -114,8 +116,16 @@ def fail_invalid_spec(store: Store, run: AgentRun, message: str, *, force: bool 
     retries it. A run already finished keeps its ending. Returns the Outcome (exit code 2 when
     recorded; 76 when a live runner owns the run; 75 when Postgres is unavailable).
     """
-    return _InvalidSpecRunner(store, run, _NoModel(), ToolRegistry([]), wait_for_approval=False, force=force, message=message,
-                              wait_for_holder_s=wait_for_holder_s).run()
+    return _InvalidSpecRunner(
+        store,
+        run,
+        _NoModel(),
+        ToolRegistry([]),
+        wait_for_approval=False,
+        force=force,
+        message=message,
+        wait_for_holder_s=wait_for_holder_s,
+    ).run()
 
 
 class _NoModel:
@@ -279,7 +289,9 @@ class RunnerBase(ABC):
                 warm()
             if self._resolve_tools is not None:  # the run is ours and the old runner fenced: now wait for the tools
                 self.tools, self._resolve_tools = self._resolve_tools(), None
-            self.executor = CallExecutor(self.store, self.lease, record.run_uid, self.tools, deadline_s=self.spec.activeDeadlineSeconds)
+            self.executor = CallExecutor(
+                self.store, self.lease, record.run_uid, self.tools, deadline_s=self.spec.activeDeadlineSeconds
+            )
             self.emit("started")
             return self.drive()
         except BudgetExceeded as err:
@@ -289,7 +301,9 @@ class RunnerBase(ABC):
             return self.halt_outcome("stop requested before a tool call; resume to continue")
         except LeaseLost as err:
             log.error("lease lost: %s", err)
-            return Outcome("LeaseLost", ExitCode.LEASE_LOST, f"another runner took this run over; stopping without effects ({err})")
+            return Outcome(
+                "LeaseLost", ExitCode.LEASE_LOST, f"another runner took this run over; stopping without effects ({err})"
+            )
         except StoreUnavailable as err:
             return Outcome("Unavailable", ExitCode.RETRY, f"Postgres unavailable; nothing is lost, resume later: {err}")
         except ToolHostLost as err:  # a call in flight may have taken effect: left started, settled on resume (G4)
@@ -357,7 +371,9 @@ class RunnerBase(ABC):
             if start is None:
                 turn = self.store.save_turn(self.lease, turn, plan)  # as stored: see runner/storable.py
             else:  # the first call's intent in the same write (what mark_started would write next)
-                turn, ends = self.store.save_turn_and_mark_started(self.lease, turn, plan, start, deadline_s=self.executor.deadline_s)
+                turn, ends = self.store.save_turn_and_mark_started(
+                    self.lease, turn, plan, start, deadline_s=self.executor.deadline_s
+                )
                 self._intent = (it, start, ends)
             # The journal now holds exactly this plan (of the stored message): the batch needs no read.
             self._planned = (it, self._plan(it, turn.message))
@@ -467,8 +483,13 @@ class RunnerBase(ABC):
                 if suspend_at is not None and time.monotonic() >= suspend_at:
                     # spec.suspendAfter: free the pod and the connections; a decision starts a new runner
                     self._active_since = time.monotonic()
-                    return Outcome(Phase.WAITING_FOR_APPROVAL, ExitCode.OK, f"suspended: no decision within {self.suspend_after_s:g} s; "
-                                                                  "the runner exits and a decision starts a new one", self.snap.pending)
+                    return Outcome(
+                        Phase.WAITING_FOR_APPROVAL,
+                        ExitCode.OK,
+                        f"suspended: no decision within {self.suspend_after_s:g} s; "
+                        "the runner exits and a decision starts a new one",
+                        self.snap.pending,
+                    )
                 # else woke a hair before the store's clock reached the deadline: wait on
             self._active_since = time.monotonic()  # time spent waiting for a human is not billed
             found = got
@@ -596,7 +617,9 @@ class RunnerBase(ABC):
                 classification = classifier(self.spec)
             except BaseException as err:  # noqa: BLE001 - user code must not end the runner's process
                 log.warning("classifier %s raised %s", self.spec.budget.classifier, type(err).__name__, exc_info=True)
-                raise SpecError(f"spec.budget.classifier: calling {self.spec.budget.classifier} raised {type(err).__name__}") from None
+                raise SpecError(
+                    f"spec.budget.classifier: calling {self.spec.budget.classifier} raised {type(err).__name__}"
+                ) from None
             budget = classification.applied
         ctx = RunContext(
             session=Session(run_uid=run_uid, adapter=self.adapter, model=self.spec.model.name),
@@ -624,11 +647,14 @@ class RunnerBase(ABC):
         self.snap.saved_at = int(time.time() * 1000)
         faults.point("checkpoint.before_commit")
         if len(self.snap.messages) < self._stored:
-            raise RuntimeError(f"the transcript shrank from {self._stored} to {len(self.snap.messages)} messages; it is append-only")
+            raise RuntimeError(
+                f"the transcript shrank from {self._stored} to {len(self.snap.messages)} messages; it is append-only"
+            )
         rows = self.sdk_rows()
         if then_halted:
-            _, self._ends_read = self.store.commit_checkpoint_then_read_end_requests(self.lease, self.snap, stored_messages=self._stored,
-                                                                                     sdk_rows=rows)
+            _, self._ends_read = self.store.commit_checkpoint_then_read_end_requests(
+                self.lease, self.snap, stored_messages=self._stored, sdk_rows=rows
+            )
         else:
             self.store.commit_checkpoint(self.lease, self.snap, stored_messages=self._stored, sdk_rows=rows)
         self._stored = len(self.snap.messages)
@@ -645,7 +671,9 @@ class RunnerBase(ABC):
         """Called once :meth:`commit` has committed ``rows``: they need not be sent again."""
         return None  # a hook: nothing to forget unless sdk_rows gave rows
 
-    def finish(self, phase: str, reason: str, message: str, *, exit_code: int | None = None, keep_pending: bool = False) -> Outcome:
+    def finish(
+        self, phase: str, reason: str, message: str, *, exit_code: int | None = None, keep_pending: bool = False
+    ) -> Outcome:
         """End the run: set its status (``message`` cut to 1000 characters), commit, emit
         ``finished``. ``exit_code``: None gives 0 for Succeeded, else 1. ``keep_pending``: keep
         ``snap.pending`` (a cancelled run's undecided calls). Raises what :meth:`commit` raises."""

@@ -64,8 +64,14 @@ from 0) once the new run reaches the old runner's epoch (G6).
 """
 
 # Tables (as of migration 5) that hold a run's rows, by run_id: the ones runner roles reach.
-_CHILD_TABLES = ("agentfast_messages", "agentfast_checkpoints", "agentfast_turns", "agentfast_tool_calls",
-                 "agentfast_approvals", "agentfast_runners")
+_CHILD_TABLES = (
+    "agentfast_messages",
+    "agentfast_checkpoints",
+    "agentfast_turns",
+    "agentfast_tool_calls",
+    "agentfast_approvals",
+    "agentfast_runners",
+)
 _RUN_TABLES = ("agentfast_runs", *_CHILD_TABLES)
 
 MIGRATIONS: list[str] = [
@@ -241,14 +247,20 @@ MIGRATIONS: list[str] = [
     GRANT SELECT, INSERT, UPDATE ON agentfast_tool_calls TO agentfast_runner;
     GRANT SELECT, INSERT, UPDATE, DELETE ON agentfast_runners TO agentfast_runner;
     """
-    + "".join(f"ALTER TABLE {t} ENABLE ROW LEVEL SECURITY;\n" for t in _RUN_TABLES + ("agentfast_void_decisions", "agentfast_tenants"))
-    + "".join(f"CREATE POLICY agentfast_tenant ON {t} TO agentfast_runner USING (split_part(run_id, '/', 1) = agentfast_tenant());\n"
-              for t in _RUN_TABLES),
+    + "".join(
+        f"ALTER TABLE {t} ENABLE ROW LEVEL SECURITY;\n" for t in _RUN_TABLES + ("agentfast_void_decisions", "agentfast_tenants")
+    )
+    + "".join(
+        f"CREATE POLICY agentfast_tenant ON {t} TO agentfast_runner USING (split_part(run_id, '/', 1) = agentfast_tenant());\n"
+        for t in _RUN_TABLES
+    ),
     # 6: an AgentRun re-created under an old name never touches the earlier run's rows: they are
     # kept under the id NS/NAME@UID (Store.archive_run), which needs the keys to follow a rename.
-    "".join(f"ALTER TABLE {t} DROP CONSTRAINT {t}_run_id_fkey, ADD CONSTRAINT {t}_run_id_fkey FOREIGN KEY (run_id)"
-              " REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE;\n"
-              for t in _CHILD_TABLES + ("agentfast_void_decisions",)),
+    "".join(
+        f"ALTER TABLE {t} DROP CONSTRAINT {t}_run_id_fkey, ADD CONSTRAINT {t}_run_id_fkey FOREIGN KEY (run_id)"
+        " REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE;\n"
+        for t in _CHILD_TABLES + ("agentfast_void_decisions",)
+    ),
     # 7: every primary key and unique constraint of a run table starts with run_id, so the schema
     # can be distributed by run_id (Citus) unchanged: a distributed table's unique constraints
     # must contain its distribution column. The three global ones become per run. run_uid stays
@@ -486,11 +498,15 @@ MIGRATIONS: list[str] = [
                  LEFT JOIN agentfast_cancel_requests q ON q.run_id = p_run;
     END $$;
     """
-    + "".join(f"GRANT EXECUTE ON FUNCTION {f} TO agentfast_runner;\n" for f in (
-        "agentfast_name_lease(bigint, text)",
-        "agentfast_save_turn(text, bigint, text, integer, jsonb, integer, integer, jsonb, integer, float8)",
-        "agentfast_mark_started(text, bigint, text, integer, integer, float8)",
-        "agentfast_record_result(text, bigint, text, integer, integer, jsonb)",
-        "agentfast_commit_checkpoint(text, bigint, text, uuid, integer, integer, jsonb, text[], text[], bytea[], integer, text,"
-        " integer, jsonb, jsonb, jsonb, bigint, integer, boolean)")),
+    + "".join(
+        f"GRANT EXECUTE ON FUNCTION {f} TO agentfast_runner;\n"
+        for f in (
+            "agentfast_name_lease(bigint, text)",
+            "agentfast_save_turn(text, bigint, text, integer, jsonb, integer, integer, jsonb, integer, float8)",
+            "agentfast_mark_started(text, bigint, text, integer, integer, float8)",
+            "agentfast_record_result(text, bigint, text, integer, integer, jsonb)",
+            "agentfast_commit_checkpoint(text, bigint, text, uuid, integer, integer, jsonb, text[], text[], bytea[], integer, text,"
+            " integer, jsonb, jsonb, jsonb, bigint, integer, boolean)",
+        )
+    ),
 ]

@@ -165,8 +165,9 @@ class OpenAIChatModel(ChatModel):
             if self._client is None:
                 import openai
 
-                self._client = openai.OpenAI(base_url=self.base_url, api_key=self._api_key, timeout=self.timeout_s,
-                                             max_retries=self.max_retries)
+                self._client = openai.OpenAI(
+                    base_url=self.base_url, api_key=self._api_key, timeout=self.timeout_s, max_retries=self.max_retries
+                )
             return self._client
 
     def warm(self) -> None:
@@ -213,7 +214,9 @@ class OpenAIChatModel(ChatModel):
         body = self._wire.body(self.model, messages, self._fields(tools))
         try:
             response = client.post(
-                "/chat/completions", cast_to=ChatCompletion, content=body,
+                "/chat/completions",
+                cast_to=ChatCompletion,
+                content=body,
                 # What create() passes: the bearer key (auth), no extras.
                 options=make_request_options(security={"bearer_auth": True}),
             )
@@ -393,8 +396,13 @@ def _error_detail(err: openai.APIStatusError) -> str:
     return err.message
 
 
-def model_from_spec(spec: ModelSpec, config: ResolvedModelConfig | None = None, env: Mapping[str, str] = os.environ, *,
-                    script: Script | None = None) -> ChatModel:
+def model_from_spec(
+    spec: ModelSpec,
+    config: ResolvedModelConfig | None = None,
+    env: Mapping[str, str] = os.environ,
+    *,
+    script: Script | None = None,
+) -> ChatModel:
     """The provider for an AgentRun's ``spec.model``.
 
     With ``spec.script``: loads the script (or takes ``script``, the one ``spec.resolve`` loaded),
@@ -422,8 +430,12 @@ def model_from_spec(spec: ModelSpec, config: ResolvedModelConfig | None = None, 
         defaults = ResolvedModelConfig.model_fields
         try:
             model = OpenAIChatModel(
-                base_url=base_url, api_key="scripted", model=spec.name, timeout_s=defaults["timeoutSeconds"].default,
-                max_retries=defaults["maxRetries"].default, temperature=spec.temperature,
+                base_url=base_url,
+                api_key="scripted",
+                model=spec.name,
+                timeout_s=defaults["timeoutSeconds"].default,
+                max_retries=defaults["maxRetries"].default,
+                temperature=spec.temperature,
             )
         except BaseException:
             server.stop()
@@ -433,9 +445,11 @@ def model_from_spec(spec: ModelSpec, config: ResolvedModelConfig | None = None, 
         return model
 
     if config is None:
-        raise ModelError(f"spec.model.config: ModelConfig {spec.config!r} was not resolved when the run was registered;"
-                         " register the run again (agentfast run FILE with the ModelConfig beside it, or through the operator)",
-                         retriable=False)
+        raise ModelError(
+            f"spec.model.config: ModelConfig {spec.config!r} was not resolved when the run was registered;"
+            " register the run again (agentfast run FILE with the ModelConfig beside it, or through the operator)",
+            retriable=False,
+        )
     try:
         check_model_allowed(spec, config)
     except ValueError as err:
@@ -444,10 +458,18 @@ def model_from_spec(spec: ModelSpec, config: ResolvedModelConfig | None = None, 
     if config.apiKeySecretRef is not None:
         api_key = env.get(MODEL_API_KEY_ENV, "")
         if not api_key:
-            raise ModelError(f"model API key: {MODEL_API_KEY_ENV} is not set; ModelConfig {config.name!r} names a key (Secret"
-                             f" {config.apiKeySecretRef.name!r}, key {config.apiKeySecretRef.key!r}), which the operator mounts"
-                             f" there in a cluster; locally, export {MODEL_API_KEY_ENV}", retriable=False)
+            raise ModelError(
+                f"model API key: {MODEL_API_KEY_ENV} is not set; ModelConfig {config.name!r} names a key (Secret"
+                f" {config.apiKeySecretRef.name!r}, key {config.apiKeySecretRef.key!r}), which the operator mounts"
+                f" there in a cluster; locally, export {MODEL_API_KEY_ENV}",
+                retriable=False,
+            )
     return OpenAIChatModel(
-        base_url=config.baseURL, api_key=api_key, model=spec.name, timeout_s=config.timeoutSeconds,
-        max_retries=config.maxRetries, temperature=spec.temperature, max_tokens=config.maxTokensPerRequest,
+        base_url=config.baseURL,
+        api_key=api_key,
+        model=spec.name,
+        timeout_s=config.timeoutSeconds,
+        max_retries=config.maxRetries,
+        temperature=spec.temperature,
+        max_tokens=config.maxTokensPerRequest,
     )

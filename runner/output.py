@@ -41,7 +41,19 @@ from rich.text import Text
 
 from .storable import storable, storable_text
 
-__all__ = ["BestEffortStream", "detached_writes", "err", "finish", "install", "json_text", "one_line", "out", "printable", "styled", "attached_writes"]
+__all__ = [
+    "BestEffortStream",
+    "detached_writes",
+    "err",
+    "finish",
+    "install",
+    "json_text",
+    "one_line",
+    "out",
+    "printable",
+    "styled",
+    "attached_writes",
+]
 
 #: Text queued by a detached stream beyond this (characters) is dropped, not waited for.
 MAX_PENDING_CHARS = 4 * 1024 * 1024
@@ -275,8 +287,7 @@ class _DataConsole(Console):
         # raises BrokenPipeError, so this is only a second line of defence.
         self.quiet = True
 
-    def print_json(self, json: str | None = None, *, data: Any = None, indent: None | int | str = 2,
-                   **_ignored: Any) -> None:
+    def print_json(self, json: str | None = None, *, data: Any = None, indent: None | int | str = 2, **_ignored: Any) -> None:
         """JSON text (``json``) or an object (``data``) printed as :func:`json_text` gives it:
         parseable, no rendering, no highlighting (rich's own would pass C1 controls through)."""
         import json as _json

@@ -220,7 +220,7 @@ def fetch(conn: Any, run_id: str, digests: set[str]) -> dict[str, str]:
     """The texts of ``digests`` stored for ``run_id`` (sha256 hex -> text; missing ones absent)."""
     if not digests:
         return {}
-    rows = conn.execute("SELECT digest, content FROM agentfast_payloads WHERE run_id = %s AND digest = ANY(%s)",
-                        (run_id, sorted(digests))).fetchall()
+    rows = conn.execute(
+        "SELECT digest, content FROM agentfast_payloads WHERE run_id = %s AND digest = ANY(%s)", (run_id, sorted(digests))
+    ).fetchall()
     return {r["digest"] if isinstance(r, dict) else r[0]: r["content"] if isinstance(r, dict) else r[1] for r in rows}
-

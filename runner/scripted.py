@@ -169,7 +169,9 @@ class Script(_ScriptModel):
 
     name: str = ""
     model: str = Field(min_length=1)
-    strict: bool = Field(False, description="check each request's messages as OpenAI does (duplicate tool-call ids, unanswered calls)")
+    strict: bool = Field(
+        False, description="check each request's messages as OpenAI does (duplicate tool-call ids, unanswered calls)"
+    )
     turns: list[ScriptTurn] = Field(min_length=1)
 
     @property
@@ -228,7 +230,9 @@ def load_script(name_or_path: str) -> Script:
     names the field).
     """
     looks_like_path = (
-        "/" in name_or_path or "\\" in name_or_path or name_or_path.endswith((".yaml", ".yml"))
+        "/" in name_or_path
+        or "\\" in name_or_path
+        or name_or_path.endswith((".yaml", ".yml"))
         or not _BUNDLED_NAME.match(name_or_path)
     )
     from .safeyaml import UnsafeYaml, read_text
@@ -246,7 +250,9 @@ def load_script(name_or_path: str) -> Script:
             text = res.read_text(encoding="utf-8")
         except (OSError, NotADirectoryError):
             known = ", ".join(bundled_scripts()) or "none"
-            raise ValueError(f"script {name_or_path!r}: no such file and no bundled script of that name (bundled: {known})") from None
+            raise ValueError(
+                f"script {name_or_path!r}: no such file and no bundled script of that name (bundled: {known})"
+            ) from None
         name = name_or_path
     return _parsed(text, name)
 
@@ -385,8 +391,14 @@ class ScriptedModelServer:
     """
 
     def __init__(
-        self, script: Script, host: str = "127.0.0.1", port: int = 0, keep_requests: int = 256, strict: bool | None = None,
-        api_key: str | None = None, keep_wire: int = 0,
+        self,
+        script: Script,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        keep_requests: int = 256,
+        strict: bool | None = None,
+        api_key: str | None = None,
+        keep_wire: int = 0,
     ) -> None:
         if api_key is not None and not api_key:
             raise ValueError("api_key must be a non-empty string or None (no key checked)")
@@ -431,8 +443,10 @@ class ScriptedModelServer:
             httpd.owner = self
             self._httpd = httpd
             self._thread = threading.Thread(
-                target=httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                name=f"scripted-model-{self.script.label}", daemon=True,
+                target=httpd.serve_forever,
+                kwargs={"poll_interval": 0.1},
+                name=f"scripted-model-{self.script.label}",
+                daemon=True,
             )
             self._thread.start()
         return self.base_url
@@ -574,14 +588,18 @@ def strict_violation(messages: list[Any]) -> str | None:
         if role == "tool":
             tcid = m.get("tool_call_id")
             if open_calls is None or tcid not in open_calls:
-                return (f"Invalid parameter: messages with role 'tool' must be a response to a preceding message with"
-                        f" 'tool_calls' (messages[{i}].tool_call_id {tcid!r})")
+                return (
+                    f"Invalid parameter: messages with role 'tool' must be a response to a preceding message with"
+                    f" 'tool_calls' (messages[{i}].tool_call_id {tcid!r})"
+                )
             open_calls.discard(tcid)
             continue
         if open_calls:
-            return (f"An assistant message with 'tool_calls' must be followed by tool messages responding to each"
-                    f" 'tool_call_id'. The following tool_call_ids did not have response messages: {', '.join(sorted(open_calls))}"
-                    f" (messages[{open_at}])")
+            return (
+                f"An assistant message with 'tool_calls' must be followed by tool messages responding to each"
+                f" 'tool_call_id'. The following tool_call_ids did not have response messages: {', '.join(sorted(open_calls))}"
+                f" (messages[{open_at}])"
+            )
         open_calls = None
         if role == "assistant" and m.get("tool_calls"):
             open_calls, open_at = set(), i
@@ -590,13 +608,17 @@ def strict_violation(messages: list[Any]) -> str | None:
                 if not cid:
                     return f"Missing required parameter: 'messages[{i}].tool_calls[{j}].id'"
                 if cid in seen:
-                    return (f"Invalid parameter: duplicate tool_call id {cid!r} in messages[{i}].tool_calls[{j}]"
-                            f" (already used in messages[{seen[cid]}])")
+                    return (
+                        f"Invalid parameter: duplicate tool_call id {cid!r} in messages[{i}].tool_calls[{j}]"
+                        f" (already used in messages[{seen[cid]}])"
+                    )
                 seen[cid] = i
                 open_calls.add(cid)
     if open_calls:
-        return (f"An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'."
-                f" The following tool_call_ids did not have response messages: {', '.join(sorted(open_calls))} (messages[{open_at}])")
+        return (
+            f"An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'."
+            f" The following tool_call_ids did not have response messages: {', '.join(sorted(open_calls))} (messages[{open_at}])"
+        )
     return None
 
 
@@ -611,17 +633,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--script", required=True, help="bundled script name (e.g. refund) or path to a script YAML")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 in a cluster); default 127.0.0.1")
     parser.add_argument("--port", type=int, default=8089, help="port to bind (0 picks a free one); default 8089")
-    parser.add_argument("--strict", action="store_true", default=None,
-                        help="reject requests OpenAI would reject (duplicate tool-call ids, unanswered calls); default: the script's strict")
-    parser.add_argument("--require-key-env", metavar="VAR", default=None,
-                        help="answer 401 unless a request carries 'Authorization: Bearer' and the value of environment variable VAR"
-                             " (read from the environment, so the key is never on the command line)")
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        default=None,
+        help="reject requests OpenAI would reject (duplicate tool-call ids, unanswered calls); default: the script's strict",
+    )
+    parser.add_argument(
+        "--require-key-env",
+        metavar="VAR",
+        default=None,
+        help="answer 401 unless a request carries 'Authorization: Bearer' and the value of environment variable VAR"
+        " (read from the environment, so the key is never on the command line)",
+    )
     args = parser.parse_args(argv)
     api_key = None
     if args.require_key_env is not None:
         api_key = os.environ.get(args.require_key_env) or None
         if api_key is None:
-            print(f"error: --require-key-env {args.require_key_env}: that environment variable is not set or empty", file=sys.stderr, flush=True)
+            print(
+                f"error: --require-key-env {args.require_key_env}: that environment variable is not set or empty",
+                file=sys.stderr,
+                flush=True,
+            )
             return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -639,7 +673,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot bind {args.host}:{args.port}: {err.strerror}", file=sys.stderr, flush=True)
         return 1
     keyed = ", key required" if api_key else ""
-    print(f"scripted model {script.label!r} ({len(script.turns)} turns, model {script.model!r}{keyed}) serving at {url}", flush=True)
+    print(
+        f"scripted model {script.label!r} ({len(script.turns)} turns, model {script.model!r}{keyed}) serving at {url}", flush=True
+    )
     try:
         while not stop.wait(0.5):
             pass

@@ -63,7 +63,9 @@ class Message(_Model):
     tool_calls: list[ToolCall] = Field(default_factory=list)
     tool_call_id: str | None = None
     name: str | None = None
-    refusal: str | None = Field(None, description="an assistant's refusal as the provider sent it (also its content when it said nothing else)")
+    refusal: str | None = Field(
+        None, description="an assistant's refusal as the provider sent it (also its content when it said nothing else)"
+    )
 
     def answer_text(self) -> str:
         """Every text part of this message as one string, for a one-line summary of a final answer
@@ -82,8 +84,7 @@ class Message(_Model):
         out: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.tool_calls:
             out["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for c in self.tool_calls
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in self.tool_calls
             ]
         if self.role == "tool":
             out["tool_call_id"] = self.tool_call_id
@@ -95,7 +96,9 @@ class Budget(_Model):
 
     max_iterations: int = Field(50, gt=0, description="model calls allowed in the run")
     max_tokens: int = Field(150_000, gt=0, description="prompt + completion tokens allowed")
-    max_duration_ms: int = Field(300_000, gt=0, description="active run time allowed, ms; time spent waiting for a human is not counted")
+    max_duration_ms: int = Field(
+        300_000, gt=0, description="active run time allowed, ms; time spent waiting for a human is not counted"
+    )
 
 
 class Counters(_Model):

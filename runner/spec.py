@@ -94,11 +94,22 @@ class ModelSpec(_Spec):
     ``script`` is the bundled scripted model, served over HTTP on localhost by the runner itself.
     """
 
-    name: str = Field(min_length=1, max_length=256, pattern=MODEL_NAME_PATTERN,
-                      description="model name sent to the endpoint; with config, one of the ModelConfig's models")
-    config: str | None = Field(None, min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN,
-                               description="name of a ModelConfig in the run's namespace (its endpoint, key and limits)")
-    script: str | None = Field(None, max_length=4096, description="name of a bundled script (in a cluster, only that) or, locally, path to a script YAML")
+    name: str = Field(
+        min_length=1,
+        max_length=256,
+        pattern=MODEL_NAME_PATTERN,
+        description="model name sent to the endpoint; with config, one of the ModelConfig's models",
+    )
+    config: str | None = Field(
+        None,
+        min_length=1,
+        max_length=253,
+        pattern=DNS1123_SUBDOMAIN,
+        description="name of a ModelConfig in the run's namespace (its endpoint, key and limits)",
+    )
+    script: str | None = Field(
+        None, max_length=4096, description="name of a bundled script (in a cluster, only that) or, locally, path to a script YAML"
+    )
     temperature: float | None = Field(None, ge=0, le=2)
 
     @model_validator(mode="after")
@@ -145,7 +156,9 @@ class ModelConfigSpec(_Spec):
     def _url(cls, v: str) -> str:
         if not re.fullmatch(BASE_URL_PATTERN, v):
             shown = v if len(v) <= 80 else v[:80] + "..."
-            raise ValueError(f"must be an http or https URL with a host, no user info, query or fragment (e.g. https://api.openai.com/v1), not {shown!r}")
+            raise ValueError(
+                f"must be an http or https URL with a host, no user info, query or fragment (e.g. https://api.openai.com/v1), not {shown!r}"
+            )
         return v
 
     @field_validator("models")
@@ -153,7 +166,9 @@ class ModelConfigSpec(_Spec):
     def _model_names(cls, models: list[str]) -> list[str]:
         bad = [m for m in models if not (0 < len(m) <= 256 and re.match(MODEL_NAME_PATTERN, m))]
         if bad:
-            raise ValueError(f"model names are 1 to 256 characters of letters, digits and -._:/@+ (first a letter or digit), not {bad[0][:64]!r}")
+            raise ValueError(
+                f"model names are 1 to 256 characters of letters, digits and -._:/@+ (first a letter or digit), not {bad[0][:64]!r}"
+            )
         dupes = sorted({m for m in models if models.count(m) > 1})
         if dupes:
             raise ValueError(f"model names must be distinct, repeated: {', '.join(dupes)}")
@@ -178,10 +193,14 @@ class ToolSpec(_Spec):
     name: str = Field(min_length=1, pattern=r"^[a-zA-Z0-9_-]{1,64}$")
     ref: str = Field(max_length=512, description="module:attr of a function decorated with @agentfast.runner.tools.tool")
     requiresApproval: bool | None = Field(
-        None, description="gate every call on a human decision; default: the tool's own declaration. A spec can add a gate, never remove one")
+        None,
+        description="gate every call on a human decision; default: the tool's own declaration. A spec can add a gate, never remove one",
+    )
     idempotent: bool | None = Field(
-        None, description="safe to re-run with the same idempotency key; default: the tool's own declaration. false can be added, "
-                          "true on a tool declared idempotent=False is refused")
+        None,
+        description="safe to re-run with the same idempotency key; default: the tool's own declaration. false can be added, "
+        "true on a tool declared idempotent=False is refused",
+    )
 
     @field_validator("ref")
     @classmethod
@@ -213,7 +232,11 @@ class ApprovalDecision(_Spec):
     decision: Literal["approve", "deny", "complete"]
     reason: str | None = Field(None, max_length=REASON_MAX_CHARS)
     result: str | None = Field(None, max_length=RESULT_MAX_CHARS, description="complete: the call's result as JSON text")
-    decidedBy: str = Field(min_length=1, max_length=512, description="the decider's own user name; in a cluster the admission policy checks it against the requesting user")
+    decidedBy: str = Field(
+        min_length=1,
+        max_length=512,
+        description="the decider's own user name; in a cluster the admission policy checks it against the requesting user",
+    )
 
     @model_validator(mode="after")
     def _valid(self) -> ApprovalDecision:
@@ -236,7 +259,9 @@ class BudgetSpec(Budget):
 
 
 #: A label key (``kubernetes.io/os``, ``pool``): an optional DNS-subdomain prefix and ``/``, then a name of 1-63 characters.
-LABEL_KEY_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+LABEL_KEY_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
 #: A CPU or memory quantity in the plain forms (``500m``, ``2``, ``0.5``, ``128Mi``, ``1G``): no exponent, no sign.
 QUANTITY_PATTERN = r"^[0-9]{1,9}(\.[0-9]{1,6})?(m|k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$"
@@ -245,8 +270,10 @@ QUANTITY_PATTERN = r"^[0-9]{1,9}(\.[0-9]{1,6})?(m|k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$"
 #: empty components cannot occur, so a prefix match on ``/`` boundaries means what it says.
 _IMG_DOMAIN = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]{1,5})?"
 _IMG_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-IMAGE_PATTERN = (rf"^(?:{_IMG_DOMAIN}/)?{_IMG_COMPONENT}(?:/{_IMG_COMPONENT})*"
-                 r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$")
+IMAGE_PATTERN = (
+    rf"^(?:{_IMG_DOMAIN}/)?{_IMG_COMPONENT}(?:/{_IMG_COMPONENT})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+)
 #: An allow-list entry that is a path prefix (``registry.example.com/team-a/``): it ends with ``/``.
 IMAGE_PREFIX_PATTERN = rf"^{_IMG_DOMAIN}(?:/{_IMG_COMPONENT})*/$"
 MAX_IMAGE_CHARS = 512
@@ -348,7 +375,9 @@ class PreferredSchedulingTerm(_Spec):
 
 class NodeAffinity(_Spec):
     requiredDuringSchedulingIgnoredDuringExecution: NodeSelector | None = None
-    preferredDuringSchedulingIgnoredDuringExecution: list[PreferredSchedulingTerm] = Field(default_factory=list, max_length=MAX_TERMS)
+    preferredDuringSchedulingIgnoredDuringExecution: list[PreferredSchedulingTerm] = Field(
+        default_factory=list, max_length=MAX_TERMS
+    )
 
 
 class LabelSelector(_Spec):
@@ -382,7 +411,9 @@ class WeightedPodAffinityTerm(_Spec):
 
 class PodAffinity(_Spec):
     requiredDuringSchedulingIgnoredDuringExecution: list[PodAffinityTerm] = Field(default_factory=list, max_length=MAX_TERMS)
-    preferredDuringSchedulingIgnoredDuringExecution: list[WeightedPodAffinityTerm] = Field(default_factory=list, max_length=MAX_TERMS)
+    preferredDuringSchedulingIgnoredDuringExecution: list[WeightedPodAffinityTerm] = Field(
+        default_factory=list, max_length=MAX_TERMS
+    )
 
 
 class Affinity(_Spec):
@@ -414,8 +445,13 @@ class RunnerSpec(_Spec):
     never pulled or read: G12).
     """
 
-    image: str | None = Field(None, min_length=1, max_length=MAX_IMAGE_CHARS, pattern=IMAGE_PATTERN,
-                              description="the runner image: one of the cluster's runner.allowedImages")
+    image: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_IMAGE_CHARS,
+        pattern=IMAGE_PATTERN,
+        description="the runner image: one of the cluster's runner.allowedImages",
+    )
     resources: RunnerResources | None = None
     nodeSelector: dict[str, str] = Field(default_factory=dict, max_length=MAX_SELECTOR_LABELS)
     tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_TOLERATIONS)
@@ -432,9 +468,13 @@ class RunnerSpec(_Spec):
     def _tolerations(cls, tolerations: list[Toleration]) -> list[Toleration]:
         for t in tolerations:
             if not t.key:
-                raise ValueError("a run's toleration names a key: one without tolerates every taint (only an admin's chart may say so)")
+                raise ValueError(
+                    "a run's toleration names a key: one without tolerates every taint (only an admin's chart may say so)"
+                )
             if t.key in OPERATOR_TOLERATION_KEYS:
-                raise ValueError(f"{t.key} is the operator's own toleration (a lost node is detected in 20 s); a run cannot change it")
+                raise ValueError(
+                    f"{t.key} is the operator's own toleration (a lost node is detected in 20 s); a run cannot change it"
+                )
         return tolerations
 
     @field_validator("priorityClassName")
@@ -454,18 +494,35 @@ class AgentRunSpec(_Spec):
     graph: GraphSpec | None = None
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     ttlSecondsAfterFinished: int | None = Field(
-        None, ge=0, le=MAX_TTL_S, description="once the run ended and its AgentRun is gone, delete its rows after this many seconds"
-                                              " (0: keep them; default: the cluster's operator.ttlSecondsAfterFinished)")
+        None,
+        ge=0,
+        le=MAX_TTL_S,
+        description="once the run ended and its AgentRun is gone, delete its rows after this many seconds"
+        " (0: keep them; default: the cluster's operator.ttlSecondsAfterFinished)",
+    )
     suspendAfter: int | None = Field(
-        None, ge=0, le=30 * 86400, description="seconds a run waiting for a human keeps its runner pod; then the pod exits and a"
-                                               " decision starts a new runner (0: keep it; default: the chart's runner.suspendAfterSeconds)")
+        None,
+        ge=0,
+        le=30 * 86400,
+        description="seconds a run waiting for a human keeps its runner pod; then the pod exits and a"
+        " decision starts a new runner (0: keep it; default: the chart's runner.suspendAfterSeconds)",
+    )
     activeDeadlineSeconds: int | None = Field(
-        None, ge=1, le=MAX_DEADLINE_S, description="wall-clock limit, s, counted from the run's registration, waiting for humans"
-                                                   " included; past it the run ends Failed (DeadlineExceeded). Unset: none")
-    cancel: bool = Field(False, description="true: stop the run at its next safe point (no new tool call), keep everything"
-                                            " done, end it Cancelled. Can be set once the run exists, never taken back")
+        None,
+        ge=1,
+        le=MAX_DEADLINE_S,
+        description="wall-clock limit, s, counted from the run's registration, waiting for humans"
+        " included; past it the run ends Failed (DeadlineExceeded). Unset: none",
+    )
+    cancel: bool = Field(
+        False,
+        description="true: stop the run at its next safe point (no new tool call), keep everything"
+        " done, end it Cancelled. Can be set once the run exists, never taken back",
+    )
     approvals: dict[str, ApprovalDecision] = Field(default_factory=dict, max_length=MAX_APPROVALS)
-    runner: RunnerSpec | None = Field(None, description="the runner pod's image, resources and placement (chart defaults otherwise)")
+    runner: RunnerSpec | None = Field(
+        None, description="the runner pod's image, resources and placement (chart defaults otherwise)"
+    )
 
     @field_validator("approvals")
     @classmethod
@@ -473,7 +530,9 @@ class AgentRunSpec(_Spec):
         bad = [k for k in approvals if not re.match(CALL_ID_PATTERN, k)]
         if bad:
             shown = ", ".join(repr(k[:48]) for k in bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
-            raise ValueError(f"keys must be call ids as status.pendingApprovals shows them (e.g. call-2-0, call-1-0-rerun1), not {shown}")
+            raise ValueError(
+                f"keys must be call ids as status.pendingApprovals shows them (e.g. call-2-0, call-1-0-rerun1), not {shown}"
+            )
         return approvals
 
     @field_validator("tools")
@@ -542,7 +601,9 @@ def check_model_allowed(model: ModelSpec, config: ModelConfigSpec | ResolvedMode
         raise ValueError(f"spec.model.config: names {model.config!r}, but the run's ModelConfig is {name!r}")
     if model.name not in config.models:
         shown = ", ".join(config.models[:10]) + (f" and {len(config.models) - 10} more" if len(config.models) > 10 else "")
-        raise ValueError(f"spec.model.name: model {model.name!r} is not one ModelConfig {name!r} allows (its spec.models: {shown})")
+        raise ValueError(
+            f"spec.model.name: model {model.name!r} is not one ModelConfig {name!r} allows (its spec.models: {shown})"
+        )
 
 
 def resolve_model_config(run: AgentRun, config: ModelConfig) -> AgentRun:
@@ -555,12 +616,17 @@ def resolve_model_config(run: AgentRun, config: ModelConfig) -> AgentRun:
     """
     meta = config.metadata.model_extra or {}
     if config.metadata.namespace != run.metadata.namespace:
-        raise SpecError(f"spec.model.config: ModelConfig {config.metadata.name!r} is in namespace {config.metadata.namespace!r},"
-                        f" the run in {run.metadata.namespace!r}: a run uses a ModelConfig of its own namespace")
+        raise SpecError(
+            f"spec.model.config: ModelConfig {config.metadata.name!r} is in namespace {config.metadata.namespace!r},"
+            f" the run in {run.metadata.namespace!r}: a run uses a ModelConfig of its own namespace"
+        )
     try:
         resolved = ResolvedModelConfig(
-            **config.spec.model_dump(), name=config.metadata.name, uid=config.metadata.uid,
-            resourceVersion=meta.get("resourceVersion"), generation=meta.get("generation"),
+            **config.spec.model_dump(),
+            name=config.metadata.name,
+            uid=config.metadata.uid,
+            resourceVersion=meta.get("resourceVersion"),
+            generation=meta.get("generation"),
         )
         check_model_allowed(run.spec.model, resolved)
     except ValidationError as err:
@@ -588,9 +654,15 @@ def _format_errors(err: ValidationError, prefix: str = "") -> str:
     for e in err.errors():
         where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".") or "(document)"
         msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden" and tuple(e["loc"][-3:-1]) == ("spec", "model") and e["loc"][-1] in MOVED_TO_MODELCONFIG:
-            msg = ("not a field of an AgentRun: the endpoint, the Secret holding its key and the request limits belong to a"
-                   " ModelConfig, which an admin owns; name one in spec.model.config")
+        if (
+            e["type"] == "extra_forbidden"
+            and tuple(e["loc"][-3:-1]) == ("spec", "model")
+            and e["loc"][-1] in MOVED_TO_MODELCONFIG
+        ):
+            msg = (
+                "not a field of an AgentRun: the endpoint, the Secret holding its key and the request limits belong to a"
+                " ModelConfig, which an admin owns; name one in spec.model.config"
+            )
         if msg.startswith("spec.model"):  # check_model_allowed's message names its field itself
             where, _, msg = msg.partition(": ")
         lines.append(f"{prefix}{where}: {msg}")
@@ -695,14 +767,18 @@ def load_agentrun(path: str | Path, *, check_imports: bool = True) -> AgentRun:
     if len(docs) > 1:
         others = [f"document {i + 1} (kind {k!r})" for i, k in enumerate(kinds) if k not in (KIND, MODELCONFIG_KIND)]
         if others:
-            raise SpecError(f"{path}: {', '.join(others[:3])}: an AgentRun file holds one AgentRun and the ModelConfigs it names,"
-                            f" nothing else (locally the model key comes from the environment variable {MODEL_API_KEY_ENV})")
+            raise SpecError(
+                f"{path}: {', '.join(others[:3])}: an AgentRun file holds one AgentRun and the ModelConfigs it names,"
+                f" nothing else (locally the model key comes from the environment variable {MODEL_API_KEY_ENV})"
+            )
     runs = [d for d, k in zip(docs, kinds) if k == KIND] if len(docs) > 1 else docs
     if len(runs) != 1:
         raise SpecError(f"{path}: expected exactly one AgentRun document, found {len(runs)}")
     doc = runs[0]
     if isinstance(doc, dict) and "modelConfig" in doc:
-        raise SpecError("modelConfig: not a field of an AgentRun file: agentfast copies it from the ModelConfig spec.model.config names")
+        raise SpecError(
+            "modelConfig: not a field of an AgentRun file: agentfast copies it from the ModelConfig spec.model.config names"
+        )
     run = parse_agentrun(doc, check_imports=check_imports)
     wanted = run.spec.model.config
     if wanted is None:
@@ -711,8 +787,10 @@ def load_agentrun(path: str | Path, *, check_imports: bool = True) -> AgentRun:
     found = [c for c in configs if c.metadata.name == wanted and c.metadata.namespace == run.metadata.namespace]
     if not found:
         have = ", ".join(repr(c.metadata.name) for c in configs) or "none"
-        raise SpecError(f"spec.model.config: names ModelConfig {wanted!r}, but {path} holds no ModelConfig of that name in"
-                        f" namespace {run.metadata.namespace!r} (it holds: {have}); put the ModelConfig document beside the AgentRun")
+        raise SpecError(
+            f"spec.model.config: names ModelConfig {wanted!r}, but {path} holds no ModelConfig of that name in"
+            f" namespace {run.metadata.namespace!r} (it holds: {have}); put the ModelConfig document beside the AgentRun"
+        )
     if len(found) > 1:
         raise SpecError(f"spec.model.config: {path} holds {len(found)} ModelConfigs named {wanted!r}; keep one")
     return resolve_model_config(run, found[0])
@@ -781,11 +859,15 @@ def check_cluster_policy(run: AgentRun, allowed_modules: tuple[str, ...], bundle
     for where, ref in refs:
         module = ref.partition(":")[0]
         if not module_allowed(module, allowed_modules):
-            problems.append(f"{where}: module {module!r} is not in the modules this cluster allows (runner.allowedModules: {allowed_text})")
+            problems.append(
+                f"{where}: module {module!r} is not in the modules this cluster allows (runner.allowedModules: {allowed_text})"
+            )
     script = run.spec.model.script
     if script is not None and (not re.match(SCRIPT_NAME_PATTERN, script) or script not in bundled_scripts):
         shown = script if len(script) <= 64 else script[:64] + "..."
-        problems.append(f"spec.model.script: {shown!r} is not a bundled script; in a cluster only these are: {', '.join(bundled_scripts) or 'none'}")
+        problems.append(
+            f"spec.model.script: {shown!r} is not a bundled script; in a cluster only these are: {', '.join(bundled_scripts) or 'none'}"
+        )
     if problems:
         raise SpecError("\n".join(problems))
 
@@ -797,7 +879,7 @@ def split_image(image: str) -> tuple[str, str | None, str | None]:
     slash = rest.rfind("/")
     colon = rest.rfind(":")
     if colon > slash:
-        return rest[:colon], rest[colon + 1:], digest or None
+        return rest[:colon], rest[colon + 1 :], digest or None
     return rest, None, digest or None
 
 
@@ -834,11 +916,16 @@ def check_allowed_images(entries: Any, where: str) -> tuple[str, ...]:
     if not isinstance(entries, list) or len(entries) > 256:
         raise ValueError(f"{where}: expected a list of at most 256 image references or prefixes ending with /")
     for i, entry in enumerate(entries):
-        ok = isinstance(entry, str) and len(entry) <= MAX_IMAGE_CHARS and (
-            re.match(IMAGE_PREFIX_PATTERN, entry) if entry.endswith("/") else re.match(IMAGE_PATTERN, entry))
+        ok = (
+            isinstance(entry, str)
+            and len(entry) <= MAX_IMAGE_CHARS
+            and (re.match(IMAGE_PREFIX_PATTERN, entry) if entry.endswith("/") else re.match(IMAGE_PATTERN, entry))
+        )
         if not ok:
-            raise ValueError(f"{where}[{i}]: {str(entry)[:80]!r} is neither an image reference (reg.io/team/tools:1.0,"
-                             " reg.io/team/tools) nor a path prefix ending with / (reg.io/team/)")
+            raise ValueError(
+                f"{where}[{i}]: {str(entry)[:80]!r} is neither an image reference (reg.io/team/tools:1.0,"
+                " reg.io/team/tools) nor a path prefix ending with / (reg.io/team/)"
+            )
     return tuple(entries)
 
 
@@ -848,5 +935,6 @@ def check_runner_image(run: AgentRun, allowed_images: tuple[str, ...], own_image
     image = run.spec.runner.image if run.spec.runner is not None else None
     if image is not None and not image_allowed(image, allowed_images, own_image):
         listed = ", ".join([own_image, *allowed_images][:8])
-        raise SpecError(f"spec.runner.image: {image[:128]!r} is not an image this cluster allows for runners"
-                        f" (runner.allowedImages: {listed})")
+        raise SpecError(
+            f"spec.runner.image: {image[:128]!r} is not an image this cluster allows for runners (runner.allowedImages: {listed})"
+        )

@@ -143,10 +143,12 @@ class UnreadableState(StoreError):
     def __init__(self, run_id: str, table: str, row: str, detail: str, *, found_version: int | None = None):
         self.run_id, self.table, self.row, self.detail = run_id, table, row, detail
         self.found_version, self.supported_version = found_version, SCHEMA_VERSION
-        versions = f"schema_version {found_version}; this release reads up to {SCHEMA_VERSION}" if found_version is not None else f"this release reads schema_version up to {SCHEMA_VERSION}"
-        super().__init__(
-            " ".join(f"cannot read run {run_id}: {table} {row}: {detail} ({versions}). Nothing was run.".split())
+        versions = (
+            f"schema_version {found_version}; this release reads up to {SCHEMA_VERSION}"
+            if found_version is not None
+            else f"this release reads schema_version up to {SCHEMA_VERSION}"
         )
+        super().__init__(" ".join(f"cannot read run {run_id}: {table} {row}: {detail} ({versions}). Nothing was run.".split()))
 
 
 def _validation_detail(err: Exception) -> str:
@@ -179,7 +181,9 @@ def decode_snapshot(run_id: str, cp: dict[str, Any], messages: list[Any]) -> Sta
     where = f"checkpoint {cp.get('checkpoint_id')} (iteration {cp.get('iteration')})"
     version = cp.get("schema_version")
     if not isinstance(version, int) or version > SCHEMA_VERSION or version < 0:
-        raise UnreadableState(run_id, "agentfast_checkpoints", where, "written by a newer or unknown release", found_version=version)
+        raise UnreadableState(
+            run_id, "agentfast_checkpoints", where, "written by a newer or unknown release", found_version=version
+        )
     try:
         return StateSnapshot.model_validate(
             {
@@ -195,10 +199,12 @@ def decode_snapshot(run_id: str, cp: dict[str, Any], messages: list[Any]) -> Sta
     except (pydantic.ValidationError, ValueError, TypeError, KeyError) as err:
         loc = err.errors()[0].get("loc", ()) if isinstance(err, pydantic.ValidationError) and err.errors() else ()
         if len(loc) >= 2 and loc[0] == "messages" and isinstance(loc[1], int):
-            raise UnreadableState(run_id, "agentfast_messages", f"seq {loc[1]}", f"corrupt row ({_validation_detail(err)})",
-                                  found_version=version) from None
-        raise UnreadableState(run_id, "agentfast_checkpoints", where, f"corrupt row ({_validation_detail(err)})",
-                              found_version=version) from None
+            raise UnreadableState(
+                run_id, "agentfast_messages", f"seq {loc[1]}", f"corrupt row ({_validation_detail(err)})", found_version=version
+            ) from None
+        raise UnreadableState(
+            run_id, "agentfast_checkpoints", where, f"corrupt row ({_validation_detail(err)})", found_version=version
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -288,8 +294,10 @@ def cancelled_message(request: CancelRequest) -> str:
 
 def deadline_message(deadline_s: int, age_s: float) -> str:
     """The ending message of a run past ``spec.activeDeadlineSeconds`` (``deadline_s``)."""
-    return (f"spec.activeDeadlineSeconds: the run is {age_s:.0f} s old, over its deadline of {deadline_s} s"
-            " (wall clock since it was registered, waiting for humans included)")
+    return (
+        f"spec.activeDeadlineSeconds: the run is {age_s:.0f} s old, over its deadline of {deadline_s} s"
+        " (wall clock since it was registered, waiting for humans included)"
+    )
 
 
 @dataclass(frozen=True)
@@ -490,7 +498,9 @@ class Store:
                     first = (str(err).strip().splitlines() or [""])[0][:300]
                     raise PayloadTooLarge("a value of this write", None, None, f"SQLSTATE {sqlstate}: {first}") from None
                 if sqlstate == _NOT_PERMITTED:
-                    raise StoreUnavailable(f"Postgres refused the store's role a privilege (nothing is lost; fix the grant, then resume): {err}") from None
+                    raise StoreUnavailable(
+                        f"Postgres refused the store's role a privilege (nothing is lost; fix the grant, then resume): {err}"
+                    ) from None
                 if not (_is_connection_error(err) or sqlstate in _RETRY_ON_NEW_CONNECTION):
                     raise
                 if not checked:
@@ -505,8 +515,12 @@ class Store:
                 attempt += 1
                 # One INFO line per retry (AGENTFAST_LOG_LEVEL=INFO): how long a failover kept the
                 # runner waiting, and how often it tried. The error's first line only: no DSN in it.
-                log.info("store: Postgres unavailable (%s); retry %d in %.1fs", (str(err).strip().splitlines() or [""])[0][:200],
-                         attempt, delay)
+                log.info(
+                    "store: Postgres unavailable (%s); retry %d in %.1fs",
+                    (str(err).strip().splitlines() or [""])[0][:200],
+                    attempt,
+                    delay,
+                )
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
 
@@ -531,7 +545,9 @@ class Store:
         ``out``). Raises PayloadTooLarge naming ``what``."""
         return payloads.externalize_json(text, self.payload_limits, out, what=what)
 
-    def _write_statement(self, lease: Lease, out: dict[str, str], query: LiteralString, params: Any, *, notify: str | None = None) -> DictRow | None:
+    def _write_statement(
+        self, lease: Lease, out: dict[str, str], query: LiteralString, params: Any, *, notify: str | None = None
+    ) -> DictRow | None:
         """Run one of the schema's write functions (migration 12), ``query`` with ``params``, as
         one statement on an autocommit connection: its own transaction, one round trip, and no
         transaction left open while the client computes (a client frozen now holds no lock). The
@@ -563,7 +579,9 @@ class Store:
             self._payloads_stored.clear()
         self._payloads_stored.update((lease.run_id, lease.run_uid, lease.epoch, d) for d in out)
 
-    def _resolved(self, run_id: str, values: list[tuple[str, str, Any]], conn: psycopg.Connection[DictRow] | None = None) -> list[Any]:
+    def _resolved(
+        self, run_id: str, values: list[tuple[str, str, Any]], conn: psycopg.Connection[DictRow] | None = None
+    ) -> list[Any]:
         """The ``value`` of each ``(table, row, value)`` with its payload references resolved, in
         one query for all (on ``conn``, else a read of its own), none when there are no references.
         Raises UnreadableState naming the row that refers to a payload that is not stored."""
@@ -571,8 +589,9 @@ class Store:
         every = set().union(*wanted) if wanted else set()
         if not every:
             return [v for _, _, v in values]
-        contents = (payloads.fetch(conn, run_id, every) if conn is not None
-                    else self._attempt(lambda c: payloads.fetch(c, run_id, every)))
+        contents = (
+            payloads.fetch(conn, run_id, every) if conn is not None else self._attempt(lambda c: payloads.fetch(c, run_id, every))
+        )
         out = []
         for (table, row, value), digests in zip(values, wanted):
             missing = digests - contents.keys()
@@ -622,7 +641,8 @@ class Store:
                 raise
             raise SchemaBehind(
                 f"the store's schema is at version {current}, this release needs {len(MIGRATIONS)}, and this role may not"
-                " migrate it: the operator migrates at its start (or run `agentfast migrate` with the owner's DSN)") from None
+                " migrate it: the operator migrates at its start (or run `agentfast migrate` with the owner's DSN)"
+            ) from None
 
     # -- tenants: a Postgres role per namespace (G11) -----------------------------------------
 
@@ -635,14 +655,20 @@ class Store:
 
     def tenant(self, namespace: str) -> tuple[str, str] | None:
         """``(role_name, credential_id)`` of ``namespace``'s runner role, or None if it has none."""
-        row = self._retry(lambda c: c.execute(
-            "SELECT role_name, credential_id FROM agentfast_tenants WHERE namespace = %s", (namespace,)).fetchone())
+        row = self._retry(
+            lambda c: c.execute(
+                "SELECT role_name, credential_id FROM agentfast_tenants WHERE namespace = %s", (namespace,)
+            ).fetchone()
+        )
         return None if row is None else (row["role_name"], row["credential_id"])
 
     def tenants(self) -> dict[str, float]:
         """Every namespace with a runner role -> seconds since its credential was set."""
-        rows = self._retry(lambda c: c.execute(
-            "SELECT namespace, extract(epoch FROM now() - rotated_at)::float8 AS age FROM agentfast_tenants").fetchall())
+        rows = self._retry(
+            lambda c: c.execute(
+                "SELECT namespace, extract(epoch FROM now() - rotated_at)::float8 AS age FROM agentfast_tenants"
+            ).fetchall()
+        )
         return {r["namespace"]: r["age"] for r in rows}
 
     def revoke_tenant(self, namespace: str) -> bool:
@@ -681,7 +707,8 @@ class Store:
             conn.execute(
                 """INSERT INTO agentfast_tenants (namespace, role_name, credential_id) VALUES (%s, %s, %s)
                    ON CONFLICT (namespace) DO UPDATE SET credential_id = excluded.credential_id, rotated_at = now()""",
-                (namespace, role, credential_id))
+                (namespace, role, credential_id),
+            )
             return role, credential_id
 
         return self._retry(op)
@@ -702,16 +729,21 @@ class Store:
             if row is None:
                 conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_UID_LOCK, run_uid))
                 # Not this id: a concurrent registration of this same run (two reconciles) got here first.
-                other = conn.execute("SELECT run_id FROM agentfast_runs WHERE run_uid = %s AND run_id <> %s LIMIT 1",
-                                     (run_uid, run_id)).fetchone()
+                other = conn.execute(
+                    "SELECT run_id FROM agentfast_runs WHERE run_uid = %s AND run_id <> %s LIMIT 1", (run_uid, run_id)
+                ).fetchone()
                 if other is not None:
-                    raise UidTaken(f"uid {run_uid} is already run {other['run_id']}'s: a uid names one run for good"
-                                   " (its tools' idempotency keys are made from it); give this run another uid")
+                    raise UidTaken(
+                        f"uid {run_uid} is already run {other['run_id']}'s: a uid names one run for good"
+                        " (its tools' idempotency keys are made from it); give this run another uid"
+                    )
                 conn.execute(
                     "INSERT INTO agentfast_runs (run_id, run_uid, spec) VALUES (%s, %s, %s) ON CONFLICT (run_id) DO NOTHING",
                     (run_id, run_uid, Jsonb(spec)),
                 )
-                row = conn.execute("SELECT run_id, run_uid, spec, epoch FROM agentfast_runs WHERE run_id = %s", (run_id,)).fetchone()
+                row = conn.execute(
+                    "SELECT run_id, run_uid, spec, epoch FROM agentfast_runs WHERE run_id = %s", (run_id,)
+                ).fetchone()
             return RunRecord(**_one(row))
 
         return self._retry(op)
@@ -730,7 +762,9 @@ class Store:
                 """SELECT r.run_id, r.run_uid, r.spec, r.epoch, c.checkpoint_id, c.iteration, c.message_count, c.phase,
                           c.saved_at, c.epoch AS c_epoch, c.schema_version
                    FROM agentfast_runs r
-                   """ + _LATEST_CHECKPOINT + """
+                   """
+                + _LATEST_CHECKPOINT
+                + """
                    ORDER BY r.created_at"""
             ).fetchall()
             out = []
@@ -738,8 +772,15 @@ class Store:
                 rec = RunRecord(r["run_id"], r["run_uid"], r["spec"], r["epoch"])
                 info = None
                 if r["checkpoint_id"] is not None:
-                    info = CheckpointInfo(r["checkpoint_id"], r["iteration"], r["message_count"], r["phase"], r["saved_at"], r["c_epoch"],
-                                          r["schema_version"])
+                    info = CheckpointInfo(
+                        r["checkpoint_id"],
+                        r["iteration"],
+                        r["message_count"],
+                        r["phase"],
+                        r["saved_at"],
+                        r["c_epoch"],
+                        r["schema_version"],
+                    )
                 out.append((rec, info))
             return out
 
@@ -793,8 +834,9 @@ class Store:
         snap = self.load_snapshot(run_id)  # what the last holder committed before the takeover
         if snap is None:
             doc = record.spec.get("spec") or {}
-            session = Session(run_uid=record.run_uid, adapter=doc.get("adapter", "vanilla"),
-                              model=(doc.get("model") or {}).get("name", ""))
+            session = Session(
+                run_uid=record.run_uid, adapter=doc.get("adapter", "vanilla"), model=(doc.get("model") or {}).get("name", "")
+            )
             snap = StateSnapshot(run_id=run_id, context=RunContext(session=session), messages=[])
         elif snap.context.status.phase in TERMINAL_PHASES:
             return False
@@ -822,10 +864,12 @@ class Store:
             made = conn.execute(
                 """INSERT INTO agentfast_cancel_requests (run_id, requested_by) VALUES (%s, %s)
                    ON CONFLICT (run_id) DO NOTHING RETURNING requested_by, requested_at""",
-                (run_id, requested_by[:512])).fetchone()
+                (run_id, requested_by[:512]),
+            ).fetchone()
             if made is None:
-                row = conn.execute("SELECT requested_by, requested_at FROM agentfast_cancel_requests WHERE run_id = %s",
-                                   (run_id,)).fetchone()
+                row = conn.execute(
+                    "SELECT requested_by, requested_at FROM agentfast_cancel_requests WHERE run_id = %s", (run_id,)
+                ).fetchone()
                 return CancelRequest(**_one(row)), False
             conn.execute("SELECT pg_notify(%s, %s)", (APPROVAL_CHANNEL, run_id))
             return CancelRequest(**made), True
@@ -834,8 +878,11 @@ class Store:
 
     def cancel_request(self, run_id: str) -> CancelRequest | None:
         """The run's cancel request, or None."""
-        row = self._retry(lambda c: c.execute(
-            "SELECT requested_by, requested_at FROM agentfast_cancel_requests WHERE run_id = %s", (run_id,)).fetchone())
+        row = self._retry(
+            lambda c: c.execute(
+                "SELECT requested_by, requested_at FROM agentfast_cancel_requests WHERE run_id = %s", (run_id,)
+            ).fetchone()
+        )
         return CancelRequest(**row) if row else None
 
     @staticmethod
@@ -843,7 +890,9 @@ class Store:
         row = conn.execute(
             """SELECT extract(epoch FROM clock_timestamp() - r.created_at)::float8 AS age_s, q.requested_by, q.requested_at
                FROM agentfast_runs r LEFT JOIN agentfast_cancel_requests q ON q.run_id = r.run_id
-               WHERE r.run_id = %s""", (run_id,)).fetchone()
+               WHERE r.run_id = %s""",
+            (run_id,),
+        ).fetchone()
         if row is None:
             return None
         cancel = CancelRequest(row["requested_by"], row["requested_at"]) if row["requested_by"] is not None else None
@@ -860,46 +909,67 @@ class Store:
         ago than its ``spec.ttlSecondsAfterFinished`` (``default_ttl_s`` when unset; 0 keeps a run
         for ever). The caller deletes only those whose AgentRun is gone (the operator), since a
         live AgentRun whose rows vanished would be registered and run again."""
-        rows = self._retry(lambda c: c.execute(
-            """SELECT run_id, run_uid FROM (
+        rows = self._retry(
+            lambda c: c.execute(
+                """SELECT run_id, run_uid FROM (
                    SELECT r.run_id, r.run_uid, coalesce((r.spec->'spec'->>'ttlSecondsAfterFinished')::bigint, %s) AS ttl,
                           coalesce(c.saved_at, (extract(epoch FROM r.created_at) * 1000)::bigint) AS ended_ms, c.phase
                    FROM agentfast_runs r
-                   """ + _LATEST_CHECKPOINT + """) t
+                   """
+                + _LATEST_CHECKPOINT
+                + """) t
                WHERE ttl > 0 AND (phase IS NULL OR phase = ANY(%s))
                  AND ended_ms < (extract(epoch FROM clock_timestamp()) * 1000)::bigint - ttl * 1000
-               ORDER BY run_id""", (default_ttl_s, sorted(TERMINAL_PHASES))).fetchall())
+               ORDER BY run_id""",
+                (default_ttl_s, sorted(TERMINAL_PHASES)),
+            ).fetchall()
+        )
         return [(r["run_id"], r["run_uid"]) for r in rows]
 
     def change_marks(self) -> dict[str, RunMark]:
         """``run_id -> RunMark`` for every registered run, in one query: a mark changes whenever
         the store's side of a run does, and not on a runner's heartbeat. The operator's resync
         reconciles only runs whose mark moved (operator/main.py ``_resync_due``)."""
-        rows = self._retry(lambda c: c.execute(
-            """SELECT r.run_id, r.run_uid, r.epoch,
+        rows = self._retry(
+            lambda c: c.execute(
+                """SELECT r.run_id, r.run_uid, r.epoch,
                       (SELECT max(checkpoint_id) FROM agentfast_checkpoints c WHERE c.run_id = r.run_id) AS checkpoint,
                       (SELECT count(*) FROM agentfast_approvals a WHERE a.run_id = r.run_id) AS decisions,
                       (SELECT count(*) FROM agentfast_void_decisions v WHERE v.run_id = r.run_id) AS voided,
                       EXISTS (SELECT 1 FROM agentfast_cancel_requests q WHERE q.run_id = r.run_id) AS cancel
-               FROM agentfast_runs r""").fetchall())
-        return {r["run_id"]: RunMark(r["run_uid"], r["checkpoint"], (r["epoch"], r["decisions"], r["voided"], r["cancel"])) for r in rows}
+               FROM agentfast_runs r"""
+            ).fetchall()
+        )
+        return {
+            r["run_id"]: RunMark(r["run_uid"], r["checkpoint"], (r["epoch"], r["decisions"], r["voided"], r["cancel"]))
+            for r in rows
+        }
 
     def orphans(self, live: dict[str, str]) -> list[str]:
         """Unfinished runs (not archived: no ``@`` in the id) whose AgentRun is gone: ``live``
         maps each existing AgentRun's ``NS/NAME`` to its uid. The operator cancels them (a
         deletion it did not see while it was down)."""
-        rows = self._retry(lambda c: c.execute(
-            """SELECT r.run_id, r.run_uid, c.phase FROM agentfast_runs r
-               """ + _LATEST_CHECKPOINT + """
+        rows = self._retry(
+            lambda c: c.execute(
+                """SELECT r.run_id, r.run_uid, c.phase FROM agentfast_runs r
+               """
+                + _LATEST_CHECKPOINT
+                + """
                WHERE strpos(r.run_id, '@') = 0 AND c.phase IS NOT NULL AND NOT c.phase = ANY(%s)""",
-            (sorted(TERMINAL_PHASES),)).fetchall())
+                (sorted(TERMINAL_PHASES),),
+            ).fetchall()
+        )
         return [r["run_id"] for r in rows if live.get(r["run_id"]) != r["run_uid"]]
 
     def earlier_runs(self, run_id: str) -> list[RunRecord]:
         """Runs archived from the name ``run_id`` (:meth:`archive_run`), oldest first."""
-        rows = self._retry(lambda c: c.execute(
-            """SELECT run_id, run_uid, spec, epoch FROM agentfast_runs WHERE starts_with(run_id, %s)
-               ORDER BY created_at""", (run_id + "@",)).fetchall())
+        rows = self._retry(
+            lambda c: c.execute(
+                """SELECT run_id, run_uid, spec, epoch FROM agentfast_runs WHERE starts_with(run_id, %s)
+               ORDER BY created_at""",
+                (run_id + "@",),
+            ).fetchall()
+        )
         return [RunRecord(**r) for r in rows]
 
     def delete_run(self, run_id: str) -> bool:
@@ -914,8 +984,9 @@ class Store:
         Raises UnknownRun (a KeyError) if the run does not exist.
         """
         row = self._retry(
-            lambda c: c.execute("UPDATE agentfast_runs SET epoch = epoch + 1 WHERE run_id = %s RETURNING epoch, run_uid",
-                                (run_id,)).fetchone()
+            lambda c: c.execute(
+                "UPDATE agentfast_runs SET epoch = epoch + 1 WHERE run_id = %s RETURNING epoch, run_uid", (run_id,)
+            ).fetchone()
         )
         if row is None:
             raise UnknownRun(run_id)
@@ -923,8 +994,9 @@ class Store:
 
     # -- checkpoints --------------------------------------------------------------------------
 
-    def commit_checkpoint(self, lease: Lease, snapshot: StateSnapshot, *, stored_messages: int,
-                          sdk_rows: Sequence[SdkRow] = ()) -> int:
+    def commit_checkpoint(
+        self, lease: Lease, snapshot: StateSnapshot, *, stored_messages: int, sdk_rows: Sequence[SdkRow] = ()
+    ) -> int:
         """Commit one checkpoint in one transaction (G1); returns its checkpoint_id.
 
         Inserts only ``snapshot.messages[stored_messages:]`` (the ones not yet stored), the
@@ -941,14 +1013,17 @@ class Store:
         """
         return self._commit_checkpoint(lease, snapshot, stored_messages, sdk_rows, read_ends=False)[0]
 
-    def commit_checkpoint_then_read_end_requests(self, lease: Lease, snapshot: StateSnapshot, *, stored_messages: int,
-                                                 sdk_rows: Sequence[SdkRow] = ()) -> tuple[int, EndRequests | None]:
+    def commit_checkpoint_then_read_end_requests(
+        self, lease: Lease, snapshot: StateSnapshot, *, stored_messages: int, sdk_rows: Sequence[SdkRow] = ()
+    ) -> tuple[int, EndRequests | None]:
         """:meth:`commit_checkpoint`, plus the run's :meth:`end_requests` read in the same
         transaction (no extra round trip), for a runner whose next step is a safe point: the
         read is as fresh as one made there, since nothing but its own computing lies between."""
         return self._commit_checkpoint(lease, snapshot, stored_messages, sdk_rows, read_ends=True)
 
-    def sdk_rows(self, run_id: str, keys: Sequence[str] = (), ranges: Sequence[tuple[str, str]] = ()) -> dict[str, tuple[str, bytes]]:
+    def sdk_rows(
+        self, run_id: str, keys: Sequence[str] = (), ranges: Sequence[tuple[str, str]] = ()
+    ) -> dict[str, tuple[str, bytes]]:
         """Rows of the run's SDK state (:class:`SdkRow`) by key: those named in ``keys``, and every
         row whose key ``k`` has ``lo <= k < hi`` (byte order) for some ``(lo, hi)`` of ``ranges``.
         Returns ``{key: (type, value)}``; a key with no row is absent. One query. Raises
@@ -960,11 +1035,14 @@ class Store:
                UNION ALL
                SELECT b.key, b.type, b.value FROM unnest(%(lo)s::text[], %(hi)s::text[]) AS r(lo, hi)
                    JOIN agentfast_sdk_blobs b ON b.run_id = %(run)s AND b.key COLLATE "C" >= r.lo AND b.key COLLATE "C" < r.hi""",
-            {"run": run_id, "keys": list(keys), "lo": [lo for lo, _ in ranges], "hi": [hi for _, hi in ranges]}, all=True)
+            {"run": run_id, "keys": list(keys), "lo": [lo for lo, _ in ranges], "hi": [hi for _, hi in ranges]},
+            all=True,
+        )
         return {r["key"]: (r["type"], bytes(r["value"])) for r in rows}
 
-    def _commit_checkpoint(self, lease: Lease, snapshot: StateSnapshot, stored_messages: int, sdk_rows: Sequence[SdkRow], *,
-                           read_ends: bool) -> tuple[int, EndRequests | None]:
+    def _commit_checkpoint(
+        self, lease: Lease, snapshot: StateSnapshot, stored_messages: int, sdk_rows: Sequence[SdkRow], *, read_ends: bool
+    ) -> tuple[int, EndRequests | None]:
         key = uuid.uuid4()
         iteration = snapshot.context.counters.iterations
         stored = [_stored_json(m, exclude_defaults=True) for m in snapshot.messages[stored_messages:]]
@@ -973,7 +1051,9 @@ class Store:
         # record_result: not sent again); the rows keep references. sdk_state and sdk_rows are
         # the SDK's own, stored as they are (G8): sdk_state is small, its rows are written once.
         out: dict[str, str] = {}
-        new = [self._out_of_line(text, out, f"message {stored_messages + i} of the transcript") for i, (_, text) in enumerate(stored)]
+        new = [
+            self._out_of_line(text, out, f"message {stored_messages + i} of the transcript") for i, (_, text) in enumerate(stored)
+        ]
         snapshot.context, context = _stored_json(snapshot.context)
         context = self._out_of_line(context, out, "the run's context")
         pending = None
@@ -986,15 +1066,37 @@ class Store:
         # one JSON array (no per-element quoting), the SDK rows as arrays.
         try:
             row = self._write_statement(
-                lease, out,
+                lease,
+                out,
                 """SELECT * FROM agentfast_commit_checkpoint(%s, %s, %s, %s, %s, %s, %s::jsonb, %s::text[], %s::text[], %s::bytea[],
                                                              %s, %s, %s, %s::jsonb, %s::jsonb, %s, %s, %s, %s)""",
-                (snapshot.run_id, lease.epoch, lease.run_uid, key, iteration, stored_messages, "[" + ",".join(new) + "]" if new else None,
-                 [r.key for r in sdk_rows], [r.type for r in sdk_rows], [r.value for r in sdk_rows], len(snapshot.messages),
-                 snapshot.context.status.phase, snapshot.schema_version, context, pending, Jsonb(snapshot.sdk_state), snapshot.saved_at,
-                 self.retention_keep, read_ends), notify=PROGRESS_CHANNEL)
+                (
+                    snapshot.run_id,
+                    lease.epoch,
+                    lease.run_uid,
+                    key,
+                    iteration,
+                    stored_messages,
+                    "[" + ",".join(new) + "]" if new else None,
+                    [r.key for r in sdk_rows],
+                    [r.type for r in sdk_rows],
+                    [r.value for r in sdk_rows],
+                    len(snapshot.messages),
+                    snapshot.context.status.phase,
+                    snapshot.schema_version,
+                    context,
+                    pending,
+                    Jsonb(snapshot.sdk_state),
+                    snapshot.saved_at,
+                    self.retention_keep,
+                    read_ends,
+                ),
+                notify=PROGRESS_CHANNEL,
+            )
         except PayloadTooLarge as err:
-            raise err.about(f"the checkpoint of iteration {iteration} (its transcript, context, pending call or sdk_state)") from None
+            raise err.about(
+                f"the checkpoint of iteration {iteration} (its transcript, context, pending call or sdk_state)"
+            ) from None
         self._payloads_committed(lease, out)
         row = _one(row)
         ends = None
@@ -1017,15 +1119,25 @@ class Store:
                 return None
             # As text (what the server sends for jsonb anyway), decoded here: a substring test
             # finds the few rows that may hold a payload reference, not a walk of every message.
-            texts = [m["message"] for m in conn.execute(
-                "SELECT message::text AS message FROM agentfast_messages WHERE run_id = %s AND seq < %s ORDER BY seq",
-                (run_id, cp["message_count"]),
-            ).fetchall()]
+            texts = [
+                m["message"]
+                for m in conn.execute(
+                    "SELECT message::text AS message FROM agentfast_messages WHERE run_id = %s AND seq < %s ORDER BY seq",
+                    (run_id, cp["message_count"]),
+                ).fetchall()
+            ]
             msgs = [json.loads(t) for t in texts]
             refer = [i for i, t in enumerate(texts) if payloads.PREFIX in t]
             where = f"checkpoint {cp['checkpoint_id']} (iteration {cp['iteration']})"
-            got = self._resolved(run_id, [("agentfast_checkpoints", where, cp["context"]), ("agentfast_checkpoints", where, cp["pending"]),
-                                          *(("agentfast_messages", f"seq {i}", msgs[i]) for i in refer)], conn)
+            got = self._resolved(
+                run_id,
+                [
+                    ("agentfast_checkpoints", where, cp["context"]),
+                    ("agentfast_checkpoints", where, cp["pending"]),
+                    *(("agentfast_messages", f"seq {i}", msgs[i]) for i in refer),
+                ],
+                conn,
+            )
             cp["context"], cp["pending"] = got[0], got[1]
             for i, value in zip(refer, got[2:]):
                 msgs[i] = value
@@ -1055,7 +1167,8 @@ class Store:
         if row is not None:
             where = f"checkpoint {row['checkpoint_id']} (iteration {row['iteration']})"
             row["context"], row["pending"] = self._resolved(
-                run_id, [("agentfast_checkpoints", where, row["context"]), ("agentfast_checkpoints", where, row["pending"])], conn)
+                run_id, [("agentfast_checkpoints", where, row["context"]), ("agentfast_checkpoints", where, row["pending"])], conn
+            )
         return row
 
     def list_checkpoints(self, run_id: str) -> list[CheckpointInfo]:
@@ -1081,8 +1194,9 @@ class Store:
         """
         return self._save_turn(lease, turn, planned, None, None)[0]
 
-    def save_turn_and_mark_started(self, lease: Lease, turn: Turn, planned: list[JournalEntry], position: int, *,
-                                   deadline_s: float | None = None) -> tuple[Turn, EndRequests | None]:
+    def save_turn_and_mark_started(
+        self, lease: Lease, turn: Turn, planned: list[JournalEntry], position: int, *, deadline_s: float | None = None
+    ) -> tuple[Turn, EndRequests | None]:
         """:meth:`save_turn`, then :meth:`mark_started` of the call at ``position`` (of ``planned``),
         in the same transaction (one write instead of two, for a runner that starts that call
         next). Returns ``(turn as stored, what mark_started returns)``: None when the call was
@@ -1091,22 +1205,49 @@ class Store:
         turn, row = self._save_turn(lease, turn, planned, position, deadline_s)
         return turn, self._intent_outcome(lease, turn.iteration, position, deadline_s, _one(row))
 
-    def _save_turn(self, lease: Lease, turn: Turn, planned: list[JournalEntry], start: int | None,
-                   deadline_s: float | None) -> tuple[Turn, dict[str, Any] | None]:
+    def _save_turn(
+        self, lease: Lease, turn: Turn, planned: list[JournalEntry], start: int | None, deadline_s: float | None
+    ) -> tuple[Turn, dict[str, Any] | None]:
         message, text = _stored_json(turn.message)
         turn = Turn(turn.iteration, message, turn.prompt_tokens, turn.completion_tokens)
         what = f"the model's reply of iteration {turn.iteration}"
         out: dict[str, str] = {}
         text = self._out_of_line(text, out, what)
-        arguments = [payloads.externalize(e.tool_call.arguments, self.payload_limits, out, what=f"the arguments of {e.call_id} ({e.tool_call.name})")
-                     for e in planned]
+        arguments = [
+            payloads.externalize(
+                e.tool_call.arguments, self.payload_limits, out, what=f"the arguments of {e.call_id} ({e.tool_call.name})"
+            )
+            for e in planned
+        ]
 
-        calls = Jsonb([{"position": e.position, "call_id": e.call_id, "idempotency_key": e.idempotency_key,
-                        "tool_call_id": e.tool_call.id, "tool_name": e.tool_call.name, "arguments": args, "gated": e.gated,
-                        "idempotent": e.idempotent} for e, args in zip(planned, arguments)])
+        calls = Jsonb(
+            [
+                {
+                    "position": e.position,
+                    "call_id": e.call_id,
+                    "idempotency_key": e.idempotency_key,
+                    "tool_call_id": e.tool_call.id,
+                    "tool_name": e.tool_call.name,
+                    "arguments": args,
+                    "gated": e.gated,
+                    "idempotent": e.idempotent,
+                }
+                for e, args in zip(planned, arguments)
+            ]
+        )
         query = "SELECT * FROM agentfast_save_turn(%s, %s, %s, %s, %s::jsonb, %s, %s, %s::jsonb, %s::integer, %s::float8)"
-        params = (lease.run_id, lease.epoch, lease.run_uid, turn.iteration, text, turn.prompt_tokens, turn.completion_tokens, calls,
-                  start, deadline_s)
+        params = (
+            lease.run_id,
+            lease.epoch,
+            lease.run_uid,
+            turn.iteration,
+            text,
+            turn.prompt_tokens,
+            turn.completion_tokens,
+            calls,
+            start,
+            deadline_s,
+        )
 
         try:
             row = self._write_statement(lease, out, query, params)
@@ -1142,7 +1283,10 @@ class Store:
         rows = self._read(query + " ORDER BY iteration, position", params, all=True)
         values = []
         for r in rows:
-            values += [("agentfast_tool_calls", f"call {r['call_id']}", r["arguments"]), ("agentfast_tool_calls", f"call {r['call_id']}", r["result"])]
+            values += [
+                ("agentfast_tool_calls", f"call {r['call_id']}", r["arguments"]),
+                ("agentfast_tool_calls", f"call {r['call_id']}", r["result"]),
+            ]
         resolved = self._resolved(run_id, values)
         for i, r in enumerate(rows):
             r["arguments"], r["result"] = resolved[2 * i], resolved[2 * i + 1]
@@ -1157,7 +1301,9 @@ class Store:
                 idempotent=r["idempotent"],
                 state=r["state"],
                 attempts=r["attempts"],
-                result=decode_row(run_id, "agentfast_tool_calls", f"call {r['call_id']}", ToolResult, r["result"]) if r["result"] else None,
+                result=decode_row(run_id, "agentfast_tool_calls", f"call {r['call_id']}", ToolResult, r["result"])
+                if r["result"]
+                else None,
             )
             for r in rows
         ]
@@ -1173,24 +1319,35 @@ class Store:
         in the journal, or done), StoreUnavailable.
         """
 
-        row = self._attempt(lambda conn: conn.execute("SELECT * FROM agentfast_mark_started(%s, %s, %s, %s, %s, %s::float8)",
-                                                      (lease.run_id, lease.epoch, lease.run_uid, iteration, position, deadline_s)).fetchone())
+        row = self._attempt(
+            lambda conn: conn.execute(
+                "SELECT * FROM agentfast_mark_started(%s, %s, %s, %s, %s, %s::float8)",
+                (lease.run_id, lease.epoch, lease.run_uid, iteration, position, deadline_s),
+            ).fetchone()
+        )
         return self._intent_outcome(lease, iteration, position, deadline_s, _one(row))
 
     @staticmethod
-    def _intent_outcome(lease: Lease, iteration: int, position: int, deadline_s: float | None,
-                        row: dict[str, Any]) -> EndRequests | None:
+    def _intent_outcome(
+        lease: Lease, iteration: int, position: int, deadline_s: float | None, row: dict[str, Any]
+    ) -> EndRequests | None:
         """What :meth:`mark_started` returns or raises, from the row of ``agentfast_mark_started``."""
         if row["marked"]:
             return None
         # No row changed, so the fence trigger never ran: a zombie whose successor already
         # finished this call lands here, and must stop as a lost lease (exit 76), not crash.
         if row["run_epoch"] is None or row["run_epoch"] != lease.epoch:
-            raise LeaseLost(f"agentfast: run {lease.run_id} lease lost: epoch {lease.epoch} is stale (current {row['run_epoch']})")
+            raise LeaseLost(
+                f"agentfast: run {lease.run_id} lease lost: epoch {lease.epoch} is stale (current {row['run_epoch']})"
+            )
         if row["uid"] != lease.run_uid:
-            raise LeaseLost(f"agentfast: run {lease.run_id} lease lost: the run was replaced: uid mismatch"
-                            f" (lease uid {lease.run_uid}, run uid {row['uid']})")
-        ends = EndRequests(CancelRequest(row["cancel_by"], row["cancel_at"]) if row["cancel_by"] is not None else None, row["age_s"])
+            raise LeaseLost(
+                f"agentfast: run {lease.run_id} lease lost: the run was replaced: uid mismatch"
+                f" (lease uid {lease.run_uid}, run uid {row['uid']})"
+            )
+        ends = EndRequests(
+            CancelRequest(row["cancel_by"], row["cancel_at"]) if row["cancel_by"] is not None else None, row["age_s"]
+        )
         if ends.cancel is not None or (deadline_s is not None and ends.age_s >= deadline_s):
             return ends
         raise StoreError(f"call {iteration}/{position} of {lease.run_id} is not in the journal or already done")
@@ -1209,8 +1366,12 @@ class Store:
         text = self._out_of_line(text, out, what)
 
         try:
-            self._write_statement(lease, out, "SELECT agentfast_record_result(%s, %s, %s, %s, %s, %s::jsonb)",
-                                  (lease.run_id, lease.epoch, lease.run_uid, iteration, position, text))
+            self._write_statement(
+                lease,
+                out,
+                "SELECT agentfast_record_result(%s, %s, %s, %s, %s, %s::jsonb)",
+                (lease.run_id, lease.epoch, lease.run_uid, iteration, position, text),
+            )
         except PayloadTooLarge as err:
             raise err.about(what, len(text.encode())) from None
         self._payloads_committed(lease, out)
@@ -1250,11 +1411,14 @@ class Store:
         def op(conn: psycopg.Connection[DictRow]) -> Decision:
             self._refuse_if_decided(conn, run_id, call_id, decision, reason, result)
             if once:
-                void = conn.execute("SELECT why FROM agentfast_void_decisions WHERE run_id = %s AND call_id = %s",
-                                    (run_id, call_id)).fetchone()
+                void = conn.execute(
+                    "SELECT why FROM agentfast_void_decisions WHERE run_id = %s AND call_id = %s", (run_id, call_id)
+                ).fetchone()
                 if void is not None:
-                    raise UnknownCall(f"{call_id} of run {run_id}: this decision was written before its call awaited one"
-                                      f" ({void['why']}); it is void for good and never applied")
+                    raise UnknownCall(
+                        f"{call_id} of run {run_id}: this decision was written before its call awaited one"
+                        f" ({void['why']}); it is void for good and never applied"
+                    )
             if conn.execute("SELECT 1 FROM agentfast_runs WHERE run_id = %s", (run_id,)).fetchone() is None:
                 raise UnknownCall(f"no run {run_id}")
             awaiting = self._awaiting(conn, run_id)
@@ -1282,19 +1446,27 @@ class Store:
         """Mark ``call_id`` of ``run_id`` as never decidable through ``decide(once=True)`` (the
         operator's path for ``spec.approvals``); ``why`` (cut to 1024 characters) is quoted when
         it is refused. No-op for an unknown run or an already void call."""
-        self._retry(lambda c: c.execute(
-            """INSERT INTO agentfast_void_decisions (run_id, call_id, why)
+        self._retry(
+            lambda c: c.execute(
+                """INSERT INTO agentfast_void_decisions (run_id, call_id, why)
                SELECT %s, %s, %s WHERE EXISTS (SELECT 1 FROM agentfast_runs WHERE run_id = %s)
                ON CONFLICT (run_id, call_id) DO NOTHING""",
-            (run_id, call_id, why[:1024], run_id)))
+                (run_id, call_id, why[:1024], run_id),
+            )
+        )
 
-    def _refuse_if_decided(self, conn: psycopg.Connection[DictRow], run_id: str, call_id: str, decision: str,
-                           reason: str | None, result: str | None) -> None:
+    def _refuse_if_decided(
+        self, conn: psycopg.Connection[DictRow], run_id: str, call_id: str, decision: str, reason: str | None, result: str | None
+    ) -> None:
         existing = self._decisions(conn, run_id, [call_id]).get(call_id)
         if existing is None:
             return
         same = (existing.decision, existing.reason, existing.result) == (decision, reason, result)
-        said = existing.decision + (f" ({existing.reason})" if existing.reason else "") + (f" with result {existing.result}" if existing.result else "")
+        said = (
+            existing.decision
+            + (f" ({existing.reason})" if existing.reason else "")
+            + (f" with result {existing.result}" if existing.result else "")
+        )
         raise DecisionConflict(
             f"{call_id} of run {run_id} was already decided: {said}, by {existing.decided_by or 'unknown'}; "
             "a decision is write-once" + (" (this is the same decision)" if same else ", so this one was not recorded"),
@@ -1357,16 +1529,22 @@ class Store:
         if row is None:
             why = "the run has no such tool call (yet)"
         elif sep and rerun.isdigit():
-            why = (f"{row['tool_name']} is idempotent: an interrupted call is re-run with its key, never asked about"
-                   if row["idempotent"] else f"it is not an interrupted call of {base} that awaits a human")
+            why = (
+                f"{row['tool_name']} is idempotent: an interrupted call is re-run with its key, never asked about"
+                if row["idempotent"]
+                else f"it is not an interrupted call of {base} that awaits a human"
+            )
         elif row["state"] == "done":
             why = f"it is finished ({row['tool_name']})"
         elif not row["gated"]:
             why = f"{row['tool_name']} needs no approval"
         else:
             why = "the run has not paused on it"
-        now = (f"awaiting a decision now: {', '.join(a.call_id for a in awaiting)}" if awaiting
-               else "no call of this run awaits a decision now")
+        now = (
+            f"awaiting a decision now: {', '.join(a.call_id for a in awaiting)}"
+            if awaiting
+            else "no call of this run awaits a decision now"
+        )
         return f"{call_id} of run {run_id} does not await a decision: {why}; {now}"
 
     def get_decision(self, run_id: str, call_id: str) -> Decision | None:
@@ -1383,7 +1561,13 @@ class Store:
         return got[call_id] if got is not None else None
 
     def wait_for_decisions(
-        self, run_id: str, call_ids: list[str], stop: threading.Event, *, poll_s: float = 30.0, until: float | None = None,
+        self,
+        run_id: str,
+        call_ids: list[str],
+        stop: threading.Event,
+        *,
+        poll_s: float = 30.0,
+        until: float | None = None,
     ) -> dict[str, Decision] | None:
         """Block until every one of ``call_ids`` is decided (returns them by id), or return None
         when ``stop`` is set, the run has a cancel request (:meth:`request_cancel`), or
@@ -1484,8 +1668,10 @@ def _configure(conn: psycopg.Connection[DictRow], idle_in_transaction_timeout_s:
     conn.adapters.register_dumper(str, _StorableStrDumper)  # the last one registered is the default (text format)
     set_json_dumps(_storable_json_dumps, context=conn)
     conn.autocommit = True
-    conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
-                 (str(max(1, int(idle_in_transaction_timeout_s * 1000))),))
+    conn.execute(
+        "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+        (str(max(1, int(idle_in_transaction_timeout_s * 1000))),),
+    )
     pin_search_path(conn)
     # Left in autocommit: a lone read then costs no BEGIN/COMMIT round trips (Store._read);
     # Store._retry opens its transactions explicitly (conn.transaction()).
@@ -1510,8 +1696,15 @@ DSN_FORMS = (
     "quotes in single quotes, \\' for a quote)"
 )
 # Options libpq reads as integers at connect time (its error then quotes the value).
-_INT_OPTIONS = ("port", "connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
-                "keepalives_count", "tcp_user_timeout")
+_INT_OPTIONS = (
+    "port",
+    "connect_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "tcp_user_timeout",
+)
 _HOST_NAME = re.compile(r"[A-Za-z0-9_.:%-]+\Z")  # a DNS name (compose-style _ too), IPv4, or IPv6 (zone after %)
 
 
@@ -1550,8 +1743,9 @@ def parse_dsn(dsn: str) -> dict[str, str]:
             if info is None:
                 break
     if info is None:  # raised outside any except block: no libpq message rides along as __context__
-        raise InvalidDsn(f"the Postgres DSN is not valid ({reason}; its text is not shown: it may hold a password). "
-                         f"Expected {DSN_FORMS}")
+        raise InvalidDsn(
+            f"the Postgres DSN is not valid ({reason}; its text is not shown: it may hold a password). Expected {DSN_FORMS}"
+        )
     return info
 
 

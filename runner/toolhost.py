@@ -56,10 +56,18 @@ log = logging.getLogger("agentfast.toolhost")
 #: namespace's Secret ``agentfast-tools`` there); unset or missing: none.
 TOOL_ENV_DIR_ENV = "AGENTFAST_TOOL_ENV_DIR"
 #: Variables the host never receives: the runner's credentials and libpq's own sources of one.
-CREDENTIAL_ENV = frozenset({
-    "AGENTFAST_DSN", MODEL_API_KEY_ENV, "AGENTFAST_TEST_DSN", "DATABASE_URL",
-    "PGPASSWORD", "PGPASSFILE", "PGSERVICEFILE", "PGSERVICE",
-})
+CREDENTIAL_ENV = frozenset(
+    {
+        "AGENTFAST_DSN",
+        MODEL_API_KEY_ENV,
+        "AGENTFAST_TEST_DSN",
+        "DATABASE_URL",
+        "PGPASSWORD",
+        "PGPASSFILE",
+        "PGSERVICEFILE",
+        "PGSERVICE",
+    }
+)
 #: Names a tool setting may not take: they would change how the host's Python itself starts.
 _RESERVED_PREFIXES = ("AGENTFAST_", "PYTHON", "LD_")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -331,9 +339,16 @@ def _die_with_parent(parent: int) -> None:
 
 def _describe(registry: ToolRegistry) -> list[dict[str, Any]]:
     return [
-        {"name": t.name, "description": t.description, "idempotent": t.idempotent, "requires_approval": t.requires_approval,
-         "schema": t.schema, "has_recovery": t.recovery is not None}
-        for t in (registry.get(n) for n in registry.names) if t is not None
+        {
+            "name": t.name,
+            "description": t.description,
+            "idempotent": t.idempotent,
+            "requires_approval": t.requires_approval,
+            "schema": t.schema,
+            "has_recovery": t.recovery is not None,
+        }
+        for t in (registry.get(n) for n in registry.names)
+        if t is not None
     ]
 
 

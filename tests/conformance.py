@@ -65,9 +65,14 @@ def assert_same_end_state(store: Store, dsn: str, reference: dict, run_id: str) 
     assert snap.context.usage.total_tokens == reference["usage"]
     assert refunds(dsn) == 1
     # The ledger row is keyed by this one call's idempotency key: run uid, iteration 2, position 0.
-    assert count_rows(dsn, "SELECT count(*) FROM agentfast_examples.demo_refund_ledger WHERE idempotency_key = %s",
-                      f"{snap.context.session.run_uid}:2:0") == 1
-
+    assert (
+        count_rows(
+            dsn,
+            "SELECT count(*) FROM agentfast_examples.demo_refund_ledger WHERE idempotency_key = %s",
+            f"{snap.context.session.run_uid}:2:0",
+        )
+        == 1
+    )
 
 
 @pytest.mark.process  # starts real runner processes and SIGKILLs them (tests/conftest.py: tiers)
@@ -123,7 +128,9 @@ class ConformanceSuite:
         assert [m.get("name") for m in reference["messages"][5:7]] == ["issue_refund", "add_case_note"]
         assert reference["refunds"] == 1 and reference["notes"] == 1
 
-    def test_sigkill_while_waiting_for_approval(self, tmp_path: Path, dsn: str, store: Store, reference: dict, adapter: Adapter) -> None:
+    def test_sigkill_while_waiting_for_approval(
+        self, tmp_path: Path, dsn: str, store: Store, reference: dict, adapter: Adapter
+    ) -> None:
         path = agentrun_file(tmp_path, adapter.example)
         proc = spawn_cli("run", str(path), dsn=dsn)
         call = wait_for_approval_request(store, adapter.run_id)
@@ -148,7 +155,9 @@ class ConformanceSuite:
         assert invocations(dsn, "lookup_order") == 1
         assert store.load_snapshot(adapter.run_id).context.counters.resumes == 1
 
-    def test_sigkill_between_refund_and_its_persisted_result(self, tmp_path: Path, dsn: str, store: Store, reference: dict, adapter: Adapter) -> None:
+    def test_sigkill_between_refund_and_its_persisted_result(
+        self, tmp_path: Path, dsn: str, store: Store, reference: dict, adapter: Adapter
+    ) -> None:
         path = agentrun_file(tmp_path, adapter.example)
         proc = spawn_cli("run", str(path), dsn=dsn, fault="tool.after_call:issue_refund")
         call = wait_for_approval_request(store, adapter.run_id)
@@ -171,8 +180,9 @@ class ConformanceSuite:
         assert entry.state == "done" and entry.result.recorded_by == "recovery_check" and entry.attempts == 1
         assert invocations(dsn, "add_case_note") == 1
 
-    def test_sigkill_before_the_refund_took_effect_reruns_it_with_its_key(self, tmp_path: Path, dsn: str, store: Store, reference: dict,
-                                                                          adapter: Adapter) -> None:
+    def test_sigkill_before_the_refund_took_effect_reruns_it_with_its_key(
+        self, tmp_path: Path, dsn: str, store: Store, reference: dict, adapter: Adapter
+    ) -> None:
         path = agentrun_file(tmp_path, adapter.example)
         proc = spawn_cli("run", str(path), dsn=dsn, fault="tool.before_call:issue_refund")
         call = wait_for_approval_request(store, adapter.run_id)
@@ -190,7 +200,9 @@ class ConformanceSuite:
         assert entry.attempts == 2 and entry.result.recorded_by is None
         assert invocations(dsn, "issue_refund") == 1 and refunds(dsn) == 1
 
-    def test_sigkill_after_sibling_persisted_before_pause(self, tmp_path: Path, dsn: str, store: Store, reference: dict, adapter: Adapter) -> None:
+    def test_sigkill_after_sibling_persisted_before_pause(
+        self, tmp_path: Path, dsn: str, store: Store, reference: dict, adapter: Adapter
+    ) -> None:
         path = agentrun_file(tmp_path, adapter.example)
         proc = spawn_cli("run", str(path), dsn=dsn, fault="tool.after_persist:add_case_note")
         out, _ = proc.communicate(timeout=60)
@@ -209,7 +221,9 @@ class ConformanceSuite:
         assert_same_end_state(store, dsn, reference, adapter.run_id)
         assert invocations(dsn, "add_case_note") == 1  # G3: a persisted result is never re-run
 
-    def test_in_flight_non_idempotent_call_goes_to_a_human(self, tmp_path: Path, dsn: str, store: Store, adapter: Adapter) -> None:
+    def test_in_flight_non_idempotent_call_goes_to_a_human(
+        self, tmp_path: Path, dsn: str, store: Store, adapter: Adapter
+    ) -> None:
         tools = [
             {"name": "lookup_order", "ref": "agentfast.runner.examples.refund:lookup_order"},
             {"name": "issue_refund", "ref": "agentfast.runner.examples.refund:issue_refund", "requiresApproval": True},
@@ -267,7 +281,9 @@ class ConformanceSuite:
         assert first_result.content.startswith("error: arguments are not valid JSON")
         assert invocations(dsn, "lookup_order") == 1  # the broken call never reached the tool
 
-    def test_repeated_tool_call_ids_pass_a_strict_endpoint(self, tmp_path: Path, dsn: str, store: Store, adapter: Adapter) -> None:
+    def test_repeated_tool_call_ids_pass_a_strict_endpoint(
+        self, tmp_path: Path, dsn: str, store: Store, adapter: Adapter
+    ) -> None:
         """A provider that gives every call the same id, within a response and across turns: the ids
         are made unique before they are stored or sent back, so an endpoint that rejects duplicate
         ids as OpenAI does (the scripted model's strict mode) accepts every later request."""

@@ -113,40 +113,67 @@ class ReplicatedPair:
             f.write("\n" + text + "\n")
 
     def _init_primary(self) -> None:
-        _commands().initdb(["--auth=trust", "--encoding=utf8", "-U", "postgres"], pgdata=self.primary_dir, user=self.user,
-                           timeout=180)
-        self._append(self.primary_dir / "postgresql.conf", "\n".join([
-            "listen_addresses = '127.0.0.1'",
-            f"port = {self.primary_port}",
-            f"unix_socket_directories = '{self.base}'",
-            "max_connections = 100",
-            "wal_level = replica",
-            "max_wal_senders = 5",
-            "wal_keep_size = '256MB'",
-            # A commit returns only once the standby has flushed its WAL: "no acknowledged commit
-            # lost" on failover needs exactly this (remote_write would do for a process crash).
-            f"synchronous_standby_names = 'FIRST 1 ({STANDBY_NAME})'",
-            "synchronous_commit = on",
-            "hot_standby = on",
-            "fsync = off",  # the machine does not crash here, only the server process; saves the test time
-        ]))
+        _commands().initdb(
+            ["--auth=trust", "--encoding=utf8", "-U", "postgres"], pgdata=self.primary_dir, user=self.user, timeout=180
+        )
+        self._append(
+            self.primary_dir / "postgresql.conf",
+            "\n".join(
+                [
+                    "listen_addresses = '127.0.0.1'",
+                    f"port = {self.primary_port}",
+                    f"unix_socket_directories = '{self.base}'",
+                    "max_connections = 100",
+                    "wal_level = replica",
+                    "max_wal_senders = 5",
+                    "wal_keep_size = '256MB'",
+                    # A commit returns only once the standby has flushed its WAL: "no acknowledged commit
+                    # lost" on failover needs exactly this (remote_write would do for a process crash).
+                    f"synchronous_standby_names = 'FIRST 1 ({STANDBY_NAME})'",
+                    "synchronous_commit = on",
+                    "hot_standby = on",
+                    "fsync = off",  # the machine does not crash here, only the server process; saves the test time
+                ]
+            ),
+        )
         self._append(self.primary_dir / "pg_hba.conf", "host replication postgres 127.0.0.1/32 trust")
 
     def _make_standby(self) -> None:
         _commands().pg_basebackup(
-            ["-h", "127.0.0.1", "-p", str(self.primary_port), "-U", "postgres", "-D", str(self.standby_dir),
-             "-R", "-X", "stream", "-c", "fast"],
-            user=self.user, timeout=300,
+            [
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.primary_port),
+                "-U",
+                "postgres",
+                "-D",
+                str(self.standby_dir),
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+            ],
+            user=self.user,
+            timeout=300,
         )
         # -R wrote standby.signal and a primary_conninfo; the one appended last wins and names the
         # standby as synchronous_standby_names does. Once promoted it has no standby of its own:
         # with the primary's synchronous_standby_names every commit would wait for ever.
-        self._append(self.standby_dir / "postgresql.conf", "\n".join([
-            f"port = {self.standby_port}",
-            "synchronous_standby_names = ''",
-        ]))
-        self._append(self.standby_dir / "postgresql.auto.conf",
-                     f"primary_conninfo = 'host=127.0.0.1 port={self.primary_port} user=postgres application_name={STANDBY_NAME}'")
+        self._append(
+            self.standby_dir / "postgresql.conf",
+            "\n".join(
+                [
+                    f"port = {self.standby_port}",
+                    "synchronous_standby_names = ''",
+                ]
+            ),
+        )
+        self._append(
+            self.standby_dir / "postgresql.auto.conf",
+            f"primary_conninfo = 'host=127.0.0.1 port={self.primary_port} user=postgres application_name={STANDBY_NAME}'",
+        )
 
     def wait_sync(self, timeout_s: float) -> dict[str, Any]:
         """Poll the primary's pg_stat_replication until the standby streams with sync_state 'sync'."""
@@ -156,7 +183,8 @@ class ReplicatedPair:
             with psycopg.connect(self.admin_dsn("primary"), autocommit=True) as conn:
                 row = conn.execute(
                     "SELECT application_name, state, sync_state FROM pg_stat_replication WHERE application_name = %s",
-                    (STANDBY_NAME,)).fetchone()
+                    (STANDBY_NAME,),
+                ).fetchone()
             if row is not None and row[1] == "streaming" and row[2] == "sync":
                 return {"application_name": row[0], "state": row[1], "sync_state": row[2]}
             time.sleep(0.2)
@@ -186,5 +214,7 @@ class ReplicatedPair:
 
     def dsn(self, dbname: str) -> str:
         """The multi-host DSN a runner gets: both servers, the one that takes writes wins."""
-        return (f"host=127.0.0.1,127.0.0.1 port={self.primary_port},{self.standby_port} user=postgres dbname={dbname}"
-                " target_session_attrs=read-write connect_timeout=5")
+        return (
+            f"host=127.0.0.1,127.0.0.1 port={self.primary_port},{self.standby_port} user=postgres dbname={dbname}"
+            " target_session_attrs=read-write connect_timeout=5"
+        )

@@ -167,8 +167,13 @@ def fenced_rows(dsn: str, run_id: str) -> dict[str, list[tuple]]:
     out = {}
     with psycopg.connect(dsn) as conn:
         for t in ("agentfast_messages", "agentfast_checkpoints", "agentfast_turns", "agentfast_tool_calls", "agentfast_payloads"):
-            cols = [r[0] for r in conn.execute(
-                "SELECT column_name FROM information_schema.columns WHERE table_name = %s AND data_type NOT LIKE 'timestamp%%'"
-                " ORDER BY ordinal_position", (t,)).fetchall()]
+            cols = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_name = %s AND data_type NOT LIKE 'timestamp%%'"
+                    " ORDER BY ordinal_position",
+                    (t,),
+                ).fetchall()
+            ]
             out[t] = conn.execute(f"SELECT {', '.join(cols)} FROM {t} WHERE run_id = %s ORDER BY 1, 2, 3", (run_id,)).fetchall()
     return out

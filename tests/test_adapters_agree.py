@@ -31,6 +31,7 @@ def run_to_end(tmp_path: Path, store: Store, dsn: str, adapter: Adapter, decisio
 def test_both_adapters_leave_the_same_transcript(tmp_path: Path, store: Store, dsn: str) -> None:
     vanilla = run_to_end(tmp_path, store, dsn, VANILLA, "approve")
     langgraph = run_to_end(tmp_path, store, dsn, LANGGRAPH, "approve")
+
     def same(m: object) -> dict:  # the refund id embeds the run uid, which differs by design
         d = m.model_dump()
         if d.get("content"):

@@ -37,8 +37,16 @@ def test_checkpoint_part_measures_every_subject(dsn: str) -> None:
     assert res.row_bytes["lg_saver"][100] > 2 * res.row_bytes["lg_saver"][10]
     load = checkpoint.measure_load(dsn, 100, 3)
     assert not math.isnan(load["load_snapshot"].median)
-    text = report.render({"mode": "test", "machine": {"cores": "2"}, "duration_s": 1.0, "load": (0.0, 0.0),
-                          "checkpoint": res, "load_snapshot": load})
+    text = report.render(
+        {
+            "mode": "test",
+            "machine": {"cores": "2"},
+            "duration_s": 1.0,
+            "load": (0.0, 0.0),
+            "checkpoint": res,
+            "load_snapshot": load,
+        }
+    )
     assert "Store.commit_checkpoint" in text and "| checkpoint p50" in text
 
 
@@ -76,7 +84,9 @@ def test_throughput_workers_and_pgbench(dsn: str, tmp_path: Path) -> None:
         store.migrate()
         runs = [Prefiller(store, dsn).make_run(10) for _ in range(2)]
     with psycopg.connect(dsn) as conn:
-        conn.execute("CREATE TABLE bench_floor (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, run_id text NOT NULL, payload jsonb NOT NULL)")
+        conn.execute(
+            "CREATE TABLE bench_floor (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, run_id text NOT NULL, payload jsonb NOT NULL)"
+        )
     rate = throughput._run_procs(throughput._store_worker, lambda i: (dsn, runs[i][0], runs[i][1]), 2, 0.5)
     assert rate > 0
     script = tmp_path / "insert.sql"
@@ -117,15 +127,24 @@ def test_iteration_subject_makes_the_loops_store_calls(dsn: str, tmp_path: Path)
     from agentfast.runner.tools import ToolRegistry
     from bench.workload import Prefiller
 
-    turns = [{"tool_calls": [{"id": f"c{i}{p}", "name": "echo", "arguments": {"text": f"{i}.{p}"}} for p in range(2)]}
-             for i in range(3)] + [{"content": "done"}]
+    turns = [
+        {"tool_calls": [{"id": f"c{i}{p}", "name": "echo", "arguments": {"text": f"{i}.{p}"}} for p in range(2)]}
+        for i in range(3)
+    ] + [{"content": "done"}]
     script = tmp_path / "two-calls.yaml"
     script.write_text(yaml.safe_dump({"model": "scripted-two", "turns": turns}))
-    run = parse_agentrun({
-        "apiVersion": "agentfast.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": "bench-pin", "uid": str(uuid.uuid4())},
-        "spec": {"model": {"name": "scripted-two", "script": str(script)}, "input": "go",
-                 "tools": [{"name": "echo", "ref": "agentfast.runner.examples.testing_tools:echo"}]},
-    })
+    run = parse_agentrun(
+        {
+            "apiVersion": "agentfast.dev/v1alpha1",
+            "kind": "AgentRun",
+            "metadata": {"name": "bench-pin", "uid": str(uuid.uuid4())},
+            "spec": {
+                "model": {"name": "scripted-two", "script": str(script)},
+                "input": "go",
+                "tools": [{"name": "echo", "ref": "agentfast.runner.examples.testing_tools:echo"}],
+            },
+        }
+    )
     with Store(dsn) as store:
         store.migrate()
         store.create_run("default/bench-pin", run.metadata.uid, run.model_dump(mode="json", exclude_none=True))
@@ -135,7 +154,7 @@ def test_iteration_subject_makes_the_loops_store_calls(dsn: str, tmp_path: Path)
         assert outcome.phase == "Succeeded"
         # Iteration 2 (steady: neither the takeover nor the last): between the 2nd and 3rd checkpoints.
         marks = [i for i, c in enumerate(loop.calls) if c.startswith("commit_checkpoint")]
-        steady = loop.calls[marks[1] + 1: marks[2] + 1]
+        steady = loop.calls[marks[1] + 1 : marks[2] + 1]
 
         bench = _Recorder(store)
         lease, snap = Prefiller(store, dsn).make_run(10)
@@ -162,11 +181,13 @@ def test_model_part_measures_every_path_and_renders_its_target(tmp_path: Path) -
 def test_import_self_ms_sums_own_times_by_package() -> None:
     from bench.procs import import_self_ms
 
-    trace = ("import time: self [us] | cumulative | imported package\n"
-             "import time:      1500 |       1500 |     psycopg.pq\n"
-             "import time:       500 |       2000 |   psycopg\n"
-             "import time:      3000 |       3000 | pydantic\n"
-             "status output line\n")
+    trace = (
+        "import time: self [us] | cumulative | imported package\n"
+        "import time:      1500 |       1500 |     psycopg.pq\n"
+        "import time:       500 |       2000 |   psycopg\n"
+        "import time:      3000 |       3000 | pydantic\n"
+        "status output line\n"
+    )
     assert import_self_ms(trace) == {"pydantic": 3.0, "psycopg": 2.0}
 
 
@@ -181,7 +202,10 @@ def test_langgraph_part_measures_every_subject_and_renders_its_targets(dsn: str,
             assert res.samples[s][n][0] and all(x > 0 for x in res.samples[s][n][0]), (s, n)
             assert res.cpu_ms(s, n) > 0, (s, n)
     # The adapter writes the same rows per superstep whatever the length; PostgresSaver the whole list.
-    assert res.rows["adapter"][300] < 1.3 * res.rows["adapter"][10] and res.largest["adapter"][300] < 1.3 * res.largest["adapter"][10]
+    assert (
+        res.rows["adapter"][300] < 1.3 * res.rows["adapter"][10]
+        and res.largest["adapter"][300] < 1.3 * res.largest["adapter"][10]
+    )
     assert res.rows["lg_pg"][300] > 3 * res.rows["lg_pg"][10]
     assert set(res.big) == {"vanilla", "langgraph"} and all(v["outputs"] == 1 and v["bytes"] > 200_000 for v in res.big.values())
     text = report.render({"mode": "test", "machine": {"cores": "2"}, "duration_s": 1.0, "load": (0.0, 0.0), "langgraph": res})

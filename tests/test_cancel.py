@@ -31,9 +31,13 @@ def slow_run_file(tmp_path: Path, *, work_ms: int, iterations: int, batch: int =
     """An AgentRun ``slow`` whose scripted model asks, ``iterations`` times, for a batch of
     ``batch`` chaos_read calls, each taking ``work_ms`` ms, then answers."""
     turns = [
-        {"tool_calls": [{"id": f"c{i}-{p}", "name": "chaos_read", "arguments": {"item": f"item-{i}-{p}", "work_ms": work_ms}}
-                        for p in range(batch)],
-         "usage": {"prompt_tokens": 10, "completion_tokens": 5}}
+        {
+            "tool_calls": [
+                {"id": f"c{i}-{p}", "name": "chaos_read", "arguments": {"item": f"item-{i}-{p}", "work_ms": work_ms}}
+                for p in range(batch)
+            ],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5},
+        }
         for i in range(iterations)
     ] + [{"content": "all read", "usage": {"prompt_tokens": 10, "completion_tokens": 5}}]
     script = tmp_path / "slow-script.yaml"
@@ -42,8 +46,13 @@ def slow_run_file(tmp_path: Path, *, work_ms: int, iterations: int, batch: int =
         "apiVersion": "agentfast.dev/v1alpha1",
         "kind": "AgentRun",
         "metadata": {"name": "slow", "uid": str(uuid.uuid4())},
-        "spec": {"model": {"name": "scripted-slow", "script": str(script)}, "input": "Read the stock.", "tools": [CHAOS_READ],
-                 "budget": {"max_iterations": 50, "max_duration_ms": 600000, "classifier": "none"}, **spec},
+        "spec": {
+            "model": {"name": "scripted-slow", "script": str(script)},
+            "input": "Read the stock.",
+            "tools": [CHAOS_READ],
+            "budget": {"max_iterations": 50, "max_duration_ms": 600000, "classifier": "none"},
+            **spec,
+        },
     }
     path = tmp_path / "slow.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -54,7 +63,9 @@ def chaos_reads(dsn: str, call_id: str | None = None) -> int:
     """Executions of chaos_read started (a row is written as the tool body begins)."""
     if call_id is None:
         return count_rows(examples_dsn_for(dsn), "SELECT count(*) FROM agentfast_examples.chaos_invocations")
-    return count_rows(examples_dsn_for(dsn), "SELECT count(*) FROM agentfast_examples.chaos_invocations WHERE call_id = %s", call_id)
+    return count_rows(
+        examples_dsn_for(dsn), "SELECT count(*) FROM agentfast_examples.chaos_invocations WHERE call_id = %s", call_id
+    )
 
 
 def status(store: Store, run_id: str):
@@ -98,8 +109,9 @@ def test_cancel_during_a_slow_tool_call_keeps_it_and_starts_nothing_more(tmp_pat
 
 @pytest.mark.process
 @pytest.mark.parametrize("example,run_name", [("refund.yaml", "refund-demo"), ("refund-langgraph.yaml", "refund-langgraph")])
-def test_cancel_while_waiting_for_approval_wakes_the_runner_at_once(tmp_path: Path, dsn: str, store: Store, example: str,
-                                                                    run_name: str) -> None:
+def test_cancel_while_waiting_for_approval_wakes_the_runner_at_once(
+    tmp_path: Path, dsn: str, store: Store, example: str, run_name: str
+) -> None:
     run_id = f"default/{run_name}"
     proc = spawn_cli("run", str(agentrun_file(tmp_path, example)), dsn=dsn)
     try:
@@ -109,8 +121,9 @@ def test_cancel_while_waiting_for_approval_wakes_the_runner_at_once(tmp_path: Pa
         asked = run_cli("cancel", run_name, dsn=dsn)
         t0 = time.monotonic()
         assert asked.returncode == 0 and "requested" in asked.stdout, asked.stdout
-        wait_until(lambda: phase_of(store, run_id) == "Cancelled", timeout=5, what="the waiting runner to cancel the run",
-                   interval=0.02)
+        wait_until(
+            lambda: phase_of(store, run_id) == "Cancelled", timeout=5, what="the waiting runner to cancel the run", interval=0.02
+        )
         woke = time.monotonic() - t0
         out, _ = proc.communicate(timeout=10)
     finally:
@@ -175,9 +188,11 @@ def test_a_runner_role_can_read_a_cancel_request_but_never_write_one(dsn: str, s
     as_runner = psycopg.conninfo.make_conninfo(dsn, user=role, password="pw-a")
     with psycopg.connect(as_runner, autocommit=True) as a:
         assert [r[0] for r in a.execute("SELECT run_id FROM agentfast_cancel_requests").fetchall()] == ["team-a/mine"]
-        for query in ("DELETE FROM agentfast_cancel_requests WHERE run_id = 'team-a/mine'",
-                      "UPDATE agentfast_cancel_requests SET requested_by = 'me' WHERE run_id = 'team-a/mine'",
-                      "INSERT INTO agentfast_cancel_requests (run_id, requested_by) VALUES ('team-a/other', 'me')"):
+        for query in (
+            "DELETE FROM agentfast_cancel_requests WHERE run_id = 'team-a/mine'",
+            "UPDATE agentfast_cancel_requests SET requested_by = 'me' WHERE run_id = 'team-a/mine'",
+            "INSERT INTO agentfast_cancel_requests (run_id, requested_by) VALUES ('team-a/other', 'me')",
+        ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 a.execute(query)
     runner = Store(as_runner, retry_for_s=2)
@@ -252,10 +267,25 @@ def test_a_deadline_is_checked_when_a_run_resumes(tmp_path: Path, dsn: str, stor
 
 def _body(name: str, uid: str, **spec: object) -> dict:
     doc = yaml.safe_load((EXAMPLES / "refund.yaml").read_text())
-    doc["metadata"] = {"name": name, "namespace": "default", "uid": uid, "managedFields": [
-        {"manager": "kubectl-create", "operation": "Update", "time": "2026-01-01T00:00:00Z", "fieldsV1": {"f:spec": {"f:input": {}}}},
-        {"manager": "kubectl-agentfast", "operation": "Update", "time": "2026-01-01T00:01:00Z", "fieldsV1": {"f:spec": {"f:cancel": {}}}},
-    ]}
+    doc["metadata"] = {
+        "name": name,
+        "namespace": "default",
+        "uid": uid,
+        "managedFields": [
+            {
+                "manager": "kubectl-create",
+                "operation": "Update",
+                "time": "2026-01-01T00:00:00Z",
+                "fieldsV1": {"f:spec": {"f:input": {}}},
+            },
+            {
+                "manager": "kubectl-agentfast",
+                "operation": "Update",
+                "time": "2026-01-01T00:01:00Z",
+                "fieldsV1": {"f:spec": {"f:cancel": {}}},
+            },
+        ],
+    }
     doc["spec"].update(spec)
     return doc
 
@@ -312,7 +342,9 @@ def test_the_operator_leaves_a_cancel_to_a_live_runner(tmp_path: Path, dsn: str,
 
 
 @pytest.mark.process
-def test_the_operator_fails_a_run_past_its_deadline_that_no_runner_holds(tmp_path: Path, dsn: str, store: Store, monkeypatch) -> None:
+def test_the_operator_fails_a_run_past_its_deadline_that_no_runner_holds(
+    tmp_path: Path, dsn: str, store: Store, monkeypatch
+) -> None:
     from agentfast.operator import main
 
     monkeypatch.setattr(main.STATE, "store", store)

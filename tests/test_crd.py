@@ -95,7 +95,15 @@ def test_every_spec_field_is_documented_for_kubectl_explain() -> None:
 def test_printer_columns_and_names() -> None:
     doc = crd()
     [version] = doc["spec"]["versions"]
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Phase", "Reason", "Iteration", "Tokens", "Restarts", "Awaiting", "Age"]
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "Phase",
+        "Reason",
+        "Iteration",
+        "Tokens",
+        "Restarts",
+        "Awaiting",
+        "Age",
+    ]
     assert version["subresources"] == {"status": {}}
     assert doc["spec"]["names"]["shortNames"] == ["ar"] and "agentfast" in doc["spec"]["names"]["categories"]
 
@@ -154,7 +162,9 @@ def test_modelconfig_patterns_and_limits_are_the_runners() -> None:
 
     props = mc_spec_schema()["properties"]
     assert props["baseURL"]["pattern"] == s.BASE_URL_PATTERN
-    assert props["baseURL"]["maxLength"] == next(m.max_length for m in ModelConfigSpec.model_fields["baseURL"].metadata if hasattr(m, "max_length"))
+    assert props["baseURL"]["maxLength"] == next(
+        m.max_length for m in ModelConfigSpec.model_fields["baseURL"].metadata if hasattr(m, "max_length")
+    )
     assert props["apiKeySecretRef"]["properties"]["name"]["pattern"] == s.DNS1123_SUBDOMAIN
     assert props["apiKeySecretRef"]["properties"]["key"]["pattern"] == s.SECRET_KEY_PATTERN
     assert props["models"]["maxItems"] == s.MAX_CONFIG_MODELS and props["models"]["minItems"] == 1
@@ -232,7 +242,9 @@ def test_spec_runner_mirrors_the_runners_model_and_is_bounded_everywhere() -> No
     walk(runner, s.RunnerSpec, "spec.runner")
     props = runner["properties"]
     assert props["image"]["pattern"] == s.IMAGE_PATTERN and props["image"]["maxLength"] == s.MAX_IMAGE_CHARS
-    assert props["nodeSelector"]["maxProperties"] == s.MAX_SELECTOR_LABELS and props["tolerations"]["maxItems"] == s.MAX_TOLERATIONS
+    assert (
+        props["nodeSelector"]["maxProperties"] == s.MAX_SELECTOR_LABELS and props["tolerations"]["maxItems"] == s.MAX_TOLERATIONS
+    )
     assert props["nodeSelector"]["additionalProperties"]["pattern"] == s.LABEL_VALUE_PATTERN
     assert props["tolerations"]["items"]["properties"]["key"]["pattern"] == s.LABEL_KEY_PATTERN
     assert props["resources"]["properties"]["limits"]["properties"]["memory"]["pattern"] == s.QUANTITY_PATTERN
@@ -246,7 +258,9 @@ def test_spec_runner_mirrors_the_runners_model_and_is_bounded_everywhere() -> No
 
 
 def test_spec_runner_is_immutable_like_the_rest_of_spec() -> None:
-    [immutable] = [r for r in spec_schema()["x-kubernetes-validations"] if r["message"].startswith("spec is immutable after creation")]
+    [immutable] = [
+        r for r in spec_schema()["x-kubernetes-validations"] if r["message"].startswith("spec is immutable after creation")
+    ]
     assert "has(self.runner) == has(oldSelf.runner) && (!has(self.runner) || self.runner == oldSelf.runner)" in immutable["rule"]
     # every field of spec but approvals and cancel is in the rule (a field left out would be editable)
     for name in fields(AgentRunSpec) - {"approvals", "cancel"}:

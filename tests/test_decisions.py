@@ -39,8 +39,15 @@ class Cli:
     def __init__(self, dsn: str, tmp: Path, tools_dir: Path, **env: str):
         self.dsn, self.tmp = dsn, tmp
         self.effects = tmp / "effects.log"
-        self.env = {**os.environ, "AGENTFAST_DSN": dsn, "CASE_EFFECTS": str(self.effects), "NO_COLOR": "1", "COLUMNS": "200",
-                    "PYTHONPATH": os.pathsep.join([str(tools_dir), os.environ.get("PYTHONPATH", "")]), **env}
+        self.env = {
+            **os.environ,
+            "AGENTFAST_DSN": dsn,
+            "CASE_EFFECTS": str(self.effects),
+            "NO_COLOR": "1",
+            "COLUMNS": "200",
+            "PYTHONPATH": os.pathsep.join([str(tools_dir), os.environ.get("PYTHONPATH", "")]),
+            **env,
+        }
         self.env.pop("AGENTFAST_FAULT", None)
 
     def agentrun(self, src: Path, script: Path, **spec: object) -> Path:
@@ -53,8 +60,14 @@ class Cli:
         return path
 
     def spawn(self, *args: str, fault: str | None = None, **env: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "agentfast.runner", *args], env={**self.env, **env, **({"AGENTFAST_FAULT": fault} if fault else {})},
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "agentfast.runner", *args],
+            env={**self.env, **env, **({"AGENTFAST_FAULT": fault} if fault else {})},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def __call__(self, *args: str, fault: str | None = None, **env: str) -> subprocess.CompletedProcess:
         proc = self.spawn(*args, fault=fault, **env)
@@ -91,8 +104,13 @@ def test_case05_decisions_only_for_awaited_calls_and_a_denial_keeps_its_reason(t
     assert p.returncode == 0 and "WaitingForApproval" in p.stdout, p.stdout
     assert cli.ran("add_case_note") == 1 and cli.ran("issue_voucher") == 0
 
-    refused(cli("deny", run, "call-1-1", "--reason", "not needed"), "call-1-1", "does not await", "it is finished (add_case_note)",
-            "awaiting a decision now: call-1-0")
+    refused(
+        cli("deny", run, "call-1-1", "--reason", "not needed"),
+        "call-1-1",
+        "does not await",
+        "it is finished (add_case_note)",
+        "awaiting a decision now: call-1-0",
+    )
     refused(cli("approve", run, "call-3-0"), "call-3-0", "no such tool call")
     refused(cli("approve", run, "call-1-0-rerun1"), "issue_voucher is idempotent")
     refused(cli("complete", run, "call-1-1", "--result", '{"ok": true}'), "does not await")
@@ -154,11 +172,17 @@ def test_case06_every_gated_call_is_pending_at_once_and_decided_in_any_order(tmp
 
 @pytest.mark.process
 @pytest.mark.parametrize("adapter", ["vanilla", "langgraph"])
-def test_batch_of_four_two_gated_two_siblings_waits_for_every_decision(tmp_path: Path, dsn: str, store: Store, adapter: str) -> None:
+def test_batch_of_four_two_gated_two_siblings_waits_for_every_decision(
+    tmp_path: Path, dsn: str, store: Store, adapter: str
+) -> None:
     """A waiting runner goes on only when both gated calls are decided, in any order; siblings ran once, first."""
     cli = Cli(dsn, tmp_path, CASES)
     tools = [{"name": n, "ref": f"decision_tools:{n}"} for n in ("freeze_card", "add_note", "refund_charge")]
-    extra = {"adapter": "langgraph", "graph": {"ref": "agentfast.runner.examples.refund_graph:build"}} if adapter == "langgraph" else {}
+    extra = (
+        {"adapter": "langgraph", "graph": {"ref": "agentfast.runner.examples.refund_graph:build"}}
+        if adapter == "langgraph"
+        else {}
+    )
     path = cli.agentrun(CASES / "05" / "agentrun.yaml", CASES / "batch4.yaml", tools=tools, **extra)
     rid = "default/case05-decisions"
     proc = cli.spawn("run", str(path))  # waits for the decisions
@@ -195,10 +219,16 @@ def test_batch_of_four_two_gated_two_siblings_waits_for_every_decision(tmp_path:
 def test_case08_complete_records_an_in_flight_effect_that_already_happened(tmp_path: Path, dsn: str, store: Store) -> None:
     cli = Cli(dsn, tmp_path, CASES / "08")
     run, rid = "case08-inflight", "default/case08-inflight"
-    p = cli("run", str(cli.agentrun(CASES / "08" / "agentrun.yaml", CASES / "08" / "script.yaml")), fault="tool.after_call:send_voucher")
+    p = cli(
+        "run",
+        str(cli.agentrun(CASES / "08" / "agentrun.yaml", CASES / "08" / "script.yaml")),
+        fault="tool.after_call:send_voucher",
+    )
     assert p.returncode == -signal.SIGKILL and cli.ran("send_voucher") == 1, p.stdout
     p = cli("resume", run, "--no-wait")
-    assert p.returncode == 0 and "waiting for approval of call-1-0-rerun1" in p.stdout and "may already have run" in p.stdout, p.stdout
+    assert p.returncode == 0 and "waiting for approval of call-1-0-rerun1" in p.stdout and "may already have run" in p.stdout, (
+        p.stdout
+    )
     status = json.loads(cli("status", run, "-o", "json").stdout)
     assert [(a["call_id"], a["reason"]) for a in status["awaiting"]] == [("call-1-0-rerun1", "in_flight_not_idempotent")]
 
@@ -225,7 +255,11 @@ def test_case08_complete_records_an_in_flight_effect_that_already_happened(tmp_p
 def test_a_denied_in_flight_rerun_does_not_claim_it_was_not_run(tmp_path: Path, dsn: str, store: Store) -> None:
     cli = Cli(dsn, tmp_path, CASES / "08")
     run, rid = "case08-inflight", "default/case08-inflight"
-    cli("run", str(cli.agentrun(CASES / "08" / "agentrun.yaml", CASES / "08" / "script.yaml")), fault="tool.after_call:send_voucher")
+    cli(
+        "run",
+        str(cli.agentrun(CASES / "08" / "agentrun.yaml", CASES / "08" / "script.yaml")),
+        fault="tool.after_call:send_voucher",
+    )
     assert cli("resume", run, "--no-wait").returncode == 0
     assert cli("deny", run, "call-1-0-rerun1", "--reason", "do not send another").returncode == 0
     assert cli("resume", run).returncode == 0
@@ -238,7 +272,9 @@ def test_a_denied_in_flight_rerun_does_not_claim_it_was_not_run(tmp_path: Path, 
 
 
 @pytest.mark.parametrize("answer", ["happened", "not_happened", "unknown", "raise"])
-def test_a_recovery_check_settles_an_interrupted_call_before_a_human_is_asked(tmp_path: Path, dsn: str, store: Store, answer: str) -> None:
+def test_a_recovery_check_settles_an_interrupted_call_before_a_human_is_asked(
+    tmp_path: Path, dsn: str, store: Store, answer: str
+) -> None:
     cli = Cli(dsn, tmp_path, CASES)
     tools = [{"name": "send_mail", "ref": "decision_tools:send_mail"}]
     path = cli.agentrun(CASES / "08" / "agentrun.yaml", CASES / "mail.yaml", tools=tools)

@@ -61,20 +61,37 @@ class Server:
         self.base, self.port, self.proc = base, port, None
         self.log = base / "server.log"
 
-    def start(self, *, cidrs: str, super_pw: str = SUPER_PW, app_pw: str = APP_PW, dsn: str | None = None) -> subprocess.CompletedProcess | None:
+    def start(
+        self, *, cidrs: str, super_pw: str = SUPER_PW, app_pw: str = APP_PW, dsn: str | None = None
+    ) -> subprocess.CompletedProcess | None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "AGENTFAST_"))}
-        env.update(PGDATA=str(self.base / "pgdata"), POSTGRES_PASSWORD=super_pw, AGENTFAST_PG_PORT=str(self.port),
-                   AGENTFAST_PG_SOCKET_DIR=str(self.base / "sock"), AGENTFAST_PG_CLIENT_CIDRS=cidrs, TMPDIR=str(self.base / "tmp"),
-                   AGENTFAST_DSN=dsn or f"postgresql://agentfast:{app_pw}@127.0.0.1:{self.port}/postgres")
+        env.update(
+            PGDATA=str(self.base / "pgdata"),
+            POSTGRES_PASSWORD=super_pw,
+            AGENTFAST_PG_PORT=str(self.port),
+            AGENTFAST_PG_SOCKET_DIR=str(self.base / "sock"),
+            AGENTFAST_PG_CLIENT_CIDRS=cidrs,
+            TMPDIR=str(self.base / "tmp"),
+            AGENTFAST_DSN=dsn or f"postgresql://agentfast:{app_pw}@127.0.0.1:{self.port}/postgres",
+        )
         log = open(self.log, "a")
-        self.proc = subprocess.Popen([sys.executable, "-m", "agentfast.operator.devpostgres"], env=env, cwd=str(self.base),
-                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **_as_user())
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agentfast.operator.devpostgres"],
+            env=env,
+            cwd=str(self.base),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            **_as_user(),
+        )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 return None
             try:
-                psycopg.connect(host="127.0.0.1", port=self.port, user="agentfast", password=app_pw, dbname="postgres", connect_timeout=3).close()
+                psycopg.connect(
+                    host="127.0.0.1", port=self.port, user="agentfast", password=app_pw, dbname="postgres", connect_timeout=3
+                ).close()
                 return None
             except psycopg.OperationalError:
                 time.sleep(0.3)
@@ -121,7 +138,9 @@ def test_the_trial_server_roles_and_hba(server: Server) -> None:
     port = server.port
 
     with _connect("127.0.0.1", port, "agentfast", APP_PW) as app:
-        row = app.execute("SELECT rolsuper, rolcreaterole, rolcreatedb, rolreplication, rolbypassrls FROM pg_roles WHERE rolname = current_user").fetchone()
+        row = app.execute(
+            "SELECT rolsuper, rolcreaterole, rolcreatedb, rolreplication, rolbypassrls FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()
         assert row == (False, True, False, False, False)
         owner = app.execute("SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = 'postgres'").fetchone()[0]
         assert owner == "agentfast"
@@ -130,8 +149,14 @@ def test_the_trial_server_roles_and_hba(server: Server) -> None:
         app.execute("CREATE ROLE agentfast_ns_a LOGIN PASSWORD 'x' NOINHERIT")
         app.execute("GRANT SELECT ON agentfast_probe TO agentfast_ns_a")
         app.execute("ALTER TABLE agentfast_probe ENABLE ROW LEVEL SECURITY")
-        for forbidden in ("CREATE ROLE evil SUPERUSER", "CREATE ROLE evil BYPASSRLS", "CREATE ROLE evil CREATEDB",
-                          "ALTER ROLE postgres PASSWORD 'x'", "GRANT pg_read_server_files TO agentfast", "CREATE DATABASE other"):
+        for forbidden in (
+            "CREATE ROLE evil SUPERUSER",
+            "CREATE ROLE evil BYPASSRLS",
+            "CREATE ROLE evil CREATEDB",
+            "ALTER ROLE postgres PASSWORD 'x'",
+            "GRANT pg_read_server_files TO agentfast",
+            "CREATE DATABASE other",
+        ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 app.execute(forbidden)
 
@@ -170,9 +195,11 @@ def test_the_trial_server_roles_and_hba(server: Server) -> None:
 
 @pytest.mark.process
 def test_a_dsn_naming_the_superuser_or_unparseable_stops_the_server_before_initdb(server: Server) -> None:
-    for dsn, expected in ((f"postgresql://postgres:{APP_PW}@h/postgres", "superuser"),
-                          (f"postgresql://agentfast:{APP_PW}%zz@h/postgres", "DSN is not valid"),
-                          ("postgresql://agentfast@h/postgres", "no password")):
+    for dsn, expected in (
+        (f"postgresql://postgres:{APP_PW}@h/postgres", "superuser"),
+        (f"postgresql://agentfast:{APP_PW}%zz@h/postgres", "DSN is not valid"),
+        ("postgresql://agentfast@h/postgres", "no password"),
+    ):
         server.start(cidrs="", dsn=dsn)
         assert server.proc.wait(timeout=60) != 0
         text = server.log.read_text()
@@ -191,7 +218,11 @@ def test_client_cidrs_and_hba_text() -> None:
     assert any(ipaddress.ip_network(pod_cidr).subnet_of(ipaddress.ip_network(c)) for c in DEFAULT_CLIENT_CIDRS if ":" not in c)
     lines = [line.split() for line in hba_conf(["10.0.0.0/8"]).splitlines() if line and not line.startswith("#")]
     first_network = next(i for i, f in enumerate(lines) if f[0] == "host" and f[3] not in ("127.0.0.1/32", "::1/128"))
-    assert lines[first_network][2:] == ["postgres", "0.0.0.0/0", "reject"] and lines[first_network + 1][2:] == ["postgres", "::/0", "reject"]
+    assert lines[first_network][2:] == ["postgres", "0.0.0.0/0", "reject"] and lines[first_network + 1][2:] == [
+        "postgres",
+        "::/0",
+        "reject",
+    ]
     assert lines[-1] == ["host", "all", "all", "10.0.0.0/8", "scram-sha-256"]
     assert not any("trust" in f or "replication" in f for f in lines)
     assert app_role("postgresql://agentfast:pw@h:5432/postgres") == ("agentfast", "pw", "postgres")

@@ -29,10 +29,15 @@ def _unique_keys(dsn: str) -> dict[str, list[tuple[str, list[str]]]]:
                                                   ORDER BY k.n)
                FROM pg_index x JOIN pg_class t ON t.oid = x.indrelid JOIN pg_class i ON i.oid = x.indexrelid
                JOIN pg_namespace s ON s.oid = t.relnamespace
-               WHERE x.indisunique AND s.nspname = 'public' AND t.relname LIKE 'agentfast\\_%'""").fetchall()
-        tables = {r[0] for r in conn.execute(
-            "SELECT relname FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace"
-            " WHERE s.nspname = 'public' AND c.relkind = 'r' AND relname LIKE 'agentfast\\_%'").fetchall()}
+               WHERE x.indisunique AND s.nspname = 'public' AND t.relname LIKE 'agentfast\\_%'"""
+        ).fetchall()
+        tables = {
+            r[0]
+            for r in conn.execute(
+                "SELECT relname FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace"
+                " WHERE s.nspname = 'public' AND c.relkind = 'r' AND relname LIKE 'agentfast\\_%'"
+            ).fetchall()
+        }
     out: dict[str, list[tuple[str, list[str]]]] = {t: [] for t in tables}
     for table, index, cols in rows:
         out[table].append((index, list(cols)))
@@ -51,7 +56,8 @@ def test_every_primary_key_and_unique_constraint_begins_with_run_id(store: Store
             """SELECT c.conrelid::regclass::text, c.conname, c.contype,
                       array(SELECT a.attname FROM unnest(c.conkey) WITH ORDINALITY k(attnum, n)
                             JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.attnum ORDER BY k.n)
-               FROM pg_constraint c WHERE c.contype IN ('p', 'u') AND c.conrelid::regclass::text LIKE 'agentfast\\_%'""").fetchall()
+               FROM pg_constraint c WHERE c.contype IN ('p', 'u') AND c.conrelid::regclass::text LIKE 'agentfast\\_%'"""
+        ).fetchall()
     checked = [(t, n, cols) for t, n, _, cols in constraints if t not in NOT_DISTRIBUTED]
     assert checked and all(cols[0] == "run_id" for _, _, cols in checked), checked
 

@@ -59,8 +59,14 @@ def _cli(args: list[str], env_dsn: str | None, timeout: float = 60) -> subproces
     env = {k: v for k, v in os.environ.items() if k not in ("AGENTFAST_DSN", "AGENTFAST_FAULT")}
     if env_dsn is not None:
         env["AGENTFAST_DSN"] = env_dsn
-    return subprocess.run([sys.executable, "-m", "agentfast.runner", *args], env=env, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "agentfast.runner", *args],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _assert_refused(proc: subprocess.CompletedProcess) -> None:
@@ -117,8 +123,15 @@ def test_parse_and_redact() -> None:
     shown = redact_dsn(uri)
     assert "p@ss" not in shown and "k3y" not in shown and '"password": "***"' in shown and "db.example" in shown
     assert parse_dsn("") == {}
-    for ok in ("host=/tmp/sock dbname=x", "host='/Users/a b/Library/Application Support/pg' dbname=x", "host=agentfast_db user=u", "host=@abstract dbname=x", "postgresql://u@[fe80::1%25eth0]:5432/x",
-               "hostaddr=10.0.0.1 port=5432", "host=a,b port=,5433"):
+    for ok in (
+        "host=/tmp/sock dbname=x",
+        "host='/Users/a b/Library/Application Support/pg' dbname=x",
+        "host=agentfast_db user=u",
+        "host=@abstract dbname=x",
+        "postgresql://u@[fe80::1%25eth0]:5432/x",
+        "hostaddr=10.0.0.1 port=5432",
+        "host=a,b port=,5433",
+    ):
         parse_dsn(ok)
     for _, bad in MALFORMED:
         with pytest.raises(InvalidDsn) as info_:

@@ -62,20 +62,37 @@ def _script() -> dict[str, Any]:
     batches with a slow write (300 ms) and a non-idempotent notification every third, a second
     gated payment (decided on the promoted standby), the answer."""
     turns: list[dict[str, Any]] = [
-        {"tool_calls": [{"id": "call_1", "name": "chaos_read", "arguments": {"item": "anvil", "work_ms": 40}},
-                        {"id": "call_2", "name": "chaos_write", "arguments": {"item": "anvil", "qty": 1, "work_ms": 80}}]},
-        {"tool_calls": [{"id": "call_1", "name": "chaos_read", "arguments": {"item": "bolt", "work_ms": 40}},
-                        {"id": "call_2", "name": "chaos_pay", "arguments": {"account": "acct-1", "cents": 100, "work_ms": 40}}]},
+        {
+            "tool_calls": [
+                {"id": "call_1", "name": "chaos_read", "arguments": {"item": "anvil", "work_ms": 40}},
+                {"id": "call_2", "name": "chaos_write", "arguments": {"item": "anvil", "qty": 1, "work_ms": 80}},
+            ]
+        },
+        {
+            "tool_calls": [
+                {"id": "call_1", "name": "chaos_read", "arguments": {"item": "bolt", "work_ms": 40}},
+                {"id": "call_2", "name": "chaos_pay", "arguments": {"account": "acct-1", "cents": 100, "work_ms": 40}},
+            ]
+        },
     ]
     for i in range(WORK_TURNS):
         item = ITEMS[i % len(ITEMS)]
-        calls = [{"id": "call_1", "name": "chaos_read", "arguments": {"item": item, "work_ms": 40}},
-                 {"id": "call_2", "name": "chaos_write", "arguments": {"item": item, "qty": i + 2, "work_ms": 300}}]
+        calls = [
+            {"id": "call_1", "name": "chaos_read", "arguments": {"item": item, "work_ms": 40}},
+            {"id": "call_2", "name": "chaos_write", "arguments": {"item": item, "qty": i + 2, "work_ms": 300}},
+        ]
         if i % 3 == 2:
-            calls.append({"id": "call_3", "name": "chaos_notify",
-                          "arguments": {"to": "ops@example.com", "text": f"batch {i} done", "work_ms": 100}})
+            calls.append(
+                {
+                    "id": "call_3",
+                    "name": "chaos_notify",
+                    "arguments": {"to": "ops@example.com", "text": f"batch {i} done", "work_ms": 100},
+                }
+            )
         turns.append({"tool_calls": calls})
-    turns.append({"tool_calls": [{"id": "call_1", "name": "chaos_pay", "arguments": {"account": "acct-2", "cents": 200, "work_ms": 40}}]})
+    turns.append(
+        {"tool_calls": [{"id": "call_1", "name": "chaos_pay", "arguments": {"account": "acct-2", "cents": 200, "work_ms": 40}}]}
+    )
     turns.append({"content": "All batches are done."})
     for n, t in enumerate(turns, start=1):
         t["usage"] = {"prompt_tokens": 100 * n, "completion_tokens": 20}
@@ -101,12 +118,12 @@ def _manifest(directory: Path) -> Path:
 
 _SNAPSHOT_QUERIES = {
     "checkpoints": "SELECT checkpoint_id, checkpoint_key::text, iteration, message_count, phase FROM agentfast_checkpoints"
-                   " WHERE run_id = %(r)s ORDER BY checkpoint_id",
+    " WHERE run_id = %(r)s ORDER BY checkpoint_id",
     "messages": "SELECT seq, iteration, message::text FROM agentfast_messages WHERE run_id = %(r)s ORDER BY seq",
     "turns": "SELECT iteration, message::text FROM agentfast_turns WHERE run_id = %(r)s ORDER BY iteration",
     # attempts and started_at may change after the crash (a call in flight finishes); done rows may not.
     "journal": "SELECT iteration, position, call_id, idempotency_key, state, result::text FROM agentfast_tool_calls"
-               " WHERE run_id = %(r)s ORDER BY iteration, position",
+    " WHERE run_id = %(r)s ORDER BY iteration, position",
     "decisions": "SELECT call_id, decision, reason, decided_by FROM agentfast_approvals WHERE run_id = %(r)s ORDER BY call_id",
     "ledger": "SELECT idempotency_key, tool, payload::text FROM agentfast_examples.chaos_ledger ORDER BY idempotency_key",
     "outbox": "SELECT idempotency_key, execution::text, payload::text FROM agentfast_examples.chaos_outbox ORDER BY id",
@@ -135,8 +152,11 @@ def _query(dsn: str, sql: str, *params: object) -> list[tuple]:
 
 def _phase(dsn: str) -> tuple[str | None, int, int]:
     """(phase, iteration, max checkpoint_id) of the run's latest checkpoint."""
-    rows = _query(dsn, "SELECT phase, iteration, checkpoint_id FROM agentfast_checkpoints WHERE run_id = %s"
-                       " ORDER BY checkpoint_id DESC LIMIT 1", RUN_ID)
+    rows = _query(
+        dsn,
+        "SELECT phase, iteration, checkpoint_id FROM agentfast_checkpoints WHERE run_id = %s ORDER BY checkpoint_id DESC LIMIT 1",
+        RUN_ID,
+    )
     return rows[0] if rows else (None, 0, 0)
 
 
@@ -173,13 +193,16 @@ def test_primary_dies_mid_run_standby_promoted_nothing_committed_is_lost(pair: R
         # work turn, any write in flight.
         last_work_turn = 2 + WORK_TURNS
         with psycopg.connect(primary, autocommit=True) as watch:
+
             def in_flight() -> bool:
                 it, applied, started = watch.execute(
                     """SELECT (SELECT max(iteration) FROM agentfast_checkpoints WHERE run_id = %(r)s),
                               (SELECT count(*) FROM agentfast_tool_calls t JOIN agentfast_examples.chaos_ledger l USING (idempotency_key)
                                 WHERE t.run_id = %(r)s AND t.state = 'started' AND t.tool_name = 'chaos_write'),
                               (SELECT count(*) FROM agentfast_tool_calls WHERE run_id = %(r)s AND state = 'started'
-                                AND tool_name = 'chaos_write')""", {"r": RUN_ID}).fetchone()
+                                AND tool_name = 'chaos_write')""",
+                    {"r": RUN_ID},
+                ).fetchone()
                 return (it or 0) >= 4 and (applied > 0 or ((it or 0) >= last_work_turn - 1 and started > 0))
 
             wait_until(in_flight, 180, "a slow write in flight after the fourth iteration", interval=0.01)
@@ -223,7 +246,9 @@ def test_primary_dies_mid_run_standby_promoted_nothing_committed_is_lost(pair: R
         after = _read(conn)
     for name in ("checkpoints", "messages", "turns", "decisions", "ledger", "outbox", "invocations"):
         missing = set(before[name]) - set(after[name])
-        assert not missing, f"{name}: rows committed on the primary before the crash are missing or changed: {sorted(missing)[:5]}"
+        assert not missing, (
+            f"{name}: rows committed on the primary before the crash are missing or changed: {sorted(missing)[:5]}"
+        )
     done_before = {r for r in before["journal"] if r[4] == "done"}
     assert done_before <= set(after["journal"]), "a journal row done before the crash is missing or changed"
     planned_before = {r[:4] for r in before["journal"]}
@@ -242,8 +267,9 @@ def test_primary_dies_mid_run_standby_promoted_nothing_committed_is_lost(pair: R
     assert [r[0] for r in after["turns"]] == list(range(1, len(turns) + 1)), "a model turn is missing or repeated"
     expected_calls = Counter((n, c["name"]) for n, t in enumerate(turns, start=1) for c in t.get("tool_calls", []))
     with psycopg.connect(promoted, autocommit=True) as conn:
-        journal = conn.execute("SELECT iteration, tool_name, state FROM agentfast_tool_calls WHERE run_id = %s",
-                               (RUN_ID,)).fetchall()
+        journal = conn.execute(
+            "SELECT iteration, tool_name, state FROM agentfast_tool_calls WHERE run_id = %s", (RUN_ID,)
+        ).fetchall()
     assert Counter((i, t) for i, t, _ in journal) == expected_calls, "the journal does not hold each call once"
     assert {s for _, _, s in journal} == {"done"}, "a journal row is not done"
 
@@ -252,11 +278,17 @@ def test_primary_dies_mid_run_standby_promoted_nothing_committed_is_lost(pair: R
     keys = {r[3] for r in after["journal"]}
     runs = Counter(k for k, _, _ in after["invocations"] if k.startswith(UID))
     assert set(runs) == keys and set(runs.values()) == {1}, f"executions per key: {runs}"
-    effects = Counter(k for k, _, _ in after["ledger"] if k.startswith(UID)) + Counter(k for k, _, _ in after["outbox"] if k.startswith(UID))
+    effects = Counter(k for k, _, _ in after["ledger"] if k.startswith(UID)) + Counter(
+        k for k, _, _ in after["outbox"] if k.startswith(UID)
+    )
     assert set(effects.values()) == {1}, f"an effect applied twice: {effects}"
     with psycopg.connect(promoted, autocommit=True) as conn:
-        effectful = {r[0] for r in conn.execute(
-            "SELECT idempotency_key FROM agentfast_tool_calls WHERE run_id = %s AND tool_name <> 'chaos_read'", (RUN_ID,))}
+        effectful = {
+            r[0]
+            for r in conn.execute(
+                "SELECT idempotency_key FROM agentfast_tool_calls WHERE run_id = %s AND tool_name <> 'chaos_read'", (RUN_ID,)
+            )
+        }
     assert set(effects) == effectful, "an effect is missing or unexpected"
 
     # The decisions: the one made on the old primary survived, the one made on the new primary holds.

@@ -18,8 +18,9 @@ CASE = Path(__file__).resolve().parent / "cases" / "breaker"
 TOOLS = ("echo", "boom", "gated", "send", "slow", "badexc", "gated_bad")
 
 
-def make_case(tmp_path: Path, name: str, turns: list[dict], *, adapter: str = "vanilla", strict: bool = False,
-              **spec: object) -> Path:
+def make_case(
+    tmp_path: Path, name: str, turns: list[dict], *, adapter: str = "vanilla", strict: bool = False, **spec: object
+) -> Path:
     """A case folder in tmp_path: AgentRun ``name`` with every tool of breaker_tools.py and a script of ``turns``."""
     d = tmp_path / name
     d.mkdir()
@@ -27,13 +28,20 @@ def make_case(tmp_path: Path, name: str, turns: list[dict], *, adapter: str = "v
     script = {"model": f"{name}-scripted", **({"strict": True} if strict else {}), "turns": turns}
     (d / "script.yaml").write_text(yaml.safe_dump(script, sort_keys=False))
     doc = {
-        "apiVersion": "agentfast.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": name},
+        "apiVersion": "agentfast.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": name},
         "spec": {
             "model": {"name": f"{name}-scripted", "script": "script.yaml"},
-            "systemPrompt": "You help.", "input": "hello",
+            "systemPrompt": "You help.",
+            "input": "hello",
             "tools": [{"name": t, "ref": f"breaker_tools:{t}"} for t in TOOLS],
             "budget": {"max_iterations": 8, "max_tokens": 50000, "max_duration_ms": 120000, "classifier": "none"},
-            **({"adapter": "langgraph", "graph": {"ref": "agentfast.runner.examples.refund_graph:build"}} if adapter == "langgraph" else {}),
+            **(
+                {"adapter": "langgraph", "graph": {"ref": "agentfast.runner.examples.refund_graph:build"}}
+                if adapter == "langgraph"
+                else {}
+            ),
             **spec,
         },
     }
@@ -46,8 +54,9 @@ def make_case(tmp_path: Path, name: str, turns: list[dict], *, adapter: str = "v
 
 @pytest.mark.parametrize("adapter", ["vanilla", "langgraph"])
 @pytest.mark.parametrize("content", ["", "Here is what I can do."])
-def test_a_final_answer_with_a_refusal_shows_the_refusal_in_the_outcome_and_status(tmp_path: Path, dsn: str, adapter: str,
-                                                                                  content: str) -> None:
+def test_a_final_answer_with_a_refusal_shows_the_refusal_in_the_outcome_and_status(
+    tmp_path: Path, dsn: str, adapter: str, content: str
+) -> None:
     refusal = "I will not disclose the password."
     d = make_case(tmp_path, "refuses", [{"content": content, "refusal": refusal}], adapter=adapter)
     run = ok(cli(d, "run", "agentrun.yaml", dsn=dsn)).stdout
@@ -70,19 +79,30 @@ def effects(d: Path) -> list[str]:
 def test_json_escapes_of_unstorable_characters_in_arguments_do_not_stop_a_langgraph_run(tmp_path: Path, dsn: str) -> None:
     # The arguments are valid JSON text, but they decode to a NUL and lone surrogates, which
     # LangGraph's checkpointer (msgpack) cannot serialize: the run crashed with a traceback, for good.
-    d = make_case(tmp_path, "lgsurrogates", [
-        {"tool_calls": [
-            {"id": "a1", "name": "echo", "arguments": {"text": "v\ud800al\0"}},
-            {"id": "a0", "name": "echo", "arguments": {"text": "t", "k\udfff\0": "x"}},  # a key: msgpack refuses it
-            {"id": "a2", "name": "gated", "arguments": {"what": "\udfff"}},
-            {"id": "a3", "name": "echo", "arguments_raw": '{"text": "\\ud83d\\u0000"}'},
-        ]},
-        {"content": "done"},
-    ], adapter="langgraph")
+    d = make_case(
+        tmp_path,
+        "lgsurrogates",
+        [
+            {
+                "tool_calls": [
+                    {"id": "a1", "name": "echo", "arguments": {"text": "v\ud800al\0"}},
+                    {"id": "a0", "name": "echo", "arguments": {"text": "t", "k\udfff\0": "x"}},  # a key: msgpack refuses it
+                    {"id": "a2", "name": "gated", "arguments": {"what": "\udfff"}},
+                    {"id": "a3", "name": "echo", "arguments_raw": '{"text": "\\ud83d\\u0000"}'},
+                ]
+            },
+            {"content": "done"},
+        ],
+        adapter="langgraph",
+    )
     ok(cli(d, "run", "agentrun.yaml", "--no-wait", dsn=dsn))
     ok(cli(d, "approve", "lgsurrogates", "call-1-2", dsn=dsn))
     assert "Succeeded: done" in ok(cli(d, "resume", "lgsurrogates", dsn=dsn)).stdout
-    assert sorted(line.split()[1] for line in effects(d)) == ["echo", "echo", "gated"]  # the one with the bad key is refused by validation
+    assert sorted(line.split()[1] for line in effects(d)) == [
+        "echo",
+        "echo",
+        "gated",
+    ]  # the one with the bad key is refused by validation
 
 
 # -- kind 04: a display failure never stops a run: the waiting prompt on a terminal -----------------------
@@ -103,18 +123,29 @@ def _read_until(fd: int, needle: bytes, seconds: float) -> bytes:
 
 
 @pytest.mark.parametrize("adapter", ["vanilla", "langgraph"])
-def test_the_prompt_shows_its_question_and_a_terminal_that_goes_away_does_not_end_the_run(tmp_path: Path, dsn: str,
-                                                                                          adapter: str) -> None:
+def test_the_prompt_shows_its_question_and_a_terminal_that_goes_away_does_not_end_the_run(
+    tmp_path: Path, dsn: str, adapter: str
+) -> None:
     import pty
     import sys
     import time
 
     from .test_text_is_data import env_for
 
-    d = make_case(tmp_path, "hangup", [
-        {"tool_calls": [{"id": "w1", "name": "gated", "arguments": {"what": "x"}}, {"id": "w2", "name": "echo", "arguments": {"text": "y"}}]},
-        {"content": "done"},
-    ], adapter=adapter)
+    d = make_case(
+        tmp_path,
+        "hangup",
+        [
+            {
+                "tool_calls": [
+                    {"id": "w1", "name": "gated", "arguments": {"what": "x"}},
+                    {"id": "w2", "name": "echo", "arguments": {"text": "y"}},
+                ]
+            },
+            {"content": "done"},
+        ],
+        adapter=adapter,
+    )
     env = env_for(d, dsn)
     pid, fd = pty.fork()
     if pid == 0:  # the child: agentfast run on a terminal (stdin and stdout a tty: the prompt is asked)
@@ -155,11 +186,21 @@ def test_the_prompt_shows_its_question_and_a_terminal_that_goes_away_does_not_en
 
 @pytest.mark.parametrize("adapter", ["vanilla", "langgraph"])
 def test_denying_the_rerun_of_an_interrupted_call_never_says_it_was_not_run(tmp_path: Path, dsn: str, adapter: str) -> None:
-    d = make_case(tmp_path, "rerun", [
-        {"tool_calls": [{"id": "r1", "name": "echo", "arguments": {"text": "a"}}, {"id": "r2", "name": "send", "arguments": {"to": "bob"}},
-                        {"id": "r3", "name": "gated", "arguments": {"what": "g"}}]},
-        {"content": "done"},
-    ], adapter=adapter)
+    d = make_case(
+        tmp_path,
+        "rerun",
+        [
+            {
+                "tool_calls": [
+                    {"id": "r1", "name": "echo", "arguments": {"text": "a"}},
+                    {"id": "r2", "name": "send", "arguments": {"to": "bob"}},
+                    {"id": "r3", "name": "gated", "arguments": {"what": "g"}},
+                ]
+            },
+            {"content": "done"},
+        ],
+        adapter=adapter,
+    )
     killed = cli(d, "run", "agentrun.yaml", "--no-wait", dsn=dsn, AGENTFAST_FAULT="tool.after_call:send")
     assert killed.returncode == -9, killed.returncode
     assert "call-1-1-rerun1" in ok(cli(d, "resume", "rerun", "--no-wait", dsn=dsn)).stdout
@@ -180,21 +221,32 @@ def _corrupt_latest_checkpoint(dsn: str, run: str, assignment: str) -> None:
     import psycopg
 
     with psycopg.connect(dsn) as conn, conn.transaction():
-        conn.execute("SELECT set_config('agentfast.epoch', epoch::text, true), set_config('agentfast.run_uid', run_uid, true)"
-                     " FROM agentfast_runs WHERE run_id = %s", (run,))
-        n = conn.execute(f"""UPDATE agentfast_checkpoints SET {assignment} WHERE run_id = %s AND checkpoint_id =
-                             (SELECT max(checkpoint_id) FROM agentfast_checkpoints WHERE run_id = %s)""", (run, run)).rowcount
+        conn.execute(
+            "SELECT set_config('agentfast.epoch', epoch::text, true), set_config('agentfast.run_uid', run_uid, true)"
+            " FROM agentfast_runs WHERE run_id = %s",
+            (run,),
+        )
+        n = conn.execute(
+            f"""UPDATE agentfast_checkpoints SET {assignment} WHERE run_id = %s AND checkpoint_id =
+                             (SELECT max(checkpoint_id) FROM agentfast_checkpoints WHERE run_id = %s)""",
+            (run, run),
+        ).rowcount
     assert n == 1
 
 
-@pytest.mark.parametrize("assignment", [
-    "pending = '[1, 2]'",  # approve crashed with a traceback (exit 1)
-    "phase = 'Exploded', context = jsonb_set(context, '{status,phase}', '\"Exploded\"')",  # approve accepted; list showed it
-    "schema_version = 3",
-    "context = '\"truncated\"'",
-])
+@pytest.mark.parametrize(
+    "assignment",
+    [
+        "pending = '[1, 2]'",  # approve crashed with a traceback (exit 1)
+        "phase = 'Exploded', context = jsonb_set(context, '{status,phase}', '\"Exploded\"')",  # approve accepted; list showed it
+        "schema_version = 3",
+        "context = '\"truncated\"'",
+    ],
+)
 def test_no_reader_and_no_decision_acts_on_a_checkpoint_it_cannot_read(tmp_path: Path, dsn: str, assignment: str) -> None:
-    d = make_case(tmp_path, "unreadable", [{"tool_calls": [{"id": "u1", "name": "gated", "arguments": {"what": "x"}}]}, {"content": "done"}])
+    d = make_case(
+        tmp_path, "unreadable", [{"tool_calls": [{"id": "u1", "name": "gated", "arguments": {"what": "x"}}]}, {"content": "done"}]
+    )
     ok(cli(d, "run", "agentrun.yaml", "--no-wait", dsn=dsn))
     _corrupt_latest_checkpoint(dsn, "default/unreadable", assignment)
     commands = [["approve", "unreadable", "call-1-0"], ["status", "unreadable"], ["resume", "unreadable", "--no-wait"]]

@@ -38,9 +38,13 @@ def _graph(saver: Any, steps: int, big: int = 0) -> Any:
 
     def agent(state: MessagesState) -> dict:
         i = len(state["messages"])
-        return {"messages": [AIMessage(content=f"turn {i}", id=f"a{i}"),
-                             ToolMessage(content="r" * 300, tool_call_id=f"c{i}", id=f"t{i}"),
-                             ToolMessage(content=("B" * big) if big else "s" * 300, tool_call_id=f"d{i}", id=f"u{i}")]}
+        return {
+            "messages": [
+                AIMessage(content=f"turn {i}", id=f"a{i}"),
+                ToolMessage(content="r" * 300, tool_call_id=f"c{i}", id=f"t{i}"),
+                ToolMessage(content=("B" * big) if big else "s" * 300, tool_call_id=f"d{i}", id=f"u{i}"),
+            ]
+        }
 
     def more(state: MessagesState) -> str:
         left[0] -= 1
@@ -58,12 +62,21 @@ def _run(store: Store, n: int) -> tuple[Lease, StateSnapshot]:
     run_id = f"lg/state-{uid[:8]}"
     store.create_run(run_id, uid, {"spec": {"adapter": "langgraph"}})
     lease = store.acquire_lease(run_id)
-    snap = StateSnapshot(run_id=run_id, context=RunContext(session=Session(run_uid=uid, adapter="langgraph", model="m")), messages=[])
+    snap = StateSnapshot(
+        run_id=run_id, context=RunContext(session=Session(run_uid=uid, adapter="langgraph", model="m")), messages=[]
+    )
     return lease, snap
 
 
-def _drive(store: Store, lease: Lease, snap: StateSnapshot, saver: SnapshotSaver, graph: Any, graph_input: Any,
-           largest: list[int] | None = None) -> list[int]:
+def _drive(
+    store: Store,
+    lease: Lease,
+    snap: StateSnapshot,
+    saver: SnapshotSaver,
+    graph: Any,
+    graph_input: Any,
+    largest: list[int] | None = None,
+) -> list[int]:
     """Stream the graph, committing after every superstep as the runner does; returns the
     number of sdk rows each commit wrote (and appends its largest value's bytes to ``largest``)."""
     thread = snap.context.session.run_uid
@@ -83,8 +96,9 @@ def _drive(store: Store, lease: Lease, snap: StateSnapshot, saver: SnapshotSaver
 def _stored(dsn: str, run_id: str) -> tuple[int, int]:
     """(rows, largest stored value in bytes) of the run's sdk rows."""
     with psycopg.connect(dsn) as conn:
-        return conn.execute("SELECT count(*), coalesce(max(octet_length(value)), 0) FROM agentfast_sdk_blobs WHERE run_id = %s",
-                            (run_id,)).fetchone()
+        return conn.execute(
+            "SELECT count(*), coalesce(max(octet_length(value)), 0) FROM agentfast_sdk_blobs WHERE run_id = %s", (run_id,)
+        ).fetchone()
 
 
 def _loader(store: Store, run_id: str) -> Any:
@@ -120,7 +134,9 @@ def test_a_new_saver_seeded_from_the_store_has_the_same_state_and_goes_on(store:
     saver = SnapshotSaver()
     thread = snap.context.session.run_uid
     config = {"configurable": {"thread_id": thread}}
-    _drive(store, lease, snap, saver, _graph(saver, 4), {"messages": [HumanMessage(content=f"q{i}", id=f"in{i}") for i in range(30)]})
+    _drive(
+        store, lease, snap, saver, _graph(saver, 4), {"messages": [HumanMessage(content=f"q{i}", id=f"in{i}") for i in range(30)]}
+    )
     before = _graph(saver, 1).get_state(config)
 
     committed = store.load_snapshot(lease.run_id)
@@ -129,8 +145,13 @@ def test_a_new_saver_seeded_from_the_store_has_the_same_state_and_goes_on(store:
     assert fresh.take_rows() == []  # nothing to write again
     graph = _graph(fresh, 2)
     after = graph.get_state(config)
-    assert [(m.id, m.content, type(m)) for m in after.values["messages"]] == [(m.id, m.content, type(m)) for m in before.values["messages"]]
-    assert after.next == before.next and after.config["configurable"]["checkpoint_id"] == before.config["configurable"]["checkpoint_id"]
+    assert [(m.id, m.content, type(m)) for m in after.values["messages"]] == [
+        (m.id, m.content, type(m)) for m in before.values["messages"]
+    ]
+    assert (
+        after.next == before.next
+        and after.config["configurable"]["checkpoint_id"] == before.config["configurable"]["checkpoint_id"]
+    )
 
     # It goes on where the first one stopped: new input appends, the rows continue the range.
     snap.sdk_state = committed.sdk_state
@@ -149,16 +170,19 @@ def test_a_large_message_is_stored_once(store: Store, dsn: str) -> None:
     saver = SnapshotSaver()
     _drive(store, lease, snap, saver, _graph(saver, 5, big=2_000_000), {"messages": [HumanMessage(content="q", id="in0")]})
     with psycopg.connect(dsn) as conn:
-        big = conn.execute("SELECT count(*) FROM agentfast_sdk_blobs WHERE run_id = %s AND octet_length(value) > 1000000",
-                           (lease.run_id,)).fetchone()[0]
-        state = conn.execute("SELECT max(pg_column_size(sdk_state)) FROM agentfast_checkpoints WHERE run_id = %s",
-                             (lease.run_id,)).fetchone()[0]
+        big = conn.execute(
+            "SELECT count(*) FROM agentfast_sdk_blobs WHERE run_id = %s AND octet_length(value) > 1000000", (lease.run_id,)
+        ).fetchone()[0]
+        state = conn.execute(
+            "SELECT max(pg_column_size(sdk_state)) FROM agentfast_checkpoints WHERE run_id = %s", (lease.run_id,)
+        ).fetchone()[0]
     assert big == 5  # one row per 2 MB message, however many checkpoints followed it
     assert state < 4096
 
 
 def _export_v1(saver: InMemorySaver, thread_id: str) -> dict[str, Any]:
     """What the adapter's export_state wrote before format /2 (a fixture: old rows in the field)."""
+
     def enc(typed: tuple[str, bytes]) -> list[str]:
         return [typed[0], base64.b64encode(typed[1]).decode()]
 
@@ -167,12 +191,23 @@ def _export_v1(saver: InMemorySaver, thread_id: str) -> dict[str, Any]:
         cid = max(checkpoints)
         cp_typed, md_typed, parent_id = checkpoints[cid]
         versions = saver.serde.loads_typed(cp_typed)["channel_versions"]
-        blobs = [[ch, ver, *enc(saver.blobs[(thread_id, ns, ch, ver)])] for ch, ver in versions.items()
-                 if (thread_id, ns, ch, ver) in saver.blobs]
-        writes = [[task_id, idx, channel, *enc(value), task_path]
-                  for (task_id, idx), (_, channel, value, task_path) in saver.writes.get((thread_id, ns, cid), {}).items()]
-        namespaces[ns] = {"checkpoint_id": cid, "parent_id": parent_id, "checkpoint": enc(cp_typed), "metadata": enc(md_typed),
-                          "blobs": blobs, "writes": writes}
+        blobs = [
+            [ch, ver, *enc(saver.blobs[(thread_id, ns, ch, ver)])]
+            for ch, ver in versions.items()
+            if (thread_id, ns, ch, ver) in saver.blobs
+        ]
+        writes = [
+            [task_id, idx, channel, *enc(value), task_path]
+            for (task_id, idx), (_, channel, value, task_path) in saver.writes.get((thread_id, ns, cid), {}).items()
+        ]
+        namespaces[ns] = {
+            "checkpoint_id": cid,
+            "parent_id": parent_id,
+            "checkpoint": enc(cp_typed),
+            "metadata": enc(md_typed),
+            "blobs": blobs,
+            "writes": writes,
+        }
     return {"format": "agentfast.langgraph-saver/1", "namespaces": namespaces}
 
 
@@ -202,9 +237,20 @@ def test_a_state_of_format_1_still_loads_and_is_stored_as_rows_from_then_on(stor
 def test_a_foreign_format_or_a_missing_row_is_refused() -> None:
     with pytest.raises(ValueError, match="format"):
         SnapshotSaver().import_state("t", {"format": "something/9", "namespaces": {}})
-    state = {"format": SDK_STATE_FORMAT, "next_item": 1, "namespaces": {"": {
-        "checkpoint_id": "x", "parent_id": None, "checkpoint": ["msgpack", ""], "metadata": ["msgpack", ""],
-        "channels": {"messages": {"items": [[0, 1]]}}, "writes": []}}}
+    state = {
+        "format": SDK_STATE_FORMAT,
+        "next_item": 1,
+        "namespaces": {
+            "": {
+                "checkpoint_id": "x",
+                "parent_id": None,
+                "checkpoint": ["msgpack", ""],
+                "metadata": ["msgpack", ""],
+                "channels": {"messages": {"items": [[0, 1]]}},
+                "writes": [],
+            }
+        },
+    }
     with pytest.raises(ValueError, match="not stored"):
         SnapshotSaver().import_state("t", state, lambda keys, ranges: {})
 
@@ -251,15 +297,21 @@ def test_a_namespaces_runner_role_writes_and_reads_only_its_own_sdk_rows(store: 
         _drive(mine, lease, snap, saver, _graph(saver, 2), {"messages": [HumanMessage(content="q", id="in0")]})
         fresh = SnapshotSaver()
         fresh.import_state(snap.context.session.run_uid, mine.load_snapshot(lease.run_id).sdk_state, _loader(mine, lease.run_id))
-        assert len(_graph(fresh, 1).get_state({"configurable": {"thread_id": snap.context.session.run_uid}}).values["messages"]) == 7
+        assert (
+            len(_graph(fresh, 1).get_state({"configurable": {"thread_id": snap.context.session.run_uid}}).values["messages"]) == 7
+        )
     with psycopg.connect(psycopg.conninfo.make_conninfo(dsn, user=other, password="pw-other"), autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM agentfast_sdk_blobs").fetchone()[0] == 0  # not even seen
         with pytest.raises(psycopg.Error) as err:
             with conn.transaction():
-                conn.execute("SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)",
-                             (str(lease.epoch), lease.run_uid))
-                conn.execute("INSERT INTO agentfast_sdk_blobs (run_id, key, type, value, epoch) VALUES (%s, 'x', 't', '', 0)",
-                             (lease.run_id,))
+                conn.execute(
+                    "SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)",
+                    (str(lease.epoch), lease.run_uid),
+                )
+                conn.execute(
+                    "INSERT INTO agentfast_sdk_blobs (run_id, key, type, value, epoch) VALUES (%s, 'x', 't', '', 0)",
+                    (lease.run_id,),
+                )
         assert err.value.sqlstate in ("AF001", "42501"), err.value
     assert _stored(dsn, lease.run_id)[0] > 0 and _stored(dsn, theirs.run_id)[0] == 0
 
@@ -282,7 +334,10 @@ def test_the_incremental_add_messages_gives_what_langgraphs_gives(monkeypatch: p
         k = len(theirs)
         kind = rng.random()
         if kind < 0.7:  # the common case: new messages appended
-            right = [AIMessage(content=f"a{step}", id=f"a{step}"), ToolMessage(content=f"t{step}", tool_call_id="c", id=f"t{step}")]
+            right = [
+                AIMessage(content=f"a{step}", id=f"a{step}"),
+                ToolMessage(content=f"t{step}", tool_call_id="c", id=f"t{step}"),
+            ]
         elif kind < 0.8:  # a replacement of an existing id
             right = [AIMessage(content=f"edit{step}", id=theirs[rng.randrange(k)].id)]
         elif kind < 0.85 and k > 2:  # a removal
@@ -298,7 +353,9 @@ def test_the_incremental_add_messages_gives_what_langgraphs_gives(monkeypatch: p
         ours = fast(ours, list(right))
         theirs = add_messages(theirs, list(right))
         assert [(type(m), m.content) for m in ours] == [(type(m), m.content) for m in theirs], step
-        assert [m.id for m in ours if not m.content.startswith("noid")] == [m.id for m in theirs if not m.content.startswith("noid")]
+        assert [m.id for m in ours if not m.content.startswith("noid")] == [
+            m.id for m in theirs if not m.content.startswith("noid")
+        ]
         assert len({m.id for m in ours}) == len(ours)
         if step % 50 == 0:  # a list the reducer has not seen (as a resumed process's first update): the full path
             ours = list(ours)
@@ -306,7 +363,9 @@ def test_the_incremental_add_messages_gives_what_langgraphs_gives(monkeypatch: p
     assert appends > 150
 
 
-def test_with_the_adapters_reducer_the_saver_keeps_what_the_graph_holds_even_if_a_node_changes_it_in_place(store: Store, dsn: str) -> None:
+def test_with_the_adapters_reducer_the_saver_keeps_what_the_graph_holds_even_if_a_node_changes_it_in_place(
+    store: Store, dsn: str
+) -> None:
     """Under ``speed_up_reducers`` the saver keeps the reducer's copies of the list (no copy of its
     own); a node that changes the channel's list in place (LangGraph hands it the live list) must
     still be seen, step after step, by the saver, the store and a resumed saver."""
@@ -321,7 +380,12 @@ def test_with_the_adapters_reducer_the_saver_keeps_what_the_graph_holds_even_if_
             if i % 4 == 1:  # in place, behind the reducer's back: an edit and an append
                 msgs[-1] = HumanMessage(content=f"edited {i}", id=msgs[-1].id)
                 msgs.append(HumanMessage(content=f"sneaked {i}", id=f"s{i}"))
-            return {"messages": [AIMessage(content=f"turn {i}", id=f"a{i}"), ToolMessage(content="r", tool_call_id=f"c{i}", id=f"t{i}")]}
+            return {
+                "messages": [
+                    AIMessage(content=f"turn {i}", id=f"a{i}"),
+                    ToolMessage(content="r", tool_call_id=f"c{i}", id=f"t{i}"),
+                ]
+            }
 
         def more(state: MessagesState) -> str:
             left[0] -= 1
@@ -341,8 +405,11 @@ def test_with_the_adapters_reducer_the_saver_keeps_what_the_graph_holds_even_if_
     theirs = graph_on(InMemorySaver(), 12)
     graph_input = {"messages": [HumanMessage(content=f"q{i}", id=f"in{i}") for i in range(3)]}
     seen = []
-    for _ours, _theirs in zip(graph.stream(graph_input, config, stream_mode="updates", durability="sync"),
-                              theirs.stream(graph_input, config, stream_mode="updates", durability="sync"), strict=True):
+    for _ours, _theirs in zip(
+        graph.stream(graph_input, config, stream_mode="updates", durability="sync"),
+        theirs.stream(graph_input, config, stream_mode="updates", durability="sync"),
+        strict=True,
+    ):
         kept = saver.settled("messages")
         live = graph.get_state(config).values["messages"]
         assert [(m.id, m.content) for m in kept] == [(m.id, m.content) for m in live]

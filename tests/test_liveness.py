@@ -46,8 +46,13 @@ class Case:
         self.dsn, self.home = dsn, home
 
     def env(self, fault: str | None = None) -> dict[str, str]:
-        env = {**os.environ, "CASE_EFFECTS": str(self.effects), "NO_COLOR": "1", "COLUMNS": "200",
-               "PYTHONPATH": os.pathsep.join(p for p in (str(self.dir), os.environ.get("PYTHONPATH", "")) if p)}
+        env = {
+            **os.environ,
+            "CASE_EFFECTS": str(self.effects),
+            "NO_COLOR": "1",
+            "COLUMNS": "200",
+            "PYTHONPATH": os.pathsep.join(p for p in (str(self.dir), os.environ.get("PYTHONPATH", "")) if p),
+        }
         env.pop("AGENTFAST_FAULT", None)
         env.pop("AGENTFAST_DSN", None)
         env.setdefault("CASE07_TOOL_S", "15")
@@ -60,8 +65,15 @@ class Case:
         return env
 
     def spawn(self, *args: str, fault: str | None = None) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "agentfast.runner", *args], cwd=self.dir, env=self.env(fault),
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "agentfast.runner", *args],
+            cwd=self.dir,
+            env=self.env(fault),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def cli(self, *args: str, fault: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
         proc = self.spawn(*args, fault=fault)
@@ -254,8 +266,9 @@ def test_a_claim_told_to_stop_while_waiting_takes_nothing(store: Store) -> None:
 
 
 @pytest.mark.process
-def test_a_replacement_started_mid_tool_call_waits_for_the_old_runner_then_resumes(tmp_path: Path, dsn: str, store: Store,
-                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_replacement_started_mid_tool_call_waits_for_the_old_runner_then_resumes(
+    tmp_path: Path, dsn: str, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # What a runner pod meets when the operator starts it at its predecessor's deletion: the old
     # runner is inside a tool call, gets SIGTERM, finishes and records the call, and exits 75. The
     # replacement waits for it (not exit 76), then takes the run over: the tool ran once.
@@ -302,7 +315,9 @@ def assert_says_interrupted(case: Case, run: str) -> dict:
 
 @pytest.mark.process
 @pytest.mark.parametrize("fault", ["tool.before_call", "model.before_call"])
-def test_status_says_no_runner_after_a_sigkill_and_resume_takes_over_at_once(tmp_path: Path, dsn: str, store: Store, fault: str) -> None:
+def test_status_says_no_runner_after_a_sigkill_and_resume_takes_over_at_once(
+    tmp_path: Path, dsn: str, store: Store, fault: str
+) -> None:
     case = Case("09", tmp_path, dsn)
     killed = case.cli("run", "agentrun.yaml", fault=fault)
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
@@ -343,11 +358,14 @@ def uninterrupted_figures(pg_server, tmp_path_factory: pytest.TempPathFactory) -
     return reference
 
 
-@pytest.mark.parametrize("fault", ["model.after_call@2", "tool.after_call", "tool.after_persist@3", "checkpoint.before_commit@3",
-                                   "checkpoint.after_commit@3"])
+@pytest.mark.parametrize(
+    "fault",
+    ["model.after_call@2", "tool.after_call", "tool.after_persist@3", "checkpoint.before_commit@3", "checkpoint.after_commit@3"],
+)
 @pytest.mark.process
-def test_figures_after_a_kill_and_resume_equal_an_uninterrupted_runs(tmp_path: Path, dsn: str, store: Store,
-                                                                        uninterrupted_figures: dict, fault: str) -> None:
+def test_figures_after_a_kill_and_resume_equal_an_uninterrupted_runs(
+    tmp_path: Path, dsn: str, store: Store, uninterrupted_figures: dict, fault: str
+) -> None:
     reference = uninterrupted_figures
     case = Case("09", tmp_path, dsn)
     killed = case.cli("run", "agentrun-counters.yaml", fault=fault)
@@ -387,8 +405,10 @@ def test_a_runner_waiting_for_approval_is_alive_until_killed(tmp_path: Path, dsn
     case = Case("10", tmp_path, dsn)
     waiting = case.spawn("run", "agentrun.yaml")  # waits for the decision (no terminal: no prompt)
     try:
-        wait_until(lambda: store.load_context("default/case10-unreadable") and store.load_context("default/case10-unreadable")[1],
-                   what="the run to pause")
+        wait_until(
+            lambda: store.load_context("default/case10-unreadable") and store.load_context("default/case10-unreadable")[1],
+            what="the run to pause",
+        )
         doc = case.status_json("case10-unreadable")
         assert doc["runner"]["alive"] is True and doc["runner"]["pid"] == waiting.pid
         assert "it waits for a decision on call-1-0" in doc["next"]["message"]
@@ -441,8 +461,11 @@ def test_status_shows_the_budget_applied_next_to_the_declared_one(tmp_path: Path
 def _tamper(dsn: str, run_id: str, sql: str, *params: object) -> None:
     """Change stored rows as another release (or a disk) might, through the fence trigger."""
     with psycopg.connect(dsn) as conn, conn.transaction():
-        conn.execute("SELECT set_config('agentfast.epoch', epoch::text, true), set_config('agentfast.run_uid', run_uid, true)"
-                     " FROM agentfast_runs WHERE run_id = %s", (run_id,))
+        conn.execute(
+            "SELECT set_config('agentfast.epoch', epoch::text, true), set_config('agentfast.run_uid', run_uid, true)"
+            " FROM agentfast_runs WHERE run_id = %s",
+            (run_id,),
+        )
         assert conn.execute(sql, params).rowcount >= 1
 
 
@@ -467,8 +490,14 @@ def test_a_newer_schema_is_refused_by_every_reader(tmp_path: Path, dsn: str, sto
     epoch = store.get_run(run_id).epoch
     with pytest.raises(UnreadableState):  # nor is a decision taken on a checkpoint this release cannot read
         store.decide(run_id, "call-1-1", "approve", decided_by="test")
-    for args in (["resume", "case10-unreadable"], ["status", "case10-unreadable"], ["status", "case10-unreadable", "-o", "json"],
-                 ["history", "case10-unreadable"], ["list"], ["run", "agentrun.yaml"]):
+    for args in (
+        ["resume", "case10-unreadable"],
+        ["status", "case10-unreadable"],
+        ["status", "case10-unreadable", "-o", "json"],
+        ["history", "case10-unreadable"],
+        ["list"],
+        ["run", "agentrun.yaml"],
+    ):
         _assert_refused(case.cli(*args), run_id, "agentfast_checkpoints", "schema_version 99", f"up to {SCHEMA_VERSION}")
     assert case.executions() == 0
     assert store.get_run(run_id).epoch == epoch  # not even taken over
@@ -481,11 +510,17 @@ def test_a_corrupt_checkpoint_or_message_row_is_refused(tmp_path: Path, dsn: str
     run_id = "default/case10-unreadable"
     store.decide(run_id, "call-1-0", "approve", decided_by="test")
 
-    _tamper(dsn, run_id, "UPDATE agentfast_messages SET message = '{\"role\": \"wizard\"}' WHERE run_id = %s AND seq = 1", run_id)
+    _tamper(dsn, run_id, 'UPDATE agentfast_messages SET message = \'{"role": "wizard"}\' WHERE run_id = %s AND seq = 1', run_id)
     for args in (["history", "case10-unreadable"], ["resume", "case10-unreadable"]):
         _assert_refused(case.cli(*args), run_id, "agentfast_messages", "seq 1", "corrupt")
 
-    _tamper(dsn, run_id, f"UPDATE agentfast_checkpoints SET context = '{{\"session\": 5}}' WHERE run_id = %s AND {LATEST}", run_id, run_id)
+    _tamper(
+        dsn,
+        run_id,
+        f"UPDATE agentfast_checkpoints SET context = '{{\"session\": 5}}' WHERE run_id = %s AND {LATEST}",
+        run_id,
+        run_id,
+    )
     for args in (["status", "case10-unreadable"], ["resume", "case10-unreadable"]):
         _assert_refused(case.cli(*args), run_id, "agentfast_checkpoints", "corrupt", f"schema_version {SCHEMA_VERSION}")
     assert case.executions() == 0
@@ -497,8 +532,13 @@ def test_an_older_schema_that_upgrades_still_loads(tmp_path: Path, dsn: str, sto
     assert case.cli("run", "agentrun.yaml", "--no-wait").returncode == 0
     run_id = "default/case10-unreadable"
     # Version 0 kept the budget at the top level (snapshot._upgrade_0_to_1 moves it into the context).
-    _tamper(dsn, run_id, f"UPDATE agentfast_checkpoints SET schema_version = 0, context = context - 'budget' WHERE run_id = %s AND {LATEST}",
-            run_id, run_id)
+    _tamper(
+        dsn,
+        run_id,
+        f"UPDATE agentfast_checkpoints SET schema_version = 0, context = context - 'budget' WHERE run_id = %s AND {LATEST}",
+        run_id,
+        run_id,
+    )
     res = case.cli("status", "case10-unreadable")
     assert res.returncode == 0 and "WaitingForApproval" in res.stdout, res.stdout + res.stderr
     store.decide(run_id, "call-1-0", "approve", decided_by="test")

@@ -27,7 +27,10 @@ TOOLS = [
         },
     }
 ]
-USER = [Message(role="system", content="You are a support agent."), Message(role="user", content="I was charged twice for A-1042.")]
+USER = [
+    Message(role="system", content="You are a support agent."),
+    Message(role="user", content="I was charged twice for A-1042."),
+]
 
 
 def serve(doc: dict) -> ScriptedModelServer:
@@ -80,7 +83,10 @@ def test_refund_script_parallel_calls_in_order_with_raw_arguments(refund):
     calls = r1.message.tool_calls
     assert [(c.id, c.name) for c in calls] == [("call_1", "issue_refund"), ("call_2", "add_case_note")]
     assert calls[0].arguments == '{"order_id": "A-1042", "amount_cents": 4999, "reason": "duplicate charge"}'
-    assert json.loads(calls[1].arguments) == {"order_id": "A-1042", "note": "Customer charged twice; refund of 4999 cents requested."}
+    assert json.loads(calls[1].arguments) == {
+        "order_id": "A-1042",
+        "note": "Customer charged twice; refund of 4999 cents requested.",
+    }
     # the request carried the assistant tool calls and tool results in the wire shape
     sent = server.requests[1]["messages"]
     assert sent[2]["tool_calls"][0]["function"] == {"name": "lookup_order", "arguments": '{"order_id": "A-1042"}'}
@@ -198,8 +204,13 @@ def test_model_from_a_model_config_sends_its_key_and_limits_over_http():
     server.start()
     try:
         spec = ModelSpec(name="scripted-refund", config="llm")
-        config = _resolved(server.base_url, apiKeySecretRef={"name": "llm-key", "key": "api-key"}, timeoutSeconds=7,
-                           maxRetries=2, maxTokensPerRequest=321)
+        config = _resolved(
+            server.base_url,
+            apiKeySecretRef={"name": "llm-key", "key": "api-key"},
+            timeoutSeconds=7,
+            maxRetries=2,
+            maxTokensPerRequest=321,
+        )
         env = {MODEL_API_KEY_ENV: "sk-right", "OPENAI_API_KEY": "sk-wrong", "AGENTFAST_DSN": "postgresql://secret"}
         with model_from_spec(spec, config, env=env) as model:
             assert (model.base_url, model.timeout_s, model.max_retries, model.max_tokens) == (server.base_url, 7, 2, 321)
@@ -215,8 +226,11 @@ def test_model_from_a_model_config_sends_its_key_and_limits_over_http():
         fresh = ScriptedModelServer(parse_script(doc, name="t"), api_key="sk-right")
         fresh.start()
         try:
-            with model_from_spec(spec, _resolved(fresh.base_url, apiKeySecretRef={"name": "k", "key": "k"}, maxRetries=1),
-                                 env={MODEL_API_KEY_ENV: "sk-right"}) as model:
+            with model_from_spec(
+                spec,
+                _resolved(fresh.base_url, apiKeySecretRef={"name": "k", "key": "k"}, maxRetries=1),
+                env={MODEL_API_KEY_ENV: "sk-right"},
+            ) as model:
                 with pytest.raises(ModelError) as exc:
                     model.complete(USER, [])
             assert exc.value.status_code == 500 and exc.value.retriable is True and len(fresh.requests) == 2
@@ -253,11 +267,18 @@ def test_model_from_a_model_config_without_a_key_or_missing_its_key():
     [
         ({"turns": [{"content": "x"}]}, "model: Field required"),
         ({"model": "m", "turns": []}, "turns: List should have at least 1 item"),
-        ({"model": "m", "turns": [{"content": "a"}, {"usage": {"prompt_tokens": 1, "completion_tokens": 1}}]},
-         "turns[1]: a turn needs content, tool_calls or refusal"),
-        ({"model": "m", "turns": [{"tool_calls": [{"id": "c", "arguments": {}}]}]}, "turns[0].tool_calls[0].name: Field required"),
-        ({"model": "m", "turns": [{"tool_calls": [{"id": "c", "name": "n", "arguments": "{}"}]}]},
-         "turns[0].tool_calls[0].arguments: must be a mapping"),
+        (
+            {"model": "m", "turns": [{"content": "a"}, {"usage": {"prompt_tokens": 1, "completion_tokens": 1}}]},
+            "turns[1]: a turn needs content, tool_calls or refusal",
+        ),
+        (
+            {"model": "m", "turns": [{"tool_calls": [{"id": "c", "arguments": {}}]}]},
+            "turns[0].tool_calls[0].name: Field required",
+        ),
+        (
+            {"model": "m", "turns": [{"tool_calls": [{"id": "c", "name": "n", "arguments": "{}"}]}]},
+            "turns[0].tool_calls[0].arguments: must be a mapping",
+        ),
         ({"model": "m", "turns": [{"content": "x", "fail": [200]}]}, "turns[0].fail: HTTP statuses must be 400-599"),
         ({"model": "m", "turns": [{"content": "x", "tool_call": []}]}, "turns[0].tool_call: Extra inputs are not permitted"),
     ],
@@ -299,7 +320,9 @@ def test_http_surface_models_and_404():
 def test_module_serves_in_the_foreground():
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentfast.runner.scripted", "--script", "refund", "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     try:
         line = proc.stdout.readline()
@@ -319,18 +342,29 @@ def _varied_transcript() -> list[Message]:
     """Every message shape the runtime sends: text with quotes, newlines, non-ASCII and an emoji,
     an assistant with tool calls and no content (raw, malformed arguments), tool results, a refusal."""
     return USER + [
-        Message(role="assistant", content=None, tool_calls=[
-            ToolCall(id="call_1", name="lookup_order", arguments='{"order_id": "A-1042"}'),
-            ToolCall(id="call_2", name="lookup_order", arguments='{"order_id": "A-10'),
-        ]),
-        Message(role="tool", tool_call_id="call_1", name="lookup_order", content='{"status": "charged twice", "note": "Zoë \\"ok\\"\n€ 49,99 🧾"}'),
+        Message(
+            role="assistant",
+            content=None,
+            tool_calls=[
+                ToolCall(id="call_1", name="lookup_order", arguments='{"order_id": "A-1042"}'),
+                ToolCall(id="call_2", name="lookup_order", arguments='{"order_id": "A-10'),
+            ],
+        ),
+        Message(
+            role="tool",
+            tool_call_id="call_1",
+            name="lookup_order",
+            content='{"status": "charged twice", "note": "Zoë \\"ok\\"\n€ 49,99 🧾"}',
+        ),
         Message(role="tool", tool_call_id="call_2", name="lookup_order", content="error: arguments are not valid JSON"),
         Message(role="assistant", content="I cannot do that.", refusal="I cannot do that."),
         Message(role="user", content="Bitte prüfen — «noch einmal»\t\u2028"),
     ]
 
 
-def _sdk_wire(server: ScriptedModelServer, model: OpenAIChatModel, messages: list[Message], tools: list[dict]) -> tuple[dict, bytes]:
+def _sdk_wire(
+    server: ScriptedModelServer, model: OpenAIChatModel, messages: list[Message], tools: list[dict]
+) -> tuple[dict, bytes]:
     """What the SDK's own ``chat.completions.create`` puts on the wire for this call (headers, body)."""
     model.client().chat.completions.create(**model.request_params(messages, tools))
     return server.wire[-1]
@@ -341,13 +375,20 @@ def test_the_wire_bytes_are_the_sdks_own_as_the_transcript_grows_and_changes():
     # arrives must be byte for byte what chat.completions.create sends (same headers too).
     doc = {"model": "m", "turns": [{"content": f"turn {i}"} for i in range(8)]}
     with ScriptedModelServer(parse_script(doc, name="t"), keep_wire=64) as server:
-        with OpenAIChatModel(base_url=server.base_url, api_key="k", model="m", temperature=0.25, max_tokens=77,
-                             max_retries=0) as model:
+        with OpenAIChatModel(
+            base_url=server.base_url, api_key="k", model="m", temperature=0.25, max_tokens=77, max_retries=0
+        ) as model:
             full = _varied_transcript()
             edited = full[:3] + [Message(role="tool", tool_call_id="call_1", name="lookup_order", content="edited")] + full[4:]
             # grows, grows again, a middle message replaced by another object, shrinks, no tools
-            for messages, tools in [(full[:2], TOOLS), (full[:5], TOOLS), (full, TOOLS), (edited, TOOLS), (full[:4], TOOLS),
-                                    (full, [])]:
+            for messages, tools in [
+                (full[:2], TOOLS),
+                (full[:5], TOOLS),
+                (full, TOOLS),
+                (edited, TOOLS),
+                (full[:4], TOOLS),
+                (full, []),
+            ]:
                 reply = model.complete(messages, tools)
                 ours_headers, ours = server.wire[-1]
                 sdk_headers, sdk = _sdk_wire(server, model, messages, tools)
@@ -360,8 +401,9 @@ def test_the_wire_bytes_are_the_sdks_own_as_the_transcript_grows_and_changes():
 
 
 def test_a_retried_request_resends_the_same_bytes():
-    server = ScriptedModelServer(parse_script({"model": "m", "turns": [{"content": "finally", "fail": [429, 502]}]}, name="t"),
-                                 keep_wire=8)
+    server = ScriptedModelServer(
+        parse_script({"model": "m", "turns": [{"content": "finally", "fail": [429, 502]}]}, name="t"), keep_wire=8
+    )
     server.start()
     try:
         with OpenAIChatModel(base_url=server.base_url, api_key="k", model="m", max_retries=2) as model:

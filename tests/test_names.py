@@ -80,8 +80,14 @@ def test_phases_match_the_snapshot_literal_and_the_crd() -> None:
 
 
 def test_exit_codes() -> None:
-    assert {c.name: c.value for c in ExitCode} == {"OK": 0, "FAILED": 1, "BAD_INPUT": 2, "NO_POSTGRES": 3, "RETRY": 75,
-                                                   "LEASE_LOST": 76}
+    assert {c.name: c.value for c in ExitCode} == {
+        "OK": 0,
+        "FAILED": 1,
+        "BAD_INPUT": 2,
+        "NO_POSTGRES": 3,
+        "RETRY": 75,
+        "LEASE_LOST": 76,
+    }
     assert str(ExitCode.RETRY) == "75" and f"{ExitCode.LEASE_LOST}" == "76"
 
 
@@ -93,8 +99,12 @@ def test_no_other_module_names_an_exit_code() -> None:
     from agentfast.operator import lifecycle
 
     repo = Path(__file__).resolve().parent.parent
-    own = [f"{path.relative_to(repo)}: {m.group(0)}" for folder in ("runner", "operator") for path in sorted((repo / folder).rglob("*.py"))
-           for m in re.finditer(r"^\s*EXIT_(?!GRACE_S)\w+\s*[:=].*$", path.read_text(encoding="utf-8"), re.M)]
+    own = [
+        f"{path.relative_to(repo)}: {m.group(0)}"
+        for folder in ("runner", "operator")
+        for path in sorted((repo / folder).rglob("*.py"))
+        for m in re.finditer(r"^\s*EXIT_(?!GRACE_S)\w+\s*[:=].*$", path.read_text(encoding="utf-8"), re.M)
+    ]
     assert own == []
     assert lifecycle.RUN_ENDED_EXITS == {1, 2}
 
@@ -117,7 +127,10 @@ def test_a_bare_name_is_in_the_default_namespace() -> None:
 def test_crd_coordinates_match_the_crds() -> None:
     assert (GROUP, VERSION, API_VERSION) == ("agentfast.dev", "v1alpha1", "agentfast.dev/v1alpha1")
     expected = {f"{PLURAL}.{GROUP}": (KIND, PLURAL), f"{MODELCONFIG_PLURAL}.{GROUP}": (MODELCONFIG_KIND, MODELCONFIG_PLURAL)}
-    assert expected == {"agentruns.agentfast.dev": ("AgentRun", "agentruns"), "modelconfigs.agentfast.dev": ("ModelConfig", "modelconfigs")}
+    assert expected == {
+        "agentruns.agentfast.dev": ("AgentRun", "agentruns"),
+        "modelconfigs.agentfast.dev": ("ModelConfig", "modelconfigs"),
+    }
     crds = _crds()
     assert sorted(crds) == sorted((where, n) for n in expected for where in ("install.yaml", f"{n}.yaml"))
     for (where, name), crd in crds.items():
@@ -137,15 +150,27 @@ def test_the_spec_models_literals_say_the_same() -> None:
 
 def test_event_reasons() -> None:
     assert {r.value for r in EventReason} == {
-        "EarlierRunKept", "RunnerCreated", "RunnerLost", "Resumed", "Decided", "ApprovalPolicyMissing", "InvalidCallId",
-        "UnattributedDecision", "DecisionConflict", "NotAwaitingDecision", "InvalidDecision"}
+        "EarlierRunKept",
+        "RunnerCreated",
+        "RunnerLost",
+        "Resumed",
+        "Decided",
+        "ApprovalPolicyMissing",
+        "InvalidCallId",
+        "UnattributedDecision",
+        "DecisionConflict",
+        "NotAwaitingDecision",
+        "InvalidDecision",
+    }
     assert (names.EVENT_NORMAL, names.EVENT_WARNING) == ("Normal", "Warning")
 
 
 def test_names_and_errors_import_only_the_standard_library() -> None:
     """The CLI imports them for every command (tests/test_cli_imports.py): they must stay cheap."""
-    code = ("import sys; before = set(sys.modules); import agentfast.runner.names, agentfast.runner.errors; "
-            "print('\\n'.join(sorted(set(sys.modules) - before)))")
+    code = (
+        "import sys; before = set(sys.modules); import agentfast.runner.names, agentfast.runner.errors; "
+        "print('\\n'.join(sorted(set(sys.modules) - before)))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     ours = {"agentfast", "agentfast.runner", "agentfast.runner.names", "agentfast.runner.errors"}
     others = [m for m in proc.stdout.split() if m not in ours and m.split(".")[0] not in sys.stdlib_module_names]
@@ -153,6 +178,7 @@ def test_names_and_errors_import_only_the_standard_library() -> None:
 
 
 # -- errors ----------------------------------------------------------------------------------------
+
 
 def _our_exception_classes() -> list[type[BaseException]]:
     found = []
@@ -162,14 +188,24 @@ def _our_exception_classes() -> list[type[BaseException]]:
             if info.name.endswith("__main__"):
                 continue
             module = importlib.import_module(info.name)
-            found += [c for _, c in inspect.getmembers(module, inspect.isclass)
-                      if issubclass(c, BaseException) and c.__module__ == info.name]
+            found += [
+                c
+                for _, c in inspect.getmembers(module, inspect.isclass)
+                if issubclass(c, BaseException) and c.__module__ == info.name
+            ]
     return found
 
 
 def test_every_error_of_ours_derives_from_the_base() -> None:
     classes = _our_exception_classes()
-    assert {c.__name__ for c in classes} >= {"SpecError", "StoreError", "LeaseLost", "UnknownCall", "ModelError", "RunnerPodRefused"}
+    assert {c.__name__ for c in classes} >= {
+        "SpecError",
+        "StoreError",
+        "LeaseLost",
+        "UnknownCall",
+        "ModelError",
+        "RunnerPodRefused",
+    }
     assert sorted(c.__name__ for c in classes if not issubclass(c, errors.AgentfastError)) == []
 
 

@@ -22,28 +22,42 @@ MODELCONFIG = {
     "apiVersion": "agentfast.dev/v1alpha1",
     "kind": "ModelConfig",
     "metadata": {"name": "llm", "namespace": "team-a", "uid": "mc-uid", "resourceVersion": "7", "generation": 2},
-    "spec": {"baseURL": "http://vllm.models.svc:8000/v1", "apiKeySecretRef": {"name": "s", "key": "k"}, "models": ["m"],
-             "timeoutSeconds": 30, "maxRetries": 2, "maxTokensPerRequest": 512,
-             "prices": {"promptPerMillionTokens": 0.5, "completionPerMillionTokens": 1.5}},
+    "spec": {
+        "baseURL": "http://vllm.models.svc:8000/v1",
+        "apiKeySecretRef": {"name": "s", "key": "k"},
+        "models": ["m"],
+        "timeoutSeconds": 30,
+        "maxRetries": 2,
+        "maxTokensPerRequest": 512,
+        "prices": {"promptPerMillionTokens": 0.5, "completionPerMillionTokens": 1.5},
+    },
 }
 KEY = {"name": "s", "key": "k"}
 
 
 def test_the_runner_pod_runs_the_runner_without_credentials_as_non_root() -> None:
-    manifest = build_pod(BODY, RunnerConfig(image="agentfast:test", restart_limit=3), attempt=4, counted_failures=2, model_key=KEY)
+    manifest = build_pod(
+        BODY, RunnerConfig(image="agentfast:test", restart_limit=3), attempt=4, counted_failures=2, model_key=KEY
+    )
     pod = manifest["spec"]
     c = pod["containers"][0]
     assert c["command"] == ["agentfast", "resume", "team-a/refund-demo"]
     assert pod["automountServiceAccountToken"] is False and pod["restartPolicy"] == "Never"
     assert pod["securityContext"]["runAsNonRoot"] is True and c["securityContext"]["readOnlyRootFilesystem"] is True
     env = {e["name"]: e for e in c["env"]}
-    assert env["AGENTFAST_DSN"]["valueFrom"]["secretKeyRef"] == {"name": "agentfast-runner", "key": "dsn"}  # the namespace's own credential
+    assert env["AGENTFAST_DSN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "agentfast-runner",
+        "key": "dsn",
+    }  # the namespace's own credential
     assert env["AGENTFAST_MODEL_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "s", "key": "k"}
     assert env["AGENTFAST_SUSPEND_AFTER_SECONDS"]["value"] == "60"  # the chart's default; spec.suspendAfter wins
     # started while its predecessor may still be stopping: waits for it past its grace period and a stale heartbeat
     assert env["AGENTFAST_WAIT_FOR_HOLDER_SECONDS"]["value"] == "35"
     # large payloads: the chart's defaults, 1 MiB out of line and 64 MiB at most (runner/payloads.py reads them)
-    assert (env["AGENTFAST_PAYLOAD_THRESHOLD_BYTES"]["value"], env["AGENTFAST_PAYLOAD_MAX_BYTES"]["value"]) == ("1048576", "67108864")
+    assert (env["AGENTFAST_PAYLOAD_THRESHOLD_BYTES"]["value"], env["AGENTFAST_PAYLOAD_MAX_BYTES"]["value"]) == (
+        "1048576",
+        "67108864",
+    )
     long_grace = build_pod(BODY, RunnerConfig(termination_grace_s=120))["spec"]["containers"][0]["env"]
     assert {e["name"]: e.get("value") for e in long_grace}["AGENTFAST_WAIT_FOR_HOLDER_SECONDS"] == "125"
     meta = manifest["metadata"]
@@ -51,7 +65,9 @@ def test_the_runner_pod_runs_the_runner_without_credentials_as_non_root() -> Non
     assert meta["annotations"]["agentfast.dev/attempt"] == "4" and meta["annotations"]["agentfast.dev/counted-failures"] == "2"
     # a lost node's pod is evicted after 20 s, not the default 300 s
     assert {t["key"]: t["tolerationSeconds"] for t in pod["tolerations"]} == {
-        "node.kubernetes.io/not-ready": 20, "node.kubernetes.io/unreachable": 20}
+        "node.kubernetes.io/not-ready": 20,
+        "node.kubernetes.io/unreachable": 20,
+    }
     waits = build_pod({**BODY, "spec": {**BODY["spec"], "suspendAfter": 0}}, RunnerConfig())["spec"]["containers"][0]["env"]
     assert {e["name"]: e.get("value") for e in waits}["AGENTFAST_SUSPEND_AFTER_SECONDS"] == "0"
 
@@ -70,7 +86,13 @@ def ctx(phase: str, message: str = "") -> RunContext:
 
 
 def test_status_while_waiting_lists_the_call() -> None:
-    pending = PendingToolCall(call_id="call-2-0", iteration=2, position=0, tool_call=ToolCall(id="c", name="issue_refund", arguments="{}" + " " * 600), idempotency_key="k")
+    pending = PendingToolCall(
+        call_id="call-2-0",
+        iteration=2,
+        position=0,
+        tool_call=ToolCall(id="c", name="issue_refund", arguments="{}" + " " * 600),
+        idempotency_key="k",
+    )
     s = status_from_store(ctx("WaitingForApproval"), pending, generation=3, old=None)
     assert s["phase"] == "WaitingForApproval" and s["awaiting"] == "call-2-0"
     assert s["pendingApprovals"][0]["tool"] == "issue_refund" and len(s["pendingApprovals"][0]["arguments"]) == 512
@@ -98,20 +120,32 @@ def test_status_stays_small() -> None:
 
 def test_status_lists_every_undecided_awaited_call() -> None:
     calls = [
-        AwaitedCall(call_id=cid, iteration=1, position=p, tool_call=ToolCall(id="c", name=n, arguments="{}"), idempotency_key=f"k{p}",
-                    reason="in_flight_not_idempotent" if "rerun" in cid else "requires_approval")
-        for p, (cid, n) in enumerate([("call-1-0", "freeze_card"), ("call-1-1-rerun1", "send_mail"), ("call-1-3", "refund_charge")])
+        AwaitedCall(
+            call_id=cid,
+            iteration=1,
+            position=p,
+            tool_call=ToolCall(id="c", name=n, arguments="{}"),
+            idempotency_key=f"k{p}",
+            reason="in_flight_not_idempotent" if "rerun" in cid else "requires_approval",
+        )
+        for p, (cid, n) in enumerate(
+            [("call-1-0", "freeze_card"), ("call-1-1-rerun1", "send_mail"), ("call-1-3", "refund_charge")]
+        )
     ]
     pending = PendingToolCall.of(calls, [])
     s = status_from_store(ctx("WaitingForApproval"), pending, generation=1, old=None)
     assert s["awaiting"] == "call-1-0,call-1-1-rerun1,call-1-3"
     assert [(p["callId"], p["tool"], p["reason"]) for p in s["pendingApprovals"]] == [
-        ("call-1-0", "freeze_card", "requires_approval"), ("call-1-1-rerun1", "send_mail", "in_flight_not_idempotent"),
-        ("call-1-3", "refund_charge", "requires_approval")]
+        ("call-1-0", "freeze_card", "requires_approval"),
+        ("call-1-1-rerun1", "send_mail", "in_flight_not_idempotent"),
+        ("call-1-3", "refund_charge", "requires_approval"),
+    ]
     # A decided call is no longer listed: the others still are, in the model's order.
     s = status_from_store(ctx("WaitingForApproval"), pending, generation=1, old=s, decided={"call-1-1-rerun1"})
     assert s["awaiting"] == "call-1-0,call-1-3" and [p["callId"] for p in s["pendingApprovals"]] == ["call-1-0", "call-1-3"]
-    s = status_from_store(ctx("WaitingForApproval"), pending, generation=1, old=s, decided={"call-1-0", "call-1-1-rerun1", "call-1-3"})
+    s = status_from_store(
+        ctx("WaitingForApproval"), pending, generation=1, old=s, decided={"call-1-0", "call-1-1-rerun1", "call-1-3"}
+    )
     assert s["awaiting"] == "" and s["pendingApprovals"] == []
 
 
@@ -125,13 +159,21 @@ def test_runner_alive_condition_tells_the_same_story_as_the_cli() -> None:
     assert "heartbeat" not in cond["message"]  # no age: the condition changes only with liveness
 
     gone = RunnerInfo(alive=False, state="none")
-    cond = next(c for c in status_from_store(ctx("Running"), None, generation=2, old=s, runner=gone)["conditions"] if c["type"] == "RunnerAlive")
+    cond = next(
+        c
+        for c in status_from_store(ctx("Running"), None, generation=2, old=s, runner=gone)["conditions"]
+        if c["type"] == "RunnerAlive"
+    )
     assert cond["status"] == "False" and cond["reason"] == "RunnerInterrupted" and "no runner" in cond["message"]
 
-    pending = PendingToolCall(call_id="call-1-0", iteration=1, position=0, tool_call=ToolCall(id="c", name="t"), idempotency_key="k")
+    pending = PendingToolCall(
+        call_id="call-1-0", iteration=1, position=0, tool_call=ToolCall(id="c", name="t"), idempotency_key="k"
+    )
     waiting = status_from_store(ctx("WaitingForApproval"), pending, generation=2, old=None, runner=gone)
     assert next(c for c in waiting["conditions"] if c["type"] == "RunnerAlive")["reason"] == "WaitingForDecision"
-    decided = status_from_store(ctx("WaitingForApproval"), pending, generation=2, old=None, runner=gone, decided={"call-1-0": "approve"})
+    decided = status_from_store(
+        ctx("WaitingForApproval"), pending, generation=2, old=None, runner=gone, decided={"call-1-0": "approve"}
+    )
     assert next(c for c in decided["conditions"] if c["type"] == "RunnerAlive")["reason"] == "DecidedResumeNeeded"
     assert all(c["type"] != "RunnerAlive" for c in status_from_store(ctx("Running"), None, generation=1, old=None)["conditions"])
 
@@ -166,7 +208,8 @@ def _secret_refs(runner_pod: dict) -> list[tuple[str, dict]]:
     assert not c.get("envFrom")
     # the one Secret volume: the tools' own settings, for the tool host (never a Postgres credential)
     assert [v["secret"] for v in runner_pod["spec"]["volumes"] if v.get("secret")] == [
-        {"secretName": "agentfast-tools", "optional": True}]
+        {"secretName": "agentfast-tools", "optional": True}
+    ]
     return refs
 
 
@@ -187,11 +230,22 @@ def test_the_tools_settings_are_mounted_for_the_tool_host_and_never_a_credential
 def test_build_job_mounts_only_the_model_configs_secret_key_under_our_name() -> None:
     # Issue 12 item 4: the DSN and the ModelConfig's one key; nothing the AgentRun's spec says
     # reaches the environment, even a spec carrying the fields an AgentRun had before.
-    sneaky = {**BODY, "spec": {**BODY["spec"], "model": {**BODY["spec"]["model"], "apiKeyEnv": "LD_PRELOAD",
-                                                         "apiKeySecretRef": {"name": "agentfast-postgres", "key": "dsn"}}}}
+    sneaky = {
+        **BODY,
+        "spec": {
+            **BODY["spec"],
+            "model": {
+                **BODY["spec"]["model"],
+                "apiKeyEnv": "LD_PRELOAD",
+                "apiKeySecretRef": {"name": "agentfast-postgres", "key": "dsn"},
+            },
+        },
+    }
     runner_pod = build_pod(sneaky, RunnerConfig(), model_key=KEY)
-    assert _secret_refs(runner_pod) == [("AGENTFAST_DSN", {"name": "agentfast-runner", "key": "dsn"}),
-                                 ("AGENTFAST_MODEL_API_KEY", {"name": "s", "key": "k"})]
+    assert _secret_refs(runner_pod) == [
+        ("AGENTFAST_DSN", {"name": "agentfast-runner", "key": "dsn"}),
+        ("AGENTFAST_MODEL_API_KEY", {"name": "s", "key": "k"}),
+    ]
     assert "LD_PRELOAD" not in str(runner_pod)
     # the scripted model, or an endpoint without a key: the DSN only
     assert _secret_refs(build_pod(BODY, RunnerConfig())) == [("AGENTFAST_DSN", {"name": "agentfast-runner", "key": "dsn"})]
@@ -233,9 +287,19 @@ def test_the_registered_document_holds_the_resolved_endpoint_and_no_secret(store
     assert api.reads == [("agentfast.dev", "v1alpha1", "team-a", "modelconfigs", "llm")]
     record = store.create_run("team-a/refund-demo", "u1", doc)
     mc = record.spec["modelConfig"]
-    assert mc == {"name": "llm", "uid": "mc-uid", "resourceVersion": "7", "generation": 2, "baseURL": "http://vllm.models.svc:8000/v1",
-                  "apiKeySecretRef": {"name": "s", "key": "k"}, "models": ["m"], "timeoutSeconds": 30.0, "maxRetries": 2,
-                  "maxTokensPerRequest": 512, "prices": {"promptPerMillionTokens": 0.5, "completionPerMillionTokens": 1.5, "currency": "USD"}}
+    assert mc == {
+        "name": "llm",
+        "uid": "mc-uid",
+        "resourceVersion": "7",
+        "generation": 2,
+        "baseURL": "http://vllm.models.svc:8000/v1",
+        "apiKeySecretRef": {"name": "s", "key": "k"},
+        "models": ["m"],
+        "timeoutSeconds": 30.0,
+        "maxRetries": 2,
+        "maxTokensPerRequest": 512,
+        "prices": {"promptPerMillionTokens": 0.5, "completionPerMillionTokens": 1.5, "currency": "USD"},
+    }
     assert parse_agentrun(record.spec, check_imports=False).modelConfig.baseURL == "http://vllm.models.svc:8000/v1"
     # Registered: the run keeps that endpoint; a changed (or deleted) ModelConfig is not read again.
     api.objects.clear()
@@ -251,7 +315,9 @@ def test_a_model_the_config_does_not_allow_or_the_dsn_as_key_is_refused(store, m
     from agentfast.runner.spec import SpecError, parse_agentrun
 
     dsn_key = {**MODELCONFIG, "spec": {**MODELCONFIG["spec"], "apiKeySecretRef": {"name": "agentfast-postgres", "key": "dsn"}}}
-    api = _ModelConfigs({("team-a", "llm"): MODELCONFIG, ("team-a", "dsn"): {**dsn_key, "metadata": {"name": "dsn", "namespace": "team-a"}}})
+    api = _ModelConfigs(
+        {("team-a", "llm"): MODELCONFIG, ("team-a", "dsn"): {**dsn_key, "metadata": {"name": "dsn", "namespace": "team-a"}}}
+    )
     monkeypatch.setattr(main.STATE, "store", store)
     monkeypatch.setattr(main.STATE, "custom", api, raising=False)
     other = {**BODY, "spec": {**BODY["spec"], "model": {"name": "gpt-5", "config": "llm"}}}
@@ -263,7 +329,9 @@ def test_a_model_the_config_does_not_allow_or_the_dsn_as_key_is_refused(store, m
         main._with_model_config(parse_agentrun(_doc(dsn_run), check_imports=False), _doc(dsn_run), "team-a/y", "u4")
     assert store.list_runs() == []  # nothing registered for a refused run
     scripted = {**BODY, "spec": {**BODY["spec"], "model": {"name": "m", "script": "refund"}}}
-    assert main._with_model_config(parse_agentrun(_doc(scripted), check_imports=False), _doc(scripted), "team-a/z", "u5") == _doc(scripted)
+    assert main._with_model_config(parse_agentrun(_doc(scripted), check_imports=False), _doc(scripted), "team-a/z", "u5") == _doc(
+        scripted
+    )
     assert len(api.reads) == 2  # a scripted run reads no ModelConfig
 
 
@@ -273,8 +341,15 @@ def test_the_runner_network_policy_allows_dns_postgres_and_the_model_only() -> N
     from agentfast.operator.workload import LABEL_RUN, EgressPolicy, build_network_policy
 
     assert EgressPolicy.from_env({}) is None and EgressPolicy.from_env({"AGENTFAST_NETWORK_POLICY": " "}) is None
-    pg = {"to": [{"podSelector": {"matchLabels": {"app.kubernetes.io/component": "postgresql"}},
-                  "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "agentfast"}}}], "ports": [{"protocol": "TCP", "port": 5432}]}
+    pg = {
+        "to": [
+            {
+                "podSelector": {"matchLabels": {"app.kubernetes.io/component": "postgresql"}},
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "agentfast"}},
+            }
+        ],
+        "ports": [{"protocol": "TCP", "port": 5432}],
+    }
     model = {"to": [{"ipBlock": {"cidr": "10.1.2.0/24"}}], "ports": [{"protocol": "TCP", "port": 8000}]}
     policy = EgressPolicy.from_env({"AGENTFAST_NETWORK_POLICY": json.dumps({"dns": [], "postgres": [pg], "model": [model]})})
     runner_pod = build_pod(BODY, RunnerConfig(), model_key=KEY)
@@ -293,13 +368,16 @@ def test_the_runner_network_policy_allows_dns_postgres_and_the_model_only() -> N
     assert len(build_network_policy(long, policy)["metadata"]["name"]) <= 63
 
 
-@pytest.mark.parametrize("value, problem", [
-    ("{not json", "not JSON"),
-    ('{"model": []}', "no postgres rule"),
-    ('{"postgres": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}], "extra": 1}', "keys dns, postgres, model"),
-    ('{"postgres": [{"from": []}]}', "only 'to' and 'ports'"),
-    ('{"postgres": [{"to": [{"host": "db.example"}]}]}', "a peer has ipBlock"),
-])
+@pytest.mark.parametrize(
+    "value, problem",
+    [
+        ("{not json", "not JSON"),
+        ('{"model": []}', "no postgres rule"),
+        ('{"postgres": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}], "extra": 1}', "keys dns, postgres, model"),
+        ('{"postgres": [{"from": []}]}', "only 'to' and 'ports'"),
+        ('{"postgres": [{"to": [{"host": "db.example"}]}]}', "a peer has ipBlock"),
+    ],
+)
 def test_a_malformed_network_policy_setting_is_refused(value: str, problem: str) -> None:
     from agentfast.operator.workload import EgressPolicy
 
@@ -322,8 +400,13 @@ def test_status_carries_no_foreign_text_unless_opted_in() -> None:
     budget = ctx("Failed", "max_iterations reached: 10 of 10")
     budget.status.reason = "BudgetExceeded"  # our own sentence: copied
     assert status_from_store(budget, None, generation=1, old=None)["message"] == "max_iterations reached: 10 of 10"
-    pending = PendingToolCall(call_id="call-2-0", iteration=2, position=0,
-                              tool_call=ToolCall(id="c", name="issue_refund", arguments='{"x": "IGNORE PREVIOUS"}'), idempotency_key="k")
+    pending = PendingToolCall(
+        call_id="call-2-0",
+        iteration=2,
+        position=0,
+        tool_call=ToolCall(id="c", name="issue_refund", arguments='{"x": "IGNORE PREVIOUS"}'),
+        idempotency_key="k",
+    )
     w = ctx("WaitingForApproval", 'call-2-0: issue_refund({"x": "IGNORE PREVIOUS"})')
     w.status.reason = "AwaitingApproval"
     s = status_from_store(w, pending, generation=1, old=None)
@@ -341,7 +424,9 @@ def test_warnings_are_posted_once_per_run_and_key(monkeypatch) -> None:
         for reason in ("NotAwaitingDecision", "DecisionConflict"):
             main._warn_once(body, "call-9-9", reason, "x")
     main._warn_once(body, "call-9-8", "NotAwaitingDecision", "x")
-    main._warn_once({"metadata": {**body["metadata"], "uid": "u-2"}}, "call-9-9", "NotAwaitingDecision", "x")  # a new run of that name
+    main._warn_once(
+        {"metadata": {**body["metadata"], "uid": "u-2"}}, "call-9-9", "NotAwaitingDecision", "x"
+    )  # a new run of that name
     assert len(posted) == 3
 
 
@@ -356,8 +441,15 @@ def test_the_operator_never_imports_or_reads_what_a_spec_names(tmp_path, monkeyp
 
     (tmp_path / "evil_at_import.py").write_text("raise SystemExit(3)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    doc = {**BODY, "spec": {"model": {"name": "m", "script": "refund"}, "input": "hi",
-                            "tools": [{"name": "t", "ref": "evil_at_import:tool"}], "budget": {"classifier": "evil_at_import:c"}}}
+    doc = {
+        **BODY,
+        "spec": {
+            "model": {"name": "m", "script": "refund"},
+            "input": "hi",
+            "tools": [{"name": "t", "ref": "evil_at_import:tool"}],
+            "budget": {"classifier": "evil_at_import:c"},
+        },
+    }
     run = parse_agentrun(doc, check_imports=False)
     check_cluster_policy(run, ("evil_at_import",), bundled_scripts())  # allowed: accepted, still not imported
     with pytest.raises(SpecError) as err:
@@ -365,7 +457,10 @@ def test_the_operator_never_imports_or_reads_what_a_spec_names(tmp_path, monkeyp
     assert "spec.tools[0].ref" in str(err.value) and "spec.budget.classifier" in str(err.value)
     assert "evil_at_import" not in sys.modules
     for path in ("/dev/zero", "/etc/passwd", "../../etc/passwd", "refund.yaml", "nosuch"):
-        bad = parse_agentrun({**doc, "spec": {**doc["spec"], "tools": [], "budget": {}, "model": {"name": "m", "script": path}}}, check_imports=False)
+        bad = parse_agentrun(
+            {**doc, "spec": {**doc["spec"], "tools": [], "budget": {}, "model": {"name": "m", "script": path}}},
+            check_imports=False,
+        )
         with pytest.raises(SpecError) as err:
             check_cluster_policy(bad, ("agentfast.runner.examples",), bundled_scripts())
         assert "not a bundled script" in str(err.value) and "root:" not in str(err.value)
@@ -380,26 +475,58 @@ def test_the_operator_never_imports_or_reads_what_a_spec_names(tmp_path, monkeyp
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
-def rp(attempt: int = 1, *, phase: str = "Failed", code: int | None = 75, reason: str | None = "Error", ran_s: float = 60.0,
-       deleting: bool = False, disrupted: str | None = None, counted: int = 0, finished_ago_s: float = 0.0,
-       waiting: str | None = None) -> RunnerPod:
+def rp(
+    attempt: int = 1,
+    *,
+    phase: str = "Failed",
+    code: int | None = 75,
+    reason: str | None = "Error",
+    ran_s: float = 60.0,
+    deleting: bool = False,
+    disrupted: str | None = None,
+    counted: int = 0,
+    finished_ago_s: float = 0.0,
+    waiting: str | None = None,
+) -> RunnerPod:
     finished = T0 - timedelta(seconds=finished_ago_s)
-    return RunnerPod(name=f"agentrun-r-{attempt}", attempt=attempt, counted=counted, phase=phase, created_at=finished - timedelta(seconds=ran_s + 1),
-                     deletion_due=(T0 + timedelta(seconds=30)) if deleting else None, disrupted=disrupted,
-                     started_at=finished - timedelta(seconds=ran_s), exit_code=code, exit_reason=reason if code is not None else None,
-                     finished_at=finished if code is not None else None, waiting_reason=waiting)
+    return RunnerPod(
+        name=f"agentrun-r-{attempt}",
+        attempt=attempt,
+        counted=counted,
+        phase=phase,
+        created_at=finished - timedelta(seconds=ran_s + 1),
+        deletion_due=(T0 + timedelta(seconds=30)) if deleting else None,
+        disrupted=disrupted,
+        started_at=finished - timedelta(seconds=ran_s),
+        exit_code=code,
+        exit_reason=reason if code is not None else None,
+        finished_at=finished if code is not None else None,
+        waiting_reason=waiting,
+    )
 
 
-def step(pods: list[RunnerPod], phase: str | None = "Running", *, all_decided: bool = False, alive: bool = False, limit: int = 6,
-         now: datetime = T0):
+def step(
+    pods: list[RunnerPod],
+    phase: str | None = "Running",
+    *,
+    all_decided: bool = False,
+    alive: bool = False,
+    limit: int = 6,
+    now: datetime = T0,
+):
     return next_step(pods, now, phase=phase, all_decided=all_decided, runner_alive=alive, restart_limit=limit)
 
 
 def test_a_lost_runner_is_replaced_at_once_however_often_it_is_lost() -> None:
     # Deleted (SIGTERM: 75), evicted, killed (137), or "retry me": the next attempt at once, uncounted,
     # on the fifth loss as on the first (no growing backoff: nothing was lost, G1/G2).
-    for lost in (rp(5, code=75, deleting=True), rp(5, code=143, disrupted="EvictionByEvictionAPI"), rp(5, code=137),
-                 rp(5, code=75), rp(5, code=None, phase="Running", deleting=True, disrupted="DeletionByTaintManager")):
+    for lost in (
+        rp(5, code=75, deleting=True),
+        rp(5, code=143, disrupted="EvictionByEvictionAPI"),
+        rp(5, code=137),
+        rp(5, code=75),
+        rp(5, code=None, phase="Running", deleting=True, disrupted="DeletionByTaintManager"),
+    ):
         now = T0 + timedelta(seconds=60) if lost.exit_code is None else T0  # a lost node: past its deletion deadline
         s = step([rp(4, code=75), lost], now=now)
         assert (s.action, s.attempt, s.counted, s.lost) == ("create", 6, 0, lost), lost
@@ -414,9 +541,12 @@ def test_a_leaving_pod_is_replaced_at_its_deletion_not_at_its_runners_exit() -> 
     # Deleted (deletionTimestamp), evicted (DisruptionTarget before the deletion lands), taken off a
     # lost node: its runner still runs (SIGTERM, grace period), and the next pod is created now,
     # uncounted and without backoff even after failures that counted (a deletion says nothing of them).
-    for leaving in (running(3, deleting=True), running(3, disrupted="EvictionByEvictionAPI"),
-                    running(3, deleting=True, disrupted="DeletionByTaintManager", counted=4),
-                    rp(3, code=None, phase="Pending", deleting=True, waiting="ContainerCreating")):
+    for leaving in (
+        running(3, deleting=True),
+        running(3, disrupted="EvictionByEvictionAPI"),
+        running(3, deleting=True, disrupted="DeletionByTaintManager", counted=4),
+        rp(3, code=None, phase="Pending", deleting=True, waiting="ContainerCreating"),
+    ):
         s = step([rp(2, code=137, reason="OOMKilled", counted=3), leaving])
         assert (s.action, s.attempt, s.counted, s.lost, s.delay_s) == ("create", 4, 0, leaving, 0.0), leaving
     assert step([running(1, deleting=True)], "WaitingForApproval", all_decided=False).action == "create"  # its runner waits in it
@@ -427,8 +557,12 @@ def test_a_leaving_pod_is_replaced_at_its_deletion_not_at_its_runners_exit() -> 
 def test_no_second_replacement_when_the_leaving_pod_finally_stops() -> None:
     # The replacement exists (starting or running): the old pod still stopping, then stopped, then
     # gone, each changes nothing; nor does a node that never confirms (past the deletion deadline).
-    for old in (running(1, deleting=True), rp(1, code=75, deleting=True), rp(1, code=137, disrupted="EvictionByEvictionAPI"),
-                running(1, deleting=True, disrupted="DeletionByTaintManager")):
+    for old in (
+        running(1, deleting=True),
+        rp(1, code=75, deleting=True),
+        rp(1, code=137, disrupted="EvictionByEvictionAPI"),
+        running(1, deleting=True, disrupted="DeletionByTaintManager"),
+    ):
         for new in (rp(2, code=None, phase="Pending"), running(2)):
             for now in (T0, T0 + timedelta(seconds=120)):
                 assert step([old, new], now=now).action == "none", (old, new, now)
@@ -489,11 +623,15 @@ def test_a_pod_that_cannot_start_says_why() -> None:
 
 
 def test_status_shows_the_reason_suspension_and_a_blocked_pod() -> None:
-    pending = PendingToolCall(call_id="call-1-0", iteration=1, position=0, tool_call=ToolCall(id="c", name="t"), idempotency_key="k")
+    pending = PendingToolCall(
+        call_id="call-1-0", iteration=1, position=0, tool_call=ToolCall(id="c", name="t"), idempotency_key="k"
+    )
     s = status_from_store(ctx("WaitingForApproval"), pending, generation=2, old=None, suspended=True)
     conds = {c["type"]: c for c in s["conditions"]}
     assert s["reason"] == "R" and conds["Suspended"]["status"] == "True" and conds["RunnerPodReady"]["status"] == "True"
-    s = status_from_store(None, None, generation=1, old=None, blocked=("CreateContainerConfigError", "runner pod x cannot start: secret"))
+    s = status_from_store(
+        None, None, generation=1, old=None, blocked=("CreateContainerConfigError", "runner pod x cannot start: secret")
+    )
     assert (s["phase"], s["reason"]) == ("Pending", "CreateContainerConfigError") and "cannot start" in s["message"]
     assert {c["type"]: c["status"] for c in s["conditions"]}["RunnerPodReady"] == "False"
 
@@ -511,7 +649,7 @@ CHART_ENV = {
     "AGENTFAST_RUNNER_NODE_SELECTOR": '{"pool": "agents", "kubernetes.io/arch": "amd64"}',
     "AGENTFAST_RUNNER_TOLERATIONS": '[{"key": "dedicated", "operator": "Equal", "value": "agents", "effect": "NoSchedule"}]',
     "AGENTFAST_RUNNER_AFFINITY": '{"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 50, "podAffinityTerm":'
-                                 ' {"labelSelector": {"matchLabels": {"app.kubernetes.io/component": "runner"}}, "topologyKey": "kubernetes.io/hostname"}}]}}',
+    ' {"labelSelector": {"matchLabels": {"app.kubernetes.io/component": "runner"}}, "topologyKey": "kubernetes.io/hostname"}}]}}',
     "AGENTFAST_RUNNER_PRIORITY_CLASS": "agents",
     "AGENTFAST_RUNNER_ALLOWED_IMAGES": '["reg.example.com/team-a/", "reg.example.com/shared/agent", "ghcr.io/acme/tools:2.0"]',
     "AGENTFAST_RUNNER_SERVICE_ACCOUNT_CREATE": "true",
@@ -544,28 +682,53 @@ def test_the_charts_runner_settings_reach_every_runner_pod() -> None:
 
 def test_a_runs_spec_runner_replaces_the_charts_values_per_key() -> None:
     cfg = RunnerConfig.from_env(CHART_ENV)
-    run = _with_runner({
-        "image": "reg.example.com/team-a/tools:3.1",
-        "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "4", "memory": "2Gi"}},
-        "nodeSelector": {"pool": "big", "kubernetes.io/os": "linux"},
-        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["eu-1a", "eu-1b"]}]}]}}},
-        "priorityClassName": "batch-high",
-    })
+    run = _with_runner(
+        {
+            "image": "reg.example.com/team-a/tools:3.1",
+            "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "4", "memory": "2Gi"}},
+            "nodeSelector": {"pool": "big", "kubernetes.io/os": "linux"},
+            "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["eu-1a", "eu-1b"]}
+                                ]
+                            }
+                        ]
+                    }
+                }
+            },
+            "priorityClassName": "batch-high",
+        }
+    )
     pod = build_pod(run, cfg)["spec"]
     [c] = pod["containers"]
     assert c["image"] == "reg.example.com/team-a/tools:3.1"
-    assert c["resources"] == {"requests": {"cpu": "2", "memory": "256Mi"}, "limits": {"memory": "2Gi", "nvidia.com/gpu": "1", "cpu": "4"}}
+    assert c["resources"] == {
+        "requests": {"cpu": "2", "memory": "256Mi"},
+        "limits": {"memory": "2Gi", "nvidia.com/gpu": "1", "cpu": "4"},
+    }
     assert pod["nodeSelector"] == {"pool": "big", "kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux"}
     assert [t["key"] for t in pod["tolerations"]][2:] == ["dedicated", "gpu"]  # added to the chart's
     assert list(pod["affinity"]) == ["nodeAffinity"]  # replaced as a whole: the chart's anti-affinity is gone
-    expr = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"][0]
+    expr = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0][
+        "matchExpressions"
+    ][0]
     assert expr == {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["eu-1a", "eu-1b"]}
     assert pod["priorityClassName"] == "batch-high"
     # everything else of the pod is the operator's, whatever the run says
     base = build_pod(BODY, cfg)["spec"]
-    for key in ("securityContext", "volumes", "serviceAccountName", "automountServiceAccountToken", "enableServiceLinks", "restartPolicy"):
+    for key in (
+        "securityContext",
+        "volumes",
+        "serviceAccountName",
+        "automountServiceAccountToken",
+        "enableServiceLinks",
+        "restartPolicy",
+    ):
         assert pod[key] == base[key], key
     for key in ("command", "env", "securityContext", "volumeMounts", "imagePullPolicy"):
         assert c[key] == base["containers"][0][key], key
@@ -575,9 +738,11 @@ def test_a_request_above_its_merged_limit_is_refused_naming_the_field() -> None:
     from agentfast.operator.workload import parse_quantity, runner_settings
     from agentfast.runner.spec import SpecError
 
-    assert parse_quantity("500m") == parse_quantity("0.5") and parse_quantity("1Gi") == 1024 ** 3 and parse_quantity("1e3") is None
+    assert parse_quantity("500m") == parse_quantity("0.5") and parse_quantity("1Gi") == 1024**3 and parse_quantity("1e3") is None
     cfg = RunnerConfig()  # limits.memory 512Mi
-    with pytest.raises(SpecError, match=r"spec.runner.resources: requests.memory 1Gi is above limits.memory 512Mi .*give limits.memory too"):
+    with pytest.raises(
+        SpecError, match=r"spec.runner.resources: requests.memory 1Gi is above limits.memory 512Mi .*give limits.memory too"
+    ):
         runner_settings(_with_runner({"resources": {"requests": {"memory": "1Gi"}}}), cfg)
     ok = runner_settings(_with_runner({"resources": {"requests": {"memory": "1Gi"}, "limits": {"memory": "1Gi"}}}), cfg)
     assert ok["resources"]["requests"]["memory"] == ok["resources"]["limits"]["memory"] == "1Gi"
@@ -585,24 +750,27 @@ def test_a_request_above_its_merged_limit_is_refused_naming_the_field() -> None:
         runner_settings(_with_runner({"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "500m"}}}), cfg)
 
 
-@pytest.mark.parametrize("image, allowed", [
-    ("agentfast:dev", True),  # the chart's own image, always
-    ("reg.example.com/team-a/tools:1", True),  # under a prefix
-    ("reg.example.com/team-a/sub/tools@sha256:" + "a" * 64, True),
-    ("reg.example.com/shared/agent:9", True),  # a repository: any tag
-    ("reg.example.com/shared/agent@sha256:" + "b" * 64, True),
-    ("ghcr.io/acme/tools:2.0", True),  # exactly
-    ("ghcr.io/acme/tools:2.1", False),  # an entry with a tag allows that tag only
-    ("reg.example.com/team-ab/tools:1", False),  # a prefix ends at a /
-    ("reg.example.com/shared/agent-evil:1", False),  # a repository is not a prefix
-    ("reg.example.com/shared/agent/sub:1", False),
-    ("agentfast:evil", False),  # the own image exactly, not its repository
-    ("docker.io/library/agentfast:dev", False),  # compared as written, never resolved
-    ("reg.example.com/team-a/../evil/x:1", False),  # not a reference at all
-    ("reg.example.com/team-a/Tools:1", False),
-    ("reg.example.com:443/team-a/tools:1", False),
-    ("evil.example.com/reg.example.com/team-a/tools:1", False),
-])
+@pytest.mark.parametrize(
+    "image, allowed",
+    [
+        ("agentfast:dev", True),  # the chart's own image, always
+        ("reg.example.com/team-a/tools:1", True),  # under a prefix
+        ("reg.example.com/team-a/sub/tools@sha256:" + "a" * 64, True),
+        ("reg.example.com/shared/agent:9", True),  # a repository: any tag
+        ("reg.example.com/shared/agent@sha256:" + "b" * 64, True),
+        ("ghcr.io/acme/tools:2.0", True),  # exactly
+        ("ghcr.io/acme/tools:2.1", False),  # an entry with a tag allows that tag only
+        ("reg.example.com/team-ab/tools:1", False),  # a prefix ends at a /
+        ("reg.example.com/shared/agent-evil:1", False),  # a repository is not a prefix
+        ("reg.example.com/shared/agent/sub:1", False),
+        ("agentfast:evil", False),  # the own image exactly, not its repository
+        ("docker.io/library/agentfast:dev", False),  # compared as written, never resolved
+        ("reg.example.com/team-a/../evil/x:1", False),  # not a reference at all
+        ("reg.example.com/team-a/Tools:1", False),
+        ("reg.example.com:443/team-a/tools:1", False),
+        ("evil.example.com/reg.example.com/team-a/tools:1", False),
+    ],
+)
 def test_only_allowed_images_run_compared_by_name(image: str, allowed: bool) -> None:
     from agentfast.runner.spec import image_allowed
 
@@ -617,40 +785,81 @@ def test_an_image_outside_the_allow_list_is_refused_before_any_pod_naming_the_fi
     for image in ("evil.example.com/miner:latest", "agentfast:latest", "reg.example.com/team-a/tools:1"):
         with pytest.raises(SpecError) as err:
             build_pod(_with_runner({"image": image}), cfg)
-        assert str(err.value).startswith(f"spec.runner.image: '{image}' is not an image this cluster allows") and "agentfast:dev" in str(err.value)
+        assert str(err.value).startswith(
+            f"spec.runner.image: '{image}' is not an image this cluster allows"
+        ) and "agentfast:dev" in str(err.value)
     assert build_pod(_with_runner({"image": "agentfast:dev"}), cfg)["spec"]["containers"][0]["image"] == "agentfast:dev"
 
 
-@pytest.mark.parametrize("runner, problem", [
-    # nothing of a pod's security or identity can be said through spec.runner: unknown keys are refused
-    ({"securityContext": {"privileged": True}}, "securityContext"),
-    ({"privileged": True}, "privileged"),
-    ({"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}, "volumes"),
-    ({"hostPID": True}, "hostPID"),
-    ({"hostNetwork": True}, "hostNetwork"),
-    ({"serviceAccountName": "kube-system/admin"}, "serviceAccountName"),
-    ({"serviceAccount": "default"}, "serviceAccount"),
-    ({"automountServiceAccountToken": True}, "automountServiceAccountToken"),
-    ({"env": [{"name": "LD_PRELOAD", "value": "/tmp/x.so"}]}, "env"),
-    ({"command": ["sh", "-c", "id"]}, "command"),
-    ({"imagePullSecrets": [{"name": "agentfast-postgres"}]}, "imagePullSecrets"),
-    ({"resources": {"requests": {"cpu": "1", "hugepages-2Mi": "1Gi"}}}, "hugepages-2Mi"),
-    ({"resources": {"claims": [{"name": "gpu"}]}}, "claims"),
-    ({"resources": {"limits": {"memory": "-1Gi"}}}, "limits.memory"),
-    ({"tolerations": [{"operator": "Exists"}]}, "names a key"),  # tolerate every taint: an admin's only
-    ({"tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}]}, "operator's own"),
-    ({"priorityClassName": "system-node-critical"}, "system- priority classes"),
-    ({"nodeSelector": {"a" * 400: "x"}}, "label key"),
-    ({"nodeSelector": {f"k{i}": "v" for i in range(33)}}, "nodeSelector"),
-    ({"tolerations": [{"key": f"k{i}", "operator": "Exists"} for i in range(33)]}, "tolerations"),
-    ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "k", "operator": "In", "values": ["v"] * 33}]}]}}}}, "values"),
-    ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "k", "operator": "In"}]}]}}}}, "needs values"),
-    ({"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"labelSelector": {"matchExpressions": [{"key": "k", "operator": "Gt", "values": ["1"]}]}, "topologyKey": "zone"}]}}}, "operator"),
-    ({"image": "x" * 600}, "image"),
-])
+@pytest.mark.parametrize(
+    "runner, problem",
+    [
+        # nothing of a pod's security or identity can be said through spec.runner: unknown keys are refused
+        ({"securityContext": {"privileged": True}}, "securityContext"),
+        ({"privileged": True}, "privileged"),
+        ({"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}, "volumes"),
+        ({"hostPID": True}, "hostPID"),
+        ({"hostNetwork": True}, "hostNetwork"),
+        ({"serviceAccountName": "kube-system/admin"}, "serviceAccountName"),
+        ({"serviceAccount": "default"}, "serviceAccount"),
+        ({"automountServiceAccountToken": True}, "automountServiceAccountToken"),
+        ({"env": [{"name": "LD_PRELOAD", "value": "/tmp/x.so"}]}, "env"),
+        ({"command": ["sh", "-c", "id"]}, "command"),
+        ({"imagePullSecrets": [{"name": "agentfast-postgres"}]}, "imagePullSecrets"),
+        ({"resources": {"requests": {"cpu": "1", "hugepages-2Mi": "1Gi"}}}, "hugepages-2Mi"),
+        ({"resources": {"claims": [{"name": "gpu"}]}}, "claims"),
+        ({"resources": {"limits": {"memory": "-1Gi"}}}, "limits.memory"),
+        ({"tolerations": [{"operator": "Exists"}]}, "names a key"),  # tolerate every taint: an admin's only
+        (
+            {"tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}]},
+            "operator's own",
+        ),
+        ({"priorityClassName": "system-node-critical"}, "system- priority classes"),
+        ({"nodeSelector": {"a" * 400: "x"}}, "label key"),
+        ({"nodeSelector": {f"k{i}": "v" for i in range(33)}}, "nodeSelector"),
+        ({"tolerations": [{"key": f"k{i}", "operator": "Exists"} for i in range(33)]}, "tolerations"),
+        (
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [{"matchExpressions": [{"key": "k", "operator": "In", "values": ["v"] * 33}]}]
+                        }
+                    }
+                }
+            },
+            "values",
+        ),
+        (
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [{"matchExpressions": [{"key": "k", "operator": "In"}]}]
+                        }
+                    }
+                }
+            },
+            "needs values",
+        ),
+        (
+            {
+                "affinity": {
+                    "podAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": [
+                            {
+                                "labelSelector": {"matchExpressions": [{"key": "k", "operator": "Gt", "values": ["1"]}]},
+                                "topologyKey": "zone",
+                            }
+                        ]
+                    }
+                }
+            },
+            "operator",
+        ),
+        ({"image": "x" * 600}, "image"),
+    ],
+)
 def test_spec_runner_cannot_reach_anything_but_image_resources_and_placement(runner: dict, problem: str) -> None:
     from agentfast.runner.spec import SpecError, parse_agentrun
 
@@ -658,7 +867,10 @@ def test_spec_runner_cannot_reach_anything_but_image_resources_and_placement(run
         build_pod(_with_runner(runner), RunnerConfig.from_env(CHART_ENV))
     assert err.value.args[0].startswith("spec.runner") and problem in str(err.value)
     with pytest.raises(SpecError) as err:  # and the operator's reconcile refuses the same spec: Failed, InvalidSpec
-        parse_agentrun(_with_runner(runner, {**BODY, "spec": {**BODY["spec"], "model": {"name": "m", "script": "refund"}}}), check_imports=False)
+        parse_agentrun(
+            _with_runner(runner, {**BODY, "spec": {**BODY["spec"], "model": {"name": "m", "script": "refund"}}}),
+            check_imports=False,
+        )
     assert "spec.runner" in str(err.value)
 
 
@@ -675,25 +887,37 @@ def test_the_pods_identity_and_security_are_built_from_the_chart_alone() -> None
     assert pod["spec"]["serviceAccountName"] == cfg.service_account  # the chart's, never the run's
 
 
-@pytest.mark.parametrize("env, problem", [
-    ({"AGENTFAST_RUNNER_RESOURCES": "{nope"}, "AGENTFAST_RUNNER_RESOURCES is not JSON"),
-    ({"AGENTFAST_RUNNER_RESOURCES": '{"request": {}}'}, "requests and limits"),
-    ({"AGENTFAST_RUNNER_RESOURCES": '{"limits": {"memory": true}}'}, "AGENTFAST_RUNNER_RESOURCES.limits"),
-    ({"AGENTFAST_RUNNER_NODE_SELECTOR": '["pool"]'}, "AGENTFAST_RUNNER_NODE_SELECTOR"),
-    ({"AGENTFAST_RUNNER_TOLERATIONS": '{"key": "x"}'}, "AGENTFAST_RUNNER_TOLERATIONS: expected a list"),
-    ({"AGENTFAST_RUNNER_TOLERATIONS": '[{"key": "x", "operator": "Maybe"}]'}, "AGENTFAST_RUNNER_TOLERATIONS: [0].operator"),
-    ({"AGENTFAST_RUNNER_AFFINITY": '{"nodeAfinity": {}}'}, "AGENTFAST_RUNNER_AFFINITY: nodeAfinity"),
-    ({"AGENTFAST_RUNNER_PRIORITY_CLASS": "Not A Name"}, "AGENTFAST_RUNNER_PRIORITY_CLASS"),
-    ({"AGENTFAST_RUNNER_ALLOWED_IMAGES": '"reg.io/team/"'}, "AGENTFAST_RUNNER_ALLOWED_IMAGES: expected a list"),
-    ({"AGENTFAST_RUNNER_ALLOWED_IMAGES": '["reg.io/team-a"]'}, None),  # a repository: fine
-    ({"AGENTFAST_RUNNER_ALLOWED_IMAGES": '["reg.io/team/../x/"]'}, "AGENTFAST_RUNNER_ALLOWED_IMAGES[0]"),
-    ({"AGENTFAST_RUNNER_ALLOWED_IMAGES": '["*"]'}, "AGENTFAST_RUNNER_ALLOWED_IMAGES[0]"),
-    ({"AGENTFAST_RUNNER_SERVICE_ACCOUNT": "agentfast-operator", "AGENTFAST_OPERATOR_SERVICE_ACCOUNT": "agentfast-operator"}, "operator's own"),
-    ({"AGENTFAST_RUNNER_SERVICE_ACCOUNT": "default", "AGENTFAST_RUNNER_SERVICE_ACCOUNT_CREATE": "true"}, "default ServiceAccount"),
-    ({"AGENTFAST_RUNNER_SERVICE_ACCOUNT": "team-a/admin"}, "not a ServiceAccount name"),
-    ({"AGENTFAST_RUNNER_SERVICE_ACCOUNT_ANNOTATIONS": '{"a": "b"}'}, "only with AGENTFAST_RUNNER_SERVICE_ACCOUNT_CREATE"),
-    ({"AGENTFAST_RUNNER_SERVICE_ACCOUNT_CREATE": "yes"}, "expected true or false"),
-])
+@pytest.mark.parametrize(
+    "env, problem",
+    [
+        ({"AGENTFAST_RUNNER_RESOURCES": "{nope"}, "AGENTFAST_RUNNER_RESOURCES is not JSON"),
+        ({"AGENTFAST_RUNNER_RESOURCES": '{"request": {}}'}, "requests and limits"),
+        ({"AGENTFAST_RUNNER_RESOURCES": '{"limits": {"memory": true}}'}, "AGENTFAST_RUNNER_RESOURCES.limits"),
+        ({"AGENTFAST_RUNNER_NODE_SELECTOR": '["pool"]'}, "AGENTFAST_RUNNER_NODE_SELECTOR"),
+        ({"AGENTFAST_RUNNER_TOLERATIONS": '{"key": "x"}'}, "AGENTFAST_RUNNER_TOLERATIONS: expected a list"),
+        ({"AGENTFAST_RUNNER_TOLERATIONS": '[{"key": "x", "operator": "Maybe"}]'}, "AGENTFAST_RUNNER_TOLERATIONS: [0].operator"),
+        ({"AGENTFAST_RUNNER_AFFINITY": '{"nodeAfinity": {}}'}, "AGENTFAST_RUNNER_AFFINITY: nodeAfinity"),
+        ({"AGENTFAST_RUNNER_PRIORITY_CLASS": "Not A Name"}, "AGENTFAST_RUNNER_PRIORITY_CLASS"),
+        ({"AGENTFAST_RUNNER_ALLOWED_IMAGES": '"reg.io/team/"'}, "AGENTFAST_RUNNER_ALLOWED_IMAGES: expected a list"),
+        ({"AGENTFAST_RUNNER_ALLOWED_IMAGES": '["reg.io/team-a"]'}, None),  # a repository: fine
+        ({"AGENTFAST_RUNNER_ALLOWED_IMAGES": '["reg.io/team/../x/"]'}, "AGENTFAST_RUNNER_ALLOWED_IMAGES[0]"),
+        ({"AGENTFAST_RUNNER_ALLOWED_IMAGES": '["*"]'}, "AGENTFAST_RUNNER_ALLOWED_IMAGES[0]"),
+        (
+            {
+                "AGENTFAST_RUNNER_SERVICE_ACCOUNT": "agentfast-operator",
+                "AGENTFAST_OPERATOR_SERVICE_ACCOUNT": "agentfast-operator",
+            },
+            "operator's own",
+        ),
+        (
+            {"AGENTFAST_RUNNER_SERVICE_ACCOUNT": "default", "AGENTFAST_RUNNER_SERVICE_ACCOUNT_CREATE": "true"},
+            "default ServiceAccount",
+        ),
+        ({"AGENTFAST_RUNNER_SERVICE_ACCOUNT": "team-a/admin"}, "not a ServiceAccount name"),
+        ({"AGENTFAST_RUNNER_SERVICE_ACCOUNT_ANNOTATIONS": '{"a": "b"}'}, "only with AGENTFAST_RUNNER_SERVICE_ACCOUNT_CREATE"),
+        ({"AGENTFAST_RUNNER_SERVICE_ACCOUNT_CREATE": "yes"}, "expected true or false"),
+    ],
+)
 def test_malformed_runner_settings_are_refused_naming_the_variable(env: dict, problem: str | None) -> None:
     if problem is None:
         RunnerConfig.from_env(env)
@@ -733,18 +957,25 @@ def test_the_operator_makes_the_runner_service_account_with_the_charts_annotatio
     from agentfast.operator import identity
 
     identity.forget()
-    api = _ServiceAccounts({("team-b", "agentfast-runner"): {"metadata": {"labels": {"team": "b"}, "annotations": {"x": "team-b's"}}}})
+    api = _ServiceAccounts(
+        {("team-b", "agentfast-runner"): {"metadata": {"labels": {"team": "b"}, "annotations": {"x": "team-b's"}}}}
+    )
     assert identity.ensure_runner_service_account("team-a", api, RunnerConfig()) == "off"
     assert RunnerConfig(service_account_create=True).service_account == "agentfast-runner"  # what it makes is what pods name
     cfg = RunnerConfig.from_env(CHART_ENV)
     assert identity.ensure_runner_service_account("team-a", api, cfg) == "created"
     made = api.objects[("team-a", "agentfast-runner")]
     assert made["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/runner"}
-    assert made["automountServiceAccountToken"] is False and made["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "agentfast"
+    assert (
+        made["automountServiceAccountToken"] is False
+        and made["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "agentfast"
+    )
     assert identity.ensure_runner_service_account("team-a", api, cfg) == "cached"
     # the chart's annotation changed: the next check (after forget, or RECHECK_S) sets it
     identity.forget("team-a")
-    moved = RunnerConfig.from_env({**CHART_ENV, "AGENTFAST_RUNNER_SERVICE_ACCOUNT_ANNOTATIONS": '{"eks.amazonaws.com/role-arn": "arn:new"}'})
+    moved = RunnerConfig.from_env(
+        {**CHART_ENV, "AGENTFAST_RUNNER_SERVICE_ACCOUNT_ANNOTATIONS": '{"eks.amazonaws.com/role-arn": "arn:new"}'}
+    )
     assert identity.ensure_runner_service_account("team-a", api, moved) == "updated"
     assert api.objects[("team-a", "agentfast-runner")]["metadata"]["annotations"]["eks.amazonaws.com/role-arn"] == "arn:new"
     # one of that name the operator did not make: never patched
@@ -764,7 +995,9 @@ def test_reconcile_fails_a_run_naming_a_foreign_image_before_registering_it(stor
     scripted = {**BODY, "spec": {"model": {"name": "m", "script": "refund"}, "input": "hi"}}
     main.reconcile(_with_runner({"image": "evil.example.com/miner:1"}, scripted))
     [(phase, reason, message)] = published
-    assert (phase, reason) == ("Failed", "InvalidSpec") and message.startswith("spec.runner.image: 'evil.example.com/miner:1' is not")
+    assert (phase, reason) == ("Failed", "InvalidSpec") and message.startswith(
+        "spec.runner.image: 'evil.example.com/miner:1' is not"
+    )
     published.clear()
     main.reconcile(_with_runner({"resources": {"requests": {"memory": "4Gi"}}}, scripted))
     assert published[0][:2] == ("Failed", "InvalidSpec") and "spec.runner.resources" in published[0][2]
@@ -780,13 +1013,26 @@ def api_pod(p: RunnerPod):
 
     from agentfast.operator.workload import ANNOTATION_ATTEMPT, ANNOTATION_COUNTED
 
-    terminated = NS(exit_code=p.exit_code, reason=p.exit_reason, started_at=p.started_at, finished_at=p.finished_at) if p.exit_code is not None else None
-    waiting = NS(reason=p.waiting_reason, message="secret \"k\" not found") if p.waiting_reason else None
+    terminated = (
+        NS(exit_code=p.exit_code, reason=p.exit_reason, started_at=p.started_at, finished_at=p.finished_at)
+        if p.exit_code is not None
+        else None
+    )
+    waiting = NS(reason=p.waiting_reason, message='secret "k" not found') if p.waiting_reason else None
     running = NS(started_at=p.started_at) if terminated is None and waiting is None else None
-    return NS(metadata=NS(name=p.name, annotations={ANNOTATION_ATTEMPT: str(p.attempt), ANNOTATION_COUNTED: str(p.counted)},
-                          creation_timestamp=p.created_at, deletion_timestamp=p.deletion_due),
-              status=NS(phase=p.phase, conditions=[], container_statuses=[NS(name="runner", state=NS(terminated=terminated, waiting=waiting,
-                                                                                                     running=running))]))
+    return NS(
+        metadata=NS(
+            name=p.name,
+            annotations={ANNOTATION_ATTEMPT: str(p.attempt), ANNOTATION_COUNTED: str(p.counted)},
+            creation_timestamp=p.created_at,
+            deletion_timestamp=p.deletion_due,
+        ),
+        status=NS(
+            phase=p.phase,
+            conditions=[],
+            container_statuses=[NS(name="runner", state=NS(terminated=terminated, waiting=waiting, running=running))],
+        ),
+    )
 
 
 class _Pods:
@@ -809,14 +1055,23 @@ class _Pods:
         self.calls.append(("create", namespace, body["metadata"]["name"]))
 
 
-SCRIPTED = {**BODY, "metadata": {**BODY["metadata"], "generation": 1}, "spec": {"model": {"name": "m", "script": "refund"}, "input": "hi"}}
+SCRIPTED = {
+    **BODY,
+    "metadata": {**BODY["metadata"], "generation": 1},
+    "spec": {"model": {"name": "m", "script": "refund"}, "input": "hi"},
+}
 
 
 def _ended_status(phase: str, ago_s: float, **extra) -> dict:
     ctype = {"Succeeded": "Ready", "Failed": "Failed", "Cancelled": "Cancelled"}[phase]
     at = (datetime.now(UTC) - timedelta(seconds=ago_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {"phase": phase, "observedGeneration": 1, "runnerPod": "agentrun-refund-demo-2",
-            "conditions": [{"type": ctype, "status": "True", "lastTransitionTime": at}], **extra}
+    return {
+        "phase": phase,
+        "observedGeneration": 1,
+        "runnerPod": "agentrun-refund-demo-2",
+        "conditions": [{"type": ctype, "status": "True", "lastTransitionTime": at}],
+        **extra,
+    }
 
 
 @pytest.fixture
@@ -850,14 +1105,23 @@ def test_a_run_the_operator_failed_stays_failed_when_its_pods_are_gone(store, op
     main, seen = operator_on
     store.create_run("team-a/refund-demo", "u1", _doc(SCRIPTED))
     crash = rp(7, code=3, ran_s=0.8, counted=6, finished_ago_s=5)  # the 7th crash at start in a row
-    crash = RunnerPod(**{**crash.__dict__, "name": "agentrun-refund-demo-7", "finished_at": datetime.now(UTC) - timedelta(seconds=5),
-                         "started_at": datetime.now(UTC) - timedelta(seconds=5.8)})
+    crash = RunnerPod(
+        **{
+            **crash.__dict__,
+            "name": "agentrun-refund-demo-7",
+            "finished_at": datetime.now(UTC) - timedelta(seconds=5),
+            "started_at": datetime.now(UTC) - timedelta(seconds=5.8),
+        }
+    )
     api = seen["wire"]([crash], 0)
     main.reconcile({**SCRIPTED, "status": {"phase": "Pending", "observedGeneration": 1}})
     override = seen["published"][-1]["override"]
     assert override[:2] == ("Failed", "RestartLimit") and "7 times in a row" in override[2]
     context, _ = store.load_context("team-a/refund-demo")
-    assert (context.status.phase, context.status.reason) == ("Failed", "RestartLimit") and "7 times in a row" in context.status.message
+    assert (context.status.phase, context.status.reason) == (
+        "Failed",
+        "RestartLimit",
+    ) and "7 times in a row" in context.status.message
     assert ("delete", "team-a", "agentrun-refund-demo-7") in api.calls  # TTL 0: at once
     assert not any(c[0] == "create" for c in api.calls)
     # The next reconcile finds no pod at all: the run stays Failed, nothing is started.
@@ -890,20 +1154,46 @@ def test_an_ended_runs_pods_are_due_ttl_after_the_end_or_after_they_stopped() ->
     assert expired_pods([], T0, ended=ended, ttl_s=0) == ([], None)
     # The end is the status' own record (an operator restart does not reset the clock) ...
     for phase, ctype in (("Succeeded", "Ready"), ("Failed", "Failed"), ("Cancelled", "Cancelled")):
-        st = {"phase": phase, "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": "2020-01-01T00:00:00Z"},
-                                             {"type": ctype, "status": "True", "lastTransitionTime": "2026-11-30T08:00:00Z"}]}
+        st = {
+            "phase": phase,
+            "conditions": [
+                {"type": "Ready", "status": "False", "lastTransitionTime": "2020-01-01T00:00:00Z"},
+                {"type": ctype, "status": "True", "lastTransitionTime": "2026-11-30T08:00:00Z"},
+            ],
+        }
         assert ended_at(st, T0) == datetime(2026, 11, 30, 8, 0, tzinfo=UTC), phase
     # ... and now when status does not show the end yet (this reconcile publishes it)
-    assert ended_at({"phase": "Running", "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2020-01-01T00:00:00Z"}]},
-                    T0) == T0
+    assert (
+        ended_at(
+            {
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2020-01-01T00:00:00Z"}],
+            },
+            T0,
+        )
+        == T0
+    )
     assert ended_at({}, T0) == T0
-    assert ended_at({"phase": "Succeeded", "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "soon"}]}, T0) == T0
+    assert (
+        ended_at({"phase": "Succeeded", "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "soon"}]}, T0)
+        == T0
+    )
 
 
-@pytest.mark.parametrize("value, expected", [
-    (None, 3600), ("0", 0), ("86400", 86400), ("-1", None), ("", None), ("null", None),
-    ("-2", "AGENTFAST_RUNNER_POD_TTL_SECONDS"), ("1h", "AGENTFAST_RUNNER_POD_TTL_SECONDS"), ("31536001", "AGENTFAST_RUNNER_POD_TTL_SECONDS"),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (None, 3600),
+        ("0", 0),
+        ("86400", 86400),
+        ("-1", None),
+        ("", None),
+        ("null", None),
+        ("-2", "AGENTFAST_RUNNER_POD_TTL_SECONDS"),
+        ("1h", "AGENTFAST_RUNNER_POD_TTL_SECONDS"),
+        ("31536001", "AGENTFAST_RUNNER_POD_TTL_SECONDS"),
+    ],
+)
 def test_the_pod_ttl_setting(value: str | None, expected) -> None:
     env = {} if value is None else {"AGENTFAST_RUNNER_POD_TTL_SECONDS": value}
     if isinstance(expected, str):
@@ -918,8 +1208,17 @@ def test_an_ended_runs_pods_are_deleted_once_their_ttl_has_passed(store, operato
     store.create_run("team-a/refund-demo", "u1", _doc(SCRIPTED))
     store.cancel_run("team-a/refund-demo", "cancelled by a test", reason="Cancelled")
     now = datetime.now(UTC)
-    released = RunnerPod(name="agentrun-refund-demo-2", attempt=2, counted=0, phase="Succeeded", created_at=now - timedelta(hours=3),
-                         started_at=now - timedelta(hours=3), exit_code=0, exit_reason="Completed", finished_at=now - timedelta(hours=2))
+    released = RunnerPod(
+        name="agentrun-refund-demo-2",
+        attempt=2,
+        counted=0,
+        phase="Succeeded",
+        created_at=now - timedelta(hours=3),
+        started_at=now - timedelta(hours=3),
+        exit_code=0,
+        exit_reason="Completed",
+        finished_at=now - timedelta(hours=2),
+    )
     # Ended 10 minutes ago, an hour to live: kept, and looked at again when it is due (not at every resync).
     api = seen["wire"]([released], 3600)
     main.reconcile({**SCRIPTED, "status": _ended_status("Cancelled", 600)})
@@ -959,7 +1258,9 @@ def test_publish_status_records_when_the_pods_were_deleted(monkeypatch) -> None:
     monkeypatch.setattr(main.STATE, "custom", _Custom(), raising=False)
     monkeypatch.setattr(main, "_event", lambda *a, **kw: None)
     body = {**SCRIPTED, "metadata": {**SCRIPTED["metadata"], "uid": "u-published"}}
-    main.publish_status(body, ctx("Succeeded"), None, pod={"name": "agentrun-refund-demo-1", "deleted_at": "2026-12-01T12:00:00Z"})
+    main.publish_status(
+        body, ctx("Succeeded"), None, pod={"name": "agentrun-refund-demo-1", "deleted_at": "2026-12-01T12:00:00Z"}
+    )
     assert patches[-1]["runnerPodsDeletedAt"] == "2026-12-01T12:00:00Z" and patches[-1]["runnerPod"] == "agentrun-refund-demo-1"
     main.publish_status({**body, "status": patches[-1]}, ctx("Succeeded"), None)
     assert len(patches) == 1  # nothing changed: no patch (and a later one would not name, so not remove, the field)
@@ -1007,7 +1308,11 @@ def test_the_resync_leaves_ended_runs_alone(store, monkeypatch) -> None:
     monkeypatch.setattr(main, "_RESYNCED", {})
     reconciled = []
     settled = {**SCRIPTED, "status": _ended_status("Succeeded", 5)}  # pods maybe not deleted yet: its own timer does that
-    moving = {**SCRIPTED, "metadata": {**SCRIPTED["metadata"], "name": "moving", "uid": "u2"}, "status": {"phase": "Running", "observedGeneration": 1}}
+    moving = {
+        **SCRIPTED,
+        "metadata": {**SCRIPTED["metadata"], "name": "moving", "uid": "u2"},
+        "status": {"phase": "Running", "observedGeneration": 1},
+    }
     monkeypatch.setattr(main, "_list_agentruns", lambda: [settled, moving])
     monkeypatch.setattr(main, "reconcile", lambda body: reconciled.append(body["metadata"]["name"]))
     monkeypatch.setattr(main, "_retain", lambda live: None)
@@ -1045,9 +1350,12 @@ def test_delayed_reconciles_share_one_thread_and_the_earliest_wins(monkeypatch) 
 
 
 def _scripted(name: str, **spec) -> dict:
-    return {"apiVersion": "agentfast.dev/v1alpha1", "kind": "AgentRun",
-            "metadata": {"name": name, "namespace": "team-a", "uid": f"uid-{name}", "generation": 1},
-            "spec": {"model": {"name": "m", "script": "refund"}, "input": "hi", **spec}}
+    return {
+        "apiVersion": "agentfast.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": name, "namespace": "team-a", "uid": f"uid-{name}", "generation": 1},
+        "spec": {"model": {"name": "m", "script": "refund"}, "input": "hi", **spec},
+    }
 
 
 def test_the_resync_reconciles_only_runs_whose_state_changed(store, monkeypatch) -> None:
@@ -1096,6 +1404,7 @@ def test_the_resync_reconciles_only_runs_whose_state_changed(store, monkeypatch)
     assert resync() == ["a", "b", "c", "d", "e"]
     assert resync() == ["d", "e"]
     from agentfast.runner.liveness import RunnerClaim
+
     claim = RunnerClaim.acquire(store, "team-a/c")  # a runner outside any pod takes c ...
     assert resync() == ["c", "d", "e"]
     claim._conn.close()  # ... and dies (SIGKILL): no event, no checkpoint, but its lock is gone
@@ -1147,10 +1456,25 @@ def test_a_runner_secret_gone_with_its_namespace_is_made_again_when_a_pod_misses
             self.created: list[str] = []
 
         def list_namespaced_pod(self, namespace, **kw):
-            waiting = k8s.V1ContainerStateWaiting(reason="CreateContainerConfigError", message='secret "agentfast-runner" not found')
-            pod = k8s.V1Pod(metadata=k8s.V1ObjectMeta(name="agentrun-once-1", annotations={"agentfast.dev/attempt": "1"}),
-                            status=k8s.V1PodStatus(phase="Pending", container_statuses=[k8s.V1ContainerStatus(
-                                name="runner", image="i", image_id="", ready=False, restart_count=0, state=k8s.V1ContainerState(waiting=waiting))]))
+            waiting = k8s.V1ContainerStateWaiting(
+                reason="CreateContainerConfigError", message='secret "agentfast-runner" not found'
+            )
+            pod = k8s.V1Pod(
+                metadata=k8s.V1ObjectMeta(name="agentrun-once-1", annotations={"agentfast.dev/attempt": "1"}),
+                status=k8s.V1PodStatus(
+                    phase="Pending",
+                    container_statuses=[
+                        k8s.V1ContainerStatus(
+                            name="runner",
+                            image="i",
+                            image_id="",
+                            ready=False,
+                            restart_count=0,
+                            state=k8s.V1ContainerState(waiting=waiting),
+                        )
+                    ],
+                ),
+            )
             return k8s.V1PodList(items=[pod])
 
         def read_namespaced_secret(self, name, namespace, **kw):

@@ -45,18 +45,28 @@ def _script(tmp_path: Path, turns: list[dict]) -> str:
 
 
 def _agentrun(name: str, script: str, tools: list[dict]) -> dict:
-    return {"apiVersion": "agentfast.dev/v1alpha1", "kind": "AgentRun",
-            "metadata": {"name": name, "namespace": "default", "uid": str(uuid.uuid4())},
-            "spec": {"model": {"name": "scripted-payloads", "script": script}, "input": "Fetch the report.", "tools": tools,
-                     "budget": {"max_iterations": 5, "max_tokens": 5_000_000}}}
+    return {
+        "apiVersion": "agentfast.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": name, "namespace": "default", "uid": str(uuid.uuid4())},
+        "spec": {
+            "model": {"name": "scripted-payloads", "script": script},
+            "input": "Fetch the report.",
+            "tools": tools,
+            "budget": {"max_iterations": 5, "max_tokens": 5_000_000},
+        },
+    }
 
 
 def _big_run(tmp_path: Path, name: str, size: int, *, seed: str = "a") -> dict:
     """A run that calls big_output(size) once, then answers."""
-    script = _script(tmp_path, [
-        {"tool_calls": [{"id": "c1", "name": "big_output", "arguments": {"size_bytes": size, "seed": seed}}]},
-        {"content": "Here is the report."},
-    ])
+    script = _script(
+        tmp_path,
+        [
+            {"tool_calls": [{"id": "c1", "name": "big_output", "arguments": {"size_bytes": size, "seed": seed}}]},
+            {"content": "Here is the report."},
+        ],
+    )
     return _agentrun(name, script, [BIG])
 
 
@@ -76,18 +86,29 @@ def _hot_rows(dsn: str, run_id: str) -> dict[str, int]:
     """The largest row of each hot table of the run, in bytes (as stored: pg_column_size)."""
     with psycopg.connect(dsn) as conn:
         out = {}
-        for table, col in (("agentfast_tool_calls", "result"), ("agentfast_tool_calls", "arguments"), ("agentfast_messages", "message"),
-                           ("agentfast_turns", "message"), ("agentfast_checkpoints", "context"), ("agentfast_checkpoints", "pending"),
-                           ("agentfast_checkpoints", "sdk_state")):
-            out[f"{table}.{col}"] = conn.execute(f"SELECT coalesce(max(pg_column_size({col})), 0) FROM {table} WHERE run_id = %s",
-                                                 (run_id,)).fetchone()[0]
+        for table, col in (
+            ("agentfast_tool_calls", "result"),
+            ("agentfast_tool_calls", "arguments"),
+            ("agentfast_messages", "message"),
+            ("agentfast_turns", "message"),
+            ("agentfast_checkpoints", "context"),
+            ("agentfast_checkpoints", "pending"),
+            ("agentfast_checkpoints", "sdk_state"),
+        ):
+            out[f"{table}.{col}"] = conn.execute(
+                f"SELECT coalesce(max(pg_column_size({col})), 0) FROM {table} WHERE run_id = %s", (run_id,)
+            ).fetchone()[0]
         return out
 
 
 def _payloads(dsn: str, run_id: str) -> list[int]:
     with psycopg.connect(dsn) as conn:
-        return [r[0] for r in conn.execute("SELECT size_bytes FROM agentfast_payloads WHERE run_id = %s ORDER BY size_bytes",
-                                           (run_id,)).fetchall()]
+        return [
+            r[0]
+            for r in conn.execute(
+                "SELECT size_bytes FROM agentfast_payloads WHERE run_id = %s ORDER BY size_bytes", (run_id,)
+            ).fetchall()
+        ]
 
 
 def _invocations(dsn: str, tool: str) -> int:
@@ -113,11 +134,22 @@ def test_a_2_mib_tool_output_is_stored_once_outside_the_hot_rows(dsn: str, store
 
 
 def test_a_pending_calls_sibling_result_keeps_the_checkpoint_small(dsn: str, store: Store, tmp_path: Path) -> None:
-    script = _script(tmp_path, [
-        {"tool_calls": [{"id": "c1", "name": "big_output", "arguments": {"size_bytes": 2 * MIB, "seed": "s"}},
-                        {"id": "c2", "name": "issue_refund", "arguments": {"order_id": "A-1042", "amount_cents": 4999, "reason": "dup"}}]},
-        {"content": "Refunded."},
-    ])
+    script = _script(
+        tmp_path,
+        [
+            {
+                "tool_calls": [
+                    {"id": "c1", "name": "big_output", "arguments": {"size_bytes": 2 * MIB, "seed": "s"}},
+                    {
+                        "id": "c2",
+                        "name": "issue_refund",
+                        "arguments": {"order_id": "A-1042", "amount_cents": 4999, "reason": "dup"},
+                    },
+                ]
+            },
+            {"content": "Refunded."},
+        ],
+    )
     outcome, _ = _drive(store, _agentrun("paused", script, [BIG, REFUND]))
     assert outcome.phase == "WaitingForApproval", outcome
     run_id = "default/paused"
@@ -192,7 +224,9 @@ def test_payloads_go_with_the_run_and_follow_an_archive(dsn: str, store: Store, 
     # A reference whose payload is gone (a hand-edited database) is an unreadable row, never a wrong value.
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DELETE FROM agentfast_payloads WHERE run_id = 'default/gone'")
-    with pytest.raises(UnreadableState, match=r"agentfast_messages seq 2: it refers to payload sha256:[0-9a-f]{64}, which is not stored"):
+    with pytest.raises(
+        UnreadableState, match=r"agentfast_messages seq 2: it refers to payload sha256:[0-9a-f]{64}, which is not stored"
+    ):
         store.load_snapshot("default/gone")
     assert store.delete_run("default/gone")
     assert count_rows(dsn, "SELECT count(*) FROM agentfast_payloads WHERE run_id = 'default/gone'") == 0
@@ -202,10 +236,13 @@ def test_payloads_go_with_the_run_and_follow_an_archive(dsn: str, store: Store, 
 def test_a_large_model_message_and_arguments_are_stored_out_of_line(dsn: str, tmp_path: Path) -> None:
     # The script file is capped at 1 MiB: a 64 KiB threshold makes 200 KB "large".
     answer, text = big_text(200_000, "answer"), big_text(200_000, "args")
-    script = _script(tmp_path, [
-        {"tool_calls": [{"id": "c1", "name": "echo", "arguments": {"text": text}}]},
-        {"content": answer},
-    ])
+    script = _script(
+        tmp_path,
+        [
+            {"tool_calls": [{"id": "c1", "name": "echo", "arguments": {"text": text}}]},
+            {"content": answer},
+        ],
+    )
     with Store(dsn, retry_for_s=5, payload_limits=Limits(threshold_bytes=64 * 1024)) as s:
         s.migrate()
         outcome, requests = _drive(s, _agentrun("talky", script, [ECHO]))
@@ -225,8 +262,9 @@ def test_a_large_model_message_and_arguments_are_stored_out_of_line(dsn: str, tm
 
 
 @pytest.mark.process
-def test_the_threshold_is_configurable_and_lookalike_text_comes_back_verbatim(dsn: str, store: Store, tmp_path: Path,
-                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_threshold_is_configurable_and_lookalike_text_comes_back_verbatim(
+    dsn: str, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AGENTFAST_PAYLOAD_THRESHOLD_BYTES", "1000")
     monkeypatch.setenv("AGENTFAST_PAYLOAD_MAX_BYTES", "5000")
     limits = Limits.from_env()
@@ -245,14 +283,26 @@ def test_the_threshold_is_configurable_and_lookalike_text_comes_back_verbatim(ds
     monkeypatch.delenv("AGENTFAST_PAYLOAD_MAX_BYTES")
     assert Limits.from_env() == Limits(MIB, 64 * MIB)
     refused = run_cli("list", dsn=dsn, env={"AGENTFAST_PAYLOAD_MAX_BYTES": "64M"})  # a bad setting: bad input, no traceback
-    assert refused.returncode == 2 and "AGENTFAST_PAYLOAD_MAX_BYTES: '64M' is not a whole number of bytes" in refused.stdout, refused.stdout
+    assert refused.returncode == 2 and "AGENTFAST_PAYLOAD_MAX_BYTES: '64M' is not a whole number of bytes" in refused.stdout, (
+        refused.stdout
+    )
     # Text that looks like a reference (a tool may return anything) is itself kept out of line,
     # so it reads back as written, never as some other payload of the run.
     lookalike = f"{PREFIX}sha256:{'0' * 64}:5"
-    outcome, requests = _drive(store, _agentrun("mimic", _script(tmp_path, [
-        {"tool_calls": [{"id": "c1", "name": "echo", "arguments": {"text": lookalike}}]},
-        {"content": lookalike},
-    ]), [ECHO]))
+    outcome, requests = _drive(
+        store,
+        _agentrun(
+            "mimic",
+            _script(
+                tmp_path,
+                [
+                    {"tool_calls": [{"id": "c1", "name": "echo", "arguments": {"text": lookalike}}]},
+                    {"content": lookalike},
+                ],
+            ),
+            [ECHO],
+        ),
+    )
     assert outcome.phase == "Succeeded" and outcome.message == lookalike
     snap = store.load_snapshot("default/mimic")
     assert snap.messages[-1].content == lookalike and lookalike in snap.messages[-2].content
@@ -267,8 +317,13 @@ def test_a_namespaces_runner_role_stores_its_payloads_and_sees_no_others(dsn: st
     role_a, _ = store.set_tenant_password("team-a", "pw-a")
     role_b, _ = store.set_tenant_password("team-b", "pw-b")
     # What a runner pod does: resume with the namespace's own role (G11), the tools with their own DSN.
-    done = run_cli("resume", run_id, dsn=psycopg.conninfo.make_conninfo(dsn, user=role_a, password="pw-a"),
-                   env={EXAMPLES_DSN_ENV: examples_dsn_for(dsn)}, timeout=120)
+    done = run_cli(
+        "resume",
+        run_id,
+        dsn=psycopg.conninfo.make_conninfo(dsn, user=role_a, password="pw-a"),
+        env={EXAMPLES_DSN_ENV: examples_dsn_for(dsn)},
+        timeout=120,
+    )
     assert done.returncode == ExitCode.OK, done.stdout
     assert _payloads(dsn, run_id) == [2 * MIB]
     assert [m.content for m in store.load_snapshot(run_id).messages if m.role == "tool"] == [big_text(2 * MIB, "t")]
@@ -277,7 +332,9 @@ def test_a_namespaces_runner_role_stores_its_payloads_and_sees_no_others(dsn: st
 
 
 @pytest.mark.process
-def test_the_langgraph_adapter_resumes_on_a_stored_payload_without_rerunning_the_tool(dsn: str, store: Store, tmp_path: Path) -> None:
+def test_the_langgraph_adapter_resumes_on_a_stored_payload_without_rerunning_the_tool(
+    dsn: str, store: Store, tmp_path: Path
+) -> None:
     doc = _big_run(tmp_path, "graph-big", 2 * MIB, seed="g")
     doc["spec"].update(adapter="langgraph", graph={"ref": "agentfast.runner.examples.refund_graph:build"})
     path = tmp_path / "graph-big.yaml"
@@ -302,7 +359,9 @@ def test_a_model_reply_or_an_input_over_the_ceiling_fails_the_run(dsn: str, tmp_
         script = _script(tmp_path, [{"content": big_text(200_000, "reply")}])
         outcome, _ = _drive(s, _agentrun("chatty", script, [ECHO]))
         assert (outcome.phase, outcome.exit_code) == ("Failed", ExitCode.FAILED)
-        assert outcome.message.startswith("the model's reply of iteration 1 of 195.3 KiB (200000 bytes) cannot be stored"), outcome.message
+        assert outcome.message.startswith("the model's reply of iteration 1 of 195.3 KiB (200000 bytes) cannot be stored"), (
+            outcome.message
+        )
         assert s.load_turn("default/chatty", 1) is None  # refused before anything was written
         # The very first commit refused (the input itself): the run still ends Failed, with an empty transcript.
         doc = _agentrun("wordy", script, [ECHO])

@@ -39,13 +39,19 @@ LOOKUP = {"name": "lookup_order", "ref": "agentfast.runner.examples.refund:looku
 # -- helpers -----------------------------------------------------------------------------------------
 
 
-def agentrun(name: str, script: str, tools: list[dict], *, budget: dict | None = None, input: str = "Help me with order A-1042.") -> AgentRun:
+def agentrun(
+    name: str, script: str, tools: list[dict], *, budget: dict | None = None, input: str = "Help me with order A-1042."
+) -> AgentRun:
     doc = {
         "apiVersion": "agentfast.dev/v1alpha1",
         "kind": "AgentRun",
         "metadata": {"name": name, "uid": str(uuid.uuid4())},
-        "spec": {"model": {"name": f"scripted-{script}", "script": script}, "input": input, "tools": tools,
-                 "budget": budget or {}},
+        "spec": {
+            "model": {"name": f"scripted-{script}", "script": script},
+            "input": input,
+            "tools": tools,
+            "budget": budget or {},
+        },
     }
     return parse_agentrun(doc)
 
@@ -218,8 +224,13 @@ def test_heuristic_classifier_records_its_decision_before_the_first_model_call(s
 @pytest.mark.parametrize("declared", [(1, 1, 1), (2, 500, 1000), (6, 8000, 60000), (10, 20000, 120000), (400, 10**7, 10**8)])
 def test_heuristic_classifier_never_raises_a_limit(words: int, n_tools: int, declared: tuple[int, int, int]) -> None:
     it, tok, ms = declared
-    run = agentrun("cls", "endless", [{"name": f"t{i}", "ref": ECHO["ref"]} for i in range(n_tools)],
-                   budget={"max_iterations": it, "max_tokens": tok, "max_duration_ms": ms}, input=" ".join(["order"] * words))
+    run = agentrun(
+        "cls",
+        "endless",
+        [{"name": f"t{i}", "ref": ECHO["ref"]} for i in range(n_tools)],
+        budget={"max_iterations": it, "max_tokens": tok, "max_duration_ms": ms},
+        input=" ".join(["order"] * words),
+    )
     cl = heuristic_classifier(run.spec)
     assert cl.declared == Budget(max_iterations=it, max_tokens=tok, max_duration_ms=ms)
     for field in ("max_iterations", "max_tokens", "max_duration_ms"):
@@ -274,10 +285,17 @@ def test_a_reused_provider_id_still_gives_distinct_call_ids_and_keys(store: Stor
     journal = store.journal(RUN_ID)
     uid = run.metadata.uid
     # the provider reused call_1 across turns: the second is renamed (item 9), so the ids sent back stay unique
-    assert [(e.call_id, e.tool_call.id) for e in journal] == [("call-1-0", "call_1"), ("call-2-0", "call_1_2_0"), ("call-2-1", "call_2")]
+    assert [(e.call_id, e.tool_call.id) for e in journal] == [
+        ("call-1-0", "call_1"),
+        ("call-2-0", "call_1_2_0"),
+        ("call-2-1", "call_2"),
+    ]
     assert [e.idempotency_key for e in journal] == [f"{uid}:1:0", f"{uid}:2:0", f"{uid}:2:1"]
     # the refund was made under its own call's key, not under the earlier call with the same provider id
-    assert count_rows(dsn, "SELECT count(*) FROM agentfast_examples.demo_refund_ledger WHERE idempotency_key = %s", f"{uid}:2:0") == 1
+    assert (
+        count_rows(dsn, "SELECT count(*) FROM agentfast_examples.demo_refund_ledger WHERE idempotency_key = %s", f"{uid}:2:0")
+        == 1
+    )
     assert refunds(dsn) == 1
 
 
@@ -337,7 +355,13 @@ def test_postgres_restart_while_waiting_loses_nothing(tmp_path: Path, dsn: str, 
     assert snap.context.status.phase == "Succeeded", (snap.context.status, out)
     assert snap.context.counters.iterations == 3
     assert refunds(dsn) == 1
-    assert count_rows(dsn, "SELECT count(DISTINCT idempotency_key) FROM agentfast_examples.demo_tool_invocations WHERE tool = 'issue_refund'") == 1
+    assert (
+        count_rows(
+            dsn,
+            "SELECT count(DISTINCT idempotency_key) FROM agentfast_examples.demo_tool_invocations WHERE tool = 'issue_refund'",
+        )
+        == 1
+    )
     assert invocations(dsn, "add_case_note") == 1
 
 
@@ -429,8 +453,12 @@ def test_a_zombie_of_a_deleted_run_cannot_act_in_a_new_run_of_the_same_name(tmp_
 
 def test_a_tool_output_with_nul_characters_is_stored_not_a_crash(store: Store) -> None:
     # The endless script calls "echo"; here that name is bound to a tool that returns NUL characters.
-    run = agentrun("nul-output", "endless", [{"name": "echo", "ref": "agentfast.runner.examples.testing_tools:nul_output"}],
-                   budget={"max_iterations": 2, "classifier": "none"})
+    run = agentrun(
+        "nul-output",
+        "endless",
+        [{"name": "echo", "ref": "agentfast.runner.examples.testing_tools:nul_output"}],
+        budget={"max_iterations": 2, "classifier": "none"},
+    )
     outcome, requests = drive(store, run)
     assert outcome.phase == "Failed" and "max_iterations" in outcome.message, outcome  # ran to its budget
     [first] = store.journal(run_id_of(run), 1)

@@ -51,7 +51,10 @@ def full_snapshot() -> StateSnapshot:
         session=Session(run_uid=UID, adapter="vanilla", model="scripted-refund", started_at=1_700_000_000_000),
         budget=Budget(max_iterations=6, max_tokens=8_000, max_duration_ms=60_000),
         classification=Classification(
-            classifier="heuristic", label="simple", reason="15 words and 3 tools", declared=declared,
+            classifier="heuristic",
+            label="simple",
+            reason="15 words and 3 tools",
+            declared=declared,
             applied=Budget(max_iterations=6, max_tokens=8_000, max_duration_ms=60_000),
         ),
     )
@@ -84,9 +87,12 @@ def full_snapshot() -> StateSnapshot:
     )
     assert note and broken  # the batch the pending call belongs to
     return StateSnapshot(
-        run_id="default/refund-demo", context=ctx, messages=messages,
+        run_id="default/refund-demo",
+        context=ctx,
+        messages=messages,
         sdk_state={"checkpoint": {"v": 4, "channel_values": {"x": [1, 2, {"y": None}]}}},
-        pending=pending, saved_at=1_700_000_002_000,
+        pending=pending,
+        saved_at=1_700_000_002_000,
     )
 
 
@@ -217,9 +223,14 @@ def test_bad_phase_is_refused() -> None:
 
 
 def _awaited(position: int, name: str, call: str | None = None) -> AwaitedCall:
-    return AwaitedCall(call_id=call or call_id(2, position), iteration=2, position=position,
-                       tool_call=ToolCall(id=f"call_{position}", name=name, arguments="{}"),
-                       idempotency_key=idempotency_key(UID, 2, position), requested_at=1_700_000_001_000)
+    return AwaitedCall(
+        call_id=call or call_id(2, position),
+        iteration=2,
+        position=position,
+        tool_call=ToolCall(id=f"call_{position}", name=name, arguments="{}"),
+        idempotency_key=idempotency_key(UID, 2, position),
+        requested_at=1_700_000_001_000,
+    )
 
 
 def test_a_pending_batch_lists_every_awaited_call() -> None:
@@ -245,6 +256,8 @@ def test_v1_pending_loads_as_one_awaited_call() -> None:
     assert old == kept  # validating does not rewrite the caller's dict
     assert snap.schema_version == SCHEMA_VERSION == 2
     assert snap.pending.call_ids == ["call-2-0"]
-    assert snap.pending.awaiting[0].tool_call.name == "issue_refund" and snap.pending.awaiting[0].requested_at == 1_700_000_001_000
+    assert (
+        snap.pending.awaiting[0].tool_call.name == "issue_refund" and snap.pending.awaiting[0].requested_at == 1_700_000_001_000
+    )
     # The store's cheap path (load_context) validates a pending record alone: same answer.
     assert PendingToolCall.model_validate(kept["pending"]) == snap.pending

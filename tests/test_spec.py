@@ -204,8 +204,15 @@ def test_cli_run_of_a_bad_file_exits_2_and_registers_nothing(tmp_path: Path, dsn
 
     # The ones load_agentrun passes (they used to register a run, then crash), and one of each
     # other kind; the whole table is checked in-process above.
-    names = sorted(PREFLIGHT_ONLY) + ["unknown-tool-ref.yaml", "negative-budget.yaml", "not-yaml.yaml", "two-documents.yaml",
-                                      "model-baseurl-and-script.yaml", "model-config-missing.yaml", "model-not-allowed.yaml"]
+    names = sorted(PREFLIGHT_ONLY) + [
+        "unknown-tool-ref.yaml",
+        "negative-budget.yaml",
+        "not-yaml.yaml",
+        "two-documents.yaml",
+        "model-baseurl-and-script.yaml",
+        "model-config-missing.yaml",
+        "model-not-allowed.yaml",
+    ]
     cases = {str(BAD_DIR / name): BAD[name][0] for name in names}
     cases[str(huge_path)] = "spec.input"
     # All at once: each is a separate real process; they share the (empty) database.
@@ -227,10 +234,16 @@ def test_cli_run_of_a_bad_file_exits_2_and_registers_nothing(tmp_path: Path, dsn
 # -- issue 12: what a spec may name -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("field, value", [
-    ("baseURL", "http://169.254.169.254/latest/meta-data"), ("apiKeySecretRef", {"name": "agentfast-postgres", "key": "dsn"}),
-    ("apiKeyEnv", "LD_PRELOAD"), ("timeoutSeconds", 5), ("maxRetries", 0),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("baseURL", "http://169.254.169.254/latest/meta-data"),
+        ("apiKeySecretRef", {"name": "agentfast-postgres", "key": "dsn"}),
+        ("apiKeyEnv", "LD_PRELOAD"),
+        ("timeoutSeconds", 5),
+        ("maxRetries", 0),
+    ],
+)
 def test_a_spec_cannot_name_an_endpoint_a_secret_or_a_variable(field: str, value) -> None:
     # Issue 12 item 4: those are a ModelConfig's (an admin's), never an AgentRun's.
     doc = _good_doc()
@@ -242,8 +255,12 @@ def test_a_spec_cannot_name_an_endpoint_a_secret_or_a_variable(field: str, value
 
 
 def _mc_doc(**spec) -> dict:
-    return {"apiVersion": "agentfast.dev/v1alpha1", "kind": "ModelConfig", "metadata": {"name": "llm"},
-            "spec": {"baseURL": "https://api.example.com/v1", "models": ["m-1"], **spec}}
+    return {
+        "apiVersion": "agentfast.dev/v1alpha1",
+        "kind": "ModelConfig",
+        "metadata": {"name": "llm"},
+        "spec": {"baseURL": "https://api.example.com/v1", "models": ["m-1"], **spec},
+    }
 
 
 @pytest.mark.parametrize(
@@ -283,14 +300,23 @@ def test_modelconfig_limits_name_the_field(spec: dict, field: str) -> None:
 def test_modelconfig_defaults_and_resolution() -> None:
     from agentfast.runner.spec import parse_modelconfig, resolve_model_config
 
-    mc = parse_modelconfig({**_mc_doc(apiKeySecretRef={"name": "llm-key", "key": "api-key"}),
-                            "metadata": {"name": "llm", "uid": "u-1", "resourceVersion": "42", "generation": 3}})
+    mc = parse_modelconfig(
+        {
+            **_mc_doc(apiKeySecretRef={"name": "llm-key", "key": "api-key"}),
+            "metadata": {"name": "llm", "uid": "u-1", "resourceVersion": "42", "generation": 3},
+        }
+    )
     assert (mc.spec.timeoutSeconds, mc.spec.maxRetries, mc.spec.maxTokensPerRequest, mc.spec.prices) == (60.0, 4, None, None)
     doc = _good_doc()
     doc["spec"]["model"] = {"name": "m-1", "config": "llm"}
     run = resolve_model_config(parse_agentrun(doc, check_imports=False), mc)
     assert run.modelConfig is not None
-    assert (run.modelConfig.name, run.modelConfig.uid, run.modelConfig.resourceVersion, run.modelConfig.generation) == ("llm", "u-1", "42", 3)
+    assert (run.modelConfig.name, run.modelConfig.uid, run.modelConfig.resourceVersion, run.modelConfig.generation) == (
+        "llm",
+        "u-1",
+        "42",
+        3,
+    )
     assert run.modelConfig.baseURL == "https://api.example.com/v1" and run.modelConfig.apiKeySecretRef.name == "llm-key"
     # the registered document round-trips (the runner pod parses it back), and it names the Secret, never a value
     again = parse_agentrun(run.model_dump(mode="json", exclude_none=True), check_imports=False)
@@ -337,8 +363,10 @@ def test_the_single_file_form_resolves_the_named_model_config(tmp_path: Path) ->
     run = load_agentrun(path)
     assert run.modelConfig is not None and run.modelConfig.name == "llm" and run.modelConfig.maxTokensPerRequest == 100
     # every document is checked for aliases, not only the AgentRun
-    path.write_text(yaml.safe_dump_all([doc]) + "---\n" + "apiVersion: agentfast.dev/v1alpha1\nkind: ModelConfig\nmetadata: {name: llm}\n"
-                    "spec: {baseURL: 'https://x/v1', models: &m [m-1], x: *m}\n")
+    path.write_text(
+        yaml.safe_dump_all([doc]) + "---\n" + "apiVersion: agentfast.dev/v1alpha1\nkind: ModelConfig\nmetadata: {name: llm}\n"
+        "spec: {baseURL: 'https://x/v1', models: &m [m-1], x: *m}\n"
+    )
     with pytest.raises(SpecError, match="anchors and aliases are not accepted"):
         load_agentrun(path)
 
@@ -372,8 +400,10 @@ def test_issue_12_limits_name_the_field(mutate, field: str) -> None:
 def test_call_id_keys_and_long_names_are_accepted() -> None:
     doc = _good_doc()
     doc["metadata"]["name"] = "a" * 253
-    doc["spec"]["approvals"] = {"call-2-0": {"decision": "approve", "decidedBy": "alice"},
-                                "call-1-0-rerun1": {"decision": "deny", "reason": "no", "decidedBy": "alice"}}
+    doc["spec"]["approvals"] = {
+        "call-2-0": {"decision": "approve", "decidedBy": "alice"},
+        "call-1-0-rerun1": {"decision": "deny", "reason": "no", "decidedBy": "alice"},
+    }
     assert len(parse_agentrun(doc).spec.approvals) == 2
 
 
@@ -417,8 +447,10 @@ def test_resolve_ref_turns_any_base_exception_into_import_error(tmp_path: Path, 
         assert str(err.value) == f"importing module 'raises_{i}' raised {name}"
 
 
-@pytest.mark.parametrize("value,problem", [(0, "greater than or equal to 1"), (31_536_001, "less than or equal to 31536000"),
-                                           ("soon", "valid integer")])
+@pytest.mark.parametrize(
+    "value,problem",
+    [(0, "greater than or equal to 1"), (31_536_001, "less than or equal to 31536000"), ("soon", "valid integer")],
+)
 def test_a_deadline_is_whole_seconds_from_1_to_a_year(value: object, problem: str) -> None:
     doc = yaml.safe_load((EXAMPLES / "refund.yaml").read_text())
     doc["spec"]["activeDeadlineSeconds"] = value

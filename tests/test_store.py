@@ -43,10 +43,21 @@ from agentfast.runner.store import (
 
 from .helpers import count_rows, fenced_rows
 
-TABLES = {"agentfast_runs", "agentfast_messages", "agentfast_checkpoints", "agentfast_turns", "agentfast_tool_calls",
-          "agentfast_approvals", "agentfast_migrations", "agentfast_runners", "agentfast_void_decisions", "agentfast_tenants",
-          "agentfast_cancel_requests", "agentfast_payloads",
-          "agentfast_sdk_blobs"}
+TABLES = {
+    "agentfast_runs",
+    "agentfast_messages",
+    "agentfast_checkpoints",
+    "agentfast_turns",
+    "agentfast_tool_calls",
+    "agentfast_approvals",
+    "agentfast_migrations",
+    "agentfast_runners",
+    "agentfast_void_decisions",
+    "agentfast_tenants",
+    "agentfast_cancel_requests",
+    "agentfast_payloads",
+    "agentfast_sdk_blobs",
+}
 
 
 @contextmanager
@@ -69,11 +80,15 @@ def tables(dsn: str) -> set[str]:
 
 def messages(start: int, n: int) -> list[Message]:
     # Fixed-width content, so message i costs the same bytes whatever i is.
-    return [Message(role="user" if i % 2 == 0 else "assistant", content=f"message {i:06d} " + "x" * 100) for i in range(start, start + n)]
+    return [
+        Message(role="user" if i % 2 == 0 else "assistant", content=f"message {i:06d} " + "x" * 100)
+        for i in range(start, start + n)
+    ]
 
 
-def snapshot(run_id: str, uid: str, msgs: list[Message], iteration: int, phase: str = "Running",
-             pending: PendingToolCall | None = None) -> StateSnapshot:
+def snapshot(
+    run_id: str, uid: str, msgs: list[Message], iteration: int, phase: str = "Running", pending: PendingToolCall | None = None
+) -> StateSnapshot:
     ctx = RunContext(session=Session(run_uid=uid, started_at=0), status=RunStatus(phase=phase))
     ctx.counters.iterations = iteration
     return StateSnapshot(run_id=run_id, context=ctx, messages=list(msgs), pending=pending, saved_at=1_700_000_000_000 + iteration)
@@ -90,8 +105,18 @@ def planned(uid: str, iteration: int, calls: list[tuple[str, bool, bool]]) -> tu
     tcs = [ToolCall(id="call_1", name=name, arguments="{}") for name, _, _ in calls]  # provider id reused on purpose
     turn = Turn(iteration, Message(role="assistant", tool_calls=tcs), 100, 20)
     entries = [
-        JournalEntry(iteration=iteration, position=pos, call_id=call_id(iteration, pos), idempotency_key=idempotency_key(uid, iteration, pos),
-                     tool_call=tc, gated=gated, idempotent=idem, state="planned", attempts=0, result=None)
+        JournalEntry(
+            iteration=iteration,
+            position=pos,
+            call_id=call_id(iteration, pos),
+            idempotency_key=idempotency_key(uid, iteration, pos),
+            tool_call=tc,
+            gated=gated,
+            idempotent=idem,
+            state="planned",
+            attempts=0,
+            result=None,
+        )
         for pos, (tc, (_, gated, idem)) in enumerate(zip(tcs, calls))
     ]
     return turn, entries
@@ -101,20 +126,33 @@ def pause(store: Store, lease: Lease, uid: str, entries: list[JournalEntry], awa
     """Commit the checkpoint of a run paused on the calls ``awaited`` (decision ids) of ``entries``'s batch."""
     by_id = {e.call_id: e for e in entries}
     calls = [
-        AwaitedCall(call_id=cid, iteration=by_id[base].iteration, position=by_id[base].position, tool_call=by_id[base].tool_call,
-                    idempotency_key=by_id[base].idempotency_key,
-                    reason="in_flight_not_idempotent" if "-rerun" in cid else "requires_approval")
+        AwaitedCall(
+            call_id=cid,
+            iteration=by_id[base].iteration,
+            position=by_id[base].position,
+            tool_call=by_id[base].tool_call,
+            idempotency_key=by_id[base].idempotency_key,
+            reason="in_flight_not_idempotent" if "-rerun" in cid else "requires_approval",
+        )
         for cid in awaited
         for base in [cid.split("-rerun")[0]]
     ]
     pending = PendingToolCall.of(calls, [])
-    store.commit_checkpoint(lease, snapshot(lease.run_id, uid, [], entries[0].iteration - 1, "WaitingForApproval", pending), stored_messages=0)
+    store.commit_checkpoint(
+        lease, snapshot(lease.run_id, uid, [], entries[0].iteration - 1, "WaitingForApproval", pending), stored_messages=0
+    )
     return pending
 
 
 def result_for(e: JournalEntry, content: str = "ok") -> ToolResult:
-    return ToolResult(call_id=e.call_id, position=e.position, tool_call_id=e.tool_call.id, tool_name=e.tool_call.name,
-                      content=content, idempotency_key=e.idempotency_key)
+    return ToolResult(
+        call_id=e.call_id,
+        position=e.position,
+        tool_call_id=e.tool_call.id,
+        tool_name=e.tool_call.name,
+        content=content,
+        idempotency_key=e.idempotency_key,
+    )
 
 
 # -- migrations ------------------------------------------------------------------------------------
@@ -140,19 +178,24 @@ def test_a_store_at_every_earlier_schema_version_upgrades_and_then_writes(pg_ser
         dsn = pg_server.dsn_for(name)
         try:
             with psycopg.connect(dsn) as conn:  # what Store.migrate did at that version
-                conn.execute("CREATE TABLE agentfast_migrations (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())")
+                conn.execute(
+                    "CREATE TABLE agentfast_migrations (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+                )
                 for v, migration in enumerate(MIGRATIONS[:version], start=1):
                     conn.execute(migration)
                     conn.execute("INSERT INTO agentfast_migrations (version) VALUES (%s)", (v,))
                 uid = str(uuid.uuid4())
-                conn.execute("INSERT INTO agentfast_runs (run_id, run_uid, spec, epoch) VALUES ('default/old', %s, '{}', 1)", (uid,))
+                conn.execute(
+                    "INSERT INTO agentfast_runs (run_id, run_uid, spec, epoch) VALUES ('default/old', %s, '{}', 1)", (uid,)
+                )
                 conn.execute("SELECT set_config('agentfast.epoch', '1', true)")
                 old = snapshot("default/old", uid, [], 0)
                 conn.execute(
                     """INSERT INTO agentfast_checkpoints (run_id, checkpoint_key, iteration, message_count, phase, schema_version,
                                                           context, pending, sdk_state, saved_at, epoch)
                        VALUES ('default/old', %s, 0, 0, 'Running', %s, %s::jsonb, NULL, '{}', %s, 1)""",
-                    (uuid.uuid4(), old.schema_version, old.context.model_dump_json(), old.saved_at))
+                    (uuid.uuid4(), old.schema_version, old.context.model_dump_json(), old.saved_at),
+                )
             with Store(dsn, retry_for_s=5) as s:
                 assert s.schema_version() == version
                 assert s.migrate() == len(MIGRATIONS)
@@ -210,8 +253,15 @@ print(s.migrate())
 def test_concurrent_migrate_from_processes_on_a_fresh_database(pg_server) -> None:
     with fresh_database(pg_server) as dsn:
         start_at = time.time() + 3.0  # imports done by then: all four hit migrate() together
-        procs = [subprocess.Popen([sys.executable, "-c", _MIGRATE_PROC, dsn, str(start_at)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True) for _ in range(4)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _MIGRATE_PROC, dsn, str(start_at)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for _ in range(4)
+        ]
         outs = [p.communicate(timeout=60)[0] for p in procs]
         assert [p.returncode for p in procs] == [0] * 4, outs
         assert [o.strip().splitlines()[-1] for o in outs] == [str(len(MIGRATIONS))] * 4
@@ -268,13 +318,17 @@ def test_postgres_itself_rejects_writes_without_the_current_epoch(store: Store, 
             conn.execute("UPDATE agentfast_messages SET message = '{}' WHERE run_id = %s", (run_id,))
         assert err.value.sqlstate == "AF001"
     with psycopg.connect(dsn) as conn:  # a stale epoch
-        conn.execute("SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)",
-                     (str(lease.epoch - 1), uid))
+        conn.execute(
+            "SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)",
+            (str(lease.epoch - 1), uid),
+        )
         with pytest.raises(psycopg.Error) as err:
             conn.execute(insert, (run_id, lease.epoch))
         assert err.value.sqlstate == "AF001" and "stale" in str(err.value)
     with psycopg.connect(dsn) as conn:  # a session-level setting left behind does not count as a lease after a takeover
-        conn.execute("SELECT set_config('agentfast.epoch', %s, false), set_config('agentfast.run_uid', %s, false)", (str(lease.epoch), uid))
+        conn.execute(
+            "SELECT set_config('agentfast.epoch', %s, false), set_config('agentfast.run_uid', %s, false)", (str(lease.epoch), uid)
+        )
         conn.commit()
         store.acquire_lease(run_id)
         with pytest.raises(psycopg.Error) as err:
@@ -282,8 +336,10 @@ def test_postgres_itself_rejects_writes_without_the_current_epoch(store: Store, 
         assert err.value.sqlstate == "AF001"
     current = store.get_run(run_id).epoch
     with psycopg.connect(dsn) as conn:  # the current epoch, but another run's uid
-        conn.execute("SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)",
-                     (str(current), str(uuid.uuid4())))
+        conn.execute(
+            "SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)",
+            (str(current), str(uuid.uuid4())),
+        )
         with pytest.raises(psycopg.Error) as err:
             conn.execute(insert, (run_id, current))
         assert err.value.sqlstate == "AF001" and "the run was replaced: uid mismatch" in str(err.value), err.value
@@ -291,7 +347,9 @@ def test_postgres_itself_rejects_writes_without_the_current_epoch(store: Store, 
     # The control: with the current epoch and the run's uid the same statement is accepted, so the
     # check is the epoch and the uid.
     with psycopg.connect(dsn) as conn:
-        conn.execute("SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)", (str(current), uid))
+        conn.execute(
+            "SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)", (str(current), uid)
+        )
         conn.execute(insert, (run_id, 999))
     assert count_rows(dsn, "SELECT epoch FROM agentfast_messages WHERE seq = 1") == current  # the trigger sets it
     # A writer that names no uid (a hand-written repair; a runner of a release before migration 11
@@ -301,7 +359,9 @@ def test_postgres_itself_rejects_writes_without_the_current_epoch(store: Store, 
             conn.execute("SELECT set_config('agentfast.epoch', %s, true)", (str(current),))
             if no_uid is not None:
                 conn.execute("SELECT set_config('agentfast.run_uid', %s, true)", (no_uid,))
-            conn.execute("UPDATE agentfast_messages SET message = '{\"repaired\": true}' WHERE run_id = %s AND seq = 1", (run_id,))
+            conn.execute(
+                "UPDATE agentfast_messages SET message = '{\"repaired\": true}' WHERE run_id = %s AND seq = 1", (run_id,)
+            )
     assert count_rows(dsn, "SELECT count(*) FROM agentfast_messages WHERE message ? 'repaired'") == 1
 
 
@@ -346,9 +406,14 @@ def test_a_lease_of_a_replaced_run_cannot_write_into_its_successor_at_the_same_e
         with Store(dsn, retry_for_s=5, payload_limits=Limits(threshold_bytes=1024)) as zombie:
             zombie_turn, zombie_entries = planned(old_uid, 2, [("refund", False, False)])
             attempts = {
-                "checkpoint": lambda: zombie.commit_checkpoint(old, snapshot(run_id, old_uid, messages(0, 4), 2), stored_messages=1),
+                "checkpoint": lambda: zombie.commit_checkpoint(
+                    old, snapshot(run_id, old_uid, messages(0, 4), 2), stored_messages=1
+                ),
                 "checkpoint with a payload": lambda: zombie.commit_checkpoint(
-                    old, snapshot(run_id, old_uid, [*messages(0, 1), Message(role="user", content=big + "x")], 2), stored_messages=1),
+                    old,
+                    snapshot(run_id, old_uid, [*messages(0, 1), Message(role="user", content=big + "x")], 2),
+                    stored_messages=1,
+                ),
                 "turn": lambda: zombie.save_turn(old, zombie_turn, zombie_entries),
                 "mark_started": lambda: zombie.mark_started(old, 1, 0),  # planned in the new run: the UPDATE's trigger
                 "mark_started of a done call": lambda: zombie.mark_started(old, 1, 1),  # no row changes: the store's check
@@ -374,8 +439,12 @@ def test_takeover_waits_for_an_in_flight_write_and_then_fences_it(store: Store, 
     run_id, uid, old = new_run(store, "race")
     taken: list[Lease] = []
     with psycopg.connect(dsn) as conn:  # the old holder, mid-transaction
-        conn.execute("SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)", (str(old.epoch), uid))
-        conn.execute("INSERT INTO agentfast_messages (run_id, seq, iteration, message, epoch) VALUES (%s, 0, 0, '{}', 0)", (run_id,))
+        conn.execute(
+            "SELECT set_config('agentfast.epoch', %s, true), set_config('agentfast.run_uid', %s, true)", (str(old.epoch), uid)
+        )
+        conn.execute(
+            "INSERT INTO agentfast_messages (run_id, seq, iteration, message, epoch) VALUES (%s, 0, 0, '{}', 0)", (run_id,)
+        )
         t = threading.Thread(target=lambda: taken.append(store.acquire_lease(run_id)))
         t.start()
         time.sleep(0.5)
@@ -444,7 +513,8 @@ def _measure_one_checkpoint(store: Store, dsn: str, name: str, history: int) -> 
             "SELECT count(*), sum(pg_column_size(message)) FROM agentfast_messages WHERE run_id = %s AND iteration = 1", (run_id,)
         ).fetchone()
         cp_bytes = conn.execute(
-            "SELECT pg_column_size(c.*) FROM agentfast_checkpoints c WHERE run_id = %s ORDER BY checkpoint_id DESC LIMIT 1", (run_id,)
+            "SELECT pg_column_size(c.*) FROM agentfast_checkpoints c WHERE run_id = %s ORDER BY checkpoint_id DESC LIMIT 1",
+            (run_id,),
         ).fetchone()[0]
     return {"rows": new_rows, "message_bytes": int(new_bytes), "checkpoint_bytes": cp_bytes, "wal_bytes": int(wal)}
 
@@ -460,7 +530,9 @@ def test_checkpoint_cost_does_not_grow_with_the_transcript(store: Store, dsn: st
     assert large["checkpoint_bytes"] <= small["checkpoint_bytes"] + 16, (small, large)
     # All bytes the commit made Postgres write (WAL): a full rewrite of 2,000 messages would be
     # ~50x the small run's; an append-only one differs by a few full-page images (deeper index).
-    transcript_bytes = count_rows(dsn, "SELECT sum(pg_column_size(message)) FROM agentfast_messages WHERE run_id = 'default/large'")
+    transcript_bytes = count_rows(
+        dsn, "SELECT sum(pg_column_size(message)) FROM agentfast_messages WHERE run_id = 'default/large'"
+    )
     assert large["wal_bytes"] < 3 * small["wal_bytes"] + 16_384, (small, large)  # a few more index pages, no more
     assert large["wal_bytes"] < transcript_bytes / 4, (large, transcript_bytes)
 
@@ -495,8 +567,14 @@ def test_load_snapshot_returns_the_latest(store: Store) -> None:
     msgs = messages(0, 2)
     store.commit_checkpoint(lease, snapshot(run_id, uid, msgs, 0), stored_messages=0)
     turn, entries = planned(uid, 1, [("issue_refund", True, True), ("add_case_note", False, True)])
-    pending = PendingToolCall(call_id="call-1-0", iteration=1, position=0, tool_call=turn.message.tool_calls[0],
-                              idempotency_key=entries[0].idempotency_key, executed_sibling_results=[result_for(entries[1], "noted")])
+    pending = PendingToolCall(
+        call_id="call-1-0",
+        iteration=1,
+        position=0,
+        tool_call=turn.message.tool_calls[0],
+        idempotency_key=entries[0].idempotency_key,
+        executed_sibling_results=[result_for(entries[1], "noted")],
+    )
     store.commit_checkpoint(lease, snapshot(run_id, uid, msgs, 0, "WaitingForApproval", pending), stored_messages=2)
     loaded = store.load_snapshot(run_id)
     assert loaded.context.status.phase == "WaitingForApproval"
@@ -613,9 +691,12 @@ def test_unstorable_text_in_a_decision_is_replaced(store: Store) -> None:
 
 def _listening(dsn: str, n: int = 1) -> bool:
     with psycopg.connect(dsn) as conn:
-        return conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN agentfast_approval'"
-        ).fetchone()[0] >= n
+        return (
+            conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN agentfast_approval'"
+            ).fetchone()[0]
+            >= n
+        )
 
 
 def test_wait_for_decision_wakes_on_notify(store: Store, dsn: str) -> None:
@@ -688,7 +769,9 @@ def test_mark_started_refuses_once_the_run_is_cancelled_or_past_its_deadline(sto
     a cancel, or past the deadline, it marks nothing and says why (no call can start after
     either, whatever runs between a separate check and the call)."""
     run_id, uid, lease = new_run(store, "ends")
-    turn, entries = planned(uid, 1, [("add_case_note", False, True), ("add_case_note", False, True), ("add_case_note", False, True)])
+    turn, entries = planned(
+        uid, 1, [("add_case_note", False, True), ("add_case_note", False, True), ("add_case_note", False, True)]
+    )
     store.save_turn(lease, turn, entries)
     assert store.mark_started(lease, 1, 0, deadline_s=3600) is None  # marked: run it
     ends = store.mark_started(lease, 1, 1, deadline_s=0.0)  # the run is older than 0 s
@@ -720,7 +803,10 @@ def test_a_turn_saved_with_its_first_calls_intent_starts_that_call_unless_the_ru
     turn3, entries3 = planned(uid, 3, [("add_case_note", False, True)])
     _, ends = store.save_turn_and_mark_started(lease, turn3, entries3, 0)
     assert ends is not None and ends.cancel is not None and ends.cancel.requested_by == "cli:bob"
-    assert [(e.iteration, e.state, e.attempts) for e in store.journal(run_id) if e.iteration > 1] == [(2, "planned", 0), (3, "planned", 0)]
+    assert [(e.iteration, e.state, e.attempts) for e in store.journal(run_id) if e.iteration > 1] == [
+        (2, "planned", 0),
+        (3, "planned", 0),
+    ]
     assert store.last_turn_iteration(run_id) == 3
     store.acquire_lease(run_id)
     with pytest.raises(LeaseLost):

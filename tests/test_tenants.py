@@ -86,14 +86,30 @@ def test_a_namespaces_runner_role_reaches_only_its_own_runs(dsn: str, store: Sto
 
     with psycopg.connect(_as(dsn, role, "pw-a"), autocommit=True) as a:
         assert a.execute("SELECT current_user, agentfast_tenant()").fetchone() == (role, "team-a")
-        for table in ("agentfast_runs", "agentfast_messages", "agentfast_checkpoints", "agentfast_turns",
-                      "agentfast_tool_calls", "agentfast_approvals", "agentfast_runners", "agentfast_payloads",
-                      "agentfast_sdk_blobs"):
+        for table in (
+            "agentfast_runs",
+            "agentfast_messages",
+            "agentfast_checkpoints",
+            "agentfast_turns",
+            "agentfast_tool_calls",
+            "agentfast_approvals",
+            "agentfast_runners",
+            "agentfast_payloads",
+            "agentfast_sdk_blobs",
+        ):
             visible = {r[0] for r in a.execute(f"SELECT DISTINCT run_id FROM {table}").fetchall()}
             assert visible <= {mine}, (table, visible)  # team-b's input, transcript, journal: not even seen
         assert a.execute("UPDATE agentfast_runs SET epoch = epoch + 1 WHERE run_id = %s", (theirs,)).rowcount == 0
-        _refused(a, "INSERT INTO agentfast_approvals (run_id, call_id, decision, decided_by) VALUES (%s, 'call-2-0', 'approve', 'x')", theirs)
-        _refused(a, "INSERT INTO agentfast_approvals (run_id, call_id, decision, decided_by) VALUES (%s, 'call-2-0', 'approve', 'x')", mine)
+        _refused(
+            a,
+            "INSERT INTO agentfast_approvals (run_id, call_id, decision, decided_by) VALUES (%s, 'call-2-0', 'approve', 'x')",
+            theirs,
+        )
+        _refused(
+            a,
+            "INSERT INTO agentfast_approvals (run_id, call_id, decision, decided_by) VALUES (%s, 'call-2-0', 'approve', 'x')",
+            mine,
+        )
         _refused(a, "UPDATE agentfast_runs SET spec = '{}' WHERE run_id = %s", mine)  # a takeover, never a new spec
         _refused(a, "SELECT * FROM agentfast_tenants")
         _refused(a, "SELECT * FROM agentfast_void_decisions")
@@ -105,7 +121,10 @@ def test_a_namespaces_runner_role_reaches_only_its_own_runs(dsn: str, store: Sto
         with pytest.raises(psycopg.Error) as err:  # rows of another namespace cannot be written
             with a.transaction():
                 a.execute("SELECT set_config('agentfast.epoch', '0', true)")
-                a.execute("INSERT INTO agentfast_messages (run_id, seq, iteration, message, epoch) VALUES (%s, 99, 9, '{}', 0)", (theirs,))
+                a.execute(
+                    "INSERT INTO agentfast_messages (run_id, seq, iteration, message, epoch) VALUES (%s, 99, 9, '{}', 0)",
+                    (theirs,),
+                )
         # the fence (which sees no such run under row-level security) or the policy's check
         assert err.value.sqlstate in ("AF001", "42501"), err.value
     assert store.get_decision(theirs, "call-2-0") is None and store.get_run(theirs).spec["spec"]["input"]
@@ -145,7 +164,9 @@ def test_re_keying_a_namespace_keeps_its_role_and_changes_its_credential(dsn: st
 
 
 @pytest.mark.process
-def test_a_table_in_the_runner_roles_own_schema_never_shadows_the_store(dsn: str, store: Store, quiet_tools: dict[str, str]) -> None:
+def test_a_table_in_the_runner_roles_own_schema_never_shadows_the_store(
+    dsn: str, store: Store, quiet_tools: dict[str, str]
+) -> None:
     # Releases before the tool host gave each runner role a schema of its name for its tools'
     # tables (first in its default search_path), and upgraded servers keep it. A table named like
     # the store's, made there, must not be what the runner reads: a fake agentfast_approvals with
@@ -158,13 +179,20 @@ def test_a_table_in_the_runner_roles_own_schema_never_shadows_the_store(dsn: str
     runner_dsn = _as(dsn, role, "pw-a")
     with psycopg.connect(runner_dsn, autocommit=True) as tool:
         assert tool.execute("SELECT current_schema()").fetchone()[0] == role  # where a tool's CREATE TABLE lands
-        tool.execute("CREATE TABLE agentfast_approvals (run_id text, call_id text, decision text, reason text, result text,"
-                      " decided_by text, decided_at timestamptz DEFAULT now())")
-        tool.execute("INSERT INTO agentfast_approvals (run_id, call_id, decision, decided_by) VALUES (%s, 'call-2-0', 'approve', 'tool')", (run_id,))
+        tool.execute(
+            "CREATE TABLE agentfast_approvals (run_id text, call_id text, decision text, reason text, result text,"
+            " decided_by text, decided_at timestamptz DEFAULT now())"
+        )
+        tool.execute(
+            "INSERT INTO agentfast_approvals (run_id, call_id, decision, decided_by) VALUES (%s, 'call-2-0', 'approve', 'tool')",
+            (run_id,),
+        )
     proc = run_cli("resume", run_id, "--no-wait", dsn=runner_dsn, env=env, timeout=90)
     assert proc.returncode == 0, proc.stdout
     ctx, pending = store.load_context(run_id)
-    assert ctx.status.phase == "WaitingForApproval" and [a.call_id for a in pending.awaiting] == ["call-2-0"]  # still asks a human
+    assert ctx.status.phase == "WaitingForApproval" and [a.call_id for a in pending.awaiting] == [
+        "call-2-0"
+    ]  # still asks a human
     with pytest.raises(psycopg.errors.InsufficientPrivilege):  # and another namespace's role cannot reach this schema
         role_b, _ = store.set_tenant_password("team-b", "pw-b")
         with psycopg.connect(_as(dsn, role_b, "pw-b"), autocommit=True) as b:
@@ -179,7 +207,7 @@ def test_the_whole_chain_works_for_an_owner_that_is_no_superuser(dsn: str, quiet
     owner = f"owner_{uuid.uuid4().hex[:8]}"
     database = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
     with psycopg.connect(dsn, autocommit=True) as su:
-        su.execute(f'CREATE ROLE "{owner}" LOGIN PASSWORD \'pw-owner\' CREATEROLE NOSUPERUSER')
+        su.execute(f"CREATE ROLE \"{owner}\" LOGIN PASSWORD 'pw-owner' CREATEROLE NOSUPERUSER")
         su.execute(f'ALTER DATABASE "{database}" OWNER TO "{owner}"')
         if su.execute("SELECT 1 FROM pg_roles WHERE rolname = 'agentfast_runner'").fetchone():
             # made by an earlier test's database on this shared server; a fresh server's owner makes it itself
@@ -200,7 +228,9 @@ def test_the_whole_chain_works_for_an_owner_that_is_no_superuser(dsn: str, quiet
 
 
 @pytest.mark.process
-def test_a_new_run_of_an_old_name_never_touches_the_earlier_runs_rows(dsn: str, store: Store, quiet_tools: dict[str, str]) -> None:
+def test_a_new_run_of_an_old_name_never_touches_the_earlier_runs_rows(
+    dsn: str, store: Store, quiet_tools: dict[str, str]
+) -> None:
     # Issue 13 item 6: deleting an AgentRun keeps its rows "for audit"; re-applying one of the same
     # name used to wipe them. Now they are kept under NS/NAME@UID8, with their decisions.
     env = {"PYTHONPATH": quiet_tools["PYTHONPATH"]}
@@ -227,7 +257,9 @@ def test_a_new_run_of_an_old_name_never_touches_the_earlier_runs_rows(dsn: str, 
 
 
 @pytest.mark.process
-def test_a_run_whose_agentrun_is_deleted_mid_run_is_cancelled_and_nothing_more_runs(dsn: str, store: Store, quiet_tools: dict[str, str]) -> None:
+def test_a_run_whose_agentrun_is_deleted_mid_run_is_cancelled_and_nothing_more_runs(
+    dsn: str, store: Store, quiet_tools: dict[str, str]
+) -> None:
     # Issue 13 item 6: deleted while its refund awaits a human, the run ends Cancelled (kept for
     # audit); a late approval or a late runner does nothing.
     from agentfast.runner.store import UnknownCall
@@ -238,12 +270,16 @@ def test_a_run_whose_agentrun_is_deleted_mid_run_is_cancelled_and_nothing_more_r
     messages = len(store.load_snapshot(run_id).messages)
     assert store.cancel_run(run_id, "the AgentRun refund was deleted") is True
     ctx, pending = store.load_context(run_id)
-    assert (ctx.status.phase, ctx.status.reason) == ("Cancelled", "Deleted") and [a.call_id for a in pending.awaiting] == ["call-2-0"]
+    assert (ctx.status.phase, ctx.status.reason) == ("Cancelled", "Deleted") and [a.call_id for a in pending.awaiting] == [
+        "call-2-0"
+    ]
     assert len(store.load_snapshot(run_id).messages) == messages  # the transcript, kept as it was
     with pytest.raises(UnknownCall):
         store.decide(run_id, "call-2-0", "approve", decided_by="kubernetes:late")
     late = run_cli("resume", run_id, "--no-wait", dsn=dsn, env=env, timeout=90)
-    assert store.load_context(run_id)[0].status.phase == "Cancelled" and store.journal(run_id, 2)[0].state == "planned", late.stdout
+    assert store.load_context(run_id)[0].status.phase == "Cancelled" and store.journal(run_id, 2)[0].state == "planned", (
+        late.stdout
+    )
     assert store.cancel_run(run_id, "again") is False  # an ended run keeps its ending
 
 
@@ -265,7 +301,9 @@ def test_a_revoked_namespace_credential_stops_at_once_and_comes_back_re_keyed(ds
 
 
 @pytest.mark.process
-def test_retention_deletes_only_ended_runs_whose_agentrun_is_gone(dsn: str, store: Store, quiet_tools: dict[str, str], monkeypatch) -> None:
+def test_retention_deletes_only_ended_runs_whose_agentrun_is_gone(
+    dsn: str, store: Store, quiet_tools: dict[str, str], monkeypatch
+) -> None:
     # Issue 13 item 6: retention is explicit (spec.ttlSecondsAfterFinished, else the chart's
     # default; 0 keeps), and never deletes the rows of a live AgentRun (it would run again).
     import time
@@ -285,7 +323,11 @@ def test_retention_deletes_only_ended_runs_whose_agentrun_is_gone(dsn: str, stor
     gone, live, forever = paused("gone", 1), paused("live", 1), paused("forever", 0)
     live_map = {live: store.get_run(live).run_uid, forever: "another-uid"}  # "gone" has no AgentRun; "forever"'s is a newer one
     main._retain(live_map)  # the deletions the operator missed: unfinished runs without their AgentRun end Cancelled
-    assert [store.load_context(r)[0].status.phase for r in (gone, live, forever)] == ["Cancelled", "WaitingForApproval", "Cancelled"]
+    assert [store.load_context(r)[0].status.phase for r in (gone, live, forever)] == [
+        "Cancelled",
+        "WaitingForApproval",
+        "Cancelled",
+    ]
     store.cancel_run(live, "test: ended")
     time.sleep(1.5)
     assert {r for r, _ in store.expired_runs(0)} == {gone, live}  # forever: 0 keeps

@@ -56,17 +56,30 @@ def case_copy(tmp_path: Path, case: str, *, spec: dict | None = None, script: di
 
 def env_for(case_dir: Path, dsn: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("AGENTFAST_FAULT", "FORCE_COLOR")}
-    env.update(AGENTFAST_DSN=dsn, NO_COLOR="1", COLUMNS="200", CASE_EFFECTS=str(case_dir / "effects.log"),
-               PYTHONPATH=os.pathsep.join([str(case_dir), env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    env.update(
+        AGENTFAST_DSN=dsn,
+        NO_COLOR="1",
+        COLUMNS="200",
+        CASE_EFFECTS=str(case_dir / "effects.log"),
+        PYTHONPATH=os.pathsep.join([str(case_dir), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    )
     env.update(extra)
     return env
 
 
 def cli(case_dir: Path, *args: str, dsn: str, timeout: float = 60, **extra: str) -> subprocess.CompletedProcess:
     """``agentfast ARGS`` in the case folder; stdout and stderr kept apart."""
-    return subprocess.run([sys.executable, "-m", "agentfast.runner", *args], cwd=case_dir, env=env_for(case_dir, dsn, **extra),
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, encoding="utf-8", errors="replace",
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "agentfast.runner", *args],
+        cwd=case_dir,
+        env=env_for(case_dir, dsn, **extra),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+        timeout=timeout,
+    )
 
 
 def executions(case_dir: Path) -> int:
@@ -103,8 +116,14 @@ def markup_case(tmp_path: Path, dsn: str, case_dir: Path, run: str, args: str, t
 @pytest.mark.process
 def test_case01_markup_in_text_is_printed_verbatim(tmp_path: Path, dsn: str) -> None:
     case_dir = case_copy(tmp_path, "c01")
-    markup_case(tmp_path, dsn, case_dir, "case01-markup", ARGS_01,
-                ["[bold]hi[/bold] and [/INST]", "Your ticket is closed [/b] ref [provide booking code]."])
+    markup_case(
+        tmp_path,
+        dsn,
+        case_dir,
+        "case01-markup",
+        ARGS_01,
+        ["[bold]hi[/bold] and [/INST]", "Your ticket is closed [/b] ref [provide booking code]."],
+    )
 
 
 @pytest.mark.process
@@ -113,11 +132,19 @@ def test_other_bracket_forms_emoji_codes_and_control_characters(tmp_path: Path, 
     answer = "Done [/] [/link] [@click] :thumbs_up: [b]ok[/b] \\[escaped] [[double]]"
     path = "[link=file:///etc]/[@click]/[/]:smile:"
     case_dir = case_copy(
-        tmp_path, "c01", spec={"input": user + " \x1b[2J\x1b]0;title\x07"},
-        script={"turns": [
-            {"tool_calls": [{"id": "tc_a1", "name": "archive_ticket", "arguments": {"ticket_id": "T-1", "export_path": path}}]},
-            {"content": answer},
-        ]},
+        tmp_path,
+        "c01",
+        spec={"input": user + " \x1b[2J\x1b]0;title\x07"},
+        script={
+            "turns": [
+                {
+                    "tool_calls": [
+                        {"id": "tc_a1", "name": "archive_ticket", "arguments": {"ticket_id": "T-1", "export_path": path}}
+                    ]
+                },
+                {"content": answer},
+            ]
+        },
     )
     args = json.dumps({"ticket_id": "T-1", "export_path": path})
     markup_case(tmp_path, dsn, case_dir, "case01-markup", args, [user, answer])
@@ -138,8 +165,15 @@ def test_the_consoles_render_every_str_as_data() -> None:
     con.rule("[/INST]")
     con.print(output.styled(("a [b]c[/b]", "bold"), " \x1b[31m\udcff\x00"))
     text = buf.getvalue()
-    for s in ("[/b] [provide booking code] :smile:", "[bold]head[/bold]", "[red]title[/red]", "[link=x]cell[/link] :smile:",
-              "[/INST]", "a [b]c[/b]", f"\\x1b[31m{R}{R}"):
+    for s in (
+        "[/b] [provide booking code] :smile:",
+        "[bold]head[/bold]",
+        "[red]title[/red]",
+        "[link=x]cell[/link] :smile:",
+        "[/INST]",
+        "a [b]c[/b]",
+        f"\\x1b[31m{R}{R}",
+    ):
         assert s in text, (s, text)
 
 
@@ -163,17 +197,33 @@ def test_case02_history_shows_text_said_with_tool_calls(tmp_path: Path, dsn: str
 
 @pytest.mark.process
 def test_history_shows_several_calls_a_refusal_full_keys_and_json(tmp_path: Path, dsn: str) -> None:
-    case_dir = case_copy(tmp_path, "c02", script={"turns": [
-        {"content": "Two lookups.", "tool_calls": [
-            {"id": "x1", "name": "get_order_status", "arguments": {"order_id": "Q-7730"}},
-            {"id": "x2", "name": "get_order_status", "arguments": {"order_id": "Q-9999"}},
-        ]},
-        {"refusal": "I can't share the other order.", "content": "Q-7730 is in transit."},
-    ]})
+    case_dir = case_copy(
+        tmp_path,
+        "c02",
+        script={
+            "turns": [
+                {
+                    "content": "Two lookups.",
+                    "tool_calls": [
+                        {"id": "x1", "name": "get_order_status", "arguments": {"order_id": "Q-7730"}},
+                        {"id": "x2", "name": "get_order_status", "arguments": {"order_id": "Q-9999"}},
+                    ],
+                },
+                {"refusal": "I can't share the other order.", "content": "Q-7730 is in transit."},
+            ]
+        },
+    )
     ok(cli(case_dir, "run", "agentrun.yaml", dsn=dsn))
     history = ok(cli(case_dir, "history", "case02-text-with-calls", dsn=dsn, COLUMNS="60")).stdout
-    for s in ("Two lookups.", '{"order_id": "Q-7730"}', '{"order_id": "Q-9999"}', "call-1-0", "call-1-1",
-              "Q-7730 is in transit.", "refusal: I can't share the other order."):
+    for s in (
+        "Two lookups.",
+        '{"order_id": "Q-7730"}',
+        '{"order_id": "Q-9999"}',
+        "call-1-0",
+        "call-1-1",
+        "Q-7730 is in transit.",
+        "refusal: I can't share the other order.",
+    ):
         assert s in history, (s, history)
     doc = json.loads(ok(cli(case_dir, "history", "case02-text-with-calls", "-o", "json", dsn=dsn)).stdout)
     assert set(doc) >= {"run", "status", "transcript", "journal", "decisions", "checkpoints"}
@@ -204,15 +254,21 @@ def test_case03_unstorable_characters_are_replaced_and_the_tool_runs_once(tmp_pa
 @pytest.mark.process
 def test_unstorable_characters_in_input_arguments_names_and_ids(tmp_path: Path, dsn: str) -> None:
     case_dir = case_copy(
-        tmp_path, "c03",
+        tmp_path,
+        "c03",
         spec={"input": "What does note \udcff N-\x00208 say? \ud83d\ude00", "systemPrompt": "sys \ud800"},
-        script={"turns": [
-            {"content": "Reading \x00", "tool_calls": [
-                {"id": "t\udcff", "name": "read_archived_note", "arguments_raw": '{"note_id": "N-\\u0000\\udcff"}'},
-                {"id": "t\udcff", "name": "read_\ud800note", "arguments": {"note_id": "x"}},
-            ]},
-            {"content": "It says caf\udcff."},
-        ]},
+        script={
+            "turns": [
+                {
+                    "content": "Reading \x00",
+                    "tool_calls": [
+                        {"id": "t\udcff", "name": "read_archived_note", "arguments_raw": '{"note_id": "N-\\u0000\\udcff"}'},
+                        {"id": "t\udcff", "name": "read_\ud800note", "arguments": {"note_id": "x"}},
+                    ],
+                },
+                {"content": "It says caf\udcff."},
+            ]
+        },
     )
     ok(cli(case_dir, "run", "agentrun.yaml", dsn=dsn))
     assert executions(case_dir) == 1  # the unknown (surrogate) name was answered as an error, not run
@@ -274,9 +330,12 @@ def test_storable_text() -> None:
 def test_the_store_writes_unstorable_text_from_any_caller(store: Store) -> None:
     store.create_run("default/x", "uid", {"spec": {"input": "a\x00\udcff"}})
     # Any SQL through the store's connections, not only the methods that exist today.
-    store._retry(lambda c: c.execute(
-        "INSERT INTO agentfast_approvals (run_id, call_id, decision, reason, decided_by) VALUES (%s, %s, 'deny', %s, %s)",
-        ("default/x", "c\x00", "no \udcff\x00", "cli:\ud800")))
+    store._retry(
+        lambda c: c.execute(
+            "INSERT INTO agentfast_approvals (run_id, call_id, decision, reason, decided_by) VALUES (%s, %s, 'deny', %s, %s)",
+            ("default/x", "c\x00", "no \udcff\x00", "cli:\ud800"),
+        )
+    )
     d = store.get_decision("default/x", f"c{R}")
     assert d is not None and (d.call_id, d.reason, d.decided_by) == (f"c{R}", f"no {R}{R}", f"cli:{R}")
     assert store.get_run("default/x").spec == {"spec": {"input": f"a{R}{R}"}}
@@ -289,8 +348,14 @@ def test_the_store_writes_unstorable_text_from_any_caller(store: Store) -> None:
 def test_case04_closed_stdout_does_not_stop_the_run(tmp_path: Path, dsn: str) -> None:
     case_dir = case_copy(tmp_path, "c04")
     with open(tmp_path / "err.txt", "w") as errf:
-        proc = subprocess.Popen([sys.executable, "-m", "agentfast.runner", "run", "agentrun.yaml"], cwd=case_dir,
-                                env=env_for(case_dir, dsn), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errf)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentfast.runner", "run", "agentrun.yaml"],
+            cwd=case_dir,
+            env=env_for(case_dir, dsn),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=errf,
+        )
         proc.stdout.readline()  # `| head -1`
         proc.stdout.close()
         assert proc.wait(timeout=60) == 0, (tmp_path / "err.txt").read_text()
@@ -351,11 +416,21 @@ def test_best_effort_stream_never_raises() -> None:
 
 
 def test_distinct_tool_call_ids() -> None:
-    earlier = [Message(role="assistant", tool_calls=[ToolCall(id="call_1", name="a")]),
-               Message(role="tool", content="r", tool_call_id="call_1")]
-    m = Message(role="assistant", tool_calls=[ToolCall(id="call_1", name="b"), ToolCall(id="new", name="c"),
-                                             ToolCall(id="new", name="d"), ToolCall(id="", name="e"),
-                                             ToolCall(id="x" * 60 + "!", name="f"), ToolCall(id="x" * 60 + "!", name="g")])
+    earlier = [
+        Message(role="assistant", tool_calls=[ToolCall(id="call_1", name="a")]),
+        Message(role="tool", content="r", tool_call_id="call_1"),
+    ]
+    m = Message(
+        role="assistant",
+        tool_calls=[
+            ToolCall(id="call_1", name="b"),
+            ToolCall(id="new", name="c"),
+            ToolCall(id="new", name="d"),
+            ToolCall(id="", name="e"),
+            ToolCall(id="x" * 60 + "!", name="f"),
+            ToolCall(id="x" * 60 + "!", name="g"),
+        ],
+    )
     out = distinct_tool_call_ids(m, earlier, 2)
     ids = [c.id for c in out.tool_calls]
     assert ids[:4] == ["call_1_2_0", "new", "new_2_2", "call_2_3"]
@@ -363,14 +438,23 @@ def test_distinct_tool_call_ids() -> None:
     assert [c.provider_id for c in out.tool_calls][:4] == ["call_1", None, "new", ""]
     assert distinct_tool_call_ids(out, earlier, 2) is out  # already distinct: unchanged
     taken = [Message(role="assistant", tool_calls=[ToolCall(id="a", name="x"), ToolCall(id="a_1_1", name="y")])]
-    assert distinct_tool_call_ids(Message(role="assistant", tool_calls=[ToolCall(id="z", name="x"), ToolCall(id="a", name="x")]),
-                                  taken, 1).tool_calls[1].id == "a_1_1_2"
+    assert (
+        distinct_tool_call_ids(
+            Message(role="assistant", tool_calls=[ToolCall(id="z", name="x"), ToolCall(id="a", name="x")]), taken, 1
+        )
+        .tool_calls[1]
+        .id
+        == "a_1_1_2"
+    )
 
 
 def test_strict_mode_rejects_what_openai_rejects() -> None:
     def asst(*ids: str) -> dict:
-        return {"role": "assistant", "content": None,
-                "tool_calls": [{"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in ids]}
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in ids],
+        }
 
     def tool(i: str) -> dict:
         return {"role": "tool", "tool_call_id": i, "content": "ok"}

@@ -34,9 +34,12 @@ def _file(tmp_path: Path, name: str, script: str, tools: list[dict]) -> Path:
         turns = [{"tool_calls": [{"id": "c1", "name": script[5:], "arguments": {"text": "hi"}}]}, {"content": "done"}]
         (tmp_path / f"{name}-script.yaml").write_text(yaml.safe_dump({"model": f"scripted-{name}", "turns": turns}))
         script = str(tmp_path / f"{name}-script.yaml")
-    doc = {"apiVersion": "agentfast.dev/v1alpha1", "kind": "AgentRun",
-           "metadata": {"name": name, "uid": str(uuid.uuid4())},
-           "spec": {"model": {"name": f"scripted-{name}", "script": script}, "input": "go", "tools": tools}}
+    doc = {
+        "apiVersion": "agentfast.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": name, "uid": str(uuid.uuid4())},
+        "spec": {"model": {"name": f"scripted-{name}", "script": script}, "input": "go", "tools": tools},
+    }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -58,8 +61,12 @@ def _with_password(dsn: str, password: str) -> str:
 def test_a_hostile_tool_sees_neither_the_store_credential_nor_the_model_key(dsn: str, tmp_path: Path) -> None:
     password, key = f"store-pw-{uuid.uuid4().hex}", f"sk-model-{uuid.uuid4().hex}"
     store_dsn = _with_password(dsn, password)
-    done = run_cli("run", str(_file(tmp_path, "probe", "probe_credentials", [PROBE])), dsn=store_dsn,
-                   env={"AGENTFAST_MODEL_API_KEY": key, "SOME_APP_SETTING": f"postgresql://x:{password}@db/app"})
+    done = run_cli(
+        "run",
+        str(_file(tmp_path, "probe", "probe_credentials", [PROBE])),
+        dsn=store_dsn,
+        env={"AGENTFAST_MODEL_API_KEY": key, "SOME_APP_SETTING": f"postgresql://x:{password}@db/app"},
+    )
     assert done.returncode == 0, done.stdout
     found = json.loads(_result(store_dsn, "probe", 1))
     env = found["environ"]
@@ -78,8 +85,12 @@ def test_the_runner_never_imports_a_tool_module(dsn: str, tmp_path: Path) -> Non
     log = tmp_path / "imports.log"
     flag = tmp_path / "die.flag"
     flag.write_text("already died")  # die_once answers at once
-    proc = spawn_cli("run", str(_file(tmp_path, "imports", "call:die_once", [DIE_ONCE])), dsn=dsn,
-                     env={"TOOL_FIXTURES_IMPORT_LOG": str(log), "DIE_ONCE_FLAG": str(flag), "PYTHONPATH": str(Path.cwd())})
+    proc = spawn_cli(
+        "run",
+        str(_file(tmp_path, "imports", "call:die_once", [DIE_ONCE])),
+        dsn=dsn,
+        env={"TOOL_FIXTURES_IMPORT_LOG": str(log), "DIE_ONCE_FLAG": str(flag), "PYTHONPATH": str(Path.cwd())},
+    )
     out, _ = proc.communicate(timeout=90)
     assert proc.returncode == 0, out
     importers = {int(line) for line in log.read_text().split()}
@@ -117,11 +128,21 @@ def test_tool_environment_drops_credentials_and_adds_the_tools_own_settings(tmp_
     (settings / "AGENTFAST_DSN").write_text("postgresql://tools@db/x")  # would pose as the store's
     (settings / "not-a-name").write_text("x")
     (settings / "LEAK").write_text("has s3cret-pw inside")
-    env = {"AGENTFAST_DSN": "postgresql://r:s3cret-pw@db/af", "AGENTFAST_MODEL_API_KEY": "sk-1", "PGPASSWORD": "p",
-           "HOME": "/tmp", "COPY": "s3cret-pw", "AGENTFAST_TOOL_ENV_DIR": str(settings)}
+    env = {
+        "AGENTFAST_DSN": "postgresql://r:s3cret-pw@db/af",
+        "AGENTFAST_MODEL_API_KEY": "sk-1",
+        "PGPASSWORD": "p",
+        "HOME": "/tmp",
+        "COPY": "s3cret-pw",
+        "AGENTFAST_TOOL_ENV_DIR": str(settings),
+    }
     got = tool_environment(env, secrets=("s3cret-pw", "sk-1", ""))
-    assert got == {"HOME": "/tmp", "AGENTFAST_TOOL_ENV_DIR": str(settings), "STRIPE_KEY": "sk_live_tools_own",
-                   EXAMPLES_DSN_ENV: "host=db user=agentfast_examples"}
+    assert got == {
+        "HOME": "/tmp",
+        "AGENTFAST_TOOL_ENV_DIR": str(settings),
+        "STRIPE_KEY": "sk_live_tools_own",
+        EXAMPLES_DSN_ENV: "host=db user=agentfast_examples",
+    }
 
 
 @pytest.mark.process
@@ -134,13 +155,13 @@ def test_a_tool_module_that_raises_on_import_fails_the_run_not_the_runner(dsn: s
     assert "importing module 'bad_tools_mod' raised RuntimeError" in done.stdout  # the text goes to the log only
 
 
-SLOW_TOOLS = '''
+SLOW_TOOLS = """
 import os, time
 time.sleep(float(os.environ["SLOW_IMPORT_S"]))
 from agentfast.runner.examples.refund import add_case_note, issue_refund, lookup_order
 with open(os.environ["SLOW_IMPORTED_AT"], "a") as f:
     f.write(repr(time.time()) + "\\n")
-'''
+"""
 
 
 @pytest.mark.process
@@ -164,8 +185,9 @@ def test_a_replacement_commits_its_takeover_while_the_tool_host_still_imports(ds
     resumed = run_cli("resume", "refund-demo", "--no-wait", dsn=dsn, env=env, timeout=90)
     assert resumed.returncode == 0 and "WaitingForApproval" in resumed.stdout, resumed.stdout
     with psycopg.connect(dsn) as conn:
-        [(takeover_ms,)] = conn.execute("SELECT min(saved_at) FROM agentfast_checkpoints WHERE run_id = %s AND epoch > %s",
-                                        (run_id, epoch)).fetchall()
+        [(takeover_ms,)] = conn.execute(
+            "SELECT min(saved_at) FROM agentfast_checkpoints WHERE run_id = %s AND epoch > %s", (run_id, epoch)
+        ).fetchall()
     tools_ready = float(imported_at.read_text().splitlines()[-1])  # the resume's tool host, done importing
     assert takeover_ms / 1000 < tools_ready - 1.5, (takeover_ms / 1000, tools_ready)  # committed well before the tools were there
     with Store(dsn) as s:

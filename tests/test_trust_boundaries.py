@@ -29,11 +29,11 @@ from .helpers import EXAMPLES, count_rows, run_cli
 
 pytestmark = pytest.mark.process  # every test here starts real OS processes (tests/conftest.py: tiers)
 
-EVIL = '''
+EVIL = """
 import sys
 open(sys.argv[0] + ".imported-" + __name__, "w").close() if False else None
 raise {exc}("secret-file-line: root:x:0:0")
-'''
+"""
 
 
 def _refund_doc(name: str, **tool_overrides: dict) -> dict:
@@ -142,7 +142,9 @@ def test_an_alias_bomb_and_a_huge_file_are_refused_at_once(tmp_path: Path, dsn: 
     lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
     lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 19)]
     bomb = tmp_path / "bomb.yaml"
-    bomb.write_text(yaml.safe_dump(doc) .replace("spec:\n", "x-bomb:\n" + "\n".join("  " + line for line in lines) + "\nspec:\n", 1))
+    bomb.write_text(
+        yaml.safe_dump(doc).replace("spec:\n", "x-bomb:\n" + "\n".join("  " + line for line in lines) + "\nspec:\n", 1)
+    )
     assert len(bomb.read_text().splitlines()) < 60
     huge = tmp_path / "huge.yaml"
     huge.write_text(yaml.safe_dump(doc) + "#" + "x" * (1024 * 1024) + "\n")
@@ -171,7 +173,9 @@ def test_a_file_cannot_pre_approve_its_calls(tmp_path: Path, dsn: str, store) ->
     assert [r.run_id for r, _ in store.list_runs()] == [] and _refunds(dsn) == 0
 
 
-def test_the_decider_the_api_server_checked_reaches_store_status_and_history(tmp_path: Path, dsn: str, store, monkeypatch) -> None:
+def test_the_decider_the_api_server_checked_reaches_store_status_and_history(
+    tmp_path: Path, dsn: str, store, monkeypatch
+) -> None:
     from agentfast.operator import main
     from agentfast.operator.status import status_from_store
 
@@ -184,8 +188,10 @@ def test_the_decider_the_api_server_checked_reaches_store_status_and_history(tmp
     monkeypatch.setattr(main, "_warned", set())
     monkeypatch.setattr(main.STATE, "store", store)
     monkeypatch.setattr(main, "approval_policy_missing", lambda: None)  # the chart's policy in force
-    body = {"metadata": {"name": "attributed", "namespace": "default", "uid": "u-1"},
-            "spec": {"approvals": {"call-2-0": {"decision": "approve"}}}}  # written past the CRD and the policy
+    body = {
+        "metadata": {"name": "attributed", "namespace": "default", "uid": "u-1"},
+        "spec": {"approvals": {"call-2-0": {"decision": "approve"}}},
+    }  # written past the CRD and the policy
     main._record_approvals(body, "default/attributed")
     assert store.get_decision("default/attributed", "call-2-0") is None  # nobody's decision is not recorded
     assert [r for _, r, _ in posted] == ["UnattributedDecision"]
@@ -198,7 +204,9 @@ def test_the_decider_the_api_server_checked_reaches_store_status_and_history(tmp
 
     ctx, pending, extra = main._load_status("default/attributed")
     status = status_from_store(ctx, pending, generation=1, old=None, **extra)
-    assert status["decisions"] == [{"callId": "call-2-0", "decision": "approve", "decidedBy": "kubernetes:system:serviceaccount:team:bob"}]
+    assert status["decisions"] == [
+        {"callId": "call-2-0", "decision": "approve", "decidedBy": "kubernetes:system:serviceaccount:team:bob"}
+    ]
     history = run_cli("history", "default/attributed", dsn=dsn)
     assert "by kubernetes:system:serviceaccount:team:bob" in history.stdout, history.stdout
 
@@ -214,8 +222,10 @@ def test_a_decision_written_before_its_call_awaits_one_never_fires(dsn: str, sto
     monkeypatch.setattr(main.STATE, "store", store)
     monkeypatch.setattr(main, "approval_policy_missing", lambda: None)  # the chart's policy in force
     run_id = _register(store, _refund_doc("armed"))  # registered, not started: call-2-0 does not exist yet
-    body = {"metadata": {"name": "armed", "namespace": "default", "uid": "u-armed"},
-            "spec": {"approvals": {"call-2-0": {"decision": "approve", "decidedBy": "mallory"}}}}
+    body = {
+        "metadata": {"name": "armed", "namespace": "default", "uid": "u-armed"},
+        "spec": {"approvals": {"call-2-0": {"decision": "approve", "decidedBy": "mallory"}}},
+    }
     main._record_approvals(body, run_id)
     assert run_cli("resume", run_id, "--no-wait", dsn=dsn, timeout=90).returncode == 0
     assert [a.call_id for a in store.awaiting(run_id)] == ["call-2-0"]
@@ -238,8 +248,10 @@ def test_without_the_admission_policy_no_decision_is_recorded_even_after_it_retu
     monkeypatch.setattr(main.STATE, "store", store)
     run_id = _register(store, _refund_doc("unguarded"))
     assert run_cli("resume", run_id, "--no-wait", dsn=dsn, timeout=90).returncode == 0
-    body = {"metadata": {"name": "unguarded", "namespace": "default", "uid": "u-unguarded"},
-            "spec": {"approvals": {"call-2-0": {"decision": "approve", "decidedBy": "someone-else"}}}}
+    body = {
+        "metadata": {"name": "unguarded", "namespace": "default", "uid": "u-unguarded"},
+        "spec": {"approvals": {"call-2-0": {"decision": "approve", "decidedBy": "someone-else"}}},
+    }
     monkeypatch.setattr(main, "approval_policy_missing", lambda: "the admission policy agentfast-approvals is not installed")
     main._record_approvals(body, run_id)
     assert store.get_decision(run_id, "call-2-0") is None and warned == ["ApprovalPolicyMissing"]
@@ -275,8 +287,7 @@ def test_a_run_cannot_name_a_url_or_a_secret(tmp_path: Path, dsn: str, store) ->
             doc["spec"]["model"] = {"name": "scripted-refund", "config": "llm", **extra}
             path = tmp_path / "attack.yaml"
             path.write_text(yaml.safe_dump_all([doc, _modelconfig(attacker.base_url)]))
-            proc = run_cli("run", str(path), "--no-wait", dsn=dsn, timeout=90,
-                           env={"AGENTFAST_MODEL_API_KEY": "sk-model"})
+            proc = run_cli("run", str(path), "--no-wait", dsn=dsn, timeout=90, env={"AGENTFAST_MODEL_API_KEY": "sk-model"})
             assert proc.returncode == 2, proc.stdout
             assert f"{field}: not a field of an AgentRun" in proc.stdout and "spec.model.config" in proc.stdout, proc.stdout
         assert len(attacker.requests) == 0 and len(attacker.authorizations) == 0
@@ -316,7 +327,9 @@ def test_a_run_gets_exactly_its_model_configs_key(tmp_path: Path, dsn: str, stor
         # it never falls back to another variable (OPENAI_API_KEY here).
         doc["metadata"].update(name="keyless", uid=str(uuid.uuid4()))
         path.write_text(yaml.safe_dump_all([_modelconfig(server.base_url), doc]))
-        proc = run_cli("run", str(path), "--no-wait", dsn=dsn, timeout=90, env={"AGENTFAST_MODEL_API_KEY": "", "OPENAI_API_KEY": "sk-other"})
+        proc = run_cli(
+            "run", str(path), "--no-wait", dsn=dsn, timeout=90, env={"AGENTFAST_MODEL_API_KEY": "", "OPENAI_API_KEY": "sk-other"}
+        )
         assert proc.returncode == 2 and "AGENTFAST_MODEL_API_KEY is not set" in proc.stdout, proc.stdout
         assert len(server.requests) == 3
     assert _refunds(dsn) == 1

@@ -206,11 +206,19 @@ class SnapshotSaver(InMemorySaver):
                 checkpoint={**checkpoint, "channel_values": values},
                 metadata=self.serde.loads_typed(latest["metadata"]),
                 pending_writes=writes,
-                parent_config={"configurable": {"thread_id": self._thread, "checkpoint_ns": ns, "checkpoint_id": parent}} if parent else None,
+                parent_config={"configurable": {"thread_id": self._thread, "checkpoint_ns": ns, "checkpoint_id": parent}}
+                if parent
+                else None,
             )
 
-    def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
-             before: RunnableConfig | None = None, limit: int | None = None) -> Iterator[CheckpointTuple]:
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
         """The latest checkpoint of the config's namespace, if any: older ones are not kept."""
         if config is None or before is not None:
             return
@@ -218,8 +226,9 @@ class SnapshotSaver(InMemorySaver):
         if got is not None and all(got.metadata.get(k) == v for k, v in (filter or {}).items()):
             yield got
 
-    def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
-            new_versions: ChannelVersions) -> RunnableConfig:
+    def put(
+        self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata, new_versions: ChannelVersions
+    ) -> RunnableConfig:
         """Keep ``checkpoint`` as its namespace's latest; a changed channel value becomes rows."""
         conf = config["configurable"]
         ns = conf["checkpoint_ns"]
@@ -387,8 +396,12 @@ class SnapshotSaver(InMemorySaver):
             for r in rows:
                 self._exported.pop(r.key, None)
 
-    def import_state(self, thread_id: str, state: dict[str, Any],
-                     load: Callable[[builtins.list[str], builtins.list[tuple[str, str]]], dict[str, tuple[str, bytes]]] | None = None) -> None:
+    def import_state(
+        self,
+        thread_id: str,
+        state: dict[str, Any],
+        load: Callable[[builtins.list[str], builtins.list[tuple[str, str]]], dict[str, tuple[str, bytes]]] | None = None,
+    ) -> None:
         """Seed this saver with what :meth:`export_state` returned; ``load(keys, ranges)`` reads
         the rows it names (``Store.sdk_rows`` of the run). A state of format /1 (the whole
         channel state inline) is loaded too, and its values become rows at the next export.
@@ -406,9 +419,15 @@ class SnapshotSaver(InMemorySaver):
                 raise ValueError(f"sdk_state format {fmt!r} is neither {SDK_STATE_FORMAT} nor {_FORMAT_V1}")
 
     def _latest_from(self, entry: dict[str, Any], checkpoint: tuple[str, bytes]) -> dict[str, Any]:
-        return {"id": entry["checkpoint_id"], "parent": entry["parent_id"], "checkpoint": checkpoint,
-                "metadata": _dec(entry["metadata"]), "versions": dict(self.serde.loads_typed(checkpoint)["channel_versions"]),
-                "writes": {}, "written": set()}
+        return {
+            "id": entry["checkpoint_id"],
+            "parent": entry["parent_id"],
+            "checkpoint": checkpoint,
+            "metadata": _dec(entry["metadata"]),
+            "versions": dict(self.serde.loads_typed(checkpoint)["channel_versions"]),
+            "writes": {},
+            "written": set(),
+        }
 
     def _import_v1(self, state: dict[str, Any]) -> None:
         for ns, entry in state["namespaces"].items():
@@ -442,8 +461,14 @@ class SnapshotSaver(InMemorySaver):
                 first = int(key[1:])
                 for j, element in enumerate(self.serde.loads_typed(typed)):
                     elements[first + j] = element
-        lacking = [seq for entry in state["namespaces"].values() for ref in entry["channels"].values()
-                   for lo, hi in ref.get("items", ()) for seq in range(lo, hi) if seq not in elements]
+        lacking = [
+            seq
+            for entry in state["namespaces"].values()
+            for ref in entry["channels"].values()
+            for lo, hi in ref.get("items", ())
+            for seq in range(lo, hi)
+            if seq not in elements
+        ]
         if lacking:
             raise ValueError(f"sdk_state names {len(lacking)} list element(s) that are not stored, e.g. {lacking[0]}")
         self._next_item = state["next_item"]
@@ -572,8 +597,14 @@ def to_runtime_message(m: BaseMessage) -> Message:
     if isinstance(m, AIMessage):
         if _ORIGINAL in m.additional_kwargs:
             return Message.model_validate(m.additional_kwargs[_ORIGINAL])
-        calls = [ToolCall(id=tc["id"] or f"call_{i}", name=tc["name"], arguments=json.dumps(tc["args"])) for i, tc in enumerate(m.tool_calls)]
-        calls += [ToolCall(id=tc.get("id") or "", name=tc.get("name") or "", arguments=tc.get("args") or "") for tc in m.invalid_tool_calls]
+        calls = [
+            ToolCall(id=tc["id"] or f"call_{i}", name=tc["name"], arguments=json.dumps(tc["args"]))
+            for i, tc in enumerate(m.tool_calls)
+        ]
+        calls += [
+            ToolCall(id=tc.get("id") or "", name=tc.get("name") or "", arguments=tc.get("args") or "")
+            for tc in m.invalid_tool_calls
+        ]
         return Message(role="assistant", content=_text(m.content) or None, tool_calls=calls)
     if isinstance(m, ToolMessage):
         return Message(role="tool", content=_text(m.content), tool_call_id=m.tool_call_id, name=m.name)
@@ -693,8 +724,13 @@ class GraphRuntime:
             decision = r.store.get_decision(r.run_id, decision_id)
             if decision is None:
                 resumed = interrupt(
-                    {"call_id": decision_id, "iteration": it, "position": pos, "tool": entry.tool_call.name,
-                     "arguments": entry.tool_call.arguments}
+                    {
+                        "call_id": decision_id,
+                        "iteration": it,
+                        "position": pos,
+                        "tool": entry.tool_call.name,
+                        "arguments": entry.tool_call.arguments,
+                    }
                 )
                 # The store is the record of the decision; the resume value only carries it here.
                 decision = r.store.get_decision(r.run_id, decision_id)
@@ -726,7 +762,9 @@ def build_graph(ref: str, rt: GraphRuntime, checkpointer: SnapshotSaver) -> Any:
     except (ImportError, AttributeError) as err:
         raise SpecError(f"spec.graph.ref: {err}") from None
     try:
-        graph = factory(rt) if callable(factory) and not hasattr(factory, "compile") and not hasattr(factory, "builder") else factory
+        graph = (
+            factory(rt) if callable(factory) and not hasattr(factory, "compile") and not hasattr(factory, "builder") else factory
+        )
     except BaseException as err:  # noqa: BLE001 - user code: it ends this run (InvalidSpec), never the process
         raise SpecError(f"spec.graph.ref: calling {ref} raised {type(err).__name__}") from None
     builder = getattr(graph, "builder", graph)  # a compiled graph is recompiled with our checkpointer
@@ -737,9 +775,11 @@ def build_graph(ref: str, rt: GraphRuntime, checkpointer: SnapshotSaver) -> Any:
         delta = sorted(name for name, ch in compiled.channels.items() if isinstance(ch, DeltaChannel))
         if delta:
             # Its history lives in the parent chain of checkpoints, which the adapter does not keep.
-            raise SpecError(f"spec.graph.ref: {ref} uses LangGraph's DeltaChannel (channels {', '.join(delta)}), which agentfast "
-                            "does not support: agentfast already stores list channels as deltas; use a plain reducer "
-                            "(e.g. Annotated[list, add_messages])")
+            raise SpecError(
+                f"spec.graph.ref: {ref} uses LangGraph's DeltaChannel (channels {', '.join(delta)}), which agentfast "
+                "does not support: agentfast already stores list channels as deltas; use a plain reducer "
+                "(e.g. Annotated[list, add_messages])"
+            )
     return compiled
 
 
@@ -756,12 +796,16 @@ class LangGraphRunner(RunnerBase):
     def drive(self) -> Outcome:
         thread_id = self.snap.context.session.run_uid
         self.saver = SnapshotSaver()
-        self.saver.import_state(thread_id, self.snap.sdk_state, lambda keys, ranges: self.store.sdk_rows(self.run_id, keys, ranges))
+        self.saver.import_state(
+            thread_id, self.snap.sdk_state, lambda keys, ranges: self.store.sdk_rows(self.run_id, keys, ranges)
+        )
         self.graph = build_graph(self.spec.graph.ref, GraphRuntime(self), self.saver)  # type: ignore[union-attr]
         config = {"configurable": {"thread_id": thread_id}, "recursion_limit": 10_000}
         graph_input: Any = None
         if not self.snap.sdk_state:  # a fresh run: the transcript so far is the graph's input
-            graph_input = {"messages": [to_langchain_message(m, msg_id=f"agentfast-input-{i}") for i, m in enumerate(self.snap.messages)]}
+            graph_input = {
+                "messages": [to_langchain_message(m, msg_id=f"agentfast-input-{i}") for i, m in enumerate(self.snap.messages)]
+            }
         # A run paused in interrupt() is resumed by its decision, not by re-streaming.
         stream = self.snap.pending is None
         while True:
@@ -815,8 +859,12 @@ class LangGraphRunner(RunnerBase):
         saver usually knows it extends the last one (no comparison either)."""
         done = self._mirrored
         k = len(done) if done is not None else -1
-        if (done is not None and len(messages) >= k and len(self.snap.messages) == k
-                and (messages is done or self.saver.extends(messages, done) or messages[:k] == done)):  # type: ignore[union-attr]
+        if (
+            done is not None
+            and len(messages) >= k
+            and len(self.snap.messages) == k
+            and (messages is done or self.saver.extends(messages, done) or messages[:k] == done)  # type: ignore[union-attr]
+        ):
             self.snap.messages.extend(to_runtime_message(m) for m in messages[k:])
         else:
             self.snap.messages = [to_runtime_message(m) for m in messages]
@@ -871,6 +919,9 @@ class LangGraphRunner(RunnerBase):
         if isinstance(decided, Outcome):
             return decided
         self.snap.pending = None
-        return Command(resume={
-            i.id: {"decision": decided[i.value["position"]].decision, "reason": decided[i.value["position"]].reason} for i in ordered
-        })
+        return Command(
+            resume={
+                i.id: {"decision": decided[i.value["position"]].decision, "reason": decided[i.value["position"]].reason}
+                for i in ordered
+            }
+        )

@@ -92,13 +92,15 @@ def _provision(admin_dsn: str, password: str | None) -> None:
             # epoch, as a real service checks it against the latest token it was given. It asks the
             # store through this one function, which returns an epoch and nothing else: the
             # examples' role reads no table of the store (G11).
-            conn.execute(sql.SQL("""
+            conn.execute(
+                sql.SQL("""
                 CREATE OR REPLACE FUNCTION {}.run_epoch(run text) RETURNS bigint
                 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
                 BEGIN
                     RETURN (SELECT epoch FROM agentfast_runs WHERE run_id = run);
                 EXCEPTION WHEN undefined_table THEN
                     RETURN NULL;
-                END $$""").format(role))
+                END $$""").format(role)
+            )
             conn.execute(sql.SQL("REVOKE ALL ON FUNCTION {}.run_epoch(text) FROM PUBLIC").format(role))
             conn.execute(sql.SQL("GRANT EXECUTE ON FUNCTION {}.run_epoch(text) TO {}").format(role, role))

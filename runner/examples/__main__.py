@@ -32,16 +32,27 @@ def main() -> int:
     superuser_password = os.environ.get("POSTGRES_PASSWORD", "")
     runners_dsn = os.environ.get("AGENTFAST_DSN", "")
     if not superuser_password or not runners_dsn:
-        print("run this in the chart's trial Postgres pod (kubectl exec deploy/agentfast-postgresql -- ...): "
-              "it needs POSTGRES_PASSWORD and AGENTFAST_DSN", file=sys.stderr)
+        print(
+            "run this in the chart's trial Postgres pod (kubectl exec deploy/agentfast-postgresql -- ...): "
+            "it needs POSTGRES_PASSWORD and AGENTFAST_DSN",
+            file=sys.stderr,
+        )
         return 2
     password = hmac.new(superuser_password.encode(), EXAMPLES_ROLE.encode(), hashlib.sha256).hexdigest()[:32]
     where = psycopg.conninfo.conninfo_to_dict(runners_dsn)
     dbname = where.get("dbname") or "postgres"
     admin = psycopg.conninfo.make_conninfo(host="127.0.0.1", user=TRIAL_SUPERUSER, password=superuser_password, dbname=dbname)
     provision(admin, password=password)
-    print(psycopg.conninfo.make_conninfo(host=where.get("host", ""), port=where.get("port") or "5432", dbname=dbname,
-                                         user=EXAMPLES_ROLE, password=password, connect_timeout="5"))
+    print(
+        psycopg.conninfo.make_conninfo(
+            host=where.get("host", ""),
+            port=where.get("port") or "5432",
+            dbname=dbname,
+            user=EXAMPLES_ROLE,
+            password=password,
+            connect_timeout="5",
+        )
+    )
     return 0
 
 

@@ -189,8 +189,15 @@ def chaos_notify(ctx: ToolContext, to: str, text: str, work_ms: int = 0) -> dict
         """INSERT INTO chaos_outbox (idempotency_key, execution, tool, payload, epoch)
            SELECT %s, %s, %s, %s, %s WHERE run_epoch(%s) = %s
            ON CONFLICT (execution) DO NOTHING""",
-        (ctx.idempotency_key, execution, "chaos_notify", json.dumps({"to": to, "text": text}, sort_keys=True), ctx.epoch,
-         ctx.run_id, ctx.epoch),
+        (
+            ctx.idempotency_key,
+            execution,
+            "chaos_notify",
+            json.dumps({"to": to, "text": text}, sort_keys=True),
+            ctx.epoch,
+            ctx.run_id,
+            ctx.epoch,
+        ),
     )
     if not _sent(ctx, execution):
         raise RuntimeError(f"fencing token {ctx.epoch} is stale: another runner owns run {ctx.run_id}; nothing was sent")

@@ -46,7 +46,13 @@ CREATE TABLE IF NOT EXISTS demo_tool_invocations (
 """
 
 _ORDERS = {
-    "A-1042": {"order_id": "A-1042", "customer": "Dana Ruiz", "total_cents": 4999, "charges": [4999, 4999], "status": "delivered"},
+    "A-1042": {
+        "order_id": "A-1042",
+        "customer": "Dana Ruiz",
+        "total_cents": 4999,
+        "charges": [4999, 4999],
+        "status": "delivered",
+    },
 }
 
 

@@ -57,8 +57,14 @@ def probe_credentials(ctx: ToolContext) -> dict[str, Any]:
     """Report this tool process's environment and what it can read of its own and its parent's /proc files."""
     parent = os.getppid()
     reads: dict[str, str] = {}
-    for path in ("/proc/self/environ", "/proc/self/cmdline", f"/proc/{parent}/environ", f"/proc/{parent}/cmdline",
-                 f"/proc/{parent}/mem", "/proc/1/environ"):
+    for path in (
+        "/proc/self/environ",
+        "/proc/self/cmdline",
+        f"/proc/{parent}/environ",
+        f"/proc/{parent}/cmdline",
+        f"/proc/{parent}/mem",
+        "/proc/1/environ",
+    ):
         try:
             with open(path, "rb") as f:
                 reads[path] = f.read(1 << 16).decode("utf-8", "replace")

@@ -240,15 +240,33 @@ def effects(db: Db, ledger: str, uid: str) -> list[tuple[str, str, str]]:
     """Every effect the run's tools applied: (tool, idempotency key, payload), one per applied row."""
     like = f"{uid}:%"
     if ledger == "demo":
-        rows = [("issue_refund", k, json.dumps([o, a, r])) for k, o, a, r in db.query(
-            "SELECT idempotency_key, order_id, amount_cents, reason FROM agentfast_examples.demo_refund_ledger WHERE idempotency_key LIKE %s", like)]
-        rows += [("add_case_note", k, json.dumps([o, n])) for k, o, n in db.query(
-            "SELECT idempotency_key, order_id, note FROM agentfast_examples.demo_case_notes WHERE idempotency_key LIKE %s", like)]
+        rows = [
+            ("issue_refund", k, json.dumps([o, a, r]))
+            for k, o, a, r in db.query(
+                "SELECT idempotency_key, order_id, amount_cents, reason FROM agentfast_examples.demo_refund_ledger WHERE idempotency_key LIKE %s",
+                like,
+            )
+        ]
+        rows += [
+            ("add_case_note", k, json.dumps([o, n]))
+            for k, o, n in db.query(
+                "SELECT idempotency_key, order_id, note FROM agentfast_examples.demo_case_notes WHERE idempotency_key LIKE %s",
+                like,
+            )
+        ]
         return rows
-    rows = [(t, k, json.dumps(p, sort_keys=True)) for t, k, p in db.query(
-        "SELECT tool, idempotency_key, payload FROM agentfast_examples.chaos_ledger WHERE idempotency_key LIKE %s", like)]
-    rows += [(t, k, json.dumps(p, sort_keys=True)) for t, k, p in db.query(
-        "SELECT tool, idempotency_key, payload FROM agentfast_examples.chaos_outbox WHERE idempotency_key LIKE %s", like)]
+    rows = [
+        (t, k, json.dumps(p, sort_keys=True))
+        for t, k, p in db.query(
+            "SELECT tool, idempotency_key, payload FROM agentfast_examples.chaos_ledger WHERE idempotency_key LIKE %s", like
+        )
+    ]
+    rows += [
+        (t, k, json.dumps(p, sort_keys=True))
+        for t, k, p in db.query(
+            "SELECT tool, idempotency_key, payload FROM agentfast_examples.chaos_outbox WHERE idempotency_key LIKE %s", like
+        )
+    ]
     return rows
 
 
@@ -256,16 +274,27 @@ def invocations(db: Db, ledger: str, uid: str) -> list[tuple[str, str, Any, int 
     """Every execution of a tool body: (tool, idempotency key, when, fencing epoch if logged)."""
     like = f"{uid}:%"
     if ledger == "demo":
-        return [(t, k, at, None) for t, k, at in db.query(
-            "SELECT tool, idempotency_key, at FROM agentfast_examples.demo_tool_invocations WHERE idempotency_key LIKE %s", like)]
-    return list(db.query("SELECT tool, idempotency_key, at, epoch FROM agentfast_examples.chaos_invocations WHERE idempotency_key LIKE %s", like))
+        return [
+            (t, k, at, None)
+            for t, k, at in db.query(
+                "SELECT tool, idempotency_key, at FROM agentfast_examples.demo_tool_invocations WHERE idempotency_key LIKE %s",
+                like,
+            )
+        ]
+    return list(
+        db.query(
+            "SELECT tool, idempotency_key, at, epoch FROM agentfast_examples.chaos_invocations WHERE idempotency_key LIKE %s",
+            like,
+        )
+    )
 
 
 def outbox_has(db: Db, ledger: str, key: str) -> bool:
     """Whether the non-idempotent effect of the call with this key was applied (the human's check)."""
     if ledger == "demo":
         return bool(db.query("SELECT 1 FROM agentfast_examples.demo_case_notes WHERE idempotency_key = %s", key)) or bool(
-            db.query("SELECT 1 FROM agentfast_examples.demo_refund_ledger WHERE idempotency_key = %s", key))
+            db.query("SELECT 1 FROM agentfast_examples.demo_refund_ledger WHERE idempotency_key = %s", key)
+        )
     return bool(db.query("SELECT 1 FROM agentfast_examples.chaos_outbox WHERE idempotency_key = %s", key))
 
 
@@ -302,8 +331,18 @@ def end_state(store: Store, db: Db, run_id: str, uid: str, ledger: str) -> EndSt
     snap = store.load_snapshot(run_id)
     assert snap is not None, f"{run_id} has no checkpoint"
     journal = [
-        {"call_id": c, "key": k, "tool": t, "state": s, "attempts": a, "finished_at": f, "idempotent": i, "it": it, "pos": p,
-         "gated": g}
+        {
+            "call_id": c,
+            "key": k,
+            "tool": t,
+            "state": s,
+            "attempts": a,
+            "finished_at": f,
+            "idempotent": i,
+            "it": it,
+            "pos": p,
+            "gated": g,
+        }
         for c, k, t, s, a, f, i, it, p, g in db.query(
             """SELECT call_id, idempotency_key, tool_name, state, attempts, finished_at, idempotent, iteration, position, gated
                FROM agentfast_tool_calls WHERE run_id = %s ORDER BY iteration, position""",
@@ -335,8 +374,9 @@ class Verdict:
     problems: list[str] = field(default_factory=list)
 
 
-def compare(ref: EndState, got: EndState, denied_reruns: set[tuple[int, int]], *,
-            frozen_in_flight: tuple[int, set[str]] | None = None) -> Verdict:
+def compare(
+    ref: EndState, got: EndState, denied_reruns: set[tuple[int, int]], *, frozen_in_flight: tuple[int, set[str]] | None = None
+) -> Verdict:
     """``frozen_in_flight``: a zombie's epoch and the idempotency keys of the calls whose intent it
     had committed when it froze (tests/chaos/test_zombie.py). Such a call may start after the
     zombie thaws, even after its successor persisted the call's result: the zombie is inside that
@@ -411,9 +451,25 @@ def compare(ref: EndState, got: EndState, denied_reruns: set[tuple[int, int]], *
 # -- statistics ---------------------------------------------------------------------------------
 
 COUNTERS = (
-    "runs", "processes", "kills", "kills_fault", "kills_external", "faults_not_reached", "external_not_landed",
-    "resumes", "retry_exits", "start_failures", "approvals", "reruns_approved", "reruns_denied", "same_key_reruns",
-    "duplicated_effects", "lost_results", "unexpected_effects", "diverged_transcripts", "unexpected_exits",
+    "runs",
+    "processes",
+    "kills",
+    "kills_fault",
+    "kills_external",
+    "faults_not_reached",
+    "external_not_landed",
+    "resumes",
+    "retry_exits",
+    "start_failures",
+    "approvals",
+    "reruns_approved",
+    "reruns_denied",
+    "same_key_reruns",
+    "duplicated_effects",
+    "lost_results",
+    "unexpected_effects",
+    "diverged_transcripts",
+    "unexpected_exits",
 )
 VIOLATIONS = ("duplicated_effects", "lost_results", "unexpected_effects", "diverged_transcripts", "unexpected_exits")
 
@@ -556,8 +612,9 @@ class ChaosRun:
         if reason == "in_flight_not_idempotent":
             it, pos = (int(x) for x in call_id.split("-")[1:3])
             if outbox_has(self.db, self.scenario.ledger, key):
-                self.store.decide(self.run_id, call_id, "deny", reason="the effect is already there; do not repeat it",
-                                  decided_by="chaos")
+                self.store.decide(
+                    self.run_id, call_id, "deny", reason="the effect is already there; do not repeat it", decided_by="chaos"
+                )
                 self.denied_reruns.add((it, pos))
                 self.counts["reruns_denied"] += 1
             else:
@@ -712,7 +769,9 @@ class ChaosRun:
                 self.counts["unexpected_exits"] += 1
                 self._problem(f"exit 0 with the run in phase {st.phase}:\n{ex.output[-2000:]}")
         self.counts["unexpected_exits"] += 1
-        self._problem(f"not finished after {self.MAX_PROCESSES} processes: " + " | ".join(self.log[:10] + ["..."] + self.log[-10:]))
+        self._problem(
+            f"not finished after {self.MAX_PROCESSES} processes: " + " | ".join(self.log[:10] + ["..."] + self.log[-10:])
+        )
 
     def _problem(self, text: str) -> None:
         line = f"{self.label} ({self.run_id}): {text}"
@@ -742,10 +801,14 @@ class ChaosRun:
 def reference_run(scenario: Scenario, *, dsn: str, store: Store, directory: Path, seed: int) -> Reference:
     """One uninterrupted process, approved as it asks: the oracle for the scenario."""
     rng = random.Random(f"{seed}:reference:{scenario.name}")
-    run = ChaosRun(scenario, dsn=dsn, store=store, directory=directory, rng=rng, stats=None, kills=0, label=f"reference {scenario.name}")
+    run = ChaosRun(
+        scenario, dsn=dsn, store=store, directory=directory, rng=rng, stats=None, kills=0, label=f"reference {scenario.name}"
+    )
     run.drive()
     if run.counts["processes"] != 1:
-        raise AssertionError(f"the reference run of {scenario.name} needed {run.counts['processes']} processes:\n" + "\n".join(run.log))
+        raise AssertionError(
+            f"the reference run of {scenario.name} needed {run.counts['processes']} processes:\n" + "\n".join(run.log)
+        )
     state = end_state(store, run.db, run.run_id, run.uid, scenario.ledger)
     # The run is alone in its database, so the identity of its last checkpoint counts its commits.
     [(commits,)] = run.db.query("SELECT max(checkpoint_id) FROM agentfast_checkpoints")
@@ -770,8 +833,9 @@ class ChaosConfig:
     only: tuple[int, ...] = ()  # replay just these run indices (AGENTFAST_CHAOS_ONLY=13,27)
 
 
-def run_many(pg_server: Any, cfg: ChaosConfig, directory: Path, stats: Stats, references: Any,
-             say: Callable[[str], None] = print) -> None:
+def run_many(
+    pg_server: Any, cfg: ChaosConfig, directory: Path, stats: Stats, references: Any, say: Callable[[str], None] = print
+) -> None:
     """Chaos runs on ``cfg.workers`` threads until the kill target or the time budget is reached.
 
     Each run ``i`` plays scenario ``i % len(scenarios)`` with ``random.Random(f"{seed}:{i}")``,
@@ -815,29 +879,54 @@ def run_many(pg_server: Any, cfg: ChaosConfig, directory: Path, stats: Stats, re
                     if cfg.max_kills_per_run is not None:
                         kills = min(kills, cfg.max_kills_per_run)
                     ref = refs[sc.name]
-                    run = ChaosRun(sc, dsn=dsn, store=store, directory=directory, rng=rng, stats=stats, kills=kills,
-                                   reference=ref, label=f"run {i} {sc.name}")
+                    run = ChaosRun(
+                        sc,
+                        dsn=dsn,
+                        store=store,
+                        directory=directory,
+                        rng=rng,
+                        stats=stats,
+                        kills=kills,
+                        reference=ref,
+                        label=f"run {i} {sc.name}",
+                    )
                     try:
                         run.drive()
                         v = run.verdict(ref)
                     finally:
                         run.close()
                     c = run.counts
-                    stats.add(sc.name, runs=1, processes=c["processes"], kills=c["kills"], kills_fault=c["kills_fault"],
-                              kills_external=c["kills_external"], faults_not_reached=c["faults_not_reached"],
-                              external_not_landed=c["external_not_landed"], resumes=c["resumes"], retry_exits=c["retry_exits"],
-                              start_failures=c["start_failures"],
-                              approvals=c["approvals"], reruns_approved=c["reruns_approved"], reruns_denied=c["reruns_denied"],
-                              same_key_reruns=v.same_key_reruns, duplicated_effects=v.duplicated_effects,
-                              lost_results=v.lost_results, unexpected_effects=v.unexpected_effects,
-                              diverged_transcripts=v.diverged, unexpected_exits=c["unexpected_exits"])
+                    stats.add(
+                        sc.name,
+                        runs=1,
+                        processes=c["processes"],
+                        kills=c["kills"],
+                        kills_fault=c["kills_fault"],
+                        kills_external=c["kills_external"],
+                        faults_not_reached=c["faults_not_reached"],
+                        external_not_landed=c["external_not_landed"],
+                        resumes=c["resumes"],
+                        retry_exits=c["retry_exits"],
+                        start_failures=c["start_failures"],
+                        approvals=c["approvals"],
+                        reruns_approved=c["reruns_approved"],
+                        reruns_denied=c["reruns_denied"],
+                        same_key_reruns=v.same_key_reruns,
+                        duplicated_effects=v.duplicated_effects,
+                        lost_results=v.lost_results,
+                        unexpected_effects=v.unexpected_effects,
+                        diverged_transcripts=v.diverged,
+                        unexpected_exits=c["unexpected_exits"],
+                    )
                     for p in v.problems:
                         stats.problem(f"run {i} {sc.name} ({run.run_id}): {p}")
                     if v.problems or c["unexpected_exits"] or cfg.only:
                         stats.problem(f"run {i} {sc.name} schedule: " + " | ".join(run.log))
                     t = stats.total()
-                    say(f"run {i:>4} {sc.name:<22} kills {c['kills']:>2} processes {c['processes']:>2}"
-                        f"  [total kills {t['kills']}, violations {stats.violations()}, {time.monotonic() - started:.0f}s]")
+                    say(
+                        f"run {i:>4} {sc.name:<22} kills {c['kills']:>2} processes {c['processes']:>2}"
+                        f"  [total kills {t['kills']}, violations {stats.violations()}, {time.monotonic() - started:.0f}s]"
+                    )
         except BaseException as err:  # surface a harness failure from the thread
             errors.append(err)
         finally:

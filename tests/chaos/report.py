@@ -55,9 +55,12 @@ def render(results: Path, command: str, seed: str, rc: int, elapsed_s: float | N
     out = [BEGIN, ""]
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     dirty = " (with uncommitted changes)" if _git("status", "--porcelain", "--untracked-files=no") else ""
-    out.append(f"Last large run: {when}, commit `{_git('rev-parse', '--short', 'HEAD')}`{dirty}, "
-               f"{os.cpu_count()} CPUs, seed **{seed}**, pytest exit code {rc}"
-               + (f", {elapsed_s / 60:.0f} minutes" if elapsed_s else "") + ".")
+    out.append(
+        f"Last large run: {when}, commit `{_git('rev-parse', '--short', 'HEAD')}`{dirty}, "
+        f"{os.cpu_count()} CPUs, seed **{seed}**, pytest exit code {rc}"
+        + (f", {elapsed_s / 60:.0f} minutes" if elapsed_s else "")
+        + "."
+    )
     out.append("")
     out.append(f"    {command}")
     out.append("")
@@ -80,37 +83,50 @@ def render(results: Path, command: str, seed: str, rc: int, elapsed_s: float | N
             out += [f"- {p[:400]}" for p in kr["problems"][:30]]
             out.append("")
     if zombie:
-        out.append(f"**Zombies** (frozen with SIGSTOP at a random moment, a successor finishes the run, then SIGCONT): "
-                   f"{zombie['rounds']} rounds ({zombie.get('finished_before_freeze', 0)} more finished before the freeze); {zombie['zombies_fenced']} zombies exited 76, "
-                   f"{zombie['zombie_finished_first']} had already finished; rows written by a thawed zombie: "
-                   f"**{zombie['zombie_rows_after_thaw']}**; tool calls started by a thawed zombie: "
-                   f"**{zombie['zombie_tool_starts_after_thaw']}**; takeovers blocked: **{zombie['takeover_blocked']}**; "
-                   f"duplicated effects **{zombie['duplicated_effects']}**, lost results **{zombie['lost_results']}**, "
-                   f"diverged transcripts **{zombie['diverged']}**.")
+        out.append(
+            f"**Zombies** (frozen with SIGSTOP at a random moment, a successor finishes the run, then SIGCONT): "
+            f"{zombie['rounds']} rounds ({zombie.get('finished_before_freeze', 0)} more finished before the freeze); {zombie['zombies_fenced']} zombies exited 76, "
+            f"{zombie['zombie_finished_first']} had already finished; rows written by a thawed zombie: "
+            f"**{zombie['zombie_rows_after_thaw']}**; tool calls started by a thawed zombie: "
+            f"**{zombie['zombie_tool_starts_after_thaw']}**; takeovers blocked: **{zombie['takeover_blocked']}**; "
+            f"duplicated effects **{zombie['duplicated_effects']}**, lost results **{zombie['lost_results']}**, "
+            f"diverged transcripts **{zombie['diverged']}**."
+        )
         out.append("")
     if pg:
-        out.append(f"**Postgres restarts** mid-run: {pg['rounds']} runs, {pg['outages']} outages "
-                   f"({pg['restart-fast']} fast restarts, {pg['restart-immediate']} immediate (crash-recovery) restarts, "
-                   f"{pg['stop-start']} stop-pause-start, {pg['long-outage']} outage longer than the 30 s retry window); "
-                   f"{pg['processes']} runner processes, {pg['exits_75']} exits 75, {pg['exits_3']} exits 3; every run ended "
-                   f"equal to its reference (the numbers are written only when the test passed).")
+        out.append(
+            f"**Postgres restarts** mid-run: {pg['rounds']} runs, {pg['outages']} outages "
+            f"({pg['restart-fast']} fast restarts, {pg['restart-immediate']} immediate (crash-recovery) restarts, "
+            f"{pg['stop-start']} stop-pause-start, {pg['long-outage']} outage longer than the 30 s retry window); "
+            f"{pg['processes']} runner processes, {pg['exits_75']} exits 75, {pg['exits_3']} exits 3; every run ended "
+            f"equal to its reference (the numbers are written only when the test passed)."
+        )
         out.append("")
     if disk:
-        out.append(f"**Out of disk** (the runtime's tables on a full 16 MiB tmpfs tablespace): {disk['rounds']} runs, "
-                   f"{disk['runtime_writes_refused']} of the runtime's writes refused with ENOSPC, {disk['exits_75']} exits 75; "
-                   f"every run ended equal to its reference, with no tool executed beyond its journaled intents.")
+        out.append(
+            f"**Out of disk** (the runtime's tables on a full 16 MiB tmpfs tablespace): {disk['rounds']} runs, "
+            f"{disk['runtime_writes_refused']} of the runtime's writes refused with ENOSPC, {disk['exits_75']} exits 75; "
+            f"every run ended equal to its reference, with no tool executed beyond its journaled intents."
+        )
         out.append("")
     ro = {a: load(f"read_only_{a}") for a in ("vanilla", "langgraph")}
     if any(ro.values()):
-        parts = [f"{a}: {'kept retrying' if r['exit_while_read_only'] is None else 'exited ' + str(r['exit_while_read_only'])} "
-                 f"while read-only, the refund ran {r['refund_runs_while_read_only']} times then, {r['refund_runs']} in all"
-                 for a, r in ro.items() if r]
+        parts = [
+            f"{a}: {'kept retrying' if r['exit_while_read_only'] is None else 'exited ' + str(r['exit_while_read_only'])} "
+            f"while read-only, the refund ran {r['refund_runs_while_read_only']} times then, {r['refund_runs']} in all"
+            for a, r in ro.items()
+            if r
+        ]
         out.append("**Read-only failover** (passed): " + "; ".join(parts) + "; end state equal to the reference.")
         out.append("")
     priv = [(n, load(n)) for n in ("privilege_UPDATE_agentfast_tool_calls", "privilege_INSERT_agentfast_messages")]
     if any(r for _, r in priv):
-        parts = [f"{n.split('_', 2)[1]} on {n.split('_', 2)[2]} revoked: exit {r['exit_while_revoked']}, the refund ran "
-                 f"{r['refund_runs_while_revoked']} times meanwhile, {r['refund_runs']} in all" for n, r in priv if r]
+        parts = [
+            f"{n.split('_', 2)[1]} on {n.split('_', 2)[2]} revoked: exit {r['exit_while_revoked']}, the refund ran "
+            f"{r['refund_runs_while_revoked']} times meanwhile, {r['refund_runs']} in all"
+            for n, r in priv
+            if r
+        ]
         out.append("**Revoked grants** (passed): " + "; ".join(parts) + "; end state equal to the reference.")
         out.append("")
     out.append(END)

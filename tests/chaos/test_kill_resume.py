@@ -50,8 +50,10 @@ def test_sigkill_at_random_points_then_resume_changes_nothing(pg_server, tmp_pat
         max_kills_per_run=None if large_run() else 4,
         only=tuple(int(i) for i in os.environ.get("AGENTFAST_CHAOS_ONLY", "").split(",") if i),
     )
-    print(f"\nchaos seed {cfg.seed} (replay: AGENTFAST_CHAOS_SEED={cfg.seed}); target {cfg.kills} kills, "
-          f"budget {cfg.budget_s:.0f}s, {cfg.workers} workers")
+    print(
+        f"\nchaos seed {cfg.seed} (replay: AGENTFAST_CHAOS_SEED={cfg.seed}); target {cfg.kills} kills, "
+        f"budget {cfg.budget_s:.0f}s, {cfg.workers} workers"
+    )
     stats = Stats()
     started = time.monotonic()
     run_many(pg_server, cfg, tmp_path, stats, references)
@@ -66,14 +68,24 @@ def test_sigkill_at_random_points_then_resume_changes_nothing(pg_server, tmp_pat
 
 
 @pytest.mark.parametrize("scenario", [VANILLA_REFUND, LANGGRAPH_REFUND], ids=lambda s: s.adapter)
-def test_sigkill_just_before_the_final_commit_then_resume_finishes(dsn: str, store: Store, tmp_path: Path, references,
-                                                                   scenario: Scenario) -> None:
+def test_sigkill_just_before_the_final_commit_then_resume_finishes(
+    dsn: str, store: Store, tmp_path: Path, references, scenario: Scenario
+) -> None:
     """Found by the large chaos run (seed 20261130, run 93): a LangGraph run killed after its
     graph's last superstep was committed, but before the run's own Succeeded commit, crashed on
     every resume ("the graph made no progress"), so it could never finish."""
     ref = references.get(scenario)
-    run = ChaosRun(scenario, dsn=dsn, store=store, directory=tmp_path, rng=random.Random(3), stats=None, kills=0,
-                   reference=ref, label=f"final commit {scenario.adapter}")
+    run = ChaosRun(
+        scenario,
+        dsn=dsn,
+        store=store,
+        directory=tmp_path,
+        rng=random.Random(3),
+        stats=None,
+        kills=0,
+        reference=ref,
+        label=f"final commit {scenario.adapter}",
+    )
     # An uninterrupted process commits ref.commits checkpoints; the last one is the run's ending.
     first = spawn_cli("run", str(run.path), dsn=dsn, fault=f"checkpoint.before_commit@{ref.commits}")
     out = run.watch(first)

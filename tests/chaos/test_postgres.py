@@ -108,15 +108,25 @@ def outage(pg_server, kind: str, gap_s: float) -> None:
             _start(pg_server)
 
 
-def test_postgres_restarts_at_random_moments_lose_nothing(pg_server, fresh_db, tmp_path: Path, chaos_seed: int,
-                                                          references) -> None:
+def test_postgres_restarts_at_random_moments_lose_nothing(
+    pg_server, fresh_db, tmp_path: Path, chaos_seed: int, references
+) -> None:
     seed = chaos_seed
     references.prefetch(SCENARIOS)
     rounds = int(os.environ.get("AGENTFAST_CHAOS_PG_ROUNDS", "12" if large_run() else "1"))
     print(f"\npostgres restart chaos seed {seed} (replay: AGENTFAST_CHAOS_SEED={seed}), {rounds} rounds")
     stats = Stats()
-    tally = {"rounds": 0, "outages": 0, "restart-fast": 0, "restart-immediate": 0, "stop-start": 0, "long-outage": 0,
-             "exits_75": 0, "exits_3": 0, "processes": 0}
+    tally = {
+        "rounds": 0,
+        "outages": 0,
+        "restart-fast": 0,
+        "restart-immediate": 0,
+        "stop-start": 0,
+        "long-outage": 0,
+        "exits_75": 0,
+        "exits_3": 0,
+        "processes": 0,
+    }
     try:
         for r in range(rounds):
             sc = SCENARIOS[(seed + r) % 2]  # one round in CI: the seed picks the adapter
@@ -125,12 +135,28 @@ def test_postgres_restarts_at_random_moments_lose_nothing(pg_server, fresh_db, t
             dsn = fresh_db("pgr")
             with Store(dsn, retry_for_s=180) as store:
                 store.migrate()
-                run = ChaosRun(sc, dsn=dsn, store=store, directory=tmp_path, rng=rng, stats=stats, kills=0, reference=ref,
-                               label=f"pg round {r} {sc.name}", allowed_exits=(0, 3, 75))
+                run = ChaosRun(
+                    sc,
+                    dsn=dsn,
+                    store=store,
+                    directory=tmp_path,
+                    rng=rng,
+                    stats=stats,
+                    kills=0,
+                    reference=ref,
+                    label=f"pg round {r} {sc.name}",
+                    allowed_exits=(0, 3, 75),
+                )
                 # Outages at random moments of the run's active time; in a large run, one round
                 # keeps the server down past the runner's 30 s retry window (the exit-75 path).
-                plan = sorted((rng.uniform(0, ref.active_s), rng.choice(["restart-fast", "restart-immediate", "stop-start"]),
-                               rng.uniform(0.2, 3.0)) for _ in range(rng.randint(2, 3)))
+                plan = sorted(
+                    (
+                        rng.uniform(0, ref.active_s),
+                        rng.choice(["restart-fast", "restart-immediate", "stop-start"]),
+                        rng.uniform(0.2, 3.0),
+                    )
+                    for _ in range(rng.randint(2, 3))
+                )
                 if large_run() and r == 1:
                     plan = [(rng.uniform(0, ref.active_s), "long-outage", 40.0)]
                 done = threading.Event()
@@ -154,9 +180,14 @@ def test_postgres_restarts_at_random_moments_lose_nothing(pg_server, fresh_db, t
                                 gate = psycopg.connect(dsn)
                                 gate.execute("LOCK TABLE agentfast_checkpoints IN EXCLUSIVE MODE")
                                 deadline = time.monotonic() + 60
-                                while not done.is_set() and time.monotonic() < deadline and not db.query(
+                                while (
+                                    not done.is_set()
+                                    and time.monotonic() < deadline
+                                    and not db.query(
                                         """SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'
-                                           AND query LIKE 'INSERT INTO agentfast_checkpoints%%'"""):
+                                           AND query LIKE 'INSERT INTO agentfast_checkpoints%%'"""
+                                    )
+                                ):
                                     time.sleep(0.01)
                             if done.is_set():
                                 return
@@ -187,8 +218,10 @@ def test_postgres_restarts_at_random_moments_lose_nothing(pg_server, fresh_db, t
                 tally["processes"] += run.counts["processes"]
                 tally["exits_75"] += run.counts["retry_exits"]
                 tally["exits_3"] += run.counts["start_failures"]
-                print(f"round {r} {sc.name}: plan {[(round(a, 2), k, round(g, 1)) for a, k, g in plan]}, "
-                      f"processes {run.counts['processes']}: {' | '.join(run.log)}")
+                print(
+                    f"round {r} {sc.name}: plan {[(round(a, 2), k, round(g, 1)) for a, k, g in plan]}, "
+                    f"processes {run.counts['processes']}: {' | '.join(run.log)}"
+                )
                 run.close()
                 assert not v.problems, f"seed {seed} round {r}:\n" + "\n".join(v.problems)
                 assert not stats.problems, "\n".join(stats.problems)
@@ -204,18 +237,24 @@ def test_postgres_restarts_at_random_moments_lose_nothing(pg_server, fresh_db, t
 def _terminate_clients(admin_dsn: str, datname: str) -> None:
     """Drop every session of the database (what clients see when a primary goes away)."""
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-                     (datname,))
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", (datname,)
+        )
 
 
 def _journal_row(db: Db, run_id: str, call_id: str) -> tuple[str, int]:
-    [(state, attempts)] = db.query("SELECT state, attempts FROM agentfast_tool_calls WHERE run_id = %s AND call_id = %s",
-                                   run_id, call_id)
+    [(state, attempts)] = db.query(
+        "SELECT state, attempts FROM agentfast_tool_calls WHERE run_id = %s AND call_id = %s", run_id, call_id
+    )
     return state, attempts
 
 
 def _executions(db: Db, uid: str, tool: str) -> int:
-    return len(db.query("SELECT 1 FROM agentfast_examples.demo_tool_invocations WHERE tool = %s AND idempotency_key LIKE %s", tool, f"{uid}:%"))
+    return len(
+        db.query(
+            "SELECT 1 FROM agentfast_examples.demo_tool_invocations WHERE tool = %s AND idempotency_key LIKE %s", tool, f"{uid}:%"
+        )
+    )
 
 
 def _wait_for_pause(run: ChaosRun, proc: subprocess.Popen | None = None, timeout: float = 60) -> str:
@@ -231,17 +270,29 @@ def _wait_for_pause(run: ChaosRun, proc: subprocess.Popen | None = None, timeout
     pytest.fail("the run never paused for approval")
 
 
-@pytest.mark.parametrize("scenario", [VANILLA_REFUND, LANGGRAPH_REFUND] if large_run() else [VANILLA_REFUND], ids=lambda s: s.adapter)
-def test_a_read_only_failover_runs_no_tool_it_cannot_journal(pg_server, fresh_db, tmp_path: Path, scenario: Scenario,
-                                                            references) -> None:
+@pytest.mark.parametrize(
+    "scenario", [VANILLA_REFUND, LANGGRAPH_REFUND] if large_run() else [VANILLA_REFUND], ids=lambda s: s.adapter
+)
+def test_a_read_only_failover_runs_no_tool_it_cannot_journal(
+    pg_server, fresh_db, tmp_path: Path, scenario: Scenario, references
+) -> None:
     references.prefetch([VANILLA_REFUND, LANGGRAPH_REFUND])
     dsn = fresh_db("ro")
     datname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
     admin = psycopg.conninfo.make_conninfo(dsn, options="-c default_transaction_read_only=off")  # the operator's, elsewhere
     with Store(admin, retry_for_s=60) as store:
         store.migrate()
-        run = ChaosRun(scenario, dsn=dsn, store=store, directory=tmp_path, rng=random.Random(7), stats=None, kills=0,
-                       reference=references.get(scenario), label=f"read-only {scenario.adapter}")
+        run = ChaosRun(
+            scenario,
+            dsn=dsn,
+            store=store,
+            directory=tmp_path,
+            rng=random.Random(7),
+            stats=None,
+            kills=0,
+            reference=references.get(scenario),
+            label=f"read-only {scenario.adapter}",
+        )
         proc = spawn_cli("run", str(run.path), dsn=dsn)
         try:
             call = _wait_for_pause(run, proc)
@@ -253,7 +304,9 @@ def test_a_read_only_failover_runs_no_tool_it_cannot_journal(pg_server, fresh_db
 
             time.sleep(2.5)
             while_read_only = proc.poll()
-            assert while_read_only in (None, 75), f"exit {proc.returncode} on a read-only server:\n{proc.communicate()[0][-3000:]}"
+            assert while_read_only in (None, 75), (
+                f"exit {proc.returncode} on a read-only server:\n{proc.communicate()[0][-3000:]}"
+            )
             assert _executions(run.db, run.uid, "issue_refund") == 0, "the refund ran though its intent could not be journaled"
             assert _journal_row(run.db, run.run_id, "call-2-0") == ("planned", 0)
 
@@ -274,13 +327,16 @@ def test_a_read_only_failover_runs_no_tool_it_cannot_journal(pg_server, fresh_db
         assert not v.problems, v.problems
         assert _executions(run.db, run.uid, "issue_refund") == 1
         run.close()
-    write_results(f"read_only_{scenario.adapter}", {"exit_while_read_only": while_read_only, "refund_runs_while_read_only": 0,
-                                                    "refund_runs": 1, "same_as_reference": True})
+    write_results(
+        f"read_only_{scenario.adapter}",
+        {"exit_while_read_only": while_read_only, "refund_runs_while_read_only": 0, "refund_runs": 1, "same_as_reference": True},
+    )
 
 
 @pytest.mark.parametrize("privilege,table", [("UPDATE", "agentfast_tool_calls"), ("INSERT", "agentfast_messages")])
-def test_a_revoked_privilege_stops_the_runner_safely(pg_server, fresh_db, tmp_path: Path, privilege: str, table: str,
-                                                     references) -> None:
+def test_a_revoked_privilege_stops_the_runner_safely(
+    pg_server, fresh_db, tmp_path: Path, privilege: str, table: str, references
+) -> None:
     """Revoked UPDATE on the journal: the approved refund's intent cannot be recorded, so it must
     not run. Revoked INSERT on the transcript: the takeover checkpoint (no new message) commits,
     the refund runs and its result is journaled, but the iteration cannot commit; after the grant
@@ -300,8 +356,17 @@ def test_a_revoked_privilege_stops_the_runner_safely(pg_server, fresh_db, tmp_pa
                 conn.execute(f'GRANT USAGE ON SCHEMA public TO "{role}"')
                 conn.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "{role}"')
                 conn.execute(f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO "{role}"')
-            run = ChaosRun(scenario, dsn=runner_dsn, store=store, directory=tmp_path, rng=random.Random(11), stats=None, kills=0,
-                           reference=references.get(scenario), label=f"revoked {privilege} on {table}")
+            run = ChaosRun(
+                scenario,
+                dsn=runner_dsn,
+                store=store,
+                directory=tmp_path,
+                rng=random.Random(11),
+                stats=None,
+                kills=0,
+                reference=references.get(scenario),
+                label=f"revoked {privilege} on {table}",
+            )
             tools = {EXAMPLES_DSN_ENV: examples_dsn_for(dsn)}  # the refund's own database (G11)
             admin = Db(dsn)  # the runner's role may not read the tools' tables
             res = spawn_cli("run", str(run.path), "--no-wait", dsn=runner_dsn, env=tools)
@@ -333,9 +398,15 @@ def test_a_revoked_privilege_stops_the_runner_safely(pg_server, fresh_db, tmp_pa
             assert _executions(admin, run.uid, "issue_refund") == 1
             run.close()
             admin.close()
-        write_results(f"privilege_{privilege}_{table}", {"exit_while_revoked": 75, "refund_runs_while_revoked":
-                                                         0 if table == "agentfast_tool_calls" else 1, "refund_runs": 1,
-                                                         "same_as_reference": True})
+        write_results(
+            f"privilege_{privilege}_{table}",
+            {
+                "exit_while_revoked": 75,
+                "refund_runs_while_revoked": 0 if table == "agentfast_tool_calls" else 1,
+                "refund_runs": 1,
+                "same_as_reference": True,
+            },
+        )
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f'DROP OWNED BY "{role}"')
@@ -395,14 +466,21 @@ def _rollbacks(db: Db, datname: str) -> int:
     return db.query("SELECT xact_rollback FROM pg_stat_database WHERE datname = %s", datname)[0][0]
 
 
-def test_out_of_disk_mid_run_runs_no_tool_it_cannot_journal(pg_server, small_tablespace, tmp_path: Path, chaos_seed: int,
-                                                             references) -> None:
+def test_out_of_disk_mid_run_runs_no_tool_it_cannot_journal(
+    pg_server, small_tablespace, tmp_path: Path, chaos_seed: int, references
+) -> None:
     space, mnt = small_tablespace
     seed = chaos_seed
     references.prefetch(SCENARIOS)
     rounds = int(os.environ.get("AGENTFAST_CHAOS_DISK_ROUNDS", "6" if large_run() else "1"))
-    tally = {"rounds": 0, "full_windows": 0, "writes_refused_while_full": 0, "runtime_writes_refused": 0, "processes": 0,
-             "exits_75": 0}
+    tally = {
+        "rounds": 0,
+        "full_windows": 0,
+        "writes_refused_while_full": 0,
+        "runtime_writes_refused": 0,
+        "processes": 0,
+        "exits_75": 0,
+    }
     for r in range(rounds):
         sc = SCENARIOS[(seed + r) % 2]
         ref = references.get(sc)
@@ -417,8 +495,18 @@ def test_out_of_disk_mid_run_runs_no_tool_it_cannot_journal(pg_server, small_tab
                 conn.execute(f"ALTER TABLE ALL IN TABLESPACE pg_default SET TABLESPACE {space}")
                 conn.execute(f"ALTER INDEX ALL IN TABLESPACE pg_default SET TABLESPACE {space}")
                 conn.execute(f"CREATE TABLE disk_probe (x text) TABLESPACE {space}")
-            run = ChaosRun(sc, dsn=dsn, store=store, directory=tmp_path, rng=rng, stats=None, kills=0, reference=ref,
-                           label=f"disk round {r} {sc.name}", allowed_exits=(0, 75))
+            run = ChaosRun(
+                sc,
+                dsn=dsn,
+                store=store,
+                directory=tmp_path,
+                rng=rng,
+                stats=None,
+                kills=0,
+                reference=ref,
+                label=f"disk round {r} {sc.name}",
+                allowed_exits=(0, 75),
+            )
             done = threading.Event()
             refused: list[int] = []
             runner_refused: list[int] = []
@@ -431,8 +519,13 @@ def test_out_of_disk_mid_run_runs_no_tool_it_cannot_journal(pg_server, small_tab
                     # Not later than iteration 2: a scenario may end at 4, and then no runtime write
                     # is left to refuse (the one-round CI size failed so).
                     at = rng.randint(1, 2)
-                    while not done.is_set() and (db.query("SELECT max(iteration) FROM agentfast_checkpoints WHERE run_id = %s",
-                                                          run.run_id)[0][0] or 0) < at:
+                    while (
+                        not done.is_set()
+                        and (
+                            db.query("SELECT max(iteration) FROM agentfast_checkpoints WHERE run_id = %s", run.run_id)[0][0] or 0
+                        )
+                        < at
+                    ):
                         time.sleep(0.01)
                     if done.is_set():
                         return

@@ -67,23 +67,43 @@ def _finish(run: ChaosRun, proc: subprocess.Popen, timeout: float) -> str:
     return out
 
 
-def test_a_zombie_frozen_at_a_random_moment_cannot_act_after_it_thaws(pg_server, dsn: str, store: Store, tmp_path: Path,
-                                                                       chaos_seed: int, references) -> None:
+def test_a_zombie_frozen_at_a_random_moment_cannot_act_after_it_thaws(
+    pg_server, dsn: str, store: Store, tmp_path: Path, chaos_seed: int, references
+) -> None:
     seed = chaos_seed
     references.prefetch([VANILLA_BATCH, LANGGRAPH_BATCH])
     rounds = int(os.environ.get("AGENTFAST_CHAOS_ZOMBIE_ROUNDS", "40" if large_run() else "1"))
     print(f"\nzombie chaos seed {seed} (replay: AGENTFAST_CHAOS_SEED={seed}), {rounds} rounds")
     db = Db(dsn)
-    tally = {"rounds": 0, "finished_before_freeze": 0, "zombies_fenced": 0, "zombie_finished_first": 0, "zombie_rows_after_thaw": 0,
-             "zombie_tool_starts_after_thaw": 0, "takeover_blocked": 0, "diverged": 0, "duplicated_effects": 0, "lost_results": 0}
+    tally = {
+        "rounds": 0,
+        "finished_before_freeze": 0,
+        "zombies_fenced": 0,
+        "zombie_finished_first": 0,
+        "zombie_rows_after_thaw": 0,
+        "zombie_tool_starts_after_thaw": 0,
+        "takeover_blocked": 0,
+        "diverged": 0,
+        "duplicated_effects": 0,
+        "lost_results": 0,
+    }
     problems: list[str] = []
     try:
         for r in range(rounds):
             sc = (VANILLA_BATCH, LANGGRAPH_BATCH)[(seed + r) % 2]  # one round in CI: the seed picks the adapter
             ref = references.get(sc)
             rng = random.Random(f"{seed}:zombie:{r}")
-            run = ChaosRun(sc, dsn=dsn, store=store, directory=tmp_path, rng=rng, stats=None, kills=0, reference=ref,
-                           label=f"zombie round {r} {sc.name}")
+            run = ChaosRun(
+                sc,
+                dsn=dsn,
+                store=store,
+                directory=tmp_path,
+                rng=rng,
+                stats=None,
+                kills=0,
+                reference=ref,
+                label=f"zombie round {r} {sc.name}",
+            )
             zombie = spawn_cli("run", str(run.path), dsn=dsn)
             try:
                 _tick_until(run, zombie, time.monotonic() + 60, lambda: (poll_state(db, run.run_id).epoch or 0) >= 1)
@@ -99,12 +119,15 @@ def test_a_zombie_frozen_at_a_random_moment_cannot_act_after_it_thaws(pg_server,
                 st = poll_state(db, run.run_id)
                 frozen_epoch = st.epoch
                 finished_first = st.phase == "Succeeded"
-                in_flight = {k for (k,) in db.query(
-                    "SELECT idempotency_key FROM agentfast_tool_calls WHERE run_id = %s AND state = 'started'", run.run_id)}
+                in_flight = {
+                    k
+                    for (k,) in db.query(
+                        "SELECT idempotency_key FROM agentfast_tool_calls WHERE run_id = %s AND state = 'started'", run.run_id
+                    )
+                }
 
                 successor = spawn_cli("resume", run.run_name, "--force", dsn=dsn)
-                _tick_until(run, successor, time.monotonic() + 30,
-                            lambda: (poll_state(db, run.run_id).epoch or 0) > frozen_epoch)
+                _tick_until(run, successor, time.monotonic() + 30, lambda: (poll_state(db, run.run_id).epoch or 0) > frozen_epoch)
                 if (poll_state(db, run.run_id).epoch or 0) <= frozen_epoch and successor.poll() is None:
                     tally["takeover_blocked"] += 1
                     problems.append(f"round {r}: the successor could not take the lease in 30s while the zombie was frozen")
@@ -137,13 +160,20 @@ def test_a_zombie_frozen_at_a_random_moment_cannot_act_after_it_thaws(pg_server,
                     problems.append(f"round {r}: {table} gained rows of the zombie's epoch {frozen_epoch} after it thawed")
             late = db.query(
                 "SELECT tool, idempotency_key FROM agentfast_examples.chaos_invocations WHERE epoch = %s AND at > %s AND idempotency_key LIKE %s",
-                frozen_epoch, thawed_at, f"{run.uid}:%")
+                frozen_epoch,
+                thawed_at,
+                f"{run.uid}:%",
+            )
             for tool, key in late:
                 if key not in in_flight:
                     tally["zombie_tool_starts_after_thaw"] += 1
                     problems.append(f"round {r}: the thawed zombie started {tool} {key}")
-            v = compare(ref.state, end_state(store, db, run.run_id, run.uid, sc.ledger), run.denied_reruns,
-                        frozen_in_flight=(frozen_epoch, in_flight))
+            v = compare(
+                ref.state,
+                end_state(store, db, run.run_id, run.uid, sc.ledger),
+                run.denied_reruns,
+                frozen_in_flight=(frozen_epoch, in_flight),
+            )
             tally["diverged"] += v.diverged
             tally["duplicated_effects"] += v.duplicated_effects + v.unexpected_effects
             tally["lost_results"] += v.lost_results
@@ -160,7 +190,9 @@ def test_a_zombie_frozen_at_a_random_moment_cannot_act_after_it_thaws(pg_server,
 def _backend_waiting_on(db: Db, datname: str, query_prefix: str) -> int | None:
     rows = db.query(
         """SELECT pid FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock' AND query LIKE %s""",
-        datname, query_prefix + "%")
+        datname,
+        query_prefix + "%",
+    )
     return rows[0][0] if rows else None
 
 
@@ -172,8 +204,12 @@ PARKED = {
     # COMMIT (store._write_statement): frozen after its payload insert, the zombie holds the run
     # row FOR SHARE (the fence trigger) in an open transaction. A 16-byte threshold sends every
     # longer text out of line, so the zombie soon makes such a write.
-    "in an open transaction": ("agentfast_payloads", "INSERT INTO agentfast_payloads", {"AGENTFAST_PAYLOAD_THRESHOLD_BYTES": "16"},
-                               "idle in transaction"),
+    "in an open transaction": (
+        "agentfast_payloads",
+        "INSERT INTO agentfast_payloads",
+        {"AGENTFAST_PAYLOAD_THRESHOLD_BYTES": "16"},
+        "idle in transaction",
+    ),
     # A checkpoint is one statement, its own transaction (migration 12): it commits on the server
     # while the client is frozen, and leaves nothing open.
     "in a one-statement write": ("agentfast_checkpoints", "SELECT * FROM agentfast_commit_checkpoint", {}, "idle"),
@@ -181,16 +217,26 @@ PARKED = {
 
 
 @pytest.mark.parametrize("parked", sorted(PARKED))
-def test_a_zombie_frozen_inside_a_transaction_does_not_block_the_takeover(pg_server, dsn: str, store: Store, tmp_path: Path,
-                                                                         references, parked: str) -> None:
+def test_a_zombie_frozen_inside_a_transaction_does_not_block_the_takeover(
+    pg_server, dsn: str, store: Store, tmp_path: Path, references, parked: str
+) -> None:
     """A runner frozen (GC pause, SIGSTOP, a partitioned node) inside a transaction, between two of
     its statements, holds the run row FOR SHARE; the successor's takeover (epoch + 1) waits for that
     lock. It must not wait for ever: Postgres ends the zombie's idle transaction and the successor
     takes over. A zombie frozen while its one-statement write waits holds nothing once it ends."""
     table, statement, zombie_env, frozen_state = PARKED[parked]
     sc, ref = VANILLA_BATCH, references.get(VANILLA_BATCH)
-    run = ChaosRun(sc, dsn=dsn, store=store, directory=tmp_path, rng=random.Random(1), stats=None, kills=0, reference=ref,
-                   label=f"zombie {parked}")
+    run = ChaosRun(
+        sc,
+        dsn=dsn,
+        store=store,
+        directory=tmp_path,
+        rng=random.Random(1),
+        stats=None,
+        kills=0,
+        reference=ref,
+        label=f"zombie {parked}",
+    )
     db = Db(dsn)
     datname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
     # Park the zombie exactly inside a write: its statement waits for this table lock.
@@ -198,8 +244,12 @@ def test_a_zombie_frozen_inside_a_transaction_does_not_block_the_takeover(pg_ser
     zombie = spawn_cli("run", str(run.path), dsn=dsn, env=zombie_env)
     try:
         _tick_until(run, zombie, time.monotonic() + 60, lambda: (poll_state(db, run.run_id).phase or "") == "Running")
-        _tick_until(run, zombie, time.monotonic() + 60,
-                    lambda: any(k == "done" for (k,) in db.query("SELECT state FROM agentfast_tool_calls WHERE run_id = %s", run.run_id)))
+        _tick_until(
+            run,
+            zombie,
+            time.monotonic() + 60,
+            lambda: any(k == "done" for (k,) in db.query("SELECT state FROM agentfast_tool_calls WHERE run_id = %s", run.run_id)),
+        )
         gate.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
         deadline = time.monotonic() + 30
         while _backend_waiting_on(db, datname, statement) is None:

@@ -66,11 +66,11 @@ def kubeconfig() -> str:
 @pytest.fixture(scope="session")
 def kubectl(kubeconfig: str) -> str:
     exe = find_kubectl()
-    proc = subprocess.run([exe, "--kubeconfig", kubeconfig, "get", "--raw", "/readyz"],
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [exe, "--kubeconfig", kubeconfig, "get", "--raw", "/readyz"], capture_output=True, text=True, timeout=30
+    )
     if proc.returncode != 0 or proc.stdout.strip() != "ok":
-        pytest.fail(f"the cluster of KUBECONFIG={kubeconfig} is not ready: {proc.stderr or proc.stdout}",
-                    pytrace=False)
+        pytest.fail(f"the cluster of KUBECONFIG={kubeconfig} is not ready: {proc.stderr or proc.stdout}", pytrace=False)
     return exe
 
 

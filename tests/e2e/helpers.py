@@ -48,17 +48,16 @@ class Kube:
         self.namespace = namespace
         self.image = os.environ.get("AGENTFAST_IMAGE", "agentfast:dev")
 
-    def run(self, *args: str, input: str | None = None, check: bool = True,
-            namespaced: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *args: str, input: str | None = None, check: bool = True, namespaced: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
         cmd = [self.kubectl, "--kubeconfig", self.kubeconfig]
         if namespaced:
             cmd += ["-n", self.namespace]
         cmd += list(args)
         proc = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
-            raise AssertionError(
-                f"{' '.join(cmd)} exited {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"
-            )
+            raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}")
         return proc
 
     def whoami(self) -> str:
@@ -76,8 +75,7 @@ class Kube:
             raise AssertionError(f"kubectl get {kind} {name}: {proc.stderr}")
         return json.loads(proc.stdout)
 
-    def wait_for(self, what: str, predicate: Callable[[], Any], timeout: float = 120,
-                 interval: float = 0.5) -> Any:
+    def wait_for(self, what: str, predicate: Callable[[], Any], timeout: float = 120, interval: float = 0.5) -> Any:
         deadline = time.monotonic() + timeout
         last: Any = None
         while time.monotonic() < deadline:
@@ -97,15 +95,23 @@ class Kube:
         read says why instead of raising.
         """
         sections: list[tuple[str, tuple[str, ...], bool]] = [
-            ("operator log (last 60 lines)", ("logs", "-l", "app.kubernetes.io/component=operator",
-                                              "--tail=60", "--all-containers", "--prefix"), False),
-            ("operator log, previous container", ("logs", "-l", "app.kubernetes.io/component=operator",
-                                                  "--tail=30", "--previous", "--prefix"), False),
-            ("AgentRuns", ("get", "agentruns", "-o", "custom-columns=NAME:.metadata.name,STATUS:.status",
-                           "--no-headers"), True),
+            (
+                "operator log (last 60 lines)",
+                ("logs", "-l", "app.kubernetes.io/component=operator", "--tail=60", "--all-containers", "--prefix"),
+                False,
+            ),
+            (
+                "operator log, previous container",
+                ("logs", "-l", "app.kubernetes.io/component=operator", "--tail=30", "--previous", "--prefix"),
+                False,
+            ),
+            ("AgentRuns", ("get", "agentruns", "-o", "custom-columns=NAME:.metadata.name,STATUS:.status", "--no-headers"), True),
             ("runner pods", ("describe", "pods", "-l", "app.kubernetes.io/component=runner"), True),
-            ("runner logs (last 30 lines each)", ("logs", "-l", "app.kubernetes.io/component=runner",
-                                                  "--tail=30", "--prefix", "--max-log-requests=10"), True),
+            (
+                "runner logs (last 30 lines each)",
+                ("logs", "-l", "app.kubernetes.io/component=runner", "--tail=30", "--prefix", "--max-log-requests=10"),
+                True,
+            ),
             ("recent Events", ("get", "events", "--sort-by=.lastTimestamp"), True),
         ]
         out = [f"--- diagnostics: namespace {self.namespace} ---"]
@@ -134,5 +140,11 @@ class Kube:
 def give_example_tools(k: Kube, examples_dsn: str) -> None:
     """The Secret agentfast-tools in ``k``'s namespace, as a team gives its tools their settings:
     the example tools' DSN (the operator mounts it for the tool host only)."""
-    k.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "agentfast-tools", "namespace": k.namespace},
-             "stringData": {"EXAMPLE_TOOLS_DSN": examples_dsn}})
+    k.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "agentfast-tools", "namespace": k.namespace},
+            "stringData": {"EXAMPLE_TOOLS_DSN": examples_dsn},
+        }
+    )

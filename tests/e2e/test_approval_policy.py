@@ -47,7 +47,9 @@ def people(release: Kube, tmp_path: Path) -> Iterator:
     release namespace, with a token kubeconfig. Removed afterwards."""
     k = release
     made: list[str] = []
-    server = json.loads(k.run("config", "view", "--raw", "--flatten", "--minify", "-o", "json", namespaced=False).stdout)["clusters"][0]
+    server = json.loads(k.run("config", "view", "--raw", "--flatten", "--minify", "-o", "json", namespaced=False).stdout)[
+        "clusters"
+    ][0]
 
     def make(who: str, *roles: str) -> Person:
         sa = f"e2e-{who}-{uuid.uuid4().hex[:6]}"
@@ -58,15 +60,24 @@ def people(release: Kube, tmp_path: Path) -> Iterator:
             k.run("create", "rolebinding", sa + "-" + role, f"--clusterrole={role}", f"--serviceaccount={k.namespace}:{sa}")
             made.append(f"rolebinding/{sa}-{role}")
         token = k.run("create", "token", sa, "--duration=1h").stdout.strip()
-        config = {"apiVersion": "v1", "kind": "Config", "clusters": [server], "users": [{"name": sa, "user": {"token": token}}],
-                  "contexts": [{"name": sa, "context": {"cluster": server["name"], "user": sa, "namespace": k.namespace}}],
-                  "current-context": sa}
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [server],
+            "users": [{"name": sa, "user": {"token": token}}],
+            "contexts": [{"name": sa, "context": {"cluster": server["name"], "user": sa, "namespace": k.namespace}}],
+            "current-context": sa,
+        }
         path = tmp_path / f"{sa}.kubeconfig"
         path.write_text(json.dumps(config))
         person = Person(user, Kube(k.kubectl, str(path), k.namespace))
         assert person.kube.whoami() == user
         if "edit" in roles:  # the aggregation controller fills the built-in edit role in from ours
-            k.wait_for("edit to carry agentruns", lambda: k.run("auth", "can-i", "create", "agentruns", f"--as={user}", check=False).stdout.strip() == "yes", timeout=30)
+            k.wait_for(
+                "edit to carry agentruns",
+                lambda: k.run("auth", "can-i", "create", "agentruns", f"--as={user}", check=False).stdout.strip() == "yes",
+                timeout=30,
+            )
         return person
 
     yield make
@@ -74,7 +85,9 @@ def people(release: Kube, tmp_path: Path) -> Iterator:
         k.run("delete", obj if "/" in obj else f"serviceaccount/{obj}", "--wait=false", check=False)
 
 
-def decide(p: Person, name: str, call_id: str, decided_by: str, decision: str = "approve", **extra: str) -> subprocess.CompletedProcess[str]:
+def decide(
+    p: Person, name: str, call_id: str, decided_by: str, decision: str = "approve", **extra: str
+) -> subprocess.CompletedProcess[str]:
     patch = {"spec": {"approvals": {call_id: {"decision": decision, "decidedBy": decided_by, **extra}}}}
     return p.kube.run("patch", "agentrun", name, "--type", "merge", "-p", json.dumps(patch), check=False)
 
@@ -90,16 +103,28 @@ def test_deciding_takes_the_approval_right_and_is_attributed_to_the_requesting_u
     approver = people("approver", APPROVER_ROLE)
     doc = refund_manifest(k, f"decide-{uuid.uuid4().hex[:6]}")
     name = doc["metadata"]["name"]
-    refused(editor.kube.run("apply", "-f", "-", input=json.dumps(
-        {**doc, "spec": {**doc["spec"], "approvals": {"call-2-0": {"decision": "approve", "decidedBy": editor.user}}}}), check=False),
-        "spec.approvals cannot be set when an AgentRun is created")  # pre-approval of a predictable id
+    refused(
+        editor.kube.run(
+            "apply",
+            "-f",
+            "-",
+            input=json.dumps(
+                {**doc, "spec": {**doc["spec"], "approvals": {"call-2-0": {"decision": "approve", "decidedBy": editor.user}}}}
+            ),
+            check=False,
+        ),
+        "spec.approvals cannot be set when an AgentRun is created",
+    )  # pre-approval of a predictable id
     editor.kube.apply(doc)
     uid = k.get("agentrun", name)["metadata"]["uid"]
     call = wait_awaiting(k, name)
 
     refused(decide(editor, name, call, editor.user), f"user {editor.user} may not decide calls of agentrun {name}")
     refused(decide(approver, name, call, editor.user), f"decidedBy must be your own user name, {approver.user}")
-    refused(decide(approver, name, "call-900-0", approver.user), "call-900-0 does not await a decision now; status.pendingApprovals lists: call-2-0")
+    refused(
+        decide(approver, name, "call-900-0", approver.user),
+        "call-900-0 does not await a decision now; status.pendingApprovals lists: call-2-0",
+    )
     assert not k.get("agentrun", name)["spec"].get("approvals")
     assert sql(k, "SELECT count(*) FROM agentfast_approvals WHERE run_id = %s", f"{k.namespace}/{name}") == [[0]]
 
@@ -118,7 +143,9 @@ def test_deciding_takes_the_approval_right_and_is_attributed_to_the_requesting_u
     assert st["decisions"] == [{"callId": call, "decision": "approve", "decidedBy": f"kubernetes:{approver.user}"}], st
     stored = sql(k, "SELECT decided_by FROM agentfast_approvals WHERE run_id = %s", f"{k.namespace}/{name}")
     assert stored == [[f"kubernetes:{approver.user}"]]
-    events = json.loads(k.run("get", "events", "--field-selector", f"involvedObject.name={name},reason=Decided", "-o", "json").stdout)["items"]
+    events = json.loads(
+        k.run("get", "events", "--field-selector", f"involvedObject.name={name},reason=Decided", "-o", "json").stdout
+    )["items"]
     assert [e["message"] for e in events] == [f"{call} (approve) decided by {approver.user}"]
 
 
@@ -129,11 +156,26 @@ def test_with_forbid_self_approval_the_creator_cannot_decide(release: Kube, peop
     helm = os.environ.get("HELM") or shutil.which("helm")
     assert helm, "helm not found (PATH or HELM)"
     release_name = f"e2e-self-{uuid.uuid4().hex[:6]}"
-    rendered = subprocess.run([helm, "template", release_name, str(REPO / "charts" / "agentfast"), "--set", "approval.forbidSelfApproval=true",
-                               "--show-only", "templates/approval-policy.yaml"], check=True, capture_output=True, text=True).stdout
+    rendered = subprocess.run(
+        [
+            helm,
+            "template",
+            release_name,
+            str(REPO / "charts" / "agentfast"),
+            "--set",
+            "approval.forbidSelfApproval=true",
+            "--show-only",
+            "templates/approval-policy.yaml",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     policy, binding = [d for d in yaml.safe_load_all(rendered) if d]
     binding["spec"]["matchResources"] = {"objectSelector": {"matchLabels": {"agentfast.dev/e2e-self": release_name}}}
-    k.run("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [policy, binding]}), namespaced=False)
+    k.run(
+        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [policy, binding]}), namespaced=False
+    )
     try:
         creator = people("creator", "edit", APPROVER_ROLE)
         other = people("other", APPROVER_ROLE)
@@ -146,14 +188,20 @@ def test_with_forbid_self_approval_the_creator_cannot_decide(release: Kube, peop
 
         k.wait_for("the self-approval policy to take effect", created, timeout=30, interval=1)
         doc["metadata"]["annotations"] = {"agentfast.dev/created-by": other.user}
-        refused(creator.kube.run("apply", "-f", "-", input=json.dumps(doc), check=False), "must carry the annotation")  # no posing as another
+        refused(
+            creator.kube.run("apply", "-f", "-", input=json.dumps(doc), check=False), "must carry the annotation"
+        )  # no posing as another
         doc["metadata"]["annotations"] = {"agentfast.dev/created-by": creator.user}
         creator.kube.apply(doc)
         uid = k.get("agentrun", name)["metadata"]["uid"]
         call = wait_awaiting(k, name)
-        refused(creator.kube.run("annotate", "agentrun", name, "--overwrite", f"agentfast.dev/created-by={other.user}", check=False),
-                "cannot be changed")
-        refused(decide(creator, name, call, creator.user), f"user {creator.user} created agentrun {name} and may not decide its calls")
+        refused(
+            creator.kube.run("annotate", "agentrun", name, "--overwrite", f"agentfast.dev/created-by={other.user}", check=False),
+            "cannot be changed",
+        )
+        refused(
+            decide(creator, name, call, creator.user), f"user {creator.user} created agentrun {name} and may not decide its calls"
+        )
         assert decide(other, name, call, other.user).returncode == 0
         st = assert_succeeded_once(k, name, uid, min_restarts=0)
         assert st["decisions"][0]["decidedBy"] == f"kubernetes:{other.user}"
@@ -178,7 +226,9 @@ def test_a_decision_is_bound_to_the_agentrun_the_approver_reviewed(release: Kube
     plugin = shutil.which("kubectl-agentfast")
     assert plugin, "kubectl-agentfast (the agentfast console script) is not on PATH"
     env = {**os.environ, "KUBECONFIG": approver.kube.kubeconfig}
-    proc = subprocess.run([plugin, "approve", name, call, "-n", k.namespace, "--uid", reviewed], env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [plugin, "approve", name, call, "-n", k.namespace, "--uid", reviewed], env=env, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2 and "re-created since you reviewed it" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     assert not k.get("agentrun", name)["spec"].get("approvals")
     # The API server enforces the same precondition for a raw patch carrying the reviewed uid.
@@ -197,20 +247,46 @@ def test_without_an_enforcing_binding_no_decision_is_recorded_even_after_it_retu
     k.apply(doc)
     call = wait_awaiting(k, name)
     recheck = 12  # the operator re-reads the policy every 10 s; the API server's own policy cache is quicker
-    k.run("patch", "validatingadmissionpolicybinding", binding, "--type", "merge", "-p", '{"spec":{"validationActions":["Audit"]}}', namespaced=False)
+    k.run(
+        "patch",
+        "validatingadmissionpolicybinding",
+        binding,
+        "--type",
+        "merge",
+        "-p",
+        '{"spec":{"validationActions":["Audit"]}}',
+        namespaced=False,
+    )
     try:
         time.sleep(recheck)
-        forged = json.dumps({"spec": {"approvals": {call: {"decision": "approve", "decidedBy": "system:serviceaccount:elsewhere:someone"}}}})
-        k.wait_for("the unenforced policy to admit a forged decidedBy",
-                   lambda: k.run("patch", "agentrun", name, "--type", "merge", "-p", forged, check=False).returncode == 0, timeout=30, interval=2)
+        forged = json.dumps(
+            {"spec": {"approvals": {call: {"decision": "approve", "decidedBy": "system:serviceaccount:elsewhere:someone"}}}}
+        )
+        k.wait_for(
+            "the unenforced policy to admit a forged decidedBy",
+            lambda: k.run("patch", "agentrun", name, "--type", "merge", "-p", forged, check=False).returncode == 0,
+            timeout=30,
+            interval=2,
+        )
 
         def warned() -> bool:
-            out = k.run("get", "events", "--field-selector", f"involvedObject.name={name},reason=ApprovalPolicyMissing", "-o", "json").stdout
+            out = k.run(
+                "get", "events", "--field-selector", f"involvedObject.name={name},reason=ApprovalPolicyMissing", "-o", "json"
+            ).stdout
             return bool(json.loads(out)["items"])
 
         k.wait_for("the operator to refuse the unchecked decision", warned, timeout=60, interval=1)
     finally:
-        k.run("patch", "validatingadmissionpolicybinding", binding, "--type", "merge", "-p", '{"spec":{"validationActions":["Deny"]}}', namespaced=False)
+        k.run(
+            "patch",
+            "validatingadmissionpolicybinding",
+            binding,
+            "--type",
+            "merge",
+            "-p",
+            '{"spec":{"validationActions":["Deny"]}}',
+            namespaced=False,
+        )
     time.sleep(recheck)
     k.run("annotate", "agentrun", name, "--overwrite", "agentfast.dev/e2e-touch=1")  # a reconcile with the policy back
     time.sleep(5)

@@ -25,8 +25,11 @@ def events(k: Kube, name: str, reason: str) -> list[dict[str, Any]]:
 
 
 def running_pods(k: Kube, name: str) -> list[str]:
-    return [p["metadata"]["name"] for p in runner_pods(k, name)
-            if p["status"].get("phase") in ("Pending", "Running") and not p["metadata"].get("deletionTimestamp")]
+    return [
+        p["metadata"]["name"]
+        for p in runner_pods(k, name)
+        if p["status"].get("phase") in ("Pending", "Running") and not p["metadata"].get("deletionTimestamp")
+    ]
 
 
 def assert_cancelled(k: Kube, name: str, uid: str, *, by: str) -> dict[str, Any]:
@@ -41,8 +44,11 @@ def assert_cancelled(k: Kube, name: str, uid: str, *, by: str) -> dict[str, Any]
     assert requested_by.startswith("kubernetes (spec.cancel")
     # The gated refund never ran; the work done before the pause is kept.
     assert sql(k, "SELECT count(*) FROM agentfast_examples.demo_refund_ledger WHERE idempotency_key LIKE %s", f"{uid}:%") == [[0]]
-    notes = sql(k, "SELECT count(*) FROM agentfast_examples.demo_tool_invocations WHERE tool = 'add_case_note' AND idempotency_key LIKE %s",
-                f"{uid}:%")
+    notes = sql(
+        k,
+        "SELECT count(*) FROM agentfast_examples.demo_tool_invocations WHERE tool = 'add_case_note' AND idempotency_key LIKE %s",
+        f"{uid}:%",
+    )
     assert notes == [[1]]
     assert sql(k, "SELECT state FROM agentfast_tool_calls WHERE run_id = %s AND call_id = 'call-2-0'", run_id) == [["planned"]]
     # No runner for it any more, and none is created again (a resync or two later).

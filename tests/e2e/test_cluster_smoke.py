@@ -37,8 +37,7 @@ def _pids_with_marker(marker: str) -> list[int]:
     return found
 
 
-def _pod(name: str, image: str, command: list[str], labels: dict[str, str] | None = None,
-         restart: str = "Never") -> dict:
+def _pod(name: str, image: str, command: list[str], labels: dict[str, str] | None = None, restart: str = "Never") -> dict:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -46,13 +45,15 @@ def _pod(name: str, image: str, command: list[str], labels: dict[str, str] | Non
         "spec": {
             "restartPolicy": restart,
             "terminationGracePeriodSeconds": 3,
-            "containers": [{
-                "name": "main",
-                "image": image,
-                "imagePullPolicy": "IfNotPresent",
-                "command": command,
-                "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True},
-            }],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": command,
+                    "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True},
+                }
+            ],
         },
     }
 
@@ -63,6 +64,7 @@ def _wait_running(kube, name: str) -> None:
         if phase in ("Failed", "Succeeded"):
             pytest.fail(f"pod {name} ended ({phase}) instead of running:\n{kube.describe('pod', name)}")
         return phase == "Running"
+
     try:
         kube.wait_for(f"pod {name} Running", running, timeout=180)
     except AssertionError as e:
@@ -78,9 +80,9 @@ def test_project_pod_runs_and_its_process_ends_on_delete(kube) -> None:
     # The marker is an argument so that it is in the process's /proc/PID/cmdline on the node.
     kube.apply(_pod("sleeper", kube.image, ["python3", "-c", script, marker]))
     _wait_running(kube, "sleeper")
-    logs = kube.wait_for("the pod's 'ready' line",
-                         lambda: "ready agentfast.runner" in kube.run("logs", "sleeper", check=False).stdout,
-                         timeout=60)
+    logs = kube.wait_for(
+        "the pod's 'ready' line", lambda: "ready agentfast.runner" in kube.run("logs", "sleeper", check=False).stdout, timeout=60
+    )
     assert logs
     pids = kube.wait_for("the container's process on this machine", lambda: _pids_with_marker(marker), timeout=30)
     assert pids, "the pod runs but no process with its marker is visible on this machine"
@@ -92,22 +94,29 @@ def test_project_pod_runs_and_its_process_ends_on_delete(kube) -> None:
     kube.run("delete", "pod", "sleeper", "--wait=true", timeout=120)
     assert kube.get("pod", "sleeper") is None
     # The API object is gone; the process must be gone too (the kubelet killed the container).
-    remaining = kube.wait_for("the container's process to end",
-                              lambda: not _pids_with_marker(marker) and [True], timeout=30)
+    remaining = kube.wait_for("the container's process to end", lambda: not _pids_with_marker(marker) and [True], timeout=30)
     assert remaining
     assert not _pids_with_marker(marker)
 
 
 def test_service_dns_and_in_cluster_api(kube) -> None:
     ns = kube.namespace
-    kube.apply(_pod("web", kube.image, ["python3", "-m", "http.server", "8080", "--directory", "/opt/agentfast"],
-                    labels={"app": "smoke-web"}))
-    kube.apply({
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "smoke-web"},
-        "spec": {"selector": {"app": "smoke-web"}, "ports": [{"port": 80, "targetPort": 8080}]},
-    })
+    kube.apply(
+        _pod(
+            "web",
+            kube.image,
+            ["python3", "-m", "http.server", "8080", "--directory", "/opt/agentfast"],
+            labels={"app": "smoke-web"},
+        )
+    )
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "smoke-web"},
+            "spec": {"selector": {"app": "smoke-web"}, "ports": [{"port": 80, "targetPort": 8080}]},
+        }
+    )
     _wait_running(kube, "web")
 
     client = f"""

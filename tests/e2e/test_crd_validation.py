@@ -37,22 +37,49 @@ BAD = [
     ("tool ref not module:attr", lambda s: s["tools"][0].update(ref="nocolon"), "spec.tools[0].ref"),
     ("duplicate tool names", lambda s: s["tools"].append(dict(s["tools"][0])), "spec.tools[3]: Duplicate value"),
     ("langgraph without graph", lambda s: s.update(adapter="langgraph"), "spec.graph.ref is required"),
-    ("bad decision", lambda s: s.update(approvals={"call-1-0": {"decision": "maybe", "decidedBy": "u"}}), "spec.approvals.call-1-0.decision"),
-    ("deny without reason", lambda s: s.update(approvals={"call-1-0": {"decision": "deny", "decidedBy": "u"}}), "a deny decision needs a reason"),
-    ("deny with a blank reason", lambda s: s.update(approvals={"call-1-0": {"decision": "deny", "reason": "  ", "decidedBy": "u"}}), "a deny decision needs a reason"),
-    ("complete without result", lambda s: s.update(approvals={"call-1-0": {"decision": "complete", "decidedBy": "u"}}), "a complete decision needs result"),
-    ("result on approve", lambda s: s.update(approvals={"call-1-0": {"decision": "approve", "result": "{}", "decidedBy": "u"}}), "result is given only with decision complete"),
+    (
+        "bad decision",
+        lambda s: s.update(approvals={"call-1-0": {"decision": "maybe", "decidedBy": "u"}}),
+        "spec.approvals.call-1-0.decision",
+    ),
+    (
+        "deny without reason",
+        lambda s: s.update(approvals={"call-1-0": {"decision": "deny", "decidedBy": "u"}}),
+        "a deny decision needs a reason",
+    ),
+    (
+        "deny with a blank reason",
+        lambda s: s.update(approvals={"call-1-0": {"decision": "deny", "reason": "  ", "decidedBy": "u"}}),
+        "a deny decision needs a reason",
+    ),
+    (
+        "complete without result",
+        lambda s: s.update(approvals={"call-1-0": {"decision": "complete", "decidedBy": "u"}}),
+        "a complete decision needs result",
+    ),
+    (
+        "result on approve",
+        lambda s: s.update(approvals={"call-1-0": {"decision": "approve", "result": "{}", "decidedBy": "u"}}),
+        "result is given only with decision complete",
+    ),
     # issue 12, item 5
     # issue 12, item 4: an AgentRun names a ModelConfig, never a URL, a Secret or a variable.
     # kubectl apply asks the API server for strict field validation: an unknown field is an error
     # (a client that does not ask gets it pruned: test_a_url_or_a_secret_is_never_stored_in_an_agentrun).
     ("model baseURL", lambda s: s["model"].update(baseURL="http://169.254.169.254/v1"), 'unknown field "spec.model.baseURL"'),
-    ("model apiKeySecretRef", lambda s: s["model"].update(apiKeySecretRef={"name": "agentfast-postgres", "key": "dsn"}),
-     'unknown field "spec.model.apiKeySecretRef"'),
+    (
+        "model apiKeySecretRef",
+        lambda s: s["model"].update(apiKeySecretRef={"name": "agentfast-postgres", "key": "dsn"}),
+        'unknown field "spec.model.apiKeySecretRef"',
+    ),
     ("model apiKeyEnv", lambda s: s["model"].update(apiKeyEnv="LD_PRELOAD"), 'unknown field "spec.model.apiKeyEnv"'),
     ("model timeoutSeconds", lambda s: s["model"].update(timeoutSeconds=5), 'unknown field "spec.model.timeoutSeconds"'),
     ("model maxRetries", lambda s: s["model"].update(maxRetries=0), 'unknown field "spec.model.maxRetries"'),
-    ("model config not DNS-1123", lambda s: (s["model"].pop("script"), s["model"].update(config="Bad_Name")), "spec.model.config"),
+    (
+        "model config not DNS-1123",
+        lambda s: (s["model"].pop("script"), s["model"].update(config="Bad_Name")),
+        "spec.model.config",
+    ),
     ("model config a path", lambda s: (s["model"].pop("script"), s["model"].update(config="../../secrets")), "spec.model.config"),
     ("model name with a space", lambda s: s["model"].update(name="gpt 4"), "spec.model.name"),
     ("model script is a path", lambda s: s["model"].update(script="/dev/zero"), "spec.model.script"),
@@ -63,39 +90,117 @@ BAD = [
     ("max_iterations without bound", lambda s: s["budget"].update(max_iterations=10**9), "spec.budget.max_iterations"),
     ("max_duration_ms without bound", lambda s: s["budget"].update(max_duration_ms=10**15), "spec.budget.max_duration_ms"),
     ("temperature without bound", lambda s: s["model"].update(temperature=1e300), "spec.model.temperature"),
-    ("pre-approval at creation", lambda s: s.update(approvals={"call-2-0": {"decision": "approve", "decidedBy": "u"}}),
-     "spec.approvals cannot be set when an AgentRun is created"),
-    ("decision without decidedBy", lambda s: s.update(approvals={"call-2-0": {"decision": "approve"}}), "spec.approvals.call-2-0.decidedBy: Required value"),
-    ("approval key not a call id", lambda s: s.update(approvals={"junk": {"decision": "approve", "decidedBy": "u"}}), "approval keys are call ids"),
-    ("approval key too long", lambda s: s.update(approvals={"call-" + "1" * 100 + "-0": {"decision": "approve", "decidedBy": "u"}}), "approval keys are call ids"),
+    (
+        "pre-approval at creation",
+        lambda s: s.update(approvals={"call-2-0": {"decision": "approve", "decidedBy": "u"}}),
+        "spec.approvals cannot be set when an AgentRun is created",
+    ),
+    (
+        "decision without decidedBy",
+        lambda s: s.update(approvals={"call-2-0": {"decision": "approve"}}),
+        "spec.approvals.call-2-0.decidedBy: Required value",
+    ),
+    (
+        "approval key not a call id",
+        lambda s: s.update(approvals={"junk": {"decision": "approve", "decidedBy": "u"}}),
+        "approval keys are call ids",
+    ),
+    (
+        "approval key too long",
+        lambda s: s.update(approvals={"call-" + "1" * 100 + "-0": {"decision": "approve", "decidedBy": "u"}}),
+        "approval keys are call ids",
+    ),
     ("zero deadline", lambda s: s.update(activeDeadlineSeconds=0), "spec.activeDeadlineSeconds"),
     ("deadline without bound", lambda s: s.update(activeDeadlineSeconds=10**9), "spec.activeDeadlineSeconds"),
     ("cancel not a boolean", lambda s: s.update(cancel="yes"), "spec.cancel"),
-    ("too many approval keys", lambda s: s.update(approvals={f"call-{i}-0": {"decision": "approve", "decidedBy": "u"} for i in range(129)}), "spec.approvals: Too many"),
+    (
+        "too many approval keys",
+        lambda s: s.update(approvals={f"call-{i}-0": {"decision": "approve", "decidedBy": "u"} for i in range(129)}),
+        "spec.approvals: Too many",
+    ),
     # issue 14 item 7: spec.runner sizes and places the pod, nothing else of it, and is bounded
-    ("runner securityContext", lambda s: s.update(runner={"securityContext": {"privileged": True}}), 'unknown field "spec.runner.securityContext"'),
-    ("runner volumes", lambda s: s.update(runner={"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}), 'unknown field "spec.runner.volumes"'),
-    ("runner serviceAccountName", lambda s: s.update(runner={"serviceAccountName": "admin"}), 'unknown field "spec.runner.serviceAccountName"'),
+    (
+        "runner securityContext",
+        lambda s: s.update(runner={"securityContext": {"privileged": True}}),
+        'unknown field "spec.runner.securityContext"',
+    ),
+    (
+        "runner volumes",
+        lambda s: s.update(runner={"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}),
+        'unknown field "spec.runner.volumes"',
+    ),
+    (
+        "runner serviceAccountName",
+        lambda s: s.update(runner={"serviceAccountName": "admin"}),
+        'unknown field "spec.runner.serviceAccountName"',
+    ),
     ("runner env", lambda s: s.update(runner={"env": [{"name": "LD_PRELOAD", "value": "x"}]}), 'unknown field "spec.runner.env"'),
-    ("runner resource other than cpu and memory", lambda s: s.update(runner={"resources": {"limits": {"nvidia.com/gpu": "8"}}}),
-     'unknown field "spec.runner.resources.limits.nvidia.com/gpu"'),
-    ("runner quantity not a quantity", lambda s: s.update(runner={"resources": {"requests": {"cpu": "all"}}}), "spec.runner.resources.requests.cpu"),
+    (
+        "runner resource other than cpu and memory",
+        lambda s: s.update(runner={"resources": {"limits": {"nvidia.com/gpu": "8"}}}),
+        'unknown field "spec.runner.resources.limits.nvidia.com/gpu"',
+    ),
+    (
+        "runner quantity not a quantity",
+        lambda s: s.update(runner={"resources": {"requests": {"cpu": "all"}}}),
+        "spec.runner.resources.requests.cpu",
+    ),
     ("runner image not a reference", lambda s: s.update(runner={"image": "reg.io/team/../x:1"}), "spec.runner.image"),
-    ("runner too many node labels", lambda s: s.update(runner={"nodeSelector": {f"k{i}": "v" for i in range(33)}}), "spec.runner.nodeSelector: Too many"),
-    ("runner too many tolerations", lambda s: s.update(runner={"tolerations": [{"key": f"k{i}"} for i in range(33)]}), "spec.runner.tolerations: Too many"),
-    ("runner toleration of every taint", lambda s: s.update(runner={"tolerations": [{"operator": "Exists"}]}), "spec.runner.tolerations[0].key: Required value"),
-    ("runner restates the node-loss toleration", lambda s: s.update(runner={"tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists"}]}),
-     "the operator's own tolerations"),
-    ("runner system priority class", lambda s: s.update(runner={"priorityClassName": "system-cluster-critical"}), "the system- priority classes"),
-    ("runner too many affinity terms", lambda s: s.update(runner={"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"topologyKey": "kubernetes.io/hostname"}] * 9}}}), "Too many"),
+    (
+        "runner too many node labels",
+        lambda s: s.update(runner={"nodeSelector": {f"k{i}": "v" for i in range(33)}}),
+        "spec.runner.nodeSelector: Too many",
+    ),
+    (
+        "runner too many tolerations",
+        lambda s: s.update(runner={"tolerations": [{"key": f"k{i}"} for i in range(33)]}),
+        "spec.runner.tolerations: Too many",
+    ),
+    (
+        "runner toleration of every taint",
+        lambda s: s.update(runner={"tolerations": [{"operator": "Exists"}]}),
+        "spec.runner.tolerations[0].key: Required value",
+    ),
+    (
+        "runner restates the node-loss toleration",
+        lambda s: s.update(runner={"tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists"}]}),
+        "the operator's own tolerations",
+    ),
+    (
+        "runner system priority class",
+        lambda s: s.update(runner={"priorityClassName": "system-cluster-critical"}),
+        "the system- priority classes",
+    ),
+    (
+        "runner too many affinity terms",
+        lambda s: s.update(
+            runner={
+                "affinity": {
+                    "podAntiAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "kubernetes.io/hostname"}] * 9
+                    }
+                }
+            }
+        ),
+        "Too many",
+    ),
 ]
 
 
-MODELCONFIG = {"apiVersion": "agentfast.dev/v1alpha1", "kind": "ModelConfig", "metadata": {"name": "llm"},
-               "spec": {"baseURL": "https://api.openai.com/v1", "apiKeySecretRef": {"name": "openai-key", "key": "api-key"},
-                        "models": ["gpt-4o-mini"], "timeoutSeconds": 60, "maxRetries": 4, "maxTokensPerRequest": 4096,
-                        "prices": {"promptPerMillionTokens": 0.15, "completionPerMillionTokens": 0.6}}}
+MODELCONFIG = {
+    "apiVersion": "agentfast.dev/v1alpha1",
+    "kind": "ModelConfig",
+    "metadata": {"name": "llm"},
+    "spec": {
+        "baseURL": "https://api.openai.com/v1",
+        "apiKeySecretRef": {"name": "openai-key", "key": "api-key"},
+        "models": ["gpt-4o-mini"],
+        "timeoutSeconds": 60,
+        "maxRetries": 4,
+        "maxTokensPerRequest": 4096,
+        "prices": {"promptPerMillionTokens": 0.15, "completionPerMillionTokens": 0.6},
+    },
+}
 
 BAD_MODELCONFIG = [
     ("no baseURL", lambda s: s.pop("baseURL"), "spec.baseURL: Required value"),
@@ -109,13 +214,21 @@ BAD_MODELCONFIG = [
     ("too many models", lambda s: s.update(models=[f"m-{i}" for i in range(65)]), "spec.models: Too many"),
     ("duplicate models", lambda s: s.update(models=["m", "m"]), "spec.models[1]: Duplicate value"),
     ("model name with a space", lambda s: s.update(models=["gpt 4"]), "spec.models[0]"),
-    ("secret name not DNS-1123", lambda s: s.update(apiKeySecretRef={"name": "Bad_Name", "key": "k"}), "spec.apiKeySecretRef.name"),
+    (
+        "secret name not DNS-1123",
+        lambda s: s.update(apiKeySecretRef={"name": "Bad_Name", "key": "k"}),
+        "spec.apiKeySecretRef.name",
+    ),
     ("secret key with a slash", lambda s: s.update(apiKeySecretRef={"name": "s", "key": "a/b"}), "spec.apiKeySecretRef.key"),
     ("timeoutSeconds without bound", lambda s: s.update(timeoutSeconds=1e12), "spec.timeoutSeconds"),
     ("maxRetries without bound", lambda s: s.update(maxRetries=10**6), "spec.maxRetries"),
     ("maxTokensPerRequest without bound", lambda s: s.update(maxTokensPerRequest=10**9), "spec.maxTokensPerRequest"),
     ("negative price", lambda s: s["prices"].update(promptPerMillionTokens=-1), "spec.prices.promptPerMillionTokens"),
-    ("price without bound", lambda s: s["prices"].update(completionPerMillionTokens=1e12), "spec.prices.completionPerMillionTokens"),
+    (
+        "price without bound",
+        lambda s: s["prices"].update(completionPerMillionTokens=1e12),
+        "spec.prices.completionPerMillionTokens",
+    ),
     ("apiKeyEnv", lambda s: s.update(apiKeyEnv="LD_PRELOAD"), 'unknown field "spec.apiKeyEnv"'),
 ]
 
@@ -153,8 +266,13 @@ def test_a_url_or_a_secret_is_never_stored_in_an_agentrun(kube: Kube) -> None:
     # A client that does not ask for strict field validation (kubectl --validate=false, the Python
     # client's default) is not refused: the API server prunes the unknown fields. Either way no
     # AgentRun object ever holds a URL or a Secret name.
-    doc = variant(lambda s: s["model"].update(baseURL="http://169.254.169.254/v1", apiKeySecretRef={"name": "agentfast-postgres", "key": "dsn"},
-                                              apiKeyEnv="LD_PRELOAD"))
+    doc = variant(
+        lambda s: s["model"].update(
+            baseURL="http://169.254.169.254/v1",
+            apiKeySecretRef={"name": "agentfast-postgres", "key": "dsn"},
+            apiKeyEnv="LD_PRELOAD",
+        )
+    )
     # (`kubectl create`, not `apply`: client-side apply keeps the input's text in an annotation,
     # last-applied-configuration, which nothing of agentfast reads.)
     proc = kube.run("create", "--dry-run=server", "--validate=false", "-o", "json", "-f", "-", input=json.dumps(doc), check=False)
@@ -172,11 +290,18 @@ def test_spec_is_immutable(kube: Kube) -> None:
     kube.apply(doc)
     changed = kube.run("patch", "agentrun", name, "--type", "merge", "-p", '{"spec":{"input":"refund everything"}}', check=False)
     assert changed.returncode != 0 and "spec is immutable after creation" in changed.stderr
-    for runner in ({"nodeSelector": {"kubernetes.io/os": "linux"}}, {"image": "agentfast:dev"}):  # spec.runner too (issue 14 item 7)
-        added = kube.run("patch", "agentrun", name, "--type", "merge", "-p", json.dumps({"spec": {"runner": runner}}), check=False)
+    for runner in (
+        {"nodeSelector": {"kubernetes.io/os": "linux"}},
+        {"image": "agentfast:dev"},
+    ):  # spec.runner too (issue 14 item 7)
+        added = kube.run(
+            "patch", "agentrun", name, "--type", "merge", "-p", json.dumps({"spec": {"runner": runner}}), check=False
+        )
         assert added.returncode != 0 and "spec is immutable after creation" in added.stderr, runner
     explain = kube.run("explain", "agentrun.spec.budget", namespaced=False)
-    assert "max_iterations" in explain.stdout and "exceeding one ends the run as" in explain.stdout.replace("\n", " ").replace("  ", " ")
+    assert "max_iterations" in explain.stdout and "exceeding one ends the run as" in explain.stdout.replace("\n", " ").replace(
+        "  ", " "
+    )
 
 
 def test_the_crd_installs_within_the_cel_cost_budget_and_long_names_are_accepted(kube: Kube) -> None:
@@ -198,7 +323,10 @@ def test_cancel_is_a_one_way_switch_and_the_deadline_is_immutable(kube: Kube) ->
 
     for spec in ('{"activeDeadlineSeconds":7200}', '{"activeDeadlineSeconds":null}'):
         refused = patch(spec)
-        assert refused.returncode != 0 and "spec is immutable after creation, except spec.approvals and spec.cancel" in refused.stderr
+        assert (
+            refused.returncode != 0
+            and "spec is immutable after creation, except spec.approvals and spec.cancel" in refused.stderr
+        )
     assert patch('{"cancel":false}').returncode == 0  # false to false: nothing taken back
     assert patch('{"cancel":true}').returncode == 0
     for spec in ('{"cancel":false}', '{"cancel":null}'):
@@ -207,6 +335,14 @@ def test_cancel_is_a_one_way_switch_and_the_deadline_is_immutable(kube: Kube) ->
     assert kube.get("agentrun", name)["spec"]["cancel"] is True
     undeadlined = variant(lambda s: None)
     kube.apply(undeadlined)
-    added = kube.run("patch", "agentrun", undeadlined["metadata"]["name"], "--type", "merge", "-p", '{"spec":{"activeDeadlineSeconds":60}}',
-                     check=False)
+    added = kube.run(
+        "patch",
+        "agentrun",
+        undeadlined["metadata"]["name"],
+        "--type",
+        "merge",
+        "-p",
+        '{"spec":{"activeDeadlineSeconds":60}}',
+        check=False,
+    )
     assert added.returncode != 0 and "spec is immutable after creation" in added.stderr

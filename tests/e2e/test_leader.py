@@ -61,15 +61,22 @@ def _holder(k: Kube) -> str:
 def test_killing_the_leading_operator_mid_approval_loses_nothing(release: Kube) -> None:
     k = release
     assert k.run("get", "pdb", "agentfast-operator", "-o", "jsonpath={.spec.minAvailable}").stdout == "1"
-    k.wait_for("two ready operator replicas", lambda: len([p for p in _operators(k) if all(
-        c.get("ready") for c in p["status"].get("containerStatuses") or [{}])]) == 2, timeout=180)
-    leader = k.wait_for("a leader", lambda: _holder(k) in {p["metadata"]["name"] for p in _operators(k)} and _holder(k), timeout=60)
+    k.wait_for(
+        "two ready operator replicas",
+        lambda: len([p for p in _operators(k) if all(c.get("ready") for c in p["status"].get("containerStatuses") or [{}])]) == 2,
+        timeout=180,
+    )
+    leader = k.wait_for(
+        "a leader", lambda: _holder(k) in {p["metadata"]["name"] for p in _operators(k)} and _holder(k), timeout=60
+    )
     name, uid = apply_refund(k)
     call = wait_awaiting(k, name)
     k.run("delete", "pod", leader, "--grace-period=0", "--force", "--wait=false")  # no graceful stop: no release
     killed = time.monotonic()
     approve(k, name, call)
-    k.wait_for("the decision applied by the new leader", lambda: status(k, name).get("phase") == "Succeeded", timeout=120, interval=0.2)
+    k.wait_for(
+        "the decision applied by the new leader", lambda: status(k, name).get("phase") == "Succeeded", timeout=120, interval=0.2
+    )
     took = time.monotonic() - killed
     new = _holder(k)
     assert new and new != leader, (leader, new)

@@ -56,55 +56,112 @@ def model_server(release: Kube) -> Iterator[dict[str, str]]:
     tag = uuid.uuid4().hex[:6]
     name, secret = f"scripted-model-{tag}", f"model-key-{tag}"
     key_value = KEY_VALUE_PREFIX + uuid.uuid4().hex
-    k.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret, "namespace": k.namespace, "labels": _labels(tag)},
-             "type": "Opaque", "stringData": {"api-key": key_value}})
+    k.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": secret, "namespace": k.namespace, "labels": _labels(tag)},
+            "type": "Opaque",
+            "stringData": {"api-key": key_value},
+        }
+    )
     pod_labels = {"app.kubernetes.io/name": name, **_labels(tag)}
-    k.apply({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name, "namespace": k.namespace, "labels": _labels(tag)},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
-            "template": {
-                "metadata": {"labels": pod_labels},
-                "spec": {
-                    "automountServiceAccountToken": False,
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [{
-                        "name": "model",
-                        "image": k.image,
-                        "imagePullPolicy": "IfNotPresent",
-                        "command": ["python", "-m", "agentfast.runner.scripted", "--script", "refund", "--host", "0.0.0.0",
-                                    "--port", str(SERVER_PORT), "--require-key-env", "MODEL_KEY"],
-                        "env": [{"name": "MODEL_KEY", "valueFrom": {"secretKeyRef": {"name": secret, "key": "api-key"}}},
-                                {"name": "HOME", "value": "/tmp"}],
-                        "ports": [{"name": "http", "containerPort": SERVER_PORT}],
-                        "readinessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 2},
-                        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}},
-                        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-                    }],
-                    "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "16Mi"}}],
+    k.apply(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name, "namespace": k.namespace, "labels": _labels(tag)},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
+                "template": {
+                    "metadata": {"labels": pod_labels},
+                    "spec": {
+                        "automountServiceAccountToken": False,
+                        "securityContext": {
+                            "runAsNonRoot": True,
+                            "runAsUser": 10001,
+                            "runAsGroup": 10001,
+                            "seccompProfile": {"type": "RuntimeDefault"},
+                        },
+                        "containers": [
+                            {
+                                "name": "model",
+                                "image": k.image,
+                                "imagePullPolicy": "IfNotPresent",
+                                "command": [
+                                    "python",
+                                    "-m",
+                                    "agentfast.runner.scripted",
+                                    "--script",
+                                    "refund",
+                                    "--host",
+                                    "0.0.0.0",
+                                    "--port",
+                                    str(SERVER_PORT),
+                                    "--require-key-env",
+                                    "MODEL_KEY",
+                                ],
+                                "env": [
+                                    {"name": "MODEL_KEY", "valueFrom": {"secretKeyRef": {"name": secret, "key": "api-key"}}},
+                                    {"name": "HOME", "value": "/tmp"},
+                                ],
+                                "ports": [{"name": "http", "containerPort": SERVER_PORT}],
+                                "readinessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 2},
+                                "securityContext": {
+                                    "allowPrivilegeEscalation": False,
+                                    "readOnlyRootFilesystem": True,
+                                    "capabilities": {"drop": ["ALL"]},
+                                },
+                                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+                            }
+                        ],
+                        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "16Mi"}}],
+                    },
                 },
             },
-        },
-    })
-    k.apply({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": k.namespace, "labels": _labels(tag)},
-             "spec": {"selector": {"app.kubernetes.io/name": name}, "ports": [{"name": "http", "port": SERVER_PORT, "targetPort": "http"}]}})
+        }
+    )
+    k.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": name, "namespace": k.namespace, "labels": _labels(tag)},
+            "spec": {
+                "selector": {"app.kubernetes.io/name": name},
+                "ports": [{"name": "http", "port": SERVER_PORT, "targetPort": "http"}],
+            },
+        }
+    )
     try:
         k.run("rollout", "status", f"deploy/{name}", "--timeout=180s", timeout=200)
-        yield {"tag": tag, "secret": secret, "key": "api-key", "key_value": key_value, "deployment": name,
-               "url": f"http://{name}.{k.namespace}.svc:{SERVER_PORT}/v1"}
+        yield {
+            "tag": tag,
+            "secret": secret,
+            "key": "api-key",
+            "key_value": key_value,
+            "deployment": name,
+            "url": f"http://{name}.{k.namespace}.svc:{SERVER_PORT}/v1",
+        }
     finally:
         for kind in ("agentrun", "modelconfig", "service", "deployment", "secret"):
             k.run("delete", kind, "-l", f"agentfast.dev/e2e-model={tag}", "--wait=false", check=False)
 
 
 def modelconfig(k: Kube, server: dict[str, str], name: str, models: list[str] | None = None) -> dict[str, Any]:
-    return {"apiVersion": "agentfast.dev/v1alpha1", "kind": "ModelConfig",
-            "metadata": {"name": name, "namespace": k.namespace, "labels": _labels(server["tag"])},
-            "spec": {"baseURL": server["url"], "apiKeySecretRef": {"name": server["secret"], "key": server["key"]},
-                     "models": models or ["scripted-refund"], "timeoutSeconds": 30, "maxRetries": 2,
-                     "prices": {"promptPerMillionTokens": 1.0, "completionPerMillionTokens": 2.0}}}
+    return {
+        "apiVersion": "agentfast.dev/v1alpha1",
+        "kind": "ModelConfig",
+        "metadata": {"name": name, "namespace": k.namespace, "labels": _labels(server["tag"])},
+        "spec": {
+            "baseURL": server["url"],
+            "apiKeySecretRef": {"name": server["secret"], "key": server["key"]},
+            "models": models or ["scripted-refund"],
+            "timeoutSeconds": 30,
+            "maxRetries": 2,
+            "prices": {"promptPerMillionTokens": 1.0, "completionPerMillionTokens": 2.0},
+        },
+    }
 
 
 def agentrun(k: Kube, server: dict[str, str], name: str, config: str, model: str = "scripted-refund") -> dict[str, Any]:
@@ -126,7 +183,9 @@ def _pod(k: Kube, name: str) -> dict[str, Any] | None:
 
 def _finish(k: Kube, name: str) -> dict[str, Any]:
     """Wait for the refund's approval, approve it, and wait for the run to succeed."""
-    k.wait_for(f"{name} to wait for approval", lambda: status(k, name).get("phase") in ("WaitingForApproval", "Failed"), timeout=240)
+    k.wait_for(
+        f"{name} to wait for approval", lambda: status(k, name).get("phase") in ("WaitingForApproval", "Failed"), timeout=240
+    )
     st = status(k, name)
     assert st["phase"] == "WaitingForApproval" and st["awaiting"] == "call-2-0", st
     approve(k, name, "call-2-0")
@@ -139,9 +198,11 @@ def _finish(k: Kube, name: str) -> dict[str, Any]:
 def test_a_run_uses_its_model_configs_endpoint_and_only_its_key(release: Kube, model_server: dict[str, str]) -> None:
     k, server = release, model_server
     # The in-cluster model refuses a request without the key (so a Succeeded run proves the key reached it).
-    probe = ("import urllib.request,urllib.error\n"
-             f"try: urllib.request.urlopen('http://127.0.0.1:{SERVER_PORT}/v1/models', timeout=5); print(200)\n"
-             "except urllib.error.HTTPError as e: print(e.code)\n")
+    probe = (
+        "import urllib.request,urllib.error\n"
+        f"try: urllib.request.urlopen('http://127.0.0.1:{SERVER_PORT}/v1/models', timeout=5); print(200)\n"
+        "except urllib.error.HTTPError as e: print(e.code)\n"
+    )
     assert k.run("exec", f"deploy/{server['deployment']}", "--", "python", "-c", probe).stdout.strip() == "401"
     config = f"llm-{server['tag']}"
     k.apply(modelconfig(k, server, config))
@@ -151,7 +212,9 @@ def test_a_run_uses_its_model_configs_endpoint_and_only_its_key(release: Kube, m
 
     for pod in runner_pods(k, name):  # what every runner pod of the run ran with
         [container] = pod["spec"]["containers"]
-        secret_refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "secretKeyRef" in (e.get("valueFrom") or {})}
+        secret_refs = {
+            e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "secretKeyRef" in (e.get("valueFrom") or {})
+        }
         assert secret_refs.pop("AGENTFAST_MODEL_API_KEY") == {"name": server["secret"], "key": server["key"]}
         assert list(secret_refs) == ["AGENTFAST_DSN"], secret_refs  # no other Secret reaches the runner's environment
         # the one Secret volume: the tools' own settings, for the tool host only (G11)
@@ -172,9 +235,14 @@ def test_a_missing_model_config_keeps_the_run_pending_until_it_exists(release: K
     config = f"later-{server['tag']}"
     name = f"mc-later-{server['tag']}"
     k.apply(agentrun(k, server, name, config))
-    k.wait_for("Pending with reason ModelConfigNotFound",
-               lambda: status(k, name).get("phase") == "Pending" and _condition(k, name, "Progressing").get("reason") == "ModelConfigNotFound",
-               timeout=60)
+    k.wait_for(
+        "Pending with reason ModelConfigNotFound",
+        lambda: (
+            status(k, name).get("phase") == "Pending"
+            and _condition(k, name, "Progressing").get("reason") == "ModelConfigNotFound"
+        ),
+        timeout=60,
+    )
     st = status(k, name)
     assert config in st["message"] and "does not exist" in st["message"], st
     assert _pod(k, name) is None and runner_pods(k, name) == []
@@ -201,10 +269,25 @@ def test_the_runner_network_policy_is_accepted_by_the_api_server(release: Kube) 
     from agentfast.operator.workload import EgressPolicy, build_network_policy
 
     k = release
-    rules = {"postgres": [{"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
-                                   "podSelector": {"matchLabels": {"app.kubernetes.io/component": "postgresql"}}}],
-                           "ports": [{"protocol": "TCP", "port": 5432}]}],
-             "model": [{"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16"]}}], "ports": [{"protocol": "TCP", "port": 443}]}]}
+    rules = {
+        "postgres": [
+            {
+                "to": [
+                    {
+                        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
+                        "podSelector": {"matchLabels": {"app.kubernetes.io/component": "postgresql"}},
+                    }
+                ],
+                "ports": [{"protocol": "TCP", "port": 5432}],
+            }
+        ],
+        "model": [
+            {
+                "to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16"]}}],
+                "ports": [{"protocol": "TCP", "port": 443}],
+            }
+        ],
+    }
     policy = EgressPolicy.from_env({"AGENTFAST_NETWORK_POLICY": json.dumps(rules)})
     body = {"metadata": {"name": f"np-{uuid.uuid4().hex[:6]}-" + "x" * 240, "namespace": k.namespace}}
     proc = k.run("apply", "--dry-run=server", "-f", "-", input=json.dumps(build_network_policy(body, policy)), check=False)
@@ -234,8 +317,12 @@ def test_a_runner_that_cannot_start_says_why_until_its_secret_exists(release: Ku
     name = f"mc-no-secret-{tag}"
     k.apply(agentrun(k, server, name, mc["metadata"]["name"]))
     started = time.monotonic()
-    k.wait_for("the reason the runner cannot start",
-               lambda: status(k, name).get("reason") == "CreateContainerConfigError", timeout=90, interval=0.5)
+    k.wait_for(
+        "the reason the runner cannot start",
+        lambda: status(k, name).get("reason") == "CreateContainerConfigError",
+        timeout=90,
+        interval=0.5,
+    )
     print(f"status said CreateContainerConfigError {time.monotonic() - started:.1f} s after the AgentRun was applied")
     st = status(k, name)
     pod = _pod(k, name)
@@ -251,10 +338,21 @@ def test_a_runner_that_cannot_start_says_why_until_its_secret_exists(release: Ku
     time.sleep(10)
     assert status(k, name).get("reason") == "CreateContainerConfigError" and len(runner_pods(k, name)) == 1
 
-    k.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": late, "namespace": k.namespace, "labels": _labels(tag)},
-             "type": "Opaque", "stringData": {server["key"]: server["key_value"]}})
-    k.wait_for("the run to go on once the Secret exists",
-               lambda: status(k, name).get("phase") in ("Running", "WaitingForApproval", "Succeeded", "Failed"), timeout=180, interval=1)
+    k.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": late, "namespace": k.namespace, "labels": _labels(tag)},
+            "type": "Opaque",
+            "stringData": {server["key"]: server["key_value"]},
+        }
+    )
+    k.wait_for(
+        "the run to go on once the Secret exists",
+        lambda: status(k, name).get("phase") in ("Running", "WaitingForApproval", "Succeeded", "Failed"),
+        timeout=180,
+        interval=1,
+    )
     k.wait_for("the condition to clear", lambda: _condition(k, name, "RunnerPodReady").get("status") == "True", timeout=60)
     assert _condition(k, name, "RunnerPodReady")["reason"] == "RunnerPodOK"
     assert status(k, name).get("reason") != "CreateContainerConfigError"

@@ -91,7 +91,11 @@ def runner_pods(k: Kube, name: str) -> list[dict[str, Any]]:
 
 def running_runner(k: Kube, name: str, not_named: str | None = None) -> str | None:
     for p in runner_pods(k, name):
-        if p["metadata"]["name"] != not_named and p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp"):
+        if (
+            p["metadata"]["name"] != not_named
+            and p["status"].get("phase") == "Running"
+            and not p["metadata"].get("deletionTimestamp")
+        ):
             return p["metadata"]["name"]
     return None
 
@@ -120,7 +124,11 @@ def assert_succeeded_once(k: Kube, name: str, uid: str, *, min_restarts: int) ->
     roles = [r[0]["role"] for r in sql(k, "SELECT message FROM agentfast_messages WHERE run_id = %s ORDER BY seq", run_id)]
     assert roles == EXPECTED_ROLES  # the exact step: the same transcript as an uninterrupted run
     assert sql(k, "SELECT count(*) FROM agentfast_examples.demo_refund_ledger WHERE idempotency_key LIKE %s", f"{uid}:%") == [[1]]
-    notes = sql(k, "SELECT count(*) FROM agentfast_examples.demo_tool_invocations WHERE tool = 'add_case_note' AND idempotency_key LIKE %s", f"{uid}:%")
+    notes = sql(
+        k,
+        "SELECT count(*) FROM agentfast_examples.demo_tool_invocations WHERE tool = 'add_case_note' AND idempotency_key LIKE %s",
+        f"{uid}:%",
+    )
     assert notes == [[1]]  # the non-gated sibling ran exactly once
     # A deleted, evicted or killed runner is not a failure: nothing counted against the restart limit.
     assert all(p["metadata"]["annotations"]["agentfast.dev/counted-failures"] == "0" for p in runner_pods(k, name))
@@ -129,8 +137,14 @@ def assert_succeeded_once(k: Kube, name: str, uid: str, *, min_restarts: int) ->
 
 def events(k: Kube, name: str, reason: str) -> list[str]:
     """The messages of the Events with ``reason`` about AgentRun ``name``, oldest first."""
-    out = k.run("get", "events", "--field-selector", f"involvedObject.kind=AgentRun,involvedObject.name={name},reason={reason}",
-                "-o", "json").stdout
+    out = k.run(
+        "get",
+        "events",
+        "--field-selector",
+        f"involvedObject.kind=AgentRun,involvedObject.name={name},reason={reason}",
+        "-o",
+        "json",
+    ).stdout
     return [e.get("message", "") for e in sorted(json.loads(out)["items"], key=lambda e: e["metadata"]["creationTimestamp"])]
 
 
@@ -143,7 +157,11 @@ def test_runner_pod_deleted_while_waiting_for_approval(release: Kube, example: s
     k.run("delete", "pod", first, "--wait=false")
     k.wait_for("a replacement runner pod", lambda: running_runner(k, name, not_named=first), timeout=180)
     # The replacement takes the lease and waits for the same call, at the same step.
-    k.wait_for("the resumed runner", lambda: status(k, name).get("restarts", 0) >= 1 and status(k, name).get("awaiting") == call, timeout=120)
+    k.wait_for(
+        "the resumed runner",
+        lambda: status(k, name).get("restarts", 0) >= 1 and status(k, name).get("awaiting") == call,
+        timeout=120,
+    )
     k.wait_for("the Resumed Event", lambda: events(k, name, "Resumed"), timeout=30)
     assert "deleted" in events(k, name, "RunnerLost")[0]
     approve(k, name, call)
@@ -184,7 +202,9 @@ def test_status_follows_the_runner_within_two_seconds(release: Kube) -> None:
     name, uid = apply_refund(k)
     call = wait_awaiting(k, name)
     approve(k, name, call)
-    seen_at = k.wait_for("Succeeded", lambda: status(k, name).get("phase") == "Succeeded" and time.time(), timeout=120, interval=0.1)
+    seen_at = k.wait_for(
+        "Succeeded", lambda: status(k, name).get("phase") == "Succeeded" and time.time(), timeout=120, interval=0.1
+    )
     [[saved_at]] = sql(
         k, "SELECT max(saved_at) FROM agentfast_checkpoints WHERE run_id = %s AND phase = 'Succeeded'", f"{k.namespace}/{name}"
     )

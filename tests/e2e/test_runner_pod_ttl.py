@@ -32,8 +32,11 @@ def pod_ttl(k: Kube) -> int:
     env = {e["name"]: e.get("value") for d in deploys for e in d["spec"]["template"]["spec"]["containers"][0].get("env") or []}
     raw = env.get("AGENTFAST_RUNNER_POD_TTL_SECONDS")
     if raw is None or not raw.isdigit() or int(raw) > MAX_TTL_S:
-        pytest.fail(f"the operator's runner pod TTL is {raw!r}: these tests need at most {MAX_TTL_S} s; install the chart as"
-                    " hack/lib.sh e2e_helm_install does (--set runner.podTTLSecondsAfterFinished=30)", pytrace=False)
+        pytest.fail(
+            f"the operator's runner pod TTL is {raw!r}: these tests need at most {MAX_TTL_S} s; install the chart as"
+            " hack/lib.sh e2e_helm_install does (--set runner.podTTLSecondsAfterFinished=30)",
+            pytrace=False,
+        )
     return int(raw)
 
 
@@ -87,12 +90,23 @@ def test_the_pod_ttl_holds_across_an_operator_restart(release: Kube) -> None:
     k.run("delete", "pod", "-l", "app.kubernetes.io/component=operator", "--wait=false")
     try:
         # the operator's start and the Lease takeover (about 11 s) come on top of the TTL
-        k.wait_for("the ended run's runner pods to be deleted by the next operator", lambda: not runner_pods(k, name),
-                   timeout=ttl + 150, interval=1)
+        k.wait_for(
+            "the ended run's runner pods to be deleted by the next operator",
+            lambda: not runner_pods(k, name),
+            timeout=ttl + 150,
+            interval=1,
+        )
         assert time.monotonic() - ended >= ttl - 3
         assert_collected(k, name, uid)
     finally:
-        k.wait_for("the operator to be back", lambda: all(
-            d["status"].get("availableReplicas") == d["spec"]["replicas"]
-            for d in json.loads(k.run("get", "deploy", "-l", "app.kubernetes.io/component=operator", "-o", "json").stdout)["items"]),
-            timeout=180, interval=2)
+        k.wait_for(
+            "the operator to be back",
+            lambda: all(
+                d["status"].get("availableReplicas") == d["spec"]["replicas"]
+                for d in json.loads(k.run("get", "deploy", "-l", "app.kubernetes.io/component=operator", "-o", "json").stdout)[
+                    "items"
+                ]
+            ),
+            timeout=180,
+            interval=2,
+        )

@@ -44,12 +44,22 @@ def test_spec_runner_sizes_and_places_the_pod_and_the_run_completes(release: Kub
     assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
     # the operator's own node-loss tolerations are still there, and nothing else changed
     assert {t["key"]: t.get("tolerationSeconds") for t in spec["tolerations"] if t.get("tolerationSeconds") == 20} == {
-        "node.kubernetes.io/not-ready": 20, "node.kubernetes.io/unreachable": 20}
+        "node.kubernetes.io/not-ready": 20,
+        "node.kubernetes.io/unreachable": 20,
+    }
     assert spec["automountServiceAccountToken"] is False and spec["securityContext"]["runAsNonRoot"] is True
     assert c["securityContext"]["readOnlyRootFilesystem"] is True and c["securityContext"]["allowPrivilegeEscalation"] is False
     # spec.runner is immutable, like the rest of spec
-    changed = k.run("patch", "agentrun", name, "--type", "merge", "-p", json.dumps({"spec": {"runner": {"nodeSelector": {"pool": "x"}}}}),
-                    check=False)
+    changed = k.run(
+        "patch",
+        "agentrun",
+        name,
+        "--type",
+        "merge",
+        "-p",
+        json.dumps({"spec": {"runner": {"nodeSelector": {"pool": "x"}}}}),
+        check=False,
+    )
     assert changed.returncode != 0 and "spec is immutable after creation" in changed.stderr
     approve(k, name, call)
     assert_succeeded_once(k, name, uid, min_restarts=0)
@@ -64,7 +74,9 @@ def test_an_image_outside_the_allow_list_is_refused_without_a_runner_pod(release
     k.wait_for("Failed", lambda: status(k, name).get("phase") == "Failed", timeout=60)
     st = status(k, name)
     assert {c["type"]: c for c in st["conditions"]}["Failed"]["reason"] == "InvalidSpec", st
-    assert "spec.runner.image: 'registry.invalid/someone-else/miner:latest' is not an image this cluster allows" in st["message"], st
+    assert (
+        "spec.runner.image: 'registry.invalid/someone-else/miner:latest' is not an image this cluster allows" in st["message"]
+    ), st
     time.sleep(3)
     assert runner_pods(k, name) == []
     # nothing was pulled: no pod anywhere names the image

@@ -70,26 +70,41 @@ def _pod_output(k: Kube, namespace: str, name: str, code: str, timeout: float = 
     """Run ``code`` with python in the project image, in ``namespace``, with that namespace's runner
     credential (Secret agentfast-runner) as AGENTFAST_DSN; its output."""
     pod = {
-        "apiVersion": "v1", "kind": "Pod",
+        "apiVersion": "v1",
+        "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "labels": {E2E_LABEL: "true"}},
         "spec": {
-            "restartPolicy": "Never", "automountServiceAccountToken": False,
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
             "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [{
-                "name": "probe", "image": k.image, "imagePullPolicy": "IfNotPresent", "command": ["python", "-c", code],
-                "env": [{"name": "AGENTFAST_DSN", "valueFrom": {"secretKeyRef": {"name": "agentfast-runner", "key": "dsn"}}}],
-                "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-            }],
+            "containers": [
+                {
+                    "name": "probe",
+                    "image": k.image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["python", "-c", code],
+                    "env": [{"name": "AGENTFAST_DSN", "valueFrom": {"secretKeyRef": {"name": "agentfast-runner", "key": "dsn"}}}],
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                }
+            ],
         },
     }
     k.run("apply", "-f", "-", input=json.dumps(pod), namespaced=False)
-    k.wait_for(f"pod {name} to finish", lambda: (k.run("get", "pod", name, "-n", namespace, "-o", "jsonpath={.status.phase}",
-                                                        namespaced=False).stdout in ("Succeeded", "Failed")), timeout=timeout, interval=1)
+    k.wait_for(
+        f"pod {name} to finish",
+        lambda: (
+            k.run("get", "pod", name, "-n", namespace, "-o", "jsonpath={.status.phase}", namespaced=False).stdout
+            in ("Succeeded", "Failed")
+        ),
+        timeout=timeout,
+        interval=1,
+    )
     return k.run("logs", name, "-n", namespace, namespaced=False).stdout
 
 
-def test_a_namespaces_runner_credential_reaches_only_its_namespace(release: Kube, kubectl: str, kubeconfig: str,
-                                                                 examples_dsn: str) -> None:
+def test_a_namespaces_runner_credential_reaches_only_its_namespace(
+    release: Kube, kubectl: str, kubeconfig: str, examples_dsn: str
+) -> None:
     # Issue 13 items 2 and 3: runs start in any namespace without anyone copying a Secret (the
     # operator makes each namespace's Postgres role and Secret), and a pod holding namespace A's
     # credential cannot read namespace B's run nor write a decision for B's gated refund.
@@ -106,7 +121,11 @@ def test_a_namespaces_runner_credential_reaches_only_its_namespace(release: Kube
             runs[ns] = doc["metadata"]["name"]
         for ns in spaces:
             team = Kube(kubectl, kubeconfig, ns)
-            team.wait_for(f"{ns}'s run to wait for approval", lambda: status(team, runs[ns]).get("phase") == "WaitingForApproval", timeout=240)
+            team.wait_for(
+                f"{ns}'s run to wait for approval",
+                lambda: status(team, runs[ns]).get("phase") == "WaitingForApproval",
+                timeout=240,
+            )
             secret = team.get("secret", "agentfast-runner")
             assert secret["metadata"]["annotations"]["agentfast.dev/credential-id"]
         a, b = spaces
