@@ -31,10 +31,24 @@ from agentfast.runner.spec import SpecError
 from agentfast.runner.store import Lease, Store
 
 
+def _loop(saver: Any, steps: int, agent: Any) -> Any:
+    """The graph agent -> agent -> ... (``steps`` times) on ``saver``, with ``agent`` as its node, compiled."""
+    left = [steps]
+
+    def more(state: MessagesState) -> str:
+        left[0] -= 1
+        return "agent" if left[0] > 0 else END
+
+    g = StateGraph(MessagesState)
+    g.add_node("agent", agent)
+    g.add_edge(START, "agent")
+    g.add_conditional_edges("agent", more, ["agent", END])
+    return g.compile(checkpointer=saver)
+
+
 def _graph(saver: Any, steps: int, big: int = 0) -> Any:
     """agent -> agent -> ... (``steps`` times): each step appends an AI message and two tool
     results (the second one ``big`` bytes long when given) to ``messages``."""
-    left = [steps]
 
     def agent(state: MessagesState) -> dict:
         i = len(state["messages"])
@@ -46,15 +60,7 @@ def _graph(saver: Any, steps: int, big: int = 0) -> Any:
             ]
         }
 
-    def more(state: MessagesState) -> str:
-        left[0] -= 1
-        return "agent" if left[0] > 0 else END
-
-    g = StateGraph(MessagesState)
-    g.add_node("agent", agent)
-    g.add_edge(START, "agent")
-    g.add_conditional_edges("agent", more, ["agent", END])
-    return g.compile(checkpointer=saver)
+    return _loop(saver, steps, agent)
 
 
 def _run(store: Store, n: int) -> tuple[Lease, StateSnapshot]:
@@ -372,8 +378,6 @@ def test_with_the_adapters_reducer_the_saver_keeps_what_the_graph_holds_even_if_
     from agentfast.runner.adapters.langgraph import speed_up_reducers
 
     def graph_on(saver: Any, steps: int) -> Any:
-        left = [steps]
-
         def agent(state: MessagesState) -> dict:
             msgs = state["messages"]
             i = len(msgs)
@@ -387,15 +391,7 @@ def test_with_the_adapters_reducer_the_saver_keeps_what_the_graph_holds_even_if_
                 ]
             }
 
-        def more(state: MessagesState) -> str:
-            left[0] -= 1
-            return "agent" if left[0] > 0 else END
-
-        g = StateGraph(MessagesState)
-        g.add_node("agent", agent)
-        g.add_edge(START, "agent")
-        g.add_conditional_edges("agent", more, ["agent", END])
-        return speed_up_reducers(g.compile(checkpointer=saver))
+        return speed_up_reducers(_loop(saver, steps, agent))
 
     lease, snap = _run(store, 3)
     saver = SnapshotSaver()
