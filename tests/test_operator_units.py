@@ -11,6 +11,8 @@ from agentfast.operator.status import status_from_store
 from agentfast.operator.workload import TOOL_ENV_DIR, RunnerConfig, build_pod, pod_name, runner_name
 from agentfast.runner.snapshot import AwaitedCall, PendingToolCall, RunContext, RunStatus, Session, ToolCall
 
+from .helpers import count_rows, wait_until
+
 BODY = {
     "apiVersion": "agentfast.dev/v1alpha1",
     "kind": "AgentRun",
@@ -1407,8 +1409,15 @@ def test_the_resync_reconciles_only_runs_whose_state_changed(store, monkeypatch)
 
     claim = RunnerClaim.acquire(store, "team-a/c")  # a runner outside any pod takes c ...
     assert resync() == ["c", "d", "e"]
+    pid = claim._conn.info.backend_pid
     claim._conn.close()  # ... and dies (SIGKILL): no event, no checkpoint, but its lock is gone
     claim._stop.set()
+    # The server drops the lock when that backend has exited, just after the close: wait for that
+    # (under load it can take longer than the next line), then the resync must see it.
+    wait_until(
+        lambda: count_rows(store.dsn, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", pid) == 0,
+        what="the dead runner's backend to exit",
+    )
     assert resync() == ["c", "d", "e"]
     assert resync() == ["d", "e"]
     main._UNPUBLISHED.add("team-a/b")  # its progress publish failed
