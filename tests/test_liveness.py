@@ -435,12 +435,15 @@ def test_time_at_the_approval_prompt_is_waiting_time(store: Store) -> None:
             store.decide(run_id_of(run), ev.pending.call_id, "approve", decided_by="test")
 
     model = model_from_spec(run.spec.model)
+    started = time.monotonic()
     try:
         outcome = VanillaRunner(store, run, model, ToolRegistry.from_agentrun(run), on_event=at_prompt).run()
     finally:
         model.close()
+    wall_ms = (time.monotonic() - started) * 1000
     assert outcome.phase == "Succeeded", outcome
-    assert store.load_context(run_id_of(run))[0].usage.duration_ms < 2000
+    # The 2.5 s at the prompt is not in it, however long the rest took on a loaded machine.
+    assert store.load_context(run_id_of(run))[0].usage.duration_ms < wall_ms - 2500 + 200, wall_ms
 
 
 @pytest.mark.process
