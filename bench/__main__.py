@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     partial = args.quick or set(parts) != set(PARTS)
     out = args.out or (Path(tempfile.gettempdir()) / "agentfast-bench-quick.md" if partial else REPO / "docs" / "benchmarks.md")
 
-    from . import checkpoint, model, payloads, procs, profile, throughput
+    from . import CACHE, checkpoint, model, payloads, procs, profile, throughput
     from .pg import start_server
     from .report import machine, render, write_doc
 
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     res["load"] = (load0, os.getloadavg()[0])
     text = render(res)
     write_doc(out, text)
-    raw = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "agentfast" / "bench"
+    raw = CACHE / "bench"
     raw.mkdir(parents=True, exist_ok=True)
     (raw / f"{'quick' if args.quick else 'full'}-latest.json").write_text(json.dumps(_jsonable(res), indent=1, default=str))
     _log(f"done in {res['duration_s']:.0f}s; wrote {out} and {raw}/")

@@ -23,6 +23,7 @@ import yaml
 
 from agentfast.runner.examples import EXAMPLES_DSN_ENV, provision
 from agentfast.runner.store import Store
+from bench import CACHE as CACHE  # hack/lib.sh's cache directory (helm, kubectl, the cluster), one definition
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "manifests" / "examples"

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from .helpers import CACHE
+
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "agentfast"
 
@@ -23,7 +25,7 @@ CHART = REPO / "charts" / "agentfast"
 def helm() -> str:
     found = os.environ.get("HELM") or shutil.which("helm")
     if not found:
-        cached = sorted(glob.glob(os.path.expanduser("~/.cache/agentfast/k8s-bin/*/helm")))
+        cached = sorted(glob.glob(str(CACHE / "k8s-bin" / "*" / "helm")))
         found = cached[-1] if cached else None
     if not found:
         pytest.fail("helm not found: run hack/cluster/build.sh (or set HELM=/path/to/helm)")

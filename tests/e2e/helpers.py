@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from ..helpers import CACHE
+
 REPO = Path(__file__).resolve().parents[2]
 #: Where the chart is installed (hack/cluster/e2e.sh, hack/kind-e2e.sh).
 NAMESPACE = os.environ.get("AGENTFAST_NAMESPACE", "agentfast-system")
@@ -29,8 +31,7 @@ def find_kubectl() -> str:
     on_path = shutil.which("kubectl")
     if on_path:
         return on_path
-    cache = os.environ.get("AGENTFAST_CACHE", os.path.expanduser("~/.cache/agentfast"))
-    built = sorted(glob.glob(os.path.join(cache, "k8s-bin", "*", "kubectl")))
+    built = sorted(glob.glob(str(CACHE / "k8s-bin" / "*" / "kubectl")))
     if built:
         return built[-1]
     pytest.fail(
