@@ -156,9 +156,8 @@ def bootstrap(bin_dir: Path, data: Path, port: int, superuser_password: str, rol
     import psycopg
     from psycopg import sql
 
-    private = Path(
-        tempfile.mkdtemp(prefix="agentfast-pgboot-", dir=os.environ.get("TMPDIR", "/tmp"))
-    )  # 0700: only we reach the socket
+    # 0700: only we reach the socket
+    private = Path(tempfile.mkdtemp(prefix="agentfast-pgboot-", dir=os.environ.get("TMPDIR", "/tmp")))
     hba = private / "pg_hba.conf"
     hba.write_text(f"local all {SUPERUSER} trust\n")
     postgres = str(bin_dir / "postgres")

@@ -237,9 +237,8 @@ def on_runner_pod(body: kopf.Body, **_: Any) -> None:
     meta = body["metadata"]
     # The label holds the name only when it fits a label (63 characters); the annotation always does.
     name = (meta.get("annotations") or {}).get(ANNOTATION_RUN) or meta["labels"][LABEL_RUN]
-    run = _BODIES.get(format_run_id(meta["namespace"], name)) or _get_agentrun(
-        meta["namespace"], name
-    )  # as the watch showed it last
+    # as the watch showed it last
+    run = _BODIES.get(format_run_id(meta["namespace"], name)) or _get_agentrun(meta["namespace"], name)
     if run is not None and run["metadata"]["uid"] == meta["labels"][LABEL_RUN_UID]:  # not a pod of an earlier run of that name
         reconcile(run)
 
@@ -328,9 +327,8 @@ def reconcile(body: dict[str, Any]) -> None:
     if ctx is None or ctx.status.phase not in TERMINAL_PHASES:
         try:
             ensure_runner_secret(namespace, STATE.store, STATE.core, SETTINGS.dsn)  # before its first pod needs it
-            ensure_runner_service_account(
-                namespace, STATE.core, SETTINGS.runner, timeout_s=API_TIMEOUT_S
-            )  # runner.serviceAccount.create
+            # runner.serviceAccount.create
+            ensure_runner_service_account(namespace, STATE.core, SETTINGS.runner, timeout_s=API_TIMEOUT_S)
             with _lock_for(f"pods:{uid}"):  # one decision at a time per run: never two pods for one attempt
                 override, pod_info = _drive_runner(body, record, ctx, pending, extra)
         except StoreUnavailable as err:

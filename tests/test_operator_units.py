@@ -426,9 +426,8 @@ def test_warnings_are_posted_once_per_run_and_key(monkeypatch) -> None:
         for reason in ("NotAwaitingDecision", "DecisionConflict"):
             main._warn_once(body, "call-9-9", reason, "x")
     main._warn_once(body, "call-9-8", "NotAwaitingDecision", "x")
-    main._warn_once(
-        {"metadata": {**body["metadata"], "uid": "u-2"}}, "call-9-9", "NotAwaitingDecision", "x"
-    )  # a new run of that name
+    # a new run of that name
+    main._warn_once({"metadata": {**body["metadata"], "uid": "u-2"}}, "call-9-9", "NotAwaitingDecision", "x")
     assert len(posted) == 3
 
 

@@ -113,8 +113,8 @@ def test_deciding_takes_the_approval_right_and_is_attributed_to_the_requesting_u
             ),
             check=False,
         ),
-        "spec.approvals cannot be set when an AgentRun is created",
-    )  # pre-approval of a predictable id
+        "spec.approvals cannot be set when an AgentRun is created",  # pre-approval of a predictable id
+    )
     editor.kube.apply(doc)
     uid = k.get("agentrun", name)["metadata"]["uid"]
     call = wait_awaiting(k, name)
@@ -188,9 +188,8 @@ def test_with_forbid_self_approval_the_creator_cannot_decide(release: Kube, peop
 
         k.wait_for("the self-approval policy to take effect", created, timeout=30, interval=1)
         doc["metadata"]["annotations"] = {"agentfast.dev/created-by": other.user}
-        refused(
-            creator.kube.run("apply", "-f", "-", input=json.dumps(doc), check=False), "must carry the annotation"
-        )  # no posing as another
+        # no posing as another
+        refused(creator.kube.run("apply", "-f", "-", input=json.dumps(doc), check=False), "must carry the annotation")
         doc["metadata"]["annotations"] = {"agentfast.dev/created-by": creator.user}
         creator.kube.apply(doc)
         uid = k.get("agentrun", name)["metadata"]["uid"]

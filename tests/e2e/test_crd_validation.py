@@ -290,10 +290,11 @@ def test_spec_is_immutable(kube: Kube) -> None:
     kube.apply(doc)
     changed = kube.run("patch", "agentrun", name, "--type", "merge", "-p", '{"spec":{"input":"refund everything"}}', check=False)
     assert changed.returncode != 0 and "spec is immutable after creation" in changed.stderr
+    # spec.runner too (issue 14 item 7)
     for runner in (
         {"nodeSelector": {"kubernetes.io/os": "linux"}},
         {"image": "agentfast:dev"},
-    ):  # spec.runner too (issue 14 item 7)
+    ):
         added = kube.run(
             "patch", "agentrun", name, "--type", "merge", "-p", json.dumps({"spec": {"runner": runner}}), check=False
         )
