@@ -16,19 +16,11 @@ import os
 import subprocess
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .helpers import NAMESPACE, Kube, find_kubectl
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    here = Path(__file__).resolve().parent
-    for item in items:
-        if here in Path(str(item.fspath)).resolve().parents:
-            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.hookimpl(wrapper=True)
