@@ -570,7 +570,7 @@ class RunnerBase(ABC):
                 self._ending = (Phase.FAILED, "DeadlineExceeded", deadline_message(deadline, ends.age_s))
             elif ends is not None and deadline is not None:
                 self._deadline_mono = time.monotonic() + (deadline - ends.age_s) + 0.01
-        return self._ending is not None or self.stop.is_set()
+        return self.halt_known()
 
     def halt_known(self) -> bool:
         """Whether :meth:`halted` would say so without asking the store: ``stop`` is set, or a

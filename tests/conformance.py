@@ -21,7 +21,7 @@ import pytest
 
 from agentfast.runner.store import Store
 
-from .helpers import agentrun_file, count_rows, phase_of, run_cli, spawn_cli, wait_until
+from .helpers import PgServer, agentrun_file, count_rows, phase_of, run_cli, spawn_cli, wait_until
 
 
 @dataclass(frozen=True)
@@ -87,13 +87,11 @@ class ConformanceSuite:
         return self.ADAPTER
 
     @pytest.fixture
-    def reference(self, tmp_path_factory: pytest.TempPathFactory, pg_server, adapter: Adapter) -> dict:
+    def reference(self, tmp_path_factory: pytest.TempPathFactory, pg_server: PgServer, adapter: Adapter) -> dict:
         """An uninterrupted run: one process, approved while it waits; its end state is the oracle."""
         import uuid
 
         import psycopg
-
-        from .helpers import PgServer  # noqa: F401  (fixture type)
 
         name = f"t_ref_{uuid.uuid4().hex[:8]}"
         with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
