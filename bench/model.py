@@ -1,6 +1,6 @@
 """Part ``model``: the client-side cost of one model call as the transcript grows (issue 15, item 4).
 
-The scripted model server runs in its own process (``python -m agentfast.runner.scripted``), so
+The scripted model server runs in its own process (``python -m agentfast.testing.scripted``), so
 ``time.process_time()`` in this process is the client's CPU alone: building the request body,
 the openai client's request handling and HTTP, parsing the reply. Two paths on the same client,
 the same transcripts and the same server, interleaved round by round:
@@ -156,7 +156,7 @@ class _Server:
             port = s.getsockname()[1]
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agentfast.runner.scripted", "--script", str(script), "--port", str(port)],
+            [sys.executable, "-m", "agentfast.testing.scripted", "--script", str(script), "--port", str(port)],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

@@ -347,7 +347,7 @@ def measure_resume(dsn: str, workdir: Path, reps: int, log: Callable[[str], None
 
 
 class ModelServer:
-    """``python -m agentfast.runner.scripted`` in its own process, on a free local port."""
+    """``python -m agentfast.testing.scripted`` in its own process, on a free local port."""
 
     def __init__(self, script: Path, dsn: str, workdir: Path):
         import socket
@@ -356,7 +356,9 @@ class ModelServer:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         self.base_url = f"http://127.0.0.1:{port}/v1"
-        self.proc = Proc(["-m", "agentfast.runner.scripted", "--script", str(script), "--port", str(port)], dsn, workdir, "model")
+        self.proc = Proc(
+            ["-m", "agentfast.testing.scripted", "--script", str(script), "--port", str(port)], dsn, workdir, "model"
+        )
         deadline = time.monotonic() + 60
         while "serving at" not in self.proc.output():
             if self.proc.popen.poll() is not None or time.monotonic() > deadline:

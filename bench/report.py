@@ -399,7 +399,7 @@ def render(res: dict[str, Any]) -> str:
             "The kernel's high-water mark of the process's resident set (`VmHWM`, read until the process exits). The "
             "refund runs use `spec.model.script`, so the scripted model server runs inside the runner process, as "
             "`agentfast run` starts it. The long scripted runs talk to the same scripted server started as its own process "
-            "(`python -m agentfast.runner.scripted`), as to a remote model: the runner's own memory is what is measured, "
+            "(`python -m agentfast.testing.scripted`), as to a remote model: the runner's own memory is what is measured, "
             "and the server's peak is listed alongside."
         )
         L.append("")

@@ -12,7 +12,8 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 CLUSTER="${KIND_CLUSTER_NAME:-agentfast}"
 # kind v0.30's node image for the Kubernetes minor the local tier pins (hack/cluster/versions.sh).
 NODE_IMAGE="${KIND_NODE_IMAGE:-kindest/node:v1.34.0}"
-IMAGE="${AGENTFAST_IMAGE:-agentfast:dev}"
+IMAGE="${AGENTFAST_IMAGE:-agentfast-testing:dev}"  # the Dockerfile's testing target, which the chart runs
+PRODUCTION="${AGENTFAST_PRODUCTION_IMAGE:-agentfast:dev}"
 
 for tool in docker kind kubectl helm; do
   command -v "$tool" >/dev/null || { echo "kind-e2e: $tool is required" >&2; exit 1; }
@@ -30,7 +31,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-docker build -t "$IMAGE" "$ROOT"
-kind load docker-image "$IMAGE" --name "$CLUSTER"
+docker build -t "$PRODUCTION" "$ROOT"
+docker build --target testing -t "$IMAGE" "$ROOT"
+kind load docker-image "$PRODUCTION" "$IMAGE" --name "$CLUSTER"
+export AGENTFAST_PRODUCTION_IMAGE="$PRODUCTION"
 e2e_helm_install "$ROOT" "$IMAGE"
 AGENTFAST_IMAGE="$IMAGE" e2e_pytest "$ROOT" "$@"

@@ -31,7 +31,7 @@ ensure_python_env() {
   # on disk) so that static tools (mypy, import-linter, an IDE) resolve agentfast.* as Python does;
   # the default mode maps runner/ through an import hook they do not follow. A strict tree sees edits
   # but not new or removed files, so the list of the package's files is part of the stamp.
-  key="$( { cat "$REPO/pyproject.toml"; cd "$REPO" && find runner operator -type f ! -path '*/__pycache__/*' | LC_ALL=C sort; } \
+  key="$( { cat "$REPO/pyproject.toml"; cd "$REPO" && find runner operator testing -type f ! -path '*/__pycache__/*' | LC_ALL=C sort; } \
           | sha256sum | cut -c1-16) $REPO"
   [[ -f "$stamp" ]] && have="$(cut -s -d' ' -f3 "$stamp")"
   [[ -f "$stamp" && "$(cut -d' ' -f1-2 "$stamp")" == "$key" ]] || missing=1
@@ -57,14 +57,20 @@ e2e_image_parts() {
   echo "${image%:*} ${image##*:}"
 }
 
-# e2e_helm_install REPO_ROOT IMAGE: install the project's chart with the image already on the node.
+# e2e_helm_install REPO_ROOT IMAGE: install the project's chart with the image already on the node
+# (the Dockerfile's testing target: the suite's runs use the scripted model and, besides the
+# examples, the test tools of agentfast.testing, which the chart is told to allow).
 # The chart is optional while it does not exist yet; the smoke tests do not need it. An ended run's
 # runner pods live 30 s (E2E_POD_TTL_SECONDS), not the chart's hour, so that
 # tests/e2e/test_runner_pod_ttl.py sees them go; long enough for the tests that look at a pod just
 # after its run ended.
 e2e_helm_install() {
-  local root="$1" image="$2" helm="${HELM:-helm}" repo tag
+  local root="$1" image="$2" helm="${HELM:-helm}" repo tag extra=()
   read -r repo tag <<<"$(e2e_image_parts "$image")"
+  # The production image (no test support) may run a run too: tests/e2e/test_images.py.
+  if [ -n "${AGENTFAST_PRODUCTION_IMAGE:-}" ]; then
+    extra+=(--set "runner.allowedImages={${AGENTFAST_PRODUCTION_IMAGE%:*}}")
+  fi
   if [ ! -f "$root/charts/agentfast/Chart.yaml" ]; then
     echo "e2e: charts/agentfast/Chart.yaml not present; skipping helm install" >&2
     return 0
@@ -77,6 +83,7 @@ e2e_helm_install() {
     --namespace "$E2E_NAMESPACE" --create-namespace \
     --set image.repository="$repo" --set image.tag="$tag" --set image.pullPolicy=IfNotPresent \
     --set runner.podTTLSecondsAfterFinished="${E2E_POD_TTL_SECONDS:-30}" \
+    --set 'runner.allowedModules={agentfast.runner.examples,agentfast.testing}' "${extra[@]}" \
     --wait --timeout 5m
   # An operator of the previous release keeps acting until its pod is gone (it holds the leader
   # Lease until then), and the runner pods it makes name the previous image, which images.sh has

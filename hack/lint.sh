@@ -16,5 +16,5 @@ echo "==> lint-imports"
 lint-imports --no-cache || rc=1
 echo "==> mypy"
 # Its cache in the venv, not the repository; strict for the runner, checked for the operator.
-mypy --cache-dir "$VENV/mypy-cache" -p agentfast.runner -p agentfast.operator || rc=1
+mypy --cache-dir "$VENV/mypy-cache" -p agentfast.runner -p agentfast.operator -p agentfast.testing || rc=1
 exit "$rc"

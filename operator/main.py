@@ -65,13 +65,13 @@ from agentfast.runner.names import (
     format_run_id,
     parse_run_id,
 )
-from agentfast.runner.scripted import bundled_scripts
 from agentfast.runner.spec import (
     CALL_ID_PATTERN,
     DEFAULT_ALLOWED_MODULES,
     AgentRun,
     SpecError,
     allowed_modules_from_env,
+    bundled_scripts,
     check_cluster_policy,
     parse_agentrun,
     parse_modelconfig,

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, get_args
 import click
 
 from . import output
+from .errors import SettingError
 from .names import GROUP, PLURAL, TERMINAL_PHASES, VERSION, ExitCode, Phase, format_run_id, parse_run_id
 from .output import err, one_line, out, styled
 
@@ -243,16 +244,12 @@ def _check_admin_policy(run: AgentRun) -> None:
     """Where an admin set ``AGENTFAST_ALLOWED_MODULES`` (the operator does, in every runner pod):
     refs only from those module prefixes, and only bundled model scripts, checked before anything
     is imported (spec.check_cluster_policy). Unset (a local CLI): no list. Raises SpecError."""
-    from .spec import allowed_modules_from_env, check_cluster_policy
+    from .spec import allowed_modules_from_env, bundled_scripts, check_cluster_policy
 
     allowed = allowed_modules_from_env()
     if allowed is not None:
-        bundled: list[str] = []
-        if run.spec.model.script is not None:  # the scripted model's module (HTTP server, YAML) only for a run that names one
-            from .scripted import bundled_scripts
-
-            bundled = bundled_scripts()
-        check_cluster_policy(run, allowed, bundled)
+        # The scripted model's module (HTTP server, YAML) only for a run that names one.
+        check_cluster_policy(run, allowed, bundled_scripts() if run.spec.model.script is not None else [])
 
 
 def _drive(
@@ -1102,10 +1099,11 @@ def main() -> None:
     try:
         app()
     except Exception as e:
-        # Only the store raises UnreadableState (any command that read state this release cannot
-        # interpret), so a command that has not imported it cannot have raised it.
+        # A setting of the environment this install cannot honour (AGENTFAST_FAULT without test
+        # support, a malformed size), or state this release cannot interpret. Only the store
+        # raises UnreadableState, so a command that has not imported it cannot have raised it.
         store = sys.modules.get(f"{__package__}.store")
-        if store is None or not isinstance(e, store.UnreadableState):
+        if not isinstance(e, SettingError) and (store is None or not isinstance(e, store.UnreadableState)):
             raise
         err.print(f"error: {e}")
         sys.exit(ExitCode.BAD_INPUT)

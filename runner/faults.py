@@ -1,8 +1,9 @@
-"""Named fault points: where tests kill the runner with a real SIGKILL.
+"""Named fault points: the places in the runtime where a test may SIGKILL the runner.
 
-``AGENTFAST_FAULT=<point>[:<tool>][@<n>]`` makes the process SIGKILL itself the n-th time (default
-1st) it reaches ``<point>`` (for a tool point, only for calls of ``<tool>``). Unset, a point costs
-one dict lookup. The points, in the order a tool call passes them:
+The runtime calls :func:`point` at each; it does nothing unless ``AGENTFAST_FAULT`` is set when
+this module is first imported, and only then is the trigger, :mod:`agentfast.testing.faults`
+(test support, left out of the production image), loaded. Its syntax is there. The points, in
+the order a tool call passes them:
 
 - ``model.before_call`` / ``model.after_call``: around a model request (after it, the reply
   exists but its turn is not persisted: a resume asks the model again).
@@ -11,33 +12,34 @@ one dict lookup. The points, in the order a tool call passes them:
 - ``tool.after_persist``: the result is persisted; the iteration's checkpoint is not.
 - ``checkpoint.before_commit`` / ``checkpoint.after_commit``: around each checkpoint commit.
 - ``approval.waiting``: the pending call's checkpoint is committed; about to wait for a human.
-
-This is the technique of dbos-transact's single-execution tests: the kill lands at an exact,
-named step instead of at a random sleep.
 """
 
 from __future__ import annotations
 
 import os
-import signal
+from collections.abc import Callable
 
-_counts: dict[str, int] = {}
+from .errors import SettingError
 
+FAULT_ENV = "AGENTFAST_FAULT"
 
-def _parse(spec: str) -> tuple[str, int]:
-    point, _, nth = spec.partition("@")
-    return point, int(nth) if nth else 1
+_trigger: Callable[[str, str | None], None] | None = None
 
 
 def point(name: str, tool: str | None = None) -> None:
-    """Reach fault point ``name``; SIGKILL this process if ``AGENTFAST_FAULT`` selects it."""
-    spec = os.environ.get("AGENTFAST_FAULT")
-    if not spec:
-        return
-    want, nth = _parse(spec)
-    here = f"{name}:{tool}" if tool else name
-    if want not in (here, name if ":" not in want else None):
-        return
-    _counts[want] = _counts.get(want, 0) + 1
-    if _counts[want] == nth:
-        os.kill(os.getpid(), signal.SIGKILL)
+    """Reach fault point ``name`` (of a call of ``tool``, for a tool point). Without
+    ``AGENTFAST_FAULT`` this is one test of a module global."""
+    if _trigger is not None:
+        _trigger(name, tool)
+
+
+if os.environ.get(FAULT_ENV):
+    try:
+        from agentfast.testing.faults import point as _trigger
+    except ModuleNotFoundError as err:  # the production image: test support is not installed
+        if not (err.name or "").startswith("agentfast.testing"):
+            raise
+        raise SettingError(
+            f"{FAULT_ENV} is set, but fault points are test support (agentfast.testing) and this install"
+            " leaves it out (the production image); unset it, or use the image's testing target"
+        ) from None

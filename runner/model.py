@@ -14,7 +14,7 @@ whose ``retriable`` says whether asking again later could succeed.
 :func:`model_from_spec` builds the provider an AgentRun's ``spec.model`` asks for: with
 ``spec.model.config``, the endpoint and limits of the ModelConfig the run was registered with and
 the key from ``AGENTFAST_MODEL_API_KEY``; with ``spec.model.script`` it also starts the scripted
-model (:mod:`agentfast.runner.scripted`) on localhost and talks to it over HTTP like to any
+model (:mod:`agentfast.testing.scripted`, test support) on localhost and talks to it over HTTP like to any
 remote endpoint.
 """
 
@@ -38,7 +38,7 @@ from .storable import storable_text
 if TYPE_CHECKING:
     import openai
 
-    from .scripted import Script
+    from agentfast.testing.scripted import Script
 
 __all__ = ["ChatModel", "ModelError", "ModelReply", "OpenAIChatModel", "distinct_tool_call_ids", "model_from_spec"]
 
@@ -418,14 +418,18 @@ def model_from_spec(
     resolved ModelConfig, the model is not one it allows, or its key is missing.
     """
     if spec.script:
-        from .scripted import ScriptedModelServer, load_script
+        from .spec import SpecError, scripted_module
 
+        try:
+            scripted = scripted_module()
+        except SpecError as err:
+            raise ModelError(str(err), retriable=False) from None
         if script is None:
             try:
-                script = load_script(spec.script)
+                script = scripted.load_script(spec.script)
             except ValueError as err:
                 raise ModelError(f"model script (spec.model.script): {err}", retriable=False) from err
-        server = ScriptedModelServer(script, host="127.0.0.1", port=0)
+        server = scripted.ScriptedModelServer(script, host="127.0.0.1", port=0)
         base_url = server.start()
         defaults = ResolvedModelConfig.model_fields
         try:

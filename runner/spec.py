@@ -31,7 +31,9 @@ from .snapshot import Budget
 from .storable import storable
 
 if TYPE_CHECKING:
-    from .scripted import Script
+    from types import ModuleType
+
+    from agentfast.testing.scripted import Script
 
 log = logging.getLogger("agentfast.spec")
 
@@ -67,7 +69,7 @@ MOVED_TO_MODELCONFIG = ("baseURL", "apiKeyEnv", "apiKeySecretRef", "timeoutSecon
 #: A Secret name: a DNS-1123 subdomain (a bad one would keep the runner pod from ever starting).
 DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
-#: A bundled script's name (``runner/scripts/NAME.yaml``): what a cluster accepts in ``spec.model.script``.
+#: A bundled script's name (``testing/scripts/NAME.yaml``): what a cluster accepts in ``spec.model.script``.
 SCRIPT_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 #: Module prefixes a cluster allows in refs when its admin configured none (the chart's default).
 DEFAULT_ALLOWED_MODULES = ("agentfast.runner.examples",)
@@ -735,15 +737,45 @@ def resolve(run: AgentRun) -> ResolvedRun:
     from .budget import get_classifier
 
     get_classifier(run.spec.budget.classifier)
-    script = None
-    if run.spec.model.script:
-        from .scripted import load_script  # only then: an endpoint's run never imports the scripted server
-
+    script: Script | None = None
+    if run.spec.model.script:  # only then: an endpoint's run never imports the scripted server
+        scripted = scripted_module()
         try:
-            script = load_script(run.spec.model.script)
+            script = scripted.load_script(run.spec.model.script)
         except ValueError as e:
             raise SpecError(f"spec.model.script: {e}") from None
     return ResolvedRun(run, script)
+
+
+NO_SCRIPTED_MODEL = (
+    "spec.model.script: this install has no scripted model: it is test support (agentfast.testing),"
+    " which the production image leaves out; name a ModelConfig (spec.model.config) instead, or run"
+    " an image with test support (the Dockerfile's testing target)"
+)
+
+
+def scripted_module() -> ModuleType:
+    """:mod:`agentfast.testing.scripted` (the scripted model's server, loader and bundled scripts),
+    imported on first use: the runtime's one way to it, so a run on an endpoint, and the production
+    image, never need test support. Raises SpecError (:data:`NO_SCRIPTED_MODEL`) where it is not
+    installed."""
+    try:
+        from agentfast.testing import scripted
+    except ModuleNotFoundError as err:
+        if not (err.name or "").startswith("agentfast.testing"):
+            raise
+        raise SpecError(NO_SCRIPTED_MODEL) from None
+    return scripted
+
+
+def bundled_scripts() -> list[str]:
+    """Names of the scripted model's bundled scripts (``testing/scripts/*.yaml``); empty where
+    test support is not installed."""
+    try:
+        names: list[str] = scripted_module().bundled_scripts()
+    except SpecError:
+        return []
+    return names
 
 
 def load_agentrun(path: str | Path, *, check_imports: bool = True) -> AgentRun:
@@ -863,7 +895,9 @@ def check_cluster_policy(run: AgentRun, allowed_modules: tuple[str, ...], bundle
                 f"{where}: module {module!r} is not in the modules this cluster allows (runner.allowedModules: {allowed_text})"
             )
     script = run.spec.model.script
-    if script is not None and (not re.match(SCRIPT_NAME_PATTERN, script) or script not in bundled_scripts):
+    if script is not None and not bundled_scripts:
+        problems.append(NO_SCRIPTED_MODEL)
+    elif script is not None and (not re.match(SCRIPT_NAME_PATTERN, script) or script not in bundled_scripts):
         shown = script if len(script) <= 64 else script[:64] + "..."
         problems.append(
             f"spec.model.script: {shown!r} is not a bundled script; in a cluster only these are: {', '.join(bundled_scripts) or 'none'}"

@@ -141,7 +141,7 @@ def test_iteration_subject_makes_the_loops_store_calls(dsn: str, tmp_path: Path)
             "spec": {
                 "model": {"name": "scripted-two", "script": str(script)},
                 "input": "go",
-                "tools": [{"name": "echo", "ref": "agentfast.runner.examples.testing_tools:echo"}],
+                "tools": [{"name": "echo", "ref": "agentfast.testing.tools:echo"}],
             },
         }
     )

@@ -24,7 +24,7 @@ from agentfast.runner.store import Store, StoreUnavailable, UnknownCall
 from .helpers import EXAMPLES, agentrun_file, count_rows, examples_dsn_for, phase_of, run_cli, spawn_cli, wait_until
 from .test_runner_behaviour import invocations, listeners, refunds
 
-CHAOS_READ = {"name": "chaos_read", "ref": "agentfast.runner.examples.chaos_tools:chaos_read"}
+CHAOS_READ = {"name": "chaos_read", "ref": "agentfast.testing.chaos_tools:chaos_read"}
 
 
 def slow_run_file(tmp_path: Path, *, work_ms: int, iterations: int, batch: int = 1, **spec: object) -> Path:

@@ -30,7 +30,7 @@ NOT_NEEDED = (
     "agentfast.runner.model",
     "agentfast.runner.toolhost",
     "agentfast.runner.tools",
-    "agentfast.runner.scripted",
+    "agentfast.testing.scripted",
     "agentfast.runner.adapters",
     "openai",
     "httpx",

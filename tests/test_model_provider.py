@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from agentfast.runner.model import ChatModel, ModelError, ModelReply, OpenAIChatModel, model_from_spec
-from agentfast.runner.scripted import ScriptedModelServer, load_script, parse_script
 from agentfast.runner.snapshot import Message, ToolCall
 from agentfast.runner.spec import MODEL_API_KEY_ENV, ModelSpec, ResolvedModelConfig
+from agentfast.testing.scripted import ScriptedModelServer, load_script, parse_script
 
 TOOLS = [
     {
@@ -319,7 +319,7 @@ def test_http_surface_models_and_404():
 @pytest.mark.process
 def test_module_serves_in_the_foreground():
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agentfast.runner.scripted", "--script", "refund", "--port", "0"],
+        [sys.executable, "-m", "agentfast.testing.scripted", "--script", "refund", "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

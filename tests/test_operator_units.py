@@ -437,8 +437,8 @@ def test_the_operator_never_imports_or_reads_what_a_spec_names(tmp_path, monkeyp
 
     import pytest
 
-    from agentfast.runner.scripted import bundled_scripts
     from agentfast.runner.spec import SpecError, check_cluster_policy, parse_agentrun
+    from agentfast.testing.scripted import bundled_scripts
 
     (tmp_path / "evil_at_import.py").write_text("raise SystemExit(3)\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -20,7 +20,6 @@ import yaml
 
 from agentfast.runner.adapters.vanilla import VanillaRunner
 from agentfast.runner.examples import EXAMPLES_DSN_ENV
-from agentfast.runner.examples.testing_tools import big_text
 from agentfast.runner.loop import run_id_of
 from agentfast.runner.model import model_from_spec
 from agentfast.runner.names import ExitCode
@@ -28,12 +27,13 @@ from agentfast.runner.payloads import PREFIX, Limits, PayloadTooLarge, externali
 from agentfast.runner.spec import AgentRun, parse_agentrun
 from agentfast.runner.store import Store, UnreadableState
 from agentfast.runner.tools import ToolRegistry
+from agentfast.testing.tools import big_text
 
 from .helpers import count_rows, examples_dsn_for, run_cli
 
 MIB = 1 << 20
-BIG = {"name": "big_output", "ref": "agentfast.runner.examples.testing_tools:big_output"}
-ECHO = {"name": "echo", "ref": "agentfast.runner.examples.testing_tools:echo"}
+BIG = {"name": "big_output", "ref": "agentfast.testing.tools:big_output"}
+ECHO = {"name": "echo", "ref": "agentfast.testing.tools:echo"}
 REFUND = {"name": "issue_refund", "ref": "agentfast.runner.examples.refund:issue_refund", "requiresApproval": True}
 HOT_ROW_BYTES = 4096  # every hot row of these runs is far below: a 2 MiB value inline would be ~1 MiB even compressed
 

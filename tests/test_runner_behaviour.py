@@ -31,8 +31,8 @@ from agentfast.runner.tools import ToolRegistry
 from .helpers import EXAMPLES, agentrun_file, count_rows, fenced_rows, freeze, phase_of, run_cli, spawn_cli, thaw, wait_until
 
 RUN_ID = "default/refund-demo"
-ECHO = {"name": "echo", "ref": "agentfast.runner.examples.testing_tools:echo"}
-EXPLODE = {"name": "explode", "ref": "agentfast.runner.examples.testing_tools:explode"}
+ECHO = {"name": "echo", "ref": "agentfast.testing.tools:echo"}
+EXPLODE = {"name": "explode", "ref": "agentfast.testing.tools:explode"}
 LOOKUP = {"name": "lookup_order", "ref": "agentfast.runner.examples.refund:lookup_order"}
 
 
@@ -456,7 +456,7 @@ def test_a_tool_output_with_nul_characters_is_stored_not_a_crash(store: Store) -
     run = agentrun(
         "nul-output",
         "endless",
-        [{"name": "echo", "ref": "agentfast.runner.examples.testing_tools:nul_output"}],
+        [{"name": "echo", "ref": "agentfast.testing.tools:nul_output"}],
         budget={"max_iterations": 2, "classifier": "none"},
     )
     outcome, requests = drive(store, run)

@@ -22,12 +22,12 @@ from agentfast.runner import output
 from agentfast.runner.adapters.vanilla import VanillaRunner
 from agentfast.runner.loop import run_id_of
 from agentfast.runner.model import MAX_TOOL_CALL_ID, distinct_tool_call_ids, model_from_spec
-from agentfast.runner.scripted import strict_violation
 from agentfast.runner.snapshot import Message, ToolCall
 from agentfast.runner.spec import load_agentrun
 from agentfast.runner.storable import storable, storable_text
 from agentfast.runner.store import Store
 from agentfast.runner.tools import ToolRegistry
+from agentfast.testing.scripted import strict_violation
 
 CASES = Path(__file__).resolve().parent / "cases"
 R = "\ufffd"

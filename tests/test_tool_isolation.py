@@ -23,7 +23,7 @@ from agentfast.runner.toolhost import CREDENTIAL_ENV, tool_environment
 
 from .helpers import run_cli, spawn_cli
 
-PROBE = {"name": "probe_credentials", "ref": "agentfast.runner.examples.testing_tools:probe_credentials"}
+PROBE = {"name": "probe_credentials", "ref": "agentfast.testing.tools:probe_credentials"}
 DIE_ONCE = {"name": "die_once", "ref": "tests.tool_fixtures:die_once"}
 
 

@@ -85,7 +85,7 @@ def test_a_spec_cannot_remove_a_tools_own_gate_in_the_runner(dsn: str, store) ->
 def test_a_spec_cannot_declare_a_non_idempotent_tool_safe_to_re_run(tmp_path: Path, dsn: str, store) -> None:
     # chaos_notify is declared idempotent=False: an interrupted call goes to a human (G4). A spec
     # saying idempotent: true would make it re-run blindly, sending the notification twice.
-    notify = {"ref": "agentfast.runner.examples.chaos_tools:chaos_notify", "idempotent": True}
+    notify = {"ref": "agentfast.testing.chaos_tools:chaos_notify", "idempotent": True}
     path = tmp_path / "unsafe.yaml"
     path.write_text(yaml.safe_dump(_refund_doc("unsafe", add_case_note=notify)))
     proc = run_cli("run", str(path), "--no-wait", dsn=dsn, timeout=90)
@@ -274,7 +274,7 @@ def test_a_run_cannot_name_a_url_or_a_secret(tmp_path: Path, dsn: str, store) ->
     # The attack: point the key of any Secret (the Postgres DSN's) at one's own server, or name
     # any host. Refused by `agentfast run` naming the field (exit 2); nothing registered, and the
     # attacker's server never hears from the runner.
-    from agentfast.runner.scripted import ScriptedModelServer, load_script
+    from agentfast.testing.scripted import ScriptedModelServer, load_script
 
     with ScriptedModelServer(load_script("refund")) as attacker:
         attacks = {
@@ -301,7 +301,7 @@ def test_a_run_gets_exactly_its_model_configs_key(tmp_path: Path, dsn: str, stor
     # document (what a runner pod does), which keeps the endpoint the run started with.
     import json
 
-    from agentfast.runner.scripted import ScriptedModelServer, load_script
+    from agentfast.testing.scripted import ScriptedModelServer, load_script
 
     with ScriptedModelServer(load_script("refund"), api_key="sk-model") as server:
         doc = _refund_doc("keyed")

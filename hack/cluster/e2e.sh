@@ -16,7 +16,11 @@ KUBECONFIG="$("$HACK_CLUSTER_DIR/up.sh")"
 export KUBECONFIG
 if [ "${KEEP_CLUSTER:-1}" = 0 ]; then trap '"$HACK_CLUSTER_DIR/down.sh"' EXIT; fi
 export PATH="$BIN_DIR:$PATH"
-# The per-build tag images.sh made (agentfast:dev-<id>), so an upgrade rolls the pods.
-IMAGE="$(cat "$AGENTFAST_CACHE/images/project.ref" 2>/dev/null || echo "$PROJECT_IMAGE")"
+# The per-build tags images.sh made (agentfast-testing:dev-<id>), so an upgrade rolls the pods.
+# The chart runs the testing image (the suite's runs use the scripted model and test tools); the
+# suite checks the production image apart (tests/e2e/test_images.py).
+IMAGE="$(cat "$AGENTFAST_CACHE/images/testing.ref" 2>/dev/null || echo "$TESTING_IMAGE")"
+PRODUCTION="$(cat "$AGENTFAST_CACHE/images/project.ref" 2>/dev/null || echo "$PROJECT_IMAGE")"
+export AGENTFAST_PRODUCTION_IMAGE="$PRODUCTION"
 HELM="$BIN_DIR/helm" e2e_helm_install "$REPO_ROOT" "$IMAGE"
 AGENTFAST_IMAGE="$IMAGE" e2e_pytest "$REPO_ROOT" "$@"

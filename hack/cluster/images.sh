@@ -4,6 +4,7 @@
 #   registry.k8s.io/coredns/coredns  the CoreDNS binary built by build.sh
 #   python:3.11-slim-bookworm        a Debian bookworm rootfs made by debootstrap (python3 is 3.11)
 #   agentfast:dev                    the project's real Dockerfile, built FROM the image above
+#   agentfast-testing:dev            its testing target: agentfast:dev plus agentfast.testing
 # and import them into containerd's k8s.io namespace, where the kubelet finds them.
 # Installs containerd, runc, CNI plugins, docker.io and debootstrap from Debian if missing.
 # Idempotent: each image is remade only when its inputs changed.
@@ -137,14 +138,16 @@ make_project_image() {
     (cd "$REPO_ROOT" && { xargs -0 -r cp --parents -t "$ctx" 2>/dev/null || true; })
   cp "$REPO_ROOT/Dockerfile" "$REPO_ROOT/.dockerignore" "$ctx/"
   # Empty package folders too (git does not track folders; setuptools' package-dir wants them).
-  (cd "$REPO_ROOT" && find runner operator -type d -print0 2>/dev/null) | (cd "$ctx" && xargs -0 -r mkdir -p)
+  (cd "$REPO_ROOT" && find runner operator testing -type d -print0 2>/dev/null) | (cd "$ctx" && xargs -0 -r mkdir -p)
   # pyproject.toml names README.md as the long description; tolerate a tree that lacks it yet.
   [ -f "$ctx/README.md" ] || echo "# agentfast" >"$ctx/README.md"
   local h
   h="$( (cd "$ctx" && find . -type f ! -path './.wheels/*' -print0 | sort -z | xargs -0 sha256sum) | sha256sum | cut -c1-16)"
   h="$h-$(image_id "$PYTHON_BASE_IMAGE" | cut -c8-20)"
-  if [ -n "$(image_id "$PROJECT_IMAGE")" ] && [ "$(cat "$IMG_DIR/project.stamp" 2>/dev/null)" = "$h" ]; then
-    log "image $PROJECT_IMAGE: up to date ($(cat "$IMG_DIR/project.ref" 2>/dev/null))"; return
+  if [ -n "$(image_id "$PROJECT_IMAGE")" ] && [ -n "$(image_id "$TESTING_IMAGE")" ] \
+     && [ "$(cat "$IMG_DIR/project.stamp" 2>/dev/null)" = "$h" ]; then
+    log "images $PROJECT_IMAGE, $TESTING_IMAGE: up to date ($(cat "$IMG_DIR/project.ref" "$IMG_DIR/testing.ref" 2>/dev/null | paste -sd' '))"
+    return
   fi
   log "wheels: pip wheel .[operator,langgraph] -> $WHEEL_DIR"
   local py="${PYTHON:-python3}"
@@ -157,6 +160,10 @@ make_project_image() {
   log "image $PROJECT_IMAGE: docker build (Dockerfile of the repository)"
   docker build --network none -t "$PROJECT_IMAGE" -f "$ctx/Dockerfile" "$ctx" >"$IMG_DIR/docker-build.log" 2>&1 \
     || { tail -n 40 "$IMG_DIR/docker-build.log" >&2; die "docker build failed (log: $IMG_DIR/docker-build.log)"; }
+  log "image $TESTING_IMAGE: docker build --target testing (the same stages, plus test support)"
+  docker build --network none --target testing -t "$TESTING_IMAGE" -f "$ctx/Dockerfile" "$ctx" \
+    >>"$IMG_DIR/docker-build.log" 2>&1 \
+    || { tail -n 40 "$IMG_DIR/docker-build.log" >&2; die "docker build --target testing failed (log: $IMG_DIR/docker-build.log)"; }
   # Keep the build stage tagged (its dependency layer is the cache of the next build; the build
   # is all cached layers, a second), then drop what earlier builds left untagged: their build
   # stages (labelled in the Dockerfile) and a previous agentfast:dev.
@@ -164,12 +171,15 @@ make_project_image() {
     >>"$IMG_DIR/docker-build.log" 2>&1 || true
   docker image prune -f --filter label=agentfast.stage=build >/dev/null 2>&1 || true
   docker image prune -f --filter label=org.opencontainers.image.title=agentfast >/dev/null 2>&1 || true
+  docker image prune -f --filter label=org.opencontainers.image.title=agentfast-testing >/dev/null 2>&1 || true
   # A second tag that names this build, so that `helm upgrade` with it replaces running pods
   # (the same tag on new content would leave them on the old image).
-  local ref
-  ref="${PROJECT_IMAGE%:*}:dev-$(image_id "$PROJECT_IMAGE" | cut -c8-19)"
-  docker tag "$PROJECT_IMAGE" "$ref"
-  echo "$ref" >"$IMG_DIR/project.ref"
+  local image ref
+  for image in "$PROJECT_IMAGE" "$TESTING_IMAGE"; do
+    ref="${image%:*}:dev-$(image_id "$image" | cut -c8-19)"
+    docker tag "$image" "$ref"
+    echo "$ref" >"$IMG_DIR/$(ref_file "$image")"
+  done
   echo "$h" >"$IMG_DIR/project.stamp"
 }
 
@@ -177,7 +187,8 @@ make_project_image() {
 import_to_containerd() {
   local ref id stampf todo=()
   # The python base image too: up.sh's in-cluster network check runs in it.
-  for ref in "$PAUSE_IMAGE" "$COREDNS_IMAGE" "$PYTHON_BASE_IMAGE" "$PROJECT_IMAGE" $(cat "$IMG_DIR/project.ref" 2>/dev/null); do
+  for ref in "$PAUSE_IMAGE" "$COREDNS_IMAGE" "$PYTHON_BASE_IMAGE" "$PROJECT_IMAGE" "$TESTING_IMAGE" \
+             $(cat "$IMG_DIR/project.ref" "$IMG_DIR/testing.ref" 2>/dev/null); do
     id="$(image_id "$ref")"
     stampf="$IMG_DIR/imported-$(echo "$ref" | tr '/:' '__')"
     if [ "$(cat "$stampf" 2>/dev/null)" = "$id" ] && ctr -n k8s.io images ls -q | grep -x >/dev/null "$(normalize_ref "$ref")"; then
@@ -194,16 +205,23 @@ import_to_containerd() {
   done
 }
 
-# Drop the per-build tags of earlier builds (docker and containerd), keeping the current one.
+# ref_file IMAGE: the file under $IMG_DIR naming IMAGE's per-build tag.
+ref_file() {
+  if [ "$1" = "$TESTING_IMAGE" ]; then echo testing.ref; else echo project.ref; fi
+}
+
+# Drop the per-build tags of earlier builds (docker and containerd), keeping the current ones.
 prune_old_project_tags() {
-  local cur old
-  cur="$(cat "$IMG_DIR/project.ref" 2>/dev/null || true)"
-  [ -n "$cur" ] || return 0
-  for old in $(docker images --format '{{.Repository}}:{{.Tag}}' "${PROJECT_IMAGE%:*}" | grep -e ':dev-' || true); do
-    [ "$old" = "$cur" ] || docker rmi "$old" >/dev/null 2>&1 || true
-  done
-  for old in $(ctr -n k8s.io images ls -q | grep -e "$(normalize_ref "${PROJECT_IMAGE%:*}"):dev-" || true); do
-    [ "$old" = "$(normalize_ref "$cur")" ] || ctr -n k8s.io images rm "$old" >/dev/null 2>&1 || true
+  local image cur old
+  for image in "$PROJECT_IMAGE" "$TESTING_IMAGE"; do
+    cur="$(cat "$IMG_DIR/$(ref_file "$image")" 2>/dev/null || true)"
+    [ -n "$cur" ] || continue
+    for old in $(docker images --format '{{.Repository}}:{{.Tag}}' "${image%:*}" | grep -e ':dev-' || true); do
+      [ "$old" = "$cur" ] || docker rmi "$old" >/dev/null 2>&1 || true
+    done
+    for old in $(ctr -n k8s.io images ls -q | grep -e "$(normalize_ref "${image%:*}"):dev-" || true); do
+      [ "$old" = "$(normalize_ref "$cur")" ] || ctr -n k8s.io images rm "$old" >/dev/null 2>&1 || true
+    done
   done
 }
 

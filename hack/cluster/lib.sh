@@ -40,7 +40,10 @@ APISERVER_PORT=6443
 PAUSE_IMAGE="registry.k8s.io/pause:3.10.1"
 COREDNS_IMAGE="registry.k8s.io/coredns/coredns:${COREDNS_VERSION}"
 PYTHON_BASE_IMAGE="python:3.11-slim-bookworm"
-PROJECT_IMAGE="${AGENTFAST_IMAGE:-agentfast:dev}"
+PROJECT_IMAGE="${AGENTFAST_PRODUCTION_IMAGE:-agentfast:dev}"
+# The Dockerfile's testing target: the production image plus agentfast.testing (the scripted
+# model, fault points, test tools). The e2e suite installs the chart with it.
+TESTING_IMAGE="${AGENTFAST_TESTING_IMAGE:-agentfast-testing:dev}"
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }

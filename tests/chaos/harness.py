@@ -70,10 +70,10 @@ FAULT_POINTS = (
 TOOL_POINTS = FAULT_POINTS[:3]
 
 CHAOS_TOOLS = [
-    {"name": "chaos_read", "ref": "agentfast.runner.examples.chaos_tools:chaos_read"},
-    {"name": "chaos_write", "ref": "agentfast.runner.examples.chaos_tools:chaos_write"},
-    {"name": "chaos_pay", "ref": "agentfast.runner.examples.chaos_tools:chaos_pay"},
-    {"name": "chaos_notify", "ref": "agentfast.runner.examples.chaos_tools:chaos_notify"},
+    {"name": "chaos_read", "ref": "agentfast.testing.chaos_tools:chaos_read"},
+    {"name": "chaos_write", "ref": "agentfast.testing.chaos_tools:chaos_write"},
+    {"name": "chaos_pay", "ref": "agentfast.testing.chaos_tools:chaos_pay"},
+    {"name": "chaos_notify", "ref": "agentfast.testing.chaos_tools:chaos_notify"},
 ]
 # Room for the long script and for Postgres outages (active time counts retries).
 CHAOS_BUDGET = {"max_iterations": 30, "max_tokens": 200_000, "max_duration_ms": 900_000, "classifier": "none"}
@@ -88,7 +88,7 @@ class Scenario:
     """An AgentRun to torture: an adapter's example file, optionally with the chaos script and tools.
 
     ``ledger``: which tables the tools write ("demo": runner/examples/refund.py; "chaos":
-    runner/examples/chaos_tools.py).
+    testing/chaos_tools.py).
     """
 
     name: str

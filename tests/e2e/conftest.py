@@ -7,7 +7,11 @@ prerequisite is a failure, never a skip: CI must not go green without having tou
 Environment:
   KUBECONFIG        the cluster (required)
   KUBECTL           the kubectl binary (default: PATH, then the one hack/cluster/build.sh built)
-  AGENTFAST_IMAGE   the project image already present on the node (default ``agentfast:dev``)
+  AGENTFAST_IMAGE   the image the chart was installed with, already on the node: the Dockerfile's
+                    testing target (default ``agentfast-testing:dev``)
+  AGENTFAST_PRODUCTION_IMAGE
+                    the production image (the Dockerfile's default target), on the node and in
+                    the chart's runner.allowedImages (tests/e2e/test_images.py; required)
 """
 
 from __future__ import annotations

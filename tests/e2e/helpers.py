@@ -47,7 +47,7 @@ class Kube:
         self.kubectl = kubectl
         self.kubeconfig = kubeconfig
         self.namespace = namespace
-        self.image = os.environ.get("AGENTFAST_IMAGE", "agentfast:dev")
+        self.image = os.environ.get("AGENTFAST_IMAGE", "agentfast-testing:dev")
 
     def run(
         self, *args: str, input: str | None = None, check: bool = True, namespaced: bool = True, timeout: float = 120

@@ -2,7 +2,7 @@
 admin's ModelConfig, never the AgentRun's.
 
 A scripted model server runs in the cluster from the project image (a Deployment and a Service:
-``python -m agentfast.runner.scripted --require-key-env MODEL_KEY``) and answers only requests
+``python -m agentfast.testing.scripted --require-key-env MODEL_KEY``) and answers only requests
 carrying the key of a Secret. An admin's ModelConfig points at it and names that Secret key.
 
 - An AgentRun naming the ModelConfig runs to completion (the refund approved as in
@@ -92,7 +92,7 @@ def model_server(release: Kube) -> Iterator[dict[str, str]]:
                                 "command": [
                                     "python",
                                     "-m",
-                                    "agentfast.runner.scripted",
+                                    "agentfast.testing.scripted",
                                     "--script",
                                     "refund",
                                     "--host",

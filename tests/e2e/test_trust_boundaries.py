@@ -159,7 +159,7 @@ def test_a_hostile_tool_in_a_runner_pod_reads_no_credential_of_the_runner(releas
     name = f"probe-{uuid.uuid4().hex[:6]}"
     doc = refund_manifest(k, name)
     doc["spec"]["model"] = {"name": "scripted-probe-credentials", "script": "probe_credentials"}
-    doc["spec"]["tools"] = [{"name": "probe_credentials", "ref": "agentfast.runner.examples.testing_tools:probe_credentials"}]
+    doc["spec"]["tools"] = [{"name": "probe_credentials", "ref": "agentfast.testing.tools:probe_credentials"}]
     k.apply(doc)
     k.wait_for("Succeeded", lambda: status(k, name).get("phase") == "Succeeded", timeout=240)
     [[found]] = sql(k, "SELECT result->>'content' FROM agentfast_tool_calls WHERE run_id = %s", f"{k.namespace}/{name}")

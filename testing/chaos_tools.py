@@ -1,7 +1,7 @@
 """Tools for the chaos suite (tests/chaos/): effects a test can count from rows, never mocks.
 
 Every body writes to the examples' own database (``EXAMPLE_TOOLS_DSN``:
-``runner/examples/__init__.py``), never the run's store, in tables of its own:
+``agentfast.runner.examples``), never the run's store, in tables of its own:
 
 - ``chaos_invocations``: one row each time a tool body starts, with the call's idempotency key,
   the runner's fencing epoch and its pid. Keyed by nothing, so every execution is visible.
@@ -35,8 +35,8 @@ from typing import Any
 
 import psycopg
 
-from ..tools import ToolContext, tool
-from . import examples_dsn
+from agentfast.runner.examples import examples_dsn
+from agentfast.runner.tools import ToolContext, tool
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS chaos_invocations (

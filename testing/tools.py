@@ -16,7 +16,7 @@ import hashlib
 import os
 from typing import Any
 
-from ..tools import ToolContext, tool
+from agentfast.runner.tools import ToolContext, tool
 
 
 @tool
@@ -45,7 +45,7 @@ def big_text(size_bytes: int, seed: str = "") -> str:
 @tool
 def big_output(ctx: ToolContext, size_bytes: int, seed: str = "") -> str:
     """Return a deterministic text of exactly ``size_bytes`` bytes (hex digits derived from ``seed``)."""
-    from .refund import _connect, _log_invocation  # the example tools' own database, never the store's
+    from agentfast.runner.examples.refund import _connect, _log_invocation  # the example tools' own database, never the store's
 
     with _connect(ctx) as conn:
         _log_invocation(conn, "big_output", ctx)

@@ -42,7 +42,7 @@ request's ``messages``. A process that resumes a run and asks again gets the sam
 past the last turn gets HTTP 400 with an ``invalid_request_error`` body.
 
 ``load_script("refund")`` reads the bundled ``scripts/refund.yaml`` of package
-``agentfast.runner``; ``load_script("path/to/x.yaml")`` reads a file. A bad script raises
+``agentfast.testing``; ``load_script("path/to/x.yaml")`` reads a file. A bad script raises
 ValueError naming the field (``script 'x': turns[1].tool_calls[0].name: Field required``).
 
 A server given an API key (``ScriptedModelServer(api_key=...)``, ``--require-key-env VAR``)
@@ -51,8 +51,8 @@ answers HTTP 401 (``invalid_api_key``) to any request whose ``Authorization`` is
 
 Serve one in the foreground (e.g. as a Service in a cluster; use ``--host 0.0.0.0`` there)::
 
-    python -m agentfast.runner.scripted --script refund --port 8089
-    MODEL_KEY=s3cret python -m agentfast.runner.scripted --script refund --require-key-env MODEL_KEY
+    python -m agentfast.testing.scripted --script refund --port 8089
+    MODEL_KEY=s3cret python -m agentfast.testing.scripted --script refund --require-key-env MODEL_KEY
 """
 
 from __future__ import annotations
@@ -203,19 +203,15 @@ def parse_script(doc: Any, *, name: str = "") -> Script:
 
 
 def _bundled_dir() -> Any:
-    """The ``scripts`` folder of package ``agentfast.runner`` (a Traversable)."""
+    """The ``scripts`` folder of this package (a Traversable), however it was installed."""
     try:
-        return resources.files("agentfast.runner").joinpath("scripts")
-    except (NotADirectoryError, ModuleNotFoundError, TypeError):
-        pass  # a namespace-package install; look the folder up as a package of its own
-    try:
-        return resources.files("agentfast.runner.scripts")
+        return resources.files("agentfast.testing").joinpath("scripts")
     except (NotADirectoryError, ModuleNotFoundError, TypeError):
         return Path(__file__).resolve().parent / "scripts"
 
 
 def bundled_scripts() -> list[str]:
-    """Names of the scripts bundled with the package (``runner/scripts/*.yaml``)."""
+    """Names of the scripts bundled with the package (``testing/scripts/*.yaml``)."""
     d = _bundled_dir()
     try:
         return sorted(p.name[: -len(".yaml")] for p in d.iterdir() if p.name.endswith(".yaml"))
@@ -235,7 +231,7 @@ def load_script(name_or_path: str) -> Script:
         or name_or_path.endswith((".yaml", ".yml"))
         or not _BUNDLED_NAME.match(name_or_path)
     )
-    from .safeyaml import UnsafeYaml, read_text
+    from agentfast.runner.safeyaml import UnsafeYaml, read_text
 
     if looks_like_path or Path(name_or_path).is_file():
         path = Path(name_or_path)
@@ -261,7 +257,7 @@ def _parsed(text: str, name: str) -> Script:
     """The script ``text`` (named ``name``) as :func:`load_script` returns it. Raises ValueError.
     PyYAML's safe parser takes ~5 ms per KB of it (issue 15): a run loads its script once
     (``spec.resolve``), and its model takes that (``model.model_from_spec(..., script=)``)."""
-    from .safeyaml import UnsafeYaml, load_all
+    from agentfast.runner.safeyaml import UnsafeYaml, load_all
 
     try:
         docs = load_all(text, f"script {name!r}")
@@ -623,13 +619,13 @@ def strict_violation(messages: list[Any]) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------
-# python -m agentfast.runner.scripted
+# python -m agentfast.testing.scripted
 # --------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
     """Serve a script in the foreground until SIGTERM or SIGINT."""
-    parser = argparse.ArgumentParser(prog="python -m agentfast.runner.scripted", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m agentfast.testing.scripted", description=__doc__.split("\n\n")[0])
     parser.add_argument("--script", required=True, help="bundled script name (e.g. refund) or path to a script YAML")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 in a cluster); default 127.0.0.1")
     parser.add_argument("--port", type=int, default=8089, help="port to bind (0 picks a free one); default 8089")
