@@ -289,7 +289,7 @@ class ConformanceSuite:
 
         from .helpers import REPO
 
-        script = yaml.safe_load((REPO / "runner" / "scripts" / "refund.yaml").read_text())
+        script = yaml.safe_load((REPO / "testing" / "scripts" / "refund.yaml").read_text())
         script["strict"] = True
         for turn in script["turns"]:
             for call in turn.get("tool_calls", []):
