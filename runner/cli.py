@@ -1083,7 +1083,12 @@ def delete(run: str, dsn: str | None) -> None:
 
 @app.command()
 @click.argument("directory", metavar="DIR")
-@click.option("--name", "package", metavar="PACKAGE", help="the Python package's name; default: DIR's name, with - and . made _")
+@click.option(
+    "--name",
+    "package",
+    metavar="PACKAGE",
+    help="the Python package's name; default: DIR's name, lower-cased, with - and . made _",
+)
 def init(directory: str, package: str | None) -> None:
     """Start a package of your own tools in the new folder DIR.
 
