@@ -1081,6 +1081,49 @@ def delete(run: str, dsn: str | None) -> None:
     out.print(f"deleted {_run_key(run)}")
 
 
+@app.command()
+@click.argument("directory", metavar="DIR")
+@click.option(
+    "--name",
+    "package",
+    metavar="PACKAGE",
+    help="the Python package's name; default: DIR's name, lower-cased, with - and . made _",
+)
+def init(directory: str, package: str | None) -> None:
+    """Start a package of your own tools in the new folder DIR.
+
+    It holds the package (two tools: one gated, one not idempotent with a recovery check), an
+    AgentRun naming them, the scripted model's script for it, a test that runs it for real, a
+    Dockerfile building a runner image FROM agentfast's, and a README. Exit 2, writing nothing,
+    when DIR exists and is not empty, or PACKAGE is not a Python identifier.
+    """
+    from .scaffold import ScaffoldError, check_package, default_package, write
+
+    name = package or default_package(directory)
+    try:
+        check_package(name)
+    except ScaffoldError as e:
+        raise _fail(f"{e}" + ("" if package else f" (it comes from the name of {directory})")) from None
+    try:
+        written = write(directory, name)
+    except ScaffoldError as e:
+        raise _fail(str(e)) from None
+    except OSError as e:
+        raise _fail(f"cannot write {directory}: {e.strerror or e}") from None
+    from pathlib import Path
+
+    root = Path(directory).expanduser()
+    out.print(f"wrote {root}/ (package {name}):", highlight=False, markup=False)
+    for path in written:
+        out.print(f"  {path.relative_to(root).as_posix()}", highlight=False, markup=False)
+    out.print(
+        f"next, in {root}: pip install -e '.[test]' (in agentfast's venv), then `agentfast run agentrun.yaml`"
+        " and `pytest`; README.md says how to build and ship the image",
+        highlight=False,
+        markup=False,
+    )
+
+
 def main() -> None:
     """Console-script entry point.
 

@@ -101,7 +101,8 @@ def test_importing_the_cli_imports_no_runner_loop_store_model_or_kubernetes() ->
 
 
 @pytest.mark.parametrize(
-    "args", [("--help",), ("status", "--help"), ("approve", "--help"), ("history", "--help"), ("run", "--help")]
+    "args",
+    [("--help",), ("status", "--help"), ("approve", "--help"), ("history", "--help"), ("run", "--help"), ("init", "--help")],
 )
 @pytest.mark.process
 def test_help_imports_no_runner_loop_or_store(args: tuple[str, ...]) -> None:
@@ -149,6 +150,15 @@ def test_read_only_and_deciding_commands_import_only_what_they_use(tmp_path: Pat
         proc, modules = _agentfast(*args, dsn=dsn)
         assert proc.returncode == code and said in proc.stdout, (args, proc.stdout, proc.stderr[-2000:])
         assert _unneeded(modules, also + extra) == [], args
+
+
+@pytest.mark.process
+def test_init_imports_only_its_templates(tmp_path: Path) -> None:
+    """``agentfast init`` writes files: nothing of the store, the runner, pydantic or YAML."""
+    proc, modules = _agentfast("init", str(tmp_path / "team-tools"))
+    assert proc.returncode == 0 and "team_tools/tools.py" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    assert "agentfast.runner.scaffold" in modules
+    assert _unneeded(modules, NOT_NEEDED_FOR_HELP + ("agentfast.runner.embedded", "yaml")) == []
 
 
 def _python(code: str, dsn: str | None = None) -> subprocess.CompletedProcess:
