@@ -31,9 +31,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
+TEAM="${AGENTFAST_TEAM_IMAGE:-agentfast-team-tools:dev}"  # a team's own tools, FROM the production image
 docker build -t "$PRODUCTION" "$ROOT"
 docker build --target testing -t "$IMAGE" "$ROOT"
-kind load docker-image "$PRODUCTION" "$IMAGE" --name "$CLUSTER"
-export AGENTFAST_PRODUCTION_IMAGE="$PRODUCTION"
+TEAM_WORK="$(mktemp -d)"
+build_team_tools_image "$PRODUCTION" "$TEAM" "$TEAM_WORK"
+kind load docker-image "$PRODUCTION" "$IMAGE" "$TEAM" --name "$CLUSTER"
+export AGENTFAST_PRODUCTION_IMAGE="$PRODUCTION" AGENTFAST_TEAM_IMAGE="$TEAM"
 e2e_helm_install "$ROOT" "$IMAGE"
 AGENTFAST_IMAGE="$IMAGE" e2e_pytest "$ROOT" "$@"

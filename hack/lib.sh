@@ -57,6 +57,22 @@ e2e_image_parts() {
   echo "${image%:*} ${image##*:}"
 }
 
+# A team's own tools, as a team ships them (docs/tools.md, "Bring your own tools"): the package
+# `agentfast init` writes, in an image built FROM the production image with the Dockerfile it
+# writes. tests/e2e/test_own_tools.py runs it; the chart allows the image and the module.
+TEAM_TOOLS_DIR=team-tools    # `agentfast init team-tools`: the package team_tools
+TEAM_TOOLS_MODULE=team_tools
+
+# build_team_tools_image BASE TAG WORKDIR: `agentfast init` run by BASE's own CLI into
+# WORKDIR/team-tools (made anew), then `docker build` of that folder FROM BASE, offline.
+build_team_tools_image() {
+  local base="$1" tag="$2" work="$3"
+  rm -rf "$work"; mkdir -p "$work"; chmod 0777 "$work"
+  docker run --rm --network none --user 10001:10001 -v "$work:/out" --entrypoint agentfast "$base" \
+    init "/out/$TEAM_TOOLS_DIR" >/dev/null
+  docker build --network none --build-arg AGENTFAST_IMAGE="$base" -t "$tag" "$work/$TEAM_TOOLS_DIR"
+}
+
 # e2e_helm_install REPO_ROOT IMAGE: install the project's chart with the image already on the node
 # (the Dockerfile's testing target: the suite's runs use the scripted model and, besides the
 # examples, the test tools of agentfast.testing, which the chart is told to allow).
@@ -67,10 +83,11 @@ e2e_image_parts() {
 e2e_helm_install() {
   local root="$1" image="$2" helm="${HELM:-helm}" repo tag extra=()
   read -r repo tag <<<"$(e2e_image_parts "$image")"
-  # The production image (no test support) may run a run too: tests/e2e/test_images.py.
-  if [ -n "${AGENTFAST_PRODUCTION_IMAGE:-}" ]; then
-    extra+=(--set "runner.allowedImages={${AGENTFAST_PRODUCTION_IMAGE%:*}}")
-  fi
+  # The production image (no test support) may run a run too (tests/e2e/test_images.py), and a
+  # team's image of its own tools, with its module (tests/e2e/test_own_tools.py).
+  local images="${AGENTFAST_PRODUCTION_IMAGE:+${AGENTFAST_PRODUCTION_IMAGE%:*}}"
+  images="$images${AGENTFAST_TEAM_IMAGE:+${images:+,}${AGENTFAST_TEAM_IMAGE%:*}}"
+  [ -z "$images" ] || extra+=(--set "runner.allowedImages={$images}")
   if [ ! -f "$root/charts/agentfast/Chart.yaml" ]; then
     echo "e2e: charts/agentfast/Chart.yaml not present; skipping helm install" >&2
     return 0
@@ -83,7 +100,7 @@ e2e_helm_install() {
     --namespace "$E2E_NAMESPACE" --create-namespace \
     --set image.repository="$repo" --set image.tag="$tag" --set image.pullPolicy=IfNotPresent \
     --set runner.podTTLSecondsAfterFinished="${E2E_POD_TTL_SECONDS:-30}" \
-    --set 'runner.allowedModules={agentfast.runner.examples,agentfast.testing}' "${extra[@]}" \
+    --set "runner.allowedModules={agentfast.runner.examples,agentfast.testing,$TEAM_TOOLS_MODULE}" "${extra[@]}" \
     --wait --timeout 5m
   # An operator of the previous release keeps acting until its pod is gone (it holds the leader
   # Lease until then), and the runner pods it makes name the previous image, which images.sh has

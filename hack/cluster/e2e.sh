@@ -21,6 +21,6 @@ export PATH="$BIN_DIR:$PATH"
 # suite checks the production image apart (tests/e2e/test_images.py).
 IMAGE="$(cat "$AGENTFAST_CACHE/images/testing.ref" 2>/dev/null || echo "$TESTING_IMAGE")"
 PRODUCTION="$(cat "$AGENTFAST_CACHE/images/project.ref" 2>/dev/null || echo "$PROJECT_IMAGE")"
-export AGENTFAST_PRODUCTION_IMAGE="$PRODUCTION"
+export AGENTFAST_PRODUCTION_IMAGE="$PRODUCTION" AGENTFAST_TEAM_IMAGE="$TEAM_IMAGE"
 HELM="$BIN_DIR/helm" e2e_helm_install "$REPO_ROOT" "$IMAGE"
 AGENTFAST_IMAGE="$IMAGE" e2e_pytest "$REPO_ROOT" "$@"

@@ -5,6 +5,7 @@
 #   python:3.11-slim-bookworm        a Debian bookworm rootfs made by debootstrap (python3 is 3.11)
 #   agentfast:dev                    the project's real Dockerfile, built FROM the image above
 #   agentfast-testing:dev            its testing target: agentfast:dev plus agentfast.testing
+#   agentfast-team-tools:dev         `agentfast init`'s package, built FROM agentfast:dev (a team's tools)
 # and import them into containerd's k8s.io namespace, where the kubelet finds them.
 # Installs containerd, runc, CNI plugins, docker.io and debootstrap from Debian if missing.
 # Idempotent: each image is remade only when its inputs changed.
@@ -183,11 +184,21 @@ make_project_image() {
   echo "$h" >"$IMG_DIR/project.stamp"
 }
 
+# A team's image of its own tools, FROM this build of the production image. Made every time (a
+# few seconds: init's output is the same, so docker's cache keeps the layers and the image id).
+make_team_image() {
+  local base
+  base="$(cat "$IMG_DIR/project.ref" 2>/dev/null || echo "$PROJECT_IMAGE")"
+  log "image $TEAM_IMAGE: agentfast init + docker build FROM $base"
+  build_team_tools_image "$base" "$TEAM_IMAGE" "$IMG_DIR/team" >>"$IMG_DIR/docker-build.log" 2>&1 \
+    || { tail -n 40 "$IMG_DIR/docker-build.log" >&2; die "team tools image failed (log: $IMG_DIR/docker-build.log)"; }
+}
+
 # Copy docker's images into containerd's k8s.io namespace (the kubelet's), when they changed.
 import_to_containerd() {
   local ref id stampf todo=()
   # The python base image too: up.sh's in-cluster network check runs in it.
-  for ref in "$PAUSE_IMAGE" "$COREDNS_IMAGE" "$PYTHON_BASE_IMAGE" "$PROJECT_IMAGE" "$TESTING_IMAGE" \
+  for ref in "$PAUSE_IMAGE" "$COREDNS_IMAGE" "$PYTHON_BASE_IMAGE" "$PROJECT_IMAGE" "$TESTING_IMAGE" "$TEAM_IMAGE" \
              $(cat "$IMG_DIR/project.ref" "$IMG_DIR/testing.ref" 2>/dev/null); do
     id="$(image_id "$ref")"
     stampf="$IMG_DIR/imported-$(echo "$ref" | tr '/:' '__')"
@@ -236,9 +247,9 @@ normalize_ref() {
 }
 
 start=$SECONDS
-# Steps may be named to run only those: images.sh [packages] [pause] [coredns] [python] [project] [import]
+# Steps may be named to run only those: images.sh [packages] [pause] [coredns] [python] [project] [team] [import]
 steps=("$@")
-[ "${#steps[@]}" -gt 0 ] || steps=(packages pause coredns python project import)
+[ "${#steps[@]}" -gt 0 ] || steps=(packages pause coredns python project team import)
 install_host_packages
 ensure_dockerd
 for step in "${steps[@]}"; do
@@ -248,6 +259,7 @@ for step in "${steps[@]}"; do
     coredns) make_coredns ;;
     python) make_python_base ;;
     project) make_project_image ;;
+    team) make_team_image ;;
     import) import_to_containerd; prune_old_project_tags ;;
     *) die "unknown step: $step" ;;
   esac

@@ -44,6 +44,8 @@ PROJECT_IMAGE="${AGENTFAST_PRODUCTION_IMAGE:-agentfast:dev}"
 # The Dockerfile's testing target: the production image plus agentfast.testing (the scripted
 # model, fault points, test tools). The e2e suite installs the chart with it.
 TESTING_IMAGE="${AGENTFAST_TESTING_IMAGE:-agentfast-testing:dev}"
+# A team's own tools in an image FROM the production one (hack/lib.sh, build_team_tools_image).
+TEAM_IMAGE="${AGENTFAST_TEAM_IMAGE:-agentfast-team-tools:dev}"
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }

@@ -25,6 +25,7 @@ Runs in the chart's namespace (AGENTFAST_NAMESPACE), where runner pods find the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -47,12 +48,22 @@ def _labels(tag: str) -> dict[str, str]:
 
 @pytest.fixture
 def model_server(release: Kube) -> Iterator[dict[str, str]]:
-    """The scripted refund model served in the cluster, answering only with its Secret's key.
+    """The scripted refund model served in the cluster, answering only with its Secret's key
+    (:func:`serve_scripted_model`)."""
+    with serve_scripted_model(release) as server:
+        yield server
 
-    Yields ``{"tag", "secret", "key", "url"}``: ``secret``/``key`` name the Secret key holding the API
-    key (value ``key_value``), ``url`` is the base URL the ModelConfig points at.
+
+@contextlib.contextmanager
+def serve_scripted_model(k: Kube, script: str | None = None) -> Iterator[dict[str, str]]:
+    """A scripted model served in the cluster from the testing image (a Deployment and a Service),
+    answering only with its Secret's key, as a remote model would. It plays the bundled refund
+    script, or ``script`` (a script's YAML text, mounted from a ConfigMap).
+
+    Yields ``{"tag", "secret", "key", "key_value", "deployment", "url"}``: ``secret``/``key`` name
+    the Secret key holding the API key (value ``key_value``), ``url`` is the base URL a
+    ModelConfig points at. Deletes what it made (and what carries its tag) on exit.
     """
-    k = release
     tag = uuid.uuid4().hex[:6]
     name, secret = f"scripted-model-{tag}", f"model-key-{tag}"
     key_value = KEY_VALUE_PREFIX + uuid.uuid4().hex
@@ -65,6 +76,19 @@ def model_server(release: Kube) -> Iterator[dict[str, str]]:
             "stringData": {"api-key": key_value},
         }
     )
+    script_arg, mounts, volumes = "refund", [], []
+    if script is not None:
+        k.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": k.namespace, "labels": _labels(tag)},
+                "data": {"script.yaml": script},
+            }
+        )
+        script_arg = "/scripts/script.yaml"
+        mounts = [{"name": "script", "mountPath": "/scripts", "readOnly": True}]
+        volumes = [{"name": "script", "configMap": {"name": name}}]
     pod_labels = {"app.kubernetes.io/name": name, **_labels(tag)}
     k.apply(
         {
@@ -94,7 +118,7 @@ def model_server(release: Kube) -> Iterator[dict[str, str]]:
                                     "-m",
                                     "agentfast.testing.scripted",
                                     "--script",
-                                    "refund",
+                                    script_arg,
                                     "--host",
                                     "0.0.0.0",
                                     "--port",
@@ -113,10 +137,10 @@ def model_server(release: Kube) -> Iterator[dict[str, str]]:
                                     "readOnlyRootFilesystem": True,
                                     "capabilities": {"drop": ["ALL"]},
                                 },
-                                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+                                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *mounts],
                             }
                         ],
-                        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "16Mi"}}],
+                        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "16Mi"}}, *volumes],
                     },
                 },
             },
@@ -144,7 +168,7 @@ def model_server(release: Kube) -> Iterator[dict[str, str]]:
             "url": f"http://{name}.{k.namespace}.svc:{SERVER_PORT}/v1",
         }
     finally:
-        for kind in ("agentrun", "modelconfig", "service", "deployment", "secret"):
+        for kind in ("agentrun", "modelconfig", "service", "deployment", "configmap", "secret"):
             k.run("delete", kind, "-l", f"agentfast.dev/e2e-model={tag}", "--wait=false", check=False)
 
 
