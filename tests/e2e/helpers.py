@@ -138,6 +138,58 @@ class Kube:
         return self.run("describe", kind, name, check=False).stdout
 
 
+#: The label of everything the suite makes, so a failed test's leftovers can be found and removed.
+E2E_LABEL = "agentfast.dev/e2e"
+
+
+def python_in_pod(
+    k: Kube,
+    name: str,
+    code: str,
+    *,
+    namespace: str | None = None,
+    image: str | None = None,
+    env: list[dict[str, Any]] | None = None,
+    timeout: float = 120,
+) -> str:
+    """Run ``code`` with python in a pod of ``image`` (default: the chart's, ``k.image``) in
+    ``namespace`` (default ``k``'s), as the restricted Pod Security profile allows, with ``env``
+    (container env entries); wait for it to end and return its log. The pod is left (labelled
+    :data:`E2E_LABEL`) for the namespace's cleanup."""
+    namespace = namespace or k.namespace
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {E2E_LABEL: "true"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [
+                {
+                    "name": "probe",
+                    "image": image or k.image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["python", "-c", code],
+                    "env": env or [],
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                }
+            ],
+        },
+    }
+    k.run("apply", "-f", "-", input=json.dumps(pod), namespaced=False)
+    k.wait_for(
+        f"pod {name} to finish",
+        lambda: (
+            k.run("get", "pod", name, "-n", namespace, "-o", "jsonpath={.status.phase}", namespaced=False).stdout
+            in ("Succeeded", "Failed")
+        ),
+        timeout=timeout,
+        interval=1,
+    )
+    return k.run("logs", name, "-n", namespace, namespaced=False).stdout
+
+
 def give_example_tools(k: Kube, examples_dsn: str) -> None:
     """The Secret agentfast-tools in ``k``'s namespace, as a team gives its tools their settings:
     the example tools' DSN (the operator mounts it for the tool host only)."""

@@ -17,13 +17,12 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from typing import Any
 
 import pytest
 
-from .helpers import Kube
+from .helpers import Kube, python_in_pod
 from .test_model_config import _condition, _finish, agentrun, model_server, modelconfig  # noqa: F401 (model_server is a fixture)
-from .test_operator import E2E_LABEL, refund_manifest, release, runner_pods, status  # noqa: F401 (release is a fixture)
+from .test_operator import refund_manifest, release, runner_pods, status  # noqa: F401 (release is a fixture)
 
 _PROBE = """
 import importlib.util, json
@@ -40,45 +39,12 @@ def production_image() -> str:
     return image
 
 
-def _probe_pod(k: Kube, image: str, name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": k.namespace, "labels": {E2E_LABEL: "true"}},
-        "spec": {
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [
-                {
-                    "name": "probe",
-                    "image": image,
-                    "imagePullPolicy": "IfNotPresent",
-                    "command": ["python", "-c", _PROBE],
-                    "securityContext": {
-                        "allowPrivilegeEscalation": False,
-                        "readOnlyRootFilesystem": True,
-                        "capabilities": {"drop": ["ALL"]},
-                    },
-                }
-            ],
-        },
-    }
-
-
 def test_the_production_image_holds_no_test_support(release: Kube, production_image: str) -> None:
     k = release
     found = {}
     for image in (production_image, k.image):  # the testing image: the probe can tell them apart
-        name = f"image-probe-{uuid.uuid4().hex[:6]}"
-        k.apply(_probe_pod(k, image, name))
-        try:
-            k.wait_for(f"{name} to end", lambda n=name: k.pod_phase(n) in ("Succeeded", "Failed"), timeout=120)
-            out = k.run("logs", name).stdout
-            assert k.pod_phase(name) == "Succeeded", out
-            found[image] = json.loads(out.strip().splitlines()[-1])["testing"]
-        finally:
-            k.run("delete", "pod", name, "--wait=false", check=False)
+        out = python_in_pod(k, f"image-probe-{uuid.uuid4().hex[:6]}", _PROBE, image=image)
+        found[image] = json.loads(out.strip().splitlines()[-1])["testing"]
     assert found == {production_image: False, k.image: True}, found
 
 

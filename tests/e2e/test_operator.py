@@ -23,12 +23,9 @@ from typing import Any
 import pytest
 import yaml
 
-from .helpers import NAMESPACE, REPO, Kube, give_example_tools
+from .helpers import E2E_LABEL, NAMESPACE, REPO, Kube, give_example_tools
 
 EXPECTED_ROLES = ["system", "user", "assistant", "tool", "assistant", "tool", "tool", "assistant"]
-
-
-E2E_LABEL = "agentfast.dev/e2e"
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ import uuid
 
 import psycopg
 
-from .helpers import Kube
-from .test_operator import E2E_LABEL, give_example_tools, refund_manifest, release, runner_pods, sql, status  # noqa: F401 (release is a fixture)
+from .helpers import Kube, python_in_pod
+from .test_operator import give_example_tools, refund_manifest, release, runner_pods, sql, status  # noqa: F401 (release is a fixture)
 
 
 def test_a_gated_tool_cannot_be_opted_out(release: Kube) -> None:
@@ -66,42 +66,6 @@ def test_a_253_character_name_gets_a_runner(release: Kube) -> None:
     assert len(mine) == 1 and len(mine[0]["metadata"]["labels"]["agentfast.dev/run"]) <= 63
 
 
-def _pod_output(k: Kube, namespace: str, name: str, code: str, timeout: float = 120) -> str:
-    """Run ``code`` with python in the project image, in ``namespace``, with that namespace's runner
-    credential (Secret agentfast-runner) as AGENTFAST_DSN; its output."""
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": {E2E_LABEL: "true"}},
-        "spec": {
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [
-                {
-                    "name": "probe",
-                    "image": k.image,
-                    "imagePullPolicy": "IfNotPresent",
-                    "command": ["python", "-c", code],
-                    "env": [{"name": "AGENTFAST_DSN", "valueFrom": {"secretKeyRef": {"name": "agentfast-runner", "key": "dsn"}}}],
-                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-                }
-            ],
-        },
-    }
-    k.run("apply", "-f", "-", input=json.dumps(pod), namespaced=False)
-    k.wait_for(
-        f"pod {name} to finish",
-        lambda: (
-            k.run("get", "pod", name, "-n", namespace, "-o", "jsonpath={.status.phase}", namespaced=False).stdout
-            in ("Succeeded", "Failed")
-        ),
-        timeout=timeout,
-        interval=1,
-    )
-    return k.run("logs", name, "-n", namespace, namespaced=False).stdout
-
-
 def test_a_namespaces_runner_credential_reaches_only_its_namespace(
     release: Kube, kubectl: str, kubeconfig: str, examples_dsn: str
 ) -> None:
@@ -142,7 +106,17 @@ def test_a_namespaces_runner_credential_reaches_only_its_namespace(
             "except psycopg.Error as e:\n out['insert']=e.sqlstate\n"
             "print(json.dumps(out))\n"
         )
-        seen = json.loads(_pod_output(k, a, "tenant-probe", code).strip().splitlines()[-1])
+        seen = json.loads(
+            python_in_pod(
+                k,
+                "tenant-probe",
+                code,
+                namespace=a,
+                env=[{"name": "AGENTFAST_DSN", "valueFrom": {"secretKeyRef": {"name": "agentfast-runner", "key": "dsn"}}}],
+            )
+            .strip()
+            .splitlines()[-1]
+        )
         assert seen == {"me": a, "runs": [f"{a}/{runs[a]}"], "their_messages": 0, "insert": "42501"}, seen
         assert sql(k, "SELECT count(*) FROM agentfast_approvals WHERE run_id = %s", victim) == [[0]]
         assert status(Kube(kubectl, kubeconfig, b), runs[b])["phase"] == "WaitingForApproval"
