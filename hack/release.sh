@@ -45,6 +45,7 @@ for pair in "appVersion:$APP_VERSION" "pyproject.toml:$PY_VERSION" "CHANGELOG.md
     die "versions disagree: the chart is $VERSION, ${pair%%:*} says '${pair#*:}' (bump them together)"
 done
 echo "==> agentfast $VERSION"
+[[ -z "${REGISTRY:-}" || "$REGISTRY" == oci://* ]] || die "REGISTRY must be oci://HOST/PATH (got '$REGISTRY')"
 
 if [[ -z "${HELM:-}" ]]; then
   bash hack/cluster/build.sh helm 2>/dev/null || bash hack/cluster/build.sh helm  # quiet unless it fails
@@ -103,7 +104,6 @@ sed -e '1,/^apiVersion:/{/^#/d}' \
 # --- sums, and the OCI push --------------------------------------------------------------------
 (cd "$DIST" && sha256sum "${CHART_TGZ##*/}" "${WHEEL##*/}" "${SDIST##*/}" "${PLUGIN_TGZ##*/}" "${MANIFEST##*/}" >SHA256SUMS)
 if [[ -n "${REGISTRY:-}" ]]; then
-  [[ "$REGISTRY" == oci://* ]] || die "REGISTRY must be oci://HOST/PATH (got '$REGISTRY')"
   flags=()
   [[ "${RELEASE_PLAIN_HTTP:-0}" != 1 ]] || flags+=(--plain-http)
   echo "==> helm push $CHART_TGZ $REGISTRY"
