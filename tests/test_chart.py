@@ -86,6 +86,31 @@ def test_default_render_installs_everything(helm: str) -> None:
     assert secret_verbs == {"get", "create", "update", "delete"}
 
 
+def _images(docs: list[dict]) -> set[str]:
+    """Every image the render names: the containers' and the runners' (the operator's env)."""
+    found = {
+        c["image"]
+        for d in docs
+        if d["kind"] == "Deployment"
+        for c in d["spec"]["template"]["spec"].get("initContainers", []) + d["spec"]["template"]["spec"]["containers"]
+    }
+    return found | {_operator_env(docs)["AGENTFAST_RUNNER_IMAGE"]}
+
+
+@pytest.mark.process
+def test_the_image_tag_defaults_to_the_charts_app_version(helm: str) -> None:
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert app_version == "0.1.0"
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["image"]["tag"] == ""
+    # The operator, the runners and the bundled Postgres all run the image released with the chart...
+    assert _images(render(helm)) == {f"agentfast:{app_version}"}
+    # ...or the one named; an empty tag (as in values.yaml) is the appVersion too.
+    assert _images(render(helm, "image.tag=dev", "image.repository=agentfast-testing")) == {"agentfast-testing:dev"}
+    assert _images(render(helm, "image.tag=")) == {f"agentfast:{app_version}"}
+    proc = subprocess.run([helm, "template", "x", str(CHART), "--set", "image.tag=null"], capture_output=True, text=True)
+    assert proc.returncode == 0 and f"image: agentfast:{app_version}" in proc.stdout
+
+
 @pytest.mark.process
 def test_external_database_needs_a_secret(helm: str) -> None:
     proc = subprocess.run(

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the local cluster tier's binaries from upstream source through the Go module proxy:
 # kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl (one pinned
-# k8s.io/kubernetes release), etcd, helm v3, CoreDNS and crictl. Output: $AGENTFAST_CACHE/k8s-bin/<version>/.
+# k8s.io/kubernetes release), etcd, helm v3, CoreDNS and crictl; and, for the release tests, the
+# CNCF distribution registry and krew (`build.sh helm registry krew`, no Kubernetes build). Output: $AGENTFAST_CACHE/k8s-bin/<version>/.
 # Idempotent: a binary whose stamp names the pinned version is not rebuilt.
 #
 # k8s.io/kubernetes cannot be `go install`ed: its go.mod points every staging module (k8s.io/api,
@@ -113,8 +114,9 @@ build_helm() {
 }
 
 start=$SECONDS
-# Parts may be named to build only those: build.sh [etcd] [helm] [coredns] [crictl] [kubernetes].
-# `build.sh helm` is the small step the local tier's chart tests need (no Kubernetes build).
+# Parts may be named to build only those: build.sh [etcd] [helm] [coredns] [crictl] [kubernetes]
+# [registry] [krew]. `build.sh helm registry krew` is the small step the local tier's chart and
+# release tests need (no Kubernetes build); the default (no part named) is the cluster's five.
 parts=("$@")
 [ "${#parts[@]}" -gt 0 ] || parts=(etcd helm coredns crictl kubernetes)
 for part in "${parts[@]}"; do
@@ -124,7 +126,11 @@ for part in "${parts[@]}"; do
     coredns) go_install coredns github.com/coredns/coredns "$COREDNS_VERSION" ;;
     crictl) go_install crictl sigs.k8s.io/cri-tools/cmd/crictl "$CRICTL_VERSION" ;;
     kubernetes) build_kubernetes ;;
-    *) die "unknown part: $part (etcd, helm, coredns, crictl, kubernetes)" ;;
+    registry) go_install registry github.com/distribution/distribution/v3/cmd/registry "$REGISTRY_VERSION" \
+      "-X github.com/distribution/distribution/v3/version.version=$REGISTRY_VERSION" ;;
+    krew) go_install krew sigs.k8s.io/krew/cmd/krew "$KREW_VERSION" \
+      "-X sigs.k8s.io/krew/internal/version.gitTag=$KREW_VERSION" ;;
+    *) die "unknown part: $part (etcd, helm, coredns, crictl, kubernetes, registry, krew)" ;;
   esac
 done
 log "binaries in $BIN_DIR ($((SECONDS - start))s)"

@@ -11,3 +11,8 @@ HELM_VERSION="${HELM_VERSION:-v3.19.5}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.14.3}"
 # crictl is a convenience for debugging and for the e2e suite's "container is gone" check.
 CRICTL_VERSION="${CRICTL_VERSION:-v1.34.0}"
+# Release tooling (hack/release.sh and its tests, tests/test_release.py): a real OCI registry on
+# localhost for `helm push`/`helm pull` (the CNCF distribution registry), and krew, to install the
+# kubectl plugin from its manifest the way users do.
+REGISTRY_VERSION="${REGISTRY_VERSION:-v3.1.2}"
+KREW_VERSION="${KREW_VERSION:-v0.4.3}"

@@ -10,8 +10,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
+{{/* The one image of the operator, the runners and the bundled Postgres; its tag defaults to the
+     chart's appVersion, so a released chart runs the image released with it. */}}
 {{- define "agentfast.image" -}}
-{{ printf "%s:%s" .Values.image.repository .Values.image.tag }}
+{{ printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
 {{- end -}}
 
 {{/* The Secret holding the DSN, read by the operator and by every runner pod (key: dsn). */}}
