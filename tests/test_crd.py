@@ -100,6 +100,7 @@ def test_printer_columns_and_names() -> None:
         "Reason",
         "Iteration",
         "Tokens",
+        "Cost",
         "Restarts",
         "Awaiting",
         "Age",
@@ -289,3 +290,24 @@ def test_max_cost_and_the_scripted_models_prices_are_the_runners() -> None:
     spec_rules = spec_schema()["x-kubernetes-validations"]
     needs = next(r for r in spec_rules if "max_cost" in r["rule"])
     assert "has(self.model.prices)" in needs["rule"] and needs["message"].startswith("spec.budget.max_cost needs prices")
+
+
+def test_status_declares_what_the_operator_writes_about_usage_and_cost() -> None:
+    """A structural schema prunes undeclared fields: status.usage and status.cost must be declared
+    with exactly the keys operator/status.py writes, and the Cost printer column must read one."""
+    from agentfast.operator.status import cost_status, usage_status
+    from agentfast.runner.snapshot import Budget, Prices, RunContext, Session, Usage
+
+    ctx = RunContext(
+        session=Session(run_uid="u"),
+        usage=Usage(prompt_tokens=1000, completion_tokens=200, total_tokens=1200),
+        budget=Budget(max_cost=1.5),
+        prices=Prices(promptPerMillionTokens=2.5, completionPerMillionTokens=10),
+    )
+    [version] = crd()["spec"]["versions"]
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert set(status["usage"]["properties"]) == set(usage_status(ctx))
+    cost = cost_status(ctx)
+    assert cost is not None and set(status["cost"]["properties"]) == set(cost)
+    column = next(c for c in version["additionalPrinterColumns"] if c["name"] == "Cost")
+    assert column["jsonPath"] == ".status.cost.amount" and status["cost"]["properties"]["amount"]["type"] == column["type"]
