@@ -73,7 +73,7 @@ def heuristic_classifier(spec: AgentRunSpec) -> Classification:
     - simple: at most 40 words and at most 3 tools; keeps a quarter of it.
     - standard: the rest; keeps half.
     Each limit is then raised to the floor (6 iterations, 8,000 tokens, 60,000 ms) and capped at
-    the declared value.
+    the declared value. ``max_cost`` is kept as declared (a money limit is the author's).
     """
     words = len(spec.input.split())
     tools = len(spec.tools)
