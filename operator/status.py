@@ -1,8 +1,8 @@
 """AgentRun status: computed from the store (and the runner pods), written by the operator alone.
 
 The runner never talks to Kubernetes; it commits checkpoints to Postgres and NOTIFYs. The
-operator turns the latest checkpoint into ``status``: phase, iteration, tokens, restarts,
-pending approvals and conditions (KEP-1623: type, status, observedGeneration,
+operator turns the latest checkpoint into ``status``: phase, iteration, tokens (``usage``), cost
+(``cost``, when the run's model has prices), restarts, pending approvals and conditions (KEP-1623: type, status, observedGeneration,
 lastTransitionTime, reason, message; ``lastTransitionTime`` changes only when ``status`` does).
 Only ids, counters and short summaries go into the resource (G9): transcripts stay in Postgres.
 """
@@ -70,6 +70,25 @@ def public_message(
     if reason == "ModelError":
         return f"the model endpoint refused the request {counts}; its answer is kept in Postgres (agentfast status {run_id})"
     return f"{phase} ({reason}) {counts}; details are kept in Postgres (agentfast status {run_id})"
+
+
+def usage_status(ctx: RunContext) -> dict[str, int]:
+    """``status.usage``: the run's tokens so far as the provider reported them (counts of tokens)."""
+    u = ctx.usage
+    return {"promptTokens": u.prompt_tokens, "completionTokens": u.completion_tokens, "totalTokens": u.total_tokens}
+
+
+def cost_status(ctx: RunContext) -> dict[str, Any] | None:
+    """``status.cost``: what the run has cost so far (``RunContext.cost``: ``usage`` at the prices its
+    checkpoint keeps), ``amount`` rounded to 6 decimals in ``currency``, ``maxCost`` when the budget
+    has one; None when the run's model has no prices (status then has no ``cost``)."""
+    cost = ctx.cost()
+    if cost is None or ctx.prices is None:
+        return None
+    out: dict[str, Any] = {"amount": round(cost, 6), "currency": ctx.prices.currency}
+    if ctx.budget.max_cost is not None:
+        out["maxCost"] = ctx.budget.max_cost
+    return out
 
 
 def _now() -> str:
@@ -188,6 +207,10 @@ def status_from_store(
         status["iteration"] = ctx.counters.iterations
         status["tokensUsed"] = ctx.usage.total_tokens
         status["restarts"] = ctx.counters.resumes
+        status["usage"] = usage_status(ctx)
+        cost = cost_status(ctx)
+        if cost is not None:
+            status["cost"] = cost
     if phase in TERMINAL_PHASES:
         status["result"] = message[:SUMMARY_CHARS]
     if decisions:

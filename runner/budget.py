@@ -15,14 +15,21 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from .snapshot import Budget, Classification, RunContext
+from .snapshot import Budget, Classification, RunContext, format_cost
 from .spec import AgentRunSpec, SpecError, resolve_ref
 
 Classifier = Callable[[AgentRunSpec], Classification]
 
 
 def check_budget(ctx: RunContext) -> str | None:
-    """None while within budget; otherwise why the run must stop, in words a user understands."""
+    """None while within budget; otherwise why the run must stop, in words a user understands.
+
+    Limits: ``max_iterations`` (iterations), ``max_tokens`` (prompt + completion tokens),
+    ``max_duration_ms`` (active time, ms) and ``max_cost`` (``ctx.cost()``: the tokens so far at
+    ``ctx.prices``, in their currency). A ``max_cost`` without prices cannot be checked: the spec
+    refuses it, and a context that has it anyway (written by hand) stops the run rather than run
+    without its limit. Raises nothing.
+    """
     b, c, u = ctx.budget, ctx.counters, ctx.usage
     if c.iterations >= b.max_iterations:
         return f"budget exceeded: max_iterations is {b.max_iterations} and the run has made {c.iterations} iterations without finishing"
@@ -30,7 +37,25 @@ def check_budget(ctx: RunContext) -> str | None:
         return f"budget exceeded: max_tokens is {b.max_tokens} and the run has used {u.total_tokens} tokens"
     if u.duration_ms >= b.max_duration_ms:
         return f"budget exceeded: max_duration_ms is {b.max_duration_ms} and the run has been active for {u.duration_ms} ms"
+    if b.max_cost is not None:
+        cost = ctx.cost()
+        if cost is None or ctx.prices is None:
+            return f"budget cannot be checked: max_cost is {b.max_cost:g} but the run's model has no prices"
+        if cost >= b.max_cost:
+            currency = ctx.prices.currency
+            return (
+                f"budget exceeded: max_cost is {format_cost(b.max_cost, currency)} and the run has cost"
+                f" {format_cost(cost, currency)} ({u.prompt_tokens} prompt and {u.completion_tokens} completion tokens)"
+            )
     return None
+
+
+def keep_cost_limit(applied: Budget, declared: Budget) -> Budget:
+    """``applied`` (a classifier's budget) with the declared ``max_cost`` kept: a classifier may
+    lower a cost limit (or add one), never raise or drop it; the heuristic one leaves it as declared."""
+    if declared.max_cost is None or (applied.max_cost is not None and applied.max_cost <= declared.max_cost):
+        return applied
+    return applied.model_copy(update={"max_cost": declared.max_cost})
 
 
 # Tiers of the heuristic: the fraction of the declared budget kept, and floors below which a
@@ -48,7 +73,7 @@ def heuristic_classifier(spec: AgentRunSpec) -> Classification:
     - simple: at most 40 words and at most 3 tools; keeps a quarter of it.
     - standard: the rest; keeps half.
     Each limit is then raised to the floor (6 iterations, 8,000 tokens, 60,000 ms) and capped at
-    the declared value.
+    the declared value. ``max_cost`` is kept as declared (a money limit is the author's).
     """
     words = len(spec.input.split())
     tools = len(spec.tools)
@@ -61,7 +86,7 @@ def heuristic_classifier(spec: AgentRunSpec) -> Classification:
         label, reason = "simple", f"{words} words and {tools} tools"
     else:
         label, reason = "standard", f"{words} words and {tools} tools"
-    declared = Budget(**spec.budget.model_dump(include={"max_iterations", "max_tokens", "max_duration_ms"}))
+    declared = spec.budget.limits()
     f = _TIERS[label]
 
     def scaled(name: str) -> int:
@@ -70,14 +95,17 @@ def heuristic_classifier(spec: AgentRunSpec) -> Classification:
         return min(want, limit)
 
     applied = Budget(
-        max_iterations=scaled("max_iterations"), max_tokens=scaled("max_tokens"), max_duration_ms=scaled("max_duration_ms")
+        max_iterations=scaled("max_iterations"),
+        max_tokens=scaled("max_tokens"),
+        max_duration_ms=scaled("max_duration_ms"),
+        max_cost=declared.max_cost,  # not scaled: a cost limit is the author's to set
     )
     return Classification(classifier="heuristic", label=label, reason=reason, declared=declared, applied=applied)
 
 
 def no_classifier(spec: AgentRunSpec) -> Classification:
     """Keep the declared budget as it is."""
-    declared = Budget(**spec.budget.model_dump(include={"max_iterations", "max_tokens", "max_duration_ms"}))
+    declared = spec.budget.limits()
     return Classification(
         classifier="none", label="unclassified", reason="classifier disabled", declared=declared, applied=declared
     )

@@ -743,7 +743,9 @@ def _budget_summary(ctx: RunContext) -> tuple[dict[str, Any], str]:
     if cl is None:
         return doc, "as declared"
     doc.update(declared=cl.declared.model_dump(mode="json"), classifier=cl.classifier, label=cl.label, reason=cl.reason)
-    lowered = [k for k in ("max_iterations", "max_tokens", "max_duration_ms") if getattr(b, k) != getattr(cl.declared, k)]
+    lowered = [
+        k for k in ("max_iterations", "max_tokens", "max_duration_ms", "max_cost") if getattr(b, k) != getattr(cl.declared, k)
+    ]
     doc["lowered"] = lowered
     if not lowered:
         return doc, f"as declared ({cl.classifier} classifier: {cl.label}, {cl.reason})"
@@ -789,9 +791,9 @@ def _awaiting_view(store: Store, key: str, pending: PendingToolCall | None) -> d
     }
 
 
-def _model_config_line(doc: dict[str, Any], prompt_tokens: int | None = None, completion_tokens: int | None = None) -> str:
-    """One line on the model of a registered run document: its ModelConfig (name, version, endpoint)
-    and, with token counts and prices, the cost so far; or the scripted model."""
+def _model_config_line(doc: dict[str, Any]) -> str:
+    """One line on the model of a registered run document: its ModelConfig (name, version,
+    endpoint), or the scripted model."""
     model = (doc.get("spec") or {}).get("model") or {}
     if not doc.get("modelConfig"):
         return (
@@ -805,10 +807,24 @@ def _model_config_line(doc: dict[str, Any], prompt_tokens: int | None = None, co
     line = f"{model.get('name')} via ModelConfig {mc.name}" + (
         f" (resourceVersion {mc.resourceVersion})" if mc.resourceVersion else ""
     )
-    line += f" at {mc.baseURL}"
-    if mc.prices is not None and prompt_tokens is not None and completion_tokens is not None:
-        line += f"; cost so far {mc.prices.cost(prompt_tokens, completion_tokens):.4f} {mc.prices.currency}"
-    return line
+    return line + f" at {mc.baseURL}"
+
+
+def _cost_summary(ctx: RunContext) -> tuple[dict[str, Any] | None, str]:
+    """The run's cost so far (``RunContext.cost``: its tokens at the prices its checkpoint
+    keeps) and its limit: (JSON object ``{amount, currency, max_cost, prices}`` or None when the
+    model has no prices, one text line)."""
+    from .snapshot import format_cost
+
+    cost, prices, limit = ctx.cost(), ctx.prices, ctx.budget.max_cost
+    if cost is None or prices is None:
+        return None, "not counted: the run's model has no prices"
+    doc = {"amount": round(cost, 9), "currency": prices.currency, "max_cost": limit, "prices": prices.model_dump(mode="json")}
+    line = format_cost(cost, prices.currency) + (
+        f" of max_cost {format_cost(limit, prices.currency)}" if limit is not None else " (no max_cost)"
+    )
+    rate = f"{prices.promptPerMillionTokens:g} prompt, {prices.completionPerMillionTokens:g} completion per million tokens"
+    return doc, f"{line}; at {rate}"
 
 
 @app.command()
@@ -822,8 +838,11 @@ def status(run: str, dsn: str | None, output: str) -> None:
     ``runner_id``, ``pid``, ``host``), ``next`` (``state`` and ``message``: what the run waits
     for), ``awaiting`` (every call awaiting a decision now), ``decided`` (decisions recorded for
     the paused batch, applied when the run goes on), ``budget`` (applied, declared,
-    classifier, which limits it lowered) and ``modelConfig`` (the ModelConfig the run was
-    registered with: endpoint, limits, prices; null for the scripted model).
+    classifier, which limits it lowered), ``usage`` (``prompt_tokens``, ``completion_tokens``,
+    ``total_tokens``, ``duration_ms``), ``cost`` (``amount`` in ``currency``, ``max_cost``, the
+    ``prices`` it is counted at; null when the run's model has no prices) and ``modelConfig``
+    (the ModelConfig the run was registered with: endpoint, limits, prices; null for the scripted
+    model).
     """
     from .liveness import batch_waits, runner_state, runner_story
 
@@ -846,6 +865,7 @@ def status(run: str, dsn: str | None, output: str) -> None:
     elif state in ("decided_resume_needed", "interrupted"):
         story += f"; resume to continue: `agentfast resume {short}`"
     budget_doc, budget_line = _budget_summary(ctx)
+    cost_doc, cost_line = _cost_summary(ctx)
     if output == "json":
         doc = {
             "context": ctx.model_dump(mode="json"),
@@ -854,6 +874,8 @@ def status(run: str, dsn: str | None, output: str) -> None:
             "runner": info.to_json(),
             "next": {"state": state, "message": story},
             "budget": budget_doc,
+            "usage": ctx.usage.model_dump(mode="json"),
+            "cost": cost_doc,
             "modelConfig": (record.spec.get("modelConfig") if (record := store.get_run(key)) is not None else None),
         }
         out.print_json(json.dumps(doc))
@@ -868,10 +890,11 @@ def status(run: str, dsn: str | None, output: str) -> None:
     t.add_row("iteration", f"{c.iterations} of {b.max_iterations}")
     t.add_row("tokens", f"{u.total_tokens} of {b.max_tokens} (prompt {u.prompt_tokens}, completion {u.completion_tokens})")
     t.add_row("active time", f"{u.duration_ms} ms of {b.max_duration_ms} ms (time waiting for a decision is not counted)")
+    t.add_row("cost", cost_line)
     t.add_row("budget", budget_line)
     record = store.get_run(key)
     if record is not None:
-        t.add_row("model", one_line(_model_config_line(record.spec, u.prompt_tokens, u.completion_tokens)))
+        t.add_row("model", one_line(_model_config_line(record.spec)))
     t.add_row("tool calls", f"{c.tool_calls} ({c.tool_errors} raised, {c.malformed_tool_calls} malformed)")
     t.add_row("resumes", str(c.resumes))
     for a in view["awaiting"]:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from . import faults
-from .budget import check_budget, get_classifier
+from .budget import check_budget, get_classifier, keep_cost_limit
 from .errors import AgentfastError, UnknownRun
 from .journal import NOT_WRITTEN, CallExecutor, NotWritten, RunEnding
 from .liveness import EXIT_GRACE_S, ClaimStopped, RunnerAlive, RunnerClaim
@@ -41,9 +41,9 @@ from .names import TERMINAL_PHASES, ExitCode, Phase, format_run_id
 from .payloads import PayloadTooLarge
 from .snapshot import (
     AwaitedCall,
-    Budget,
     Message,
     PendingToolCall,
+    Prices,
     RunContext,
     RunStatus,
     Session,
@@ -283,6 +283,8 @@ class RunnerBase(ABC):
                 if snap.context.status.phase in TERMINAL_PHASES:
                     return self._outcome_of_terminal()
                 snap.context.counters.resumes += 1
+                if snap.context.prices is None:  # a checkpoint of a release that did not keep them
+                    snap.context.prices = self._prices()
                 self.commit()  # the takeover is visible at once (status.restarts), not at the next step
             warm = getattr(self.model, "warm", None)  # the model client's imports, off the takeover's path
             if warm is not None:
@@ -610,7 +612,7 @@ class RunnerBase(ABC):
         (user code: anything it raises, BaseException included, becomes SpecError); False keeps
         the declared budget (a run refused before it starts)."""
         classification = None
-        budget = Budget(**self.spec.budget.model_dump(include={"max_iterations", "max_tokens", "max_duration_ms"}))
+        declared = budget = self.spec.budget.limits()
         if classify:
             classifier = get_classifier(self.spec.budget.classifier)
             try:
@@ -620,18 +622,24 @@ class RunnerBase(ABC):
                 raise SpecError(
                     f"spec.budget.classifier: calling {self.spec.budget.classifier} raised {type(err).__name__}"
                 ) from None
-            budget = classification.applied
+            budget = keep_cost_limit(classification.applied, declared)
         ctx = RunContext(
             session=Session(run_uid=run_uid, adapter=self.adapter, model=self.spec.model.name),
             budget=budget,
             classification=classification,
             status=RunStatus(phase=Phase.RUNNING, reason="Started"),
+            prices=self._prices(),
         )
         messages = []
         if self.spec.systemPrompt:
             messages.append(Message(role="system", content=self.spec.systemPrompt))
         messages.append(Message(role="user", content=self.spec.input))
         return StateSnapshot(run_id=self.run_id, context=ctx, messages=messages)
+
+    def _prices(self) -> Prices | None:
+        """The run's prices as the snapshot keeps them (``RunContext.prices``), from its document."""
+        prices = self.run_spec.prices()
+        return None if prices is None else Prices.model_validate(prices.model_dump())
 
     def _account_active(self) -> None:
         if self._active_since is not None:

@@ -92,13 +92,43 @@ class Message(_Model):
 
 
 class Budget(_Model):
-    """Limits checked at the top of every iteration (guarantee G7). Key names are the seed's."""
+    """Limits checked at the top of every iteration (guarantee G7). Key names are the seed's;
+    ``max_cost`` (issue 17) is ours: absent (None) means no cost limit, and a snapshot written
+    before it existed loads as one without it."""
 
     max_iterations: int = Field(50, gt=0, description="model calls allowed in the run")
     max_tokens: int = Field(150_000, gt=0, description="prompt + completion tokens allowed")
     max_duration_ms: int = Field(
         300_000, gt=0, description="active run time allowed, ms; time spent waiting for a human is not counted"
     )
+    max_cost: float | None = Field(
+        None, gt=0, description="cost allowed, in the currency of the run's prices (RunContext.prices); None: no limit"
+    )
+
+
+class Prices(_Model):
+    """What a model's tokens cost, per million, in ``currency`` (an ISO 4217 code such as USD).
+
+    A ModelConfig's ``spec.prices`` (``spec.ModelPrices``, the same fields with bounds) or, for the
+    scripted model, ``spec.model.prices``. Copied into ``RunContext.prices`` when a run starts.
+    """
+
+    promptPerMillionTokens: float = Field(ge=0)
+    completionPerMillionTokens: float = Field(ge=0)
+    currency: str = "USD"
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        """What ``prompt_tokens`` and ``completion_tokens`` (counts of tokens) cost at these
+        prices, in ``currency``. The one place a cost is computed; it raises nothing."""
+        return (prompt_tokens * self.promptPerMillionTokens + completion_tokens * self.completionPerMillionTokens) / 1_000_000
+
+
+def format_cost(amount: float, currency: str) -> str:
+    """``amount`` of ``currency`` as people read it: at least two decimals, at most six, no
+    trailing zeros beyond two (``0.0123 USD``, ``0.00015 USD``, ``1.50 EUR``)."""
+    text = f"{amount:.6f}".rstrip("0")
+    whole, _, frac = text.partition(".")
+    return f"{whole}.{frac.ljust(2, '0')} {currency}"
 
 
 class Counters(_Model):
@@ -150,7 +180,14 @@ class RunStatus(_Model):
 
 
 class RunContext(_Model):
-    """Counters, budget, usage and session (the seed's ``RunContext``), plus the run's status."""
+    """Counters, budget, usage and session (the seed's ``RunContext``), plus the run's status.
+
+    ``prices``: what the run's model charges, copied from the run's document when it starts (its
+    ModelConfig's ``spec.prices``, or the scripted model's ``spec.model.prices``); None when the
+    model has none. Kept here so the checkpoint alone says what the run has cost (:meth:`cost`)
+    to every reader: the budget check, the operator's ``status.cost``, ``agentfast status``.
+    The cost itself is not stored: it is ``usage`` times ``prices``, computed when read.
+    """
 
     session: Session
     budget: Budget = Field(default_factory=Budget)
@@ -159,6 +196,14 @@ class RunContext(_Model):
     classification: Classification | None = None
     status: RunStatus = Field(default_factory=RunStatus)
     turns_accounted: int = Field(0, description="last iteration whose model tokens are in usage")
+    prices: Prices | None = None
+
+    def cost(self) -> float | None:
+        """What the run's tokens so far (``usage``) cost at ``prices``, in ``prices.currency``;
+        None when the run has no prices (its cost is not known). Raises nothing."""
+        if self.prices is None:
+            return None
+        return self.prices.cost(self.usage.prompt_tokens, self.usage.completion_tokens)
 
 
 class ToolResult(_Model):

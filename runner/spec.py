@@ -27,7 +27,7 @@ from .errors import SpecError as SpecError  # its home is errors.py; raised and 
 from .names import API_VERSION as API_VERSION  # the Literals below must say the same (tests/test_names.py)
 from .names import KIND as KIND
 from .names import MODELCONFIG_KIND
-from .snapshot import Budget
+from .snapshot import Budget, Prices
 from .storable import storable
 
 if TYPE_CHECKING:
@@ -48,6 +48,8 @@ CALL_ID_PATTERN = r"^call-[0-9]+-[0-9]+(-rerun[0-9]+)?$"
 MAX_TTL_S = 315_360_000
 #: Longest wall-clock deadline a run may ask for (``spec.activeDeadlineSeconds``): a year, seconds.
 MAX_DEADLINE_S = 31_536_000
+#: Largest spec.budget.max_cost a run may ask for, in its prices' currency (the CRD's maximum).
+MAX_COST = 1_000_000
 #: Decisions one AgentRun can carry in ``spec.approvals`` over its life (the CRD's maxProperties).
 MAX_APPROVALS = 128
 #: The runner's variable holding the model key: the operator sets it from the Secret key the run's
@@ -113,24 +115,33 @@ class ModelSpec(_Spec):
         None, max_length=4096, description="name of a bundled script (in a cluster, only that) or, locally, path to a script YAML"
     )
     temperature: float | None = Field(None, ge=0, le=2)
+    prices: ModelPrices | None = Field(
+        None,
+        description="with script only: what the scripted model's tokens count as, per million (cost and"
+        " spec.budget.max_cost in tests and demos); a real endpoint's prices are its ModelConfig's",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
         if bool(self.config) == bool(self.script):
             raise ValueError("set exactly one of config (a ModelConfig's name: a real endpoint) or script (the scripted model)")
+        if self.config and self.prices is not None:
+            raise ValueError(
+                "spec.model.prices: only for the scripted model (spec.model.script); a real endpoint's prices are"
+                f" its ModelConfig's (spec.prices of ModelConfig {self.config!r}), which an admin sets"
+            )
         return self
 
 
-class ModelPrices(_Spec):
-    """What a model's tokens cost, per million, in ``currency`` (kept for cost accounting)."""
+class ModelPrices(Prices):
+    """What a model's tokens cost, per million, in ``currency`` (cost accounting: ``status.cost``,
+    ``spec.budget.max_cost``). The snapshot's :class:`~agentfast.runner.snapshot.Prices` with the
+    bounds a document may ask for (the CRD's); its ``cost`` is the one computation of a cost."""
 
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
     promptPerMillionTokens: float = Field(ge=0, le=1_000_000)
     completionPerMillionTokens: float = Field(ge=0, le=1_000_000)
     currency: str = Field("USD", min_length=3, max_length=3, pattern=r"^[A-Z]{3}$")
-
-    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
-        """What ``prompt_tokens`` and ``completion_tokens`` cost at these prices, in ``currency``."""
-        return (prompt_tokens * self.promptPerMillionTokens + completion_tokens * self.completionPerMillionTokens) / 1_000_000
 
 
 class ModelConfigSpec(_Spec):
@@ -252,12 +263,23 @@ class BudgetSpec(Budget):
     max_iterations: int = Field(50, gt=0, le=10_000, description="model calls allowed in the run")
     max_tokens: int = Field(150_000, gt=0, le=100_000_000, description="prompt + completion tokens allowed")
     max_duration_ms: int = Field(300_000, gt=0, le=604_800_000, description="active run time allowed, ms (at most 7 days)")
+    max_cost: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_COST,
+        description="cost allowed, in the currency of the model's prices (its ModelConfig's spec.prices, or"
+        " spec.model.prices for the scripted model); unset: no cost limit. A model without prices cannot have one",
+    )
     classifier: str = Field("heuristic", max_length=512, description="'heuristic', 'none', or module:attr of a classifier")
 
     @field_validator("classifier")
     @classmethod
     def _classifier_shape(cls, v: str) -> str:
         return v if v in ("heuristic", "none") else _check_ref_shape(v)
+
+    def limits(self) -> Budget:
+        """The limits alone, as the snapshot keeps them (without ``classifier``)."""
+        return Budget(**self.model_dump(include=set(Budget.model_fields)))
 
 
 #: A label key (``kubernetes.io/os``, ``pool``): an optional DNS-subdomain prefix and ``/``, then a name of 1-63 characters.
@@ -550,6 +572,11 @@ class AgentRunSpec(_Spec):
     def _adapter_needs(self) -> AgentRunSpec:
         if self.adapter == "langgraph" and self.graph is None:
             raise ValueError("adapter langgraph needs spec.graph.ref")
+        if self.model.script and self.budget.max_cost is not None and self.model.prices is None:
+            raise ValueError(
+                "spec.budget.max_cost: the scripted model has no prices, so the run's cost cannot be counted;"
+                " set spec.model.prices (per million tokens) or remove max_cost"
+            )
         return self
 
 
@@ -580,7 +607,16 @@ class AgentRun(_Spec):
     def _config_matches(self) -> AgentRun:
         if self.modelConfig is not None:
             check_model_allowed(self.spec.model, self.modelConfig)
+            check_cost_budget(self.spec, self.modelConfig)
         return self
+
+    def prices(self) -> ModelPrices | None:
+        """The prices this run's tokens are charged at: its ModelConfig's ``spec.prices`` (as
+        registered) or, for the scripted model, ``spec.model.prices``; None when there are none
+        (or when the ModelConfig is not resolved yet)."""
+        if self.modelConfig is not None:
+            return self.modelConfig.prices
+        return self.spec.model.prices
 
 
 class ModelConfig(_Spec):
@@ -608,13 +644,28 @@ def check_model_allowed(model: ModelSpec, config: ModelConfigSpec | ResolvedMode
         )
 
 
+def check_cost_budget(spec: AgentRunSpec, config: ModelConfigSpec | ResolvedModelConfig, config_name: str | None = None) -> None:
+    """Raise ValueError (its message starts ``spec.budget.max_cost:``) when ``spec`` asks for a
+    cost limit (``spec.budget.max_cost``) and ``config``, the ModelConfig its model uses, has no
+    ``prices``: its cost could not be counted, and a limit that is never checked would be a silent
+    one. The scripted model's rule (``spec.model.prices``) is :class:`AgentRunSpec`'s own."""
+    if spec.budget.max_cost is not None and config.prices is None:
+        name = config_name or getattr(config, "name", None)
+        raise ValueError(
+            f"spec.budget.max_cost: ModelConfig {name!r} has no prices (its spec.prices), so the run's cost cannot"
+            " be counted; ask its admin to set prices, or remove max_cost"
+        )
+
+
 def resolve_model_config(run: AgentRun, config: ModelConfig) -> AgentRun:
     """``run`` with ``modelConfig`` set from ``config``, the ModelConfig its ``spec.model.config``
     names (same name and namespace): its spec and ``metadata.uid``, ``resourceVersion``,
     ``generation`` when present. Only data is copied: nothing it names is read or fetched.
 
-    Raises SpecError naming the field when the names differ or ``spec.model.name`` is not one of
-    the ModelConfig's ``models`` (``spec.model.name: model 'x' is not one ModelConfig 'y' allows ...``).
+    Raises SpecError naming the field when the names differ, ``spec.model.name`` is not one of
+    the ModelConfig's ``models`` (``spec.model.name: model 'x' is not one ModelConfig 'y' allows ...``)
+    or the run sets ``spec.budget.max_cost`` and the ModelConfig has no ``prices``
+    (:func:`check_cost_budget`).
     """
     meta = config.metadata.model_extra or {}
     if config.metadata.namespace != run.metadata.namespace:
@@ -631,6 +682,7 @@ def resolve_model_config(run: AgentRun, config: ModelConfig) -> AgentRun:
             generation=meta.get("generation"),
         )
         check_model_allowed(run.spec.model, resolved)
+        check_cost_budget(run.spec, resolved)
     except ValidationError as err:
         raise SpecError(_format_errors(err, prefix=f"ModelConfig {config.metadata.name!r}: ")) from None
     except ValueError as err:
@@ -665,7 +717,7 @@ def _format_errors(err: ValidationError, prefix: str = "") -> str:
                 "not a field of an AgentRun: the endpoint, the Secret holding its key and the request limits belong to a"
                 " ModelConfig, which an admin owns; name one in spec.model.config"
             )
-        if msg.startswith("spec.model"):  # check_model_allowed's message names its field itself
+        if msg.startswith(("spec.model", "spec.budget")):  # such a message names its field itself
             where, _, msg = msg.partition(": ")
         lines.append(f"{prefix}{where}: {msg}")
     return "\n".join(lines)

@@ -69,7 +69,7 @@ def test_nested_fields_match() -> None:
 def test_defaults_match() -> None:
     props = spec_schema()["properties"]
     for name, prop in props["budget"]["properties"].items():
-        assert prop["default"] == BudgetSpec.model_fields[name].default, name
+        assert prop.get("default") == BudgetSpec.model_fields[name].default, name  # max_cost: none, no limit
     assert props["adapter"]["default"] == AgentRunSpec.model_fields["adapter"].default
     mc = mc_spec_schema()["properties"]
     for name in ("timeoutSeconds", "maxRetries"):
@@ -100,6 +100,7 @@ def test_printer_columns_and_names() -> None:
         "Reason",
         "Iteration",
         "Tokens",
+        "Cost",
         "Restarts",
         "Awaiting",
         "Age",
@@ -128,7 +129,8 @@ def test_patterns_and_limits_are_the_runners() -> None:
 
     props = spec_schema()["properties"]
     model = props["model"]["properties"]
-    assert set(model) == {"name", "config", "script", "temperature"}  # no URL, no Secret, no variable (issue 12 item 4)
+    # no URL, no Secret, no variable (issue 12 item 4); prices only for the scripted model (a CEL rule)
+    assert set(model) == {"name", "config", "script", "temperature", "prices"}
     assert model["config"]["pattern"] == s.DNS1123_SUBDOMAIN and model["name"]["pattern"] == s.MODEL_NAME_PATTERN
     assert model["script"]["pattern"] == s.SCRIPT_NAME_PATTERN  # a cluster: bundled names only, never paths
     assert props["tools"]["items"]["properties"]["ref"]["pattern"] == s.REF_PATTERN
@@ -137,6 +139,7 @@ def test_patterns_and_limits_are_the_runners() -> None:
     for name, prop in props["budget"]["properties"].items():
         if name != "classifier":
             assert prop["maximum"] == next(m.le for m in BudgetSpec.model_fields[name].metadata if hasattr(m, "le")), name
+            assert prop["minimum"] in (0, 1) and prop.get("exclusiveMinimum", False) == (prop["minimum"] == 0), name
     rules = [r["rule"] for r in props["approvals"]["x-kubernetes-validations"]]
     assert not any("matches(" in r for r in rules), "a regex over map keys has an unbounded estimated cost"
 
@@ -265,3 +268,46 @@ def test_spec_runner_is_immutable_like_the_rest_of_spec() -> None:
     # every field of spec but approvals and cancel is in the rule (a field left out would be editable)
     for name in fields(AgentRunSpec) - {"approvals", "cancel"}:
         assert f"self.{name}" in immutable["rule"], name
+
+
+def test_max_cost_and_the_scripted_models_prices_are_the_runners() -> None:
+    """spec.budget.max_cost (issue 17): a positive number bounded like the runner's, with CEL
+    messages naming the field; spec.model.prices mirrors ModelPrices and is the scripted model's only."""
+    from agentfast.runner import spec as s
+
+    props = spec_schema()["properties"]
+    cost = props["budget"]["properties"]["max_cost"]
+    assert (cost["type"], cost["minimum"], cost["exclusiveMinimum"], cost["maximum"]) == ("number", 0, True, s.MAX_COST)
+    assert "default" not in cost  # absent: no cost limit
+    budget_rules = props["budget"]["x-kubernetes-validations"]
+    assert any("max_cost" in r["rule"] and "spec.budget.max_cost" in r["message"] for r in budget_rules)
+    prices = props["model"]["properties"]["prices"]
+    assert set(prices["properties"]) == fields(ModelPrices)
+    assert set(prices["required"]) == {n for n, f in ModelPrices.model_fields.items() if f.is_required()}
+    assert prices["properties"] == mc_spec_schema()["properties"]["prices"]["properties"]  # the ModelConfig's own shape
+    model_rules = props["model"]["x-kubernetes-validations"]
+    assert any(r["rule"] == "!has(self.prices) || has(self.script)" for r in model_rules)
+    spec_rules = spec_schema()["x-kubernetes-validations"]
+    needs = next(r for r in spec_rules if "max_cost" in r["rule"])
+    assert "has(self.model.prices)" in needs["rule"] and needs["message"].startswith("spec.budget.max_cost needs prices")
+
+
+def test_status_declares_what_the_operator_writes_about_usage_and_cost() -> None:
+    """A structural schema prunes undeclared fields: status.usage and status.cost must be declared
+    with exactly the keys operator/status.py writes, and the Cost printer column must read one."""
+    from agentfast.operator.status import cost_status, usage_status
+    from agentfast.runner.snapshot import Budget, Prices, RunContext, Session, Usage
+
+    ctx = RunContext(
+        session=Session(run_uid="u"),
+        usage=Usage(prompt_tokens=1000, completion_tokens=200, total_tokens=1200),
+        budget=Budget(max_cost=1.5),
+        prices=Prices(promptPerMillionTokens=2.5, completionPerMillionTokens=10),
+    )
+    [version] = crd()["spec"]["versions"]
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert set(status["usage"]["properties"]) == set(usage_status(ctx))
+    cost = cost_status(ctx)
+    assert cost is not None and set(status["cost"]["properties"]) == set(cost)
+    column = next(c for c in version["additionalPrinterColumns"] if c["name"] == "Cost")
+    assert column["jsonPath"] == ".status.cost.amount" and status["cost"]["properties"]["amount"]["type"] == column["type"]

@@ -1505,3 +1505,46 @@ def test_a_runner_secret_gone_with_its_namespace_is_made_again_when_a_pod_misses
     assert info["blocked"][0] == "CreateContainerConfigError"
     assert core.created == ["team-a/agentfast-runner"] * 2
     credentials.forget()
+
+
+def test_status_shows_usage_and_the_cost_from_the_checkpoint() -> None:
+    """status.usage always; status.cost (amount, currency, maxCost) when the checkpoint keeps prices:
+    the same RunContext.cost the budget check and `agentfast status` use (issue 17 item 5)."""
+    from agentfast.runner.snapshot import Budget, Prices
+
+    c = ctx("Running")
+    c.usage.prompt_tokens, c.usage.completion_tokens = 462, 100
+    s = status_from_store(c, None, generation=1, old=None)
+    assert s["usage"] == {"promptTokens": 462, "completionTokens": 100, "totalTokens": 562}
+    assert "cost" not in s  # no prices: the cost is not known, and status says nothing of it
+    c.prices = Prices(promptPerMillionTokens=2.5, completionPerMillionTokens=10, currency="EUR")
+    assert status_from_store(c, None, generation=1, old=None)["cost"] == {"amount": 0.002155, "currency": "EUR"}
+    c.budget = Budget(max_cost=0.5)
+    assert status_from_store(c, None, generation=1, old=None)["cost"] == {"amount": 0.002155, "currency": "EUR", "maxCost": 0.5}
+    # an operator-only ending (no checkpoint) carries neither
+    assert not {"usage", "cost"} & set(status_from_store(None, None, generation=1, old=None))
+
+
+def test_a_cost_limit_without_prices_is_refused_as_invalid_spec_reading_nothing(store, monkeypatch) -> None:
+    """max_cost needs prices: a ModelConfig without spec.prices, or the scripted model without
+    spec.model.prices, is refused by the operator's own checks (SpecError: Failed/InvalidSpec),
+    importing and reading nothing the spec names (G12) and registering nothing."""
+    from agentfast.operator import main
+    from agentfast.runner.spec import SpecError, parse_agentrun
+
+    no_prices = {**MODELCONFIG, "spec": {k: v for k, v in MODELCONFIG["spec"].items() if k != "prices"}}
+    api = _ModelConfigs({("team-a", "llm"): no_prices})
+    monkeypatch.setattr(main.STATE, "store", store)
+    monkeypatch.setattr(main.STATE, "custom", api, raising=False)
+    capped = {**BODY, "spec": {**BODY["spec"], "budget": {"max_cost": 2}}}
+    run = parse_agentrun(_doc(capped), check_imports=False)
+    with pytest.raises(SpecError, match=r"^spec\.budget\.max_cost: ModelConfig 'llm' has no prices"):
+        main._with_model_config(run, _doc(capped), "team-a/capped", "u6")
+    scripted = {**capped, "spec": {**capped["spec"], "model": {"name": "m", "script": "refund"}}}
+    with pytest.raises(SpecError, match=r"^spec\.budget\.max_cost: the scripted model has no prices"):
+        parse_agentrun(_doc(scripted), check_imports=False)
+    assert store.list_runs() == []
+    # with the ModelConfig's prices the run registers, and its document carries them
+    api.objects[("team-a", "llm")] = MODELCONFIG
+    doc = main._with_model_config(run, _doc(capped), "team-a/capped", "u6")
+    assert parse_agentrun(doc, check_imports=False).prices().promptPerMillionTokens == 0.5

@@ -195,6 +195,39 @@ def test_max_tokens_ends_the_run_failed_with_a_reason(store: Store) -> None:
     assert st.usage.total_tokens == 3000 and st.counters.model_calls == 3 and len(requests) == 3
 
 
+def test_a_run_started_before_prices_were_kept_gets_them_at_its_next_takeover(store: Store, dsn: str) -> None:
+    """A checkpoint of a release before issue 17 has no ``prices``: the run's cost is not known
+    until a runner takes it over, which copies them from the run's document; from then on the
+    cost of all its tokens (those counted before too) is known: it is computed, not accumulated."""
+    doc = yaml.safe_load((EXAMPLES / "refund.yaml").read_text())
+    doc["metadata"]["uid"] = str(uuid.uuid4())
+    doc["spec"]["model"]["prices"] = {"promptPerMillionTokens": 4, "completionPerMillionTokens": 16}
+    run = parse_agentrun(doc)
+    outcome, _ = drive(store, run)
+    assert outcome.phase == "WaitingForApproval"
+    assert store.load_context(RUN_ID)[0].prices is not None
+    with psycopg.connect(dsn) as conn, conn.transaction():  # as the older release wrote it, through the fence
+        conn.execute(
+            "SELECT set_config('agentfast.epoch', epoch::text, true), set_config('agentfast.run_uid', run_uid, true)"
+            " FROM agentfast_runs WHERE run_id = %s",
+            (RUN_ID,),
+        )
+        conn.execute(
+            "UPDATE agentfast_checkpoints SET context = context - 'prices' WHERE run_id = %s AND checkpoint_id ="
+            " (SELECT max(checkpoint_id) FROM agentfast_checkpoints WHERE run_id = %s)",
+            (RUN_ID, RUN_ID),
+        )
+    ctx = store.load_context(RUN_ID)[0]
+    assert ctx.prices is None and ctx.cost() is None and ctx.usage.total_tokens > 0
+    store.decide(RUN_ID, "call-2-0", "approve", decided_by="test")
+    outcome, _ = drive(store, run)
+    assert outcome.phase == "Succeeded"
+    ctx = store.load_context(RUN_ID)[0]
+    assert ctx.prices is not None and ctx.prices.promptPerMillionTokens == 4
+    u = ctx.usage
+    assert ctx.cost() == pytest.approx((u.prompt_tokens * 4 + u.completion_tokens * 16) / 1_000_000)
+
+
 def test_a_finished_failed_run_is_not_restarted_by_resume(store: Store) -> None:
     run = agentrun("iter-budget-2", "endless", [ECHO], budget={"max_iterations": 2, "classifier": "none"})
     drive(store, run)

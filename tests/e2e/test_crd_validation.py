@@ -90,6 +90,22 @@ BAD = [
     ("max_iterations without bound", lambda s: s["budget"].update(max_iterations=10**9), "spec.budget.max_iterations"),
     ("max_duration_ms without bound", lambda s: s["budget"].update(max_duration_ms=10**15), "spec.budget.max_duration_ms"),
     ("temperature without bound", lambda s: s["model"].update(temperature=1e300), "spec.model.temperature"),
+    # issue 17 item 5: a cost limit is a positive, bounded amount, and needs prices
+    ("zero max_cost", lambda s: s["budget"].update(max_cost=0), "spec.budget.max_cost"),
+    ("max_cost without bound", lambda s: s["budget"].update(max_cost=1e12), "spec.budget.max_cost"),
+    (
+        "max_cost on the scripted model without prices",
+        lambda s: s["budget"].update(max_cost=0.5),
+        "spec.budget.max_cost needs prices",
+    ),
+    (
+        "prices beside a ModelConfig",
+        lambda s: (
+            s["model"].pop("script"),
+            s["model"].update(config="openai", prices={"promptPerMillionTokens": 1, "completionPerMillionTokens": 2}),
+        ),
+        "spec.model.prices is only for the scripted model",
+    ),
     (
         "pre-approval at creation",
         lambda s: s.update(approvals={"call-2-0": {"decision": "approve", "decidedBy": "u"}}),

@@ -232,7 +232,15 @@ def test_a_run_uses_its_model_configs_endpoint_and_only_its_key(release: Kube, m
     k.apply(modelconfig(k, server, config))
     name = f"mc-run-{server['tag']}"
     k.apply(agentrun(k, server, name, config))
-    _finish(k, name)
+    st = _finish(k, name)
+    # issue 17 item 5: usage and the cost at the ModelConfig's prices (1 and 2 per million) survive
+    # the structural schema's pruning, and the COST column (priority 1) shows with -o wide
+    usage = st["usage"]
+    assert usage["totalTokens"] == st["tokensUsed"] == usage["promptTokens"] + usage["completionTokens"] > 0, st
+    expected = round((usage["promptTokens"] * 1.0 + usage["completionTokens"] * 2.0) / 1_000_000, 6)
+    assert st["cost"]["currency"] == "USD" and st["cost"]["amount"] == pytest.approx(expected), st
+    header, row = k.run("get", "agentrun", name, "-o", "wide").stdout.splitlines()[:2]
+    assert "COST" in header.split() and any(_is_amount(cell, expected) for cell in row.split()), (header, row)
 
     for pod in runner_pods(k, name):  # what every runner pod of the run ran with
         [container] = pod["spec"]["containers"]
@@ -316,6 +324,13 @@ def test_the_runner_network_policy_is_accepted_by_the_api_server(release: Kube) 
     body = {"metadata": {"name": f"np-{uuid.uuid4().hex[:6]}-" + "x" * 240, "namespace": k.namespace}}
     proc = k.run("apply", "--dry-run=server", "-f", "-", input=json.dumps(build_network_policy(body, policy)), check=False)
     assert proc.returncode == 0, proc.stderr
+
+
+def _is_amount(cell: str, amount: float) -> bool:
+    try:
+        return float(cell) == pytest.approx(amount)
+    except ValueError:
+        return False
 
 
 def _get_agentruns_row(k: Kube, name: str) -> dict[str, str]:
