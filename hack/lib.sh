@@ -5,6 +5,7 @@
 #                       it reinstalls only when pyproject.toml or the package's file list changed
 #   e2e_helm_install    the chart on a cluster, for hack/cluster/e2e.sh (a single-node cluster built from
 #   e2e_pytest          upstream on this machine) and hack/kind-e2e.sh (kind), so both run the same thing
+#   ensure_helm         HELM: a helm that runs (as given, else the pinned one hack/cluster/build.sh builds)
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -55,6 +56,16 @@ E2E_NAMESPACE="${AGENTFAST_NAMESPACE:-agentfast-system}"
 e2e_image_parts() {
   local image="$1"
   echo "${image%:*} ${image##*:}"
+}
+
+# ensure_helm: set HELM to a helm that runs: $HELM if the caller set it, else the version pinned in
+# hack/cluster/versions.sh, built by hack/cluster/build.sh into the cache when missing. Exits if none runs.
+ensure_helm() {
+  if [[ -z "${HELM:-}" ]]; then
+    bash "$REPO/hack/cluster/build.sh" helm >/dev/null 2>&1 || bash "$REPO/hack/cluster/build.sh" helm >&2
+    HELM="$AGENTFAST_CACHE/k8s-bin/$(. "$REPO/hack/cluster/versions.sh" && echo "$K8S_VERSION")/helm"
+  fi
+  "$HELM" version --short >/dev/null || { echo "helm does not run: $HELM" >&2; exit 1; }
 }
 
 # A team's own tools, as a team ships them (docs/tools.md, "Bring your own tools"): the package

@@ -26,8 +26,6 @@
 PY_EXTRAS="${PY_EXTRAS-release}"
 # shellcheck source=hack/lib.sh
 source "$(dirname "$0")/lib.sh"
-# shellcheck source=hack/cluster/versions.sh
-source "$REPO/hack/cluster/versions.sh"
 die() { echo "release: $*" >&2; exit 1; }
 ensure_python_env
 cd "$REPO"
@@ -47,11 +45,7 @@ done
 echo "==> agentfast $VERSION"
 [[ -z "${REGISTRY:-}" || "$REGISTRY" == oci://* ]] || die "REGISTRY must be oci://HOST/PATH (got '$REGISTRY')"
 
-if [[ -z "${HELM:-}" ]]; then
-  bash hack/cluster/build.sh helm 2>/dev/null || bash hack/cluster/build.sh helm  # quiet unless it fails
-  HELM="$AGENTFAST_CACHE/k8s-bin/$K8S_VERSION/helm"
-fi
-"$HELM" version --short >/dev/null || die "helm does not run: $HELM"
+ensure_helm
 
 DIST="${RELEASE_DIST:-$REPO/dist}"
 mkdir -p "$DIST"
