@@ -12,6 +12,7 @@ Postgres lost mid-run), 76 another runner owns the run.
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import logging
@@ -462,6 +463,116 @@ def resume(run: str, dsn: str | None, wait: bool, force: bool, wait_for_holder: 
     agentrun = _load_registered(store, run)
     outcome = _drive(store, agentrun, wait=wait, interactive=_interactive(wait), force=force, wait_for_holder_s=wait_for_holder)
     raise click.exceptions.Exit(outcome.exit_code)
+
+
+#: What a fork may change of its source's spec (``agentfast fork -f``): how it goes on from the
+#: fork point. Not what the copied state was made of: ``adapter``, ``graph`` (the state's shape),
+#: ``input`` and ``systemPrompt`` (the first messages of the copied transcript), ``budget`` (the
+#: copied context holds the budget the run was given), ``approvals`` and ``cancel`` (acts, not spec).
+FORK_OVERRIDABLE = ("model", "tools", "ttlSecondsAfterFinished", "suspendAfter", "activeDeadlineSeconds", "runner")
+
+
+def _merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: ``patch``'s mappings merged into ``target``'s, ``null`` deletes."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = _merge_patch(out.get(k), v)
+    return out
+
+
+def _fork_overrides(path: str) -> dict[str, Any]:
+    """The ``spec`` fields of an overrides file (``spec: {model: ...}``), checked against
+    :data:`FORK_OVERRIDABLE`. Raises click's Exit (2) with one line."""
+    from .safeyaml import UnsafeYaml, load_all, read_text
+
+    try:
+        docs = load_all(read_text(path), path)
+    except UnsafeYaml as e:
+        raise _fail(str(e)) from None
+    if len(docs) != 1 or not isinstance(docs[0], dict) or set(docs[0]) != {"spec"} or not isinstance(docs[0]["spec"], dict):
+        raise _fail(f"{path}: expected one document holding only spec: {{...}} (the fields to change)")
+    spec: dict[str, Any] = docs[0]["spec"]
+    refused = sorted(set(spec) - set(FORK_OVERRIDABLE))
+    if refused:
+        raise _fail(
+            f"{path}: a fork cannot change spec.{', spec.'.join(refused)} (the copied state was made with it);"
+            f" it may change {', '.join(FORK_OVERRIDABLE)}"
+        )
+    return spec
+
+
+@app.command()
+@click.argument("run")
+@click.option("--at", "iteration", type=click.IntRange(min=0), required=True, help="the source's committed iteration to fork at")
+@click.option("--name", "new_name", help="the new run's name (same namespace as RUN); default: RUN-fork-N")
+@click.option("--model", "model_name", help="the fork's spec.model.name (the model it asks from iteration N+1 on)")
+@click.option(
+    "-f",
+    "--overrides",
+    "overrides",
+    metavar="FILE",
+    help=f"YAML 'spec: {{...}}' merged into the source's spec (JSON merge patch); may change {', '.join(FORK_OVERRIDABLE)}",
+)
+@dsn_option
+def fork(run: str, iteration: int, new_name: str | None, model_name: str | None, overrides: str | None, dsn: str | None) -> None:
+    """Make a new run whose transcript, journal and budget state are RUN's at iteration N.
+
+    Tool results up to N are reused, never re-executed; `agentfast resume NEW` continues it at
+    iteration N+1, asking its own model (--model, or -f for other fields) and running its own
+    tools with idempotency keys of the new run. The source is unchanged.
+    """
+    from .loop import run_id_of
+    from .spec import SpecError, parse_agentrun, resolve
+    from .store import ForkRefused, RunExists, UidTaken
+
+    patch = _fork_overrides(overrides) if overrides else {}
+    store = _open_store(dsn)
+    source = _run_key(run)
+    record = store.get_run(source)
+    if record is None:
+        raise _fail(f"no run named {run!r} (see `agentfast list`)")
+    namespace, name = parse_run_id(source)
+    if new_name is None:
+        new_name = f"{name}-fork-{iteration}"
+    if "/" in new_name:
+        new_ns, new_name = parse_run_id(new_name)
+        if new_ns != namespace:
+            raise _fail(f"--name {new_ns}/{new_name}: a fork lives in its source's namespace ({namespace})")
+    doc = copy.deepcopy(record.spec)
+    doc["metadata"] = {**doc.get("metadata", {}), "name": new_name, "namespace": namespace}
+    doc["metadata"].pop("uid", None)
+    doc["spec"] = _merge_patch(doc.get("spec", {}), patch)
+    if model_name:
+        doc["spec"]["model"] = {**doc["spec"].get("model", {}), "name": model_name}
+    try:
+        agentrun = parse_agentrun(doc, check_imports=False)
+        resolve(agentrun)  # a model script that does not load fails now, not at resume
+    except SpecError as e:
+        raise _fail(f"the fork's spec is not valid:\n{e}") from None
+    from .adapters import adapter_class
+
+    try:
+        refs = adapter_class(agentrun.spec.adapter).sdk_row_refs
+    except ImportError as e:
+        raise _fail(f"spec.adapter {agentrun.spec.adapter}: {e}") from None
+    doc = agentrun.model_dump(mode="json", exclude_none=True, exclude={"status": True, "spec": {"cancel"}})
+    new_id = run_id_of(agentrun)
+    try:
+        made = store.fork_run(source, iteration, new_id, str(uuid.uuid4()), doc, sdk_refs=refs)
+    except (ForkRefused, RunExists, UidTaken) as e:
+        raise _fail(str(e)) from None
+    out.print(
+        styled(
+            ("forked", "bold green"),
+            f" {source} at iteration {iteration} as {made.run_id} (uid {made.run_uid});",
+            f" continue it with `agentfast resume {made.run_id}`",
+        )
+    )
 
 
 kube_option = click.option(
@@ -935,10 +1046,21 @@ def history(run: str, dsn: str | None, output_format: str) -> None:
     journal = store.journal(key)
     decisions = store.decision_log(key)
     checkpoints = store.list_checkpoints(key)
+    origin = store.fork_origin(key)
     if output_format == "json":
-        out.print_json(data=_history_json(key, snap, journal, decisions, checkpoints))
+        data = _history_json(key, snap, journal, decisions, checkpoints)
+        data["forked_from"] = {"run": origin[0], "iteration": origin[1]} if origin else None
+        out.print_json(data=data)
         return
     by_position = {(e.iteration, e.position): e for e in journal}
+    if origin is not None:
+        out.print(
+            styled(
+                ("forked from", "bold"),
+                f" {origin[0]} at iteration {origin[1]}: its transcript and journal up to there are the source's"
+                " (tool results reused, never re-run; idempotency keys of the source's uid)",
+            )
+        )
     out.rule(f"transcript of {key}")
     iteration = 0
     for i, m in enumerate(snap.messages):

@@ -33,6 +33,9 @@ by ``ON UPDATE CASCADE`` when an earlier run of a reused name is archived, migra
   checkpoint's ``sdk_state`` stays small and only names its rows by ``key``. The runtime stores
   and returns them without interpreting them (G8); the LangGraph adapter keeps one row per list
   element it appends (a message is written once) and one per other channel value it changes.
+- ``agentfast_runs.forked_from``, ``forked_at`` (13): a run made by ``Store.fork_run`` names its
+  source run and the iteration it was forked at (provenance for ``agentfast history``); NULL
+  for a run registered from its own spec.
 - ``agentfast_runners`` (3): the live runner of a run, if any: who (runner id, pid, host, its
   Postgres backend) and its last heartbeat. Only a hint for humans: liveness itself is the
   session advisory lock the runner holds (``runner/liveness.py``), which dies with its connection.
@@ -509,4 +512,11 @@ MIGRATIONS: list[str] = [
             " integer, jsonb, jsonb, jsonb, bigint, integer, boolean)",
         )
     ),
+    # 13: fork and replay (issue 17 item 4): a run made from another's checkpoint (Store.fork_run)
+    # records where it came from. Plain columns, not the spec: the spec stays the document the run
+    # runs, and provenance is the store's fact. The source's id is text, not a foreign key: the
+    # fork keeps its own copies of every row it took, so deleting the source changes nothing.
+    """
+    ALTER TABLE agentfast_runs ADD COLUMN forked_from text, ADD COLUMN forked_at integer;
+    """,
 ]

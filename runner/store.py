@@ -130,6 +130,17 @@ class UnknownCall(StoreError):
     asked, not an in-flight re-run, or no such run). The message says which, and what awaits."""
 
 
+class ForkRefused(StoreError):
+    """:meth:`Store.fork_run` cannot fork the source at that iteration: the source does not exist,
+    has no such iteration, its checkpoints of it were pruned, or no kept checkpoint of it is a
+    finished iteration boundary (waiting for a decision, ended, or a call still unfinished). The
+    message says which, in one line."""
+
+
+class RunExists(StoreError):
+    """:meth:`Store.fork_run` was asked to make a run whose id is taken."""
+
+
 class UnreadableState(StoreError):
     """A stored row this release cannot interpret: written by a newer release (its schema version
     is above :data:`~agentfast.runner.snapshot.SCHEMA_VERSION`), or corrupt (it does not decode).
@@ -971,6 +982,196 @@ class Store:
             ).fetchall()
         )
         return [RunRecord(**r) for r in rows]
+
+    # -- fork and replay (issue 17 item 4) ---------------------------------------------------
+
+    def fork_run(
+        self,
+        source_id: str,
+        iteration: int,
+        new_id: str,
+        new_uid: str,
+        spec: dict[str, Any],
+        *,
+        sdk_refs: Callable[[dict[str, Any]], tuple[Sequence[str], Sequence[tuple[str, str]]]] | None = None,
+    ) -> RunRecord:
+        """Make the run ``new_id`` (uid ``new_uid``, registered document ``spec``) whose state is
+        the run ``source_id``'s as of its committed ``iteration``, in ONE transaction; returns
+        the new run's record. A runner that then takes ``new_id`` (``agentfast resume``)
+        continues at iteration ``iteration + 1``.
+
+        The fork point is the latest kept checkpoint of ``iteration`` that is a finished iteration
+        boundary: no call pending a decision, the run not ended there, and every call of
+        iterations <= ``iteration`` done with its result in that checkpoint's transcript (a
+        LangGraph run also checkpoints after the model's superstep, before the tools ran: not a
+        boundary). Iteration 0 is the run's first checkpoint (its input, nothing done yet).
+
+        Copied, as rows, into the new run: that checkpoint (context: counters, usage, budget and
+        classification, prices; its ``sdk_state`` unchanged), with a fresh session (``run_uid``
+        = ``new_uid``, started now), phase ``Running`` (reason ``Forked``), no pending call and
+        epoch 0 (the first runner's lease is 1); the transcript up to that checkpoint; the model
+        turns and the journal entries of iterations <= ``iteration`` with their results (done:
+        never run again, G3), each keeping its idempotency key (the key names the effect that
+        happened, under the source's uid; the fork's own calls get keys of ``new_uid``, G4); the
+        payload rows those rows refer to (``agentfast_payloads`` is per run); and the rows of
+        the SDK's state that ``sdk_refs(sdk_state)`` names (``(keys, ranges)`` as
+        :meth:`sdk_rows` takes them; the adapter's own reading of its state, since the store never
+        interprets it, G8; None: no SDK rows). Not copied: decisions (the journal holds what
+        they led to), cancel requests, the runner row, later checkpoints. ``agentfast_runs``
+        records the provenance (``forked_from``, ``forked_at``: :meth:`fork_origin`).
+
+        Raises ForkRefused (one line: no such source, no such iteration, pruned by retention, not a
+        boundary), RunExists (``new_id`` is taken), UidTaken (``new_uid`` is another run's),
+        StoreUnavailable.
+        """
+
+        def op(conn: psycopg.Connection[DictRow]) -> RunRecord:
+            src = conn.execute("SELECT run_uid FROM agentfast_runs WHERE run_id = %s", (source_id,)).fetchone()
+            if src is None:
+                raise ForkRefused(f"no run {source_id} to fork")
+            cp = conn.execute(
+                """SELECT * FROM agentfast_checkpoints WHERE run_id = %s AND iteration = %s AND pending IS NULL
+                   AND NOT phase = ANY(%s) ORDER BY checkpoint_id DESC LIMIT 1""",
+                (source_id, iteration, sorted(TERMINAL_PHASES)),
+            ).fetchone()
+            if cp is None:
+                raise ForkRefused(self._no_fork_point(conn, source_id, iteration))
+            counts = _one(
+                conn.execute(
+                    """SELECT (SELECT count(*) FROM agentfast_tool_calls WHERE run_id = %(run)s AND iteration <= %(it)s) AS calls,
+                          (SELECT count(*) FROM agentfast_tool_calls WHERE run_id = %(run)s AND iteration <= %(it)s
+                               AND state <> 'done') AS unfinished,
+                          (SELECT count(*) FROM agentfast_messages WHERE run_id = %(run)s AND seq < %(n)s
+                               AND message->>'role' = 'tool') AS results,
+                          (SELECT message->>'role' = 'assistant' AND coalesce(jsonb_array_length(message->'tool_calls'), 0) = 0
+                           FROM agentfast_messages WHERE run_id = %(run)s AND seq = %(n)s - 1) AS final""",
+                    {"run": source_id, "it": iteration, "n": cp["message_count"]},
+                ).fetchone()
+            )
+            if counts["unfinished"] or counts["results"] != counts["calls"]:
+                raise ForkRefused(
+                    f"iteration {iteration} of {source_id} is not finished at its last kept checkpoint"
+                    f" ({counts['calls'] - counts['results']} of its tool calls have no result there); fork at an earlier iteration"
+                )
+            if counts["final"]:
+                raise ForkRefused(
+                    f"iteration {iteration} of {source_id} is the model's final answer: nothing follows it; fork at an earlier iteration"
+                )
+            if conn.execute("SELECT 1 FROM agentfast_runs WHERE run_id = %s", (new_id,)).fetchone() is not None:
+                raise RunExists(f"a run named {new_id} exists; choose another name (or `agentfast delete {new_id}`)")
+            conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_UID_LOCK, new_uid))
+            if conn.execute("SELECT 1 FROM agentfast_runs WHERE run_uid = %s", (new_uid,)).fetchone() is not None:
+                raise UidTaken(f"uid {new_uid} is already another run's: a uid names one run for good")
+            conn.execute(
+                "INSERT INTO agentfast_runs (run_id, run_uid, spec, forked_from, forked_at) VALUES (%s, %s, %s, %s, %s)",
+                (new_id, new_uid, Jsonb(spec), source_id, iteration),
+            )
+            # The copies pass the fence as the new run's own rows: its uid, epoch 0 (no runner yet).
+            _name_the_lease(conn, 0, new_uid)
+            copy = {"new": new_id, "src": source_id, "it": iteration, "n": cp["message_count"]}
+            conn.execute(
+                """INSERT INTO agentfast_messages (run_id, seq, iteration, message, epoch)
+                   SELECT %(new)s, seq, iteration, message, 0 FROM agentfast_messages WHERE run_id = %(src)s AND seq < %(n)s""",
+                copy,
+            )
+            conn.execute(
+                """INSERT INTO agentfast_turns (run_id, iteration, message, prompt_tokens, completion_tokens, epoch, created_at)
+                   SELECT %(new)s, iteration, message, prompt_tokens, completion_tokens, 0, created_at
+                   FROM agentfast_turns WHERE run_id = %(src)s AND iteration <= %(it)s""",
+                copy,
+            )
+            conn.execute(
+                """INSERT INTO agentfast_tool_calls (run_id, iteration, position, call_id, idempotency_key, tool_call_id, tool_name,
+                                                    arguments, gated, idempotent, state, attempts, result, epoch, started_at,
+                                                    finished_at)
+                   SELECT %(new)s, iteration, position, call_id, idempotency_key, tool_call_id, tool_name, arguments, gated,
+                          idempotent, state, attempts, result, 0, started_at, finished_at
+                   FROM agentfast_tool_calls WHERE run_id = %(src)s AND iteration <= %(it)s""",
+                copy,
+            )
+            context = dict(cp["context"])
+            context["session"] = {**context.get("session", {}), "run_uid": new_uid, "started_at": now_ms()}
+            context["status"] = {
+                "phase": names.Phase.RUNNING.value,
+                "reason": "Forked",
+                "message": f"forked from {source_id} at iteration {iteration}",
+            }
+            conn.execute(
+                """INSERT INTO agentfast_checkpoints (run_id, checkpoint_key, iteration, message_count, phase, schema_version,
+                                                     context, pending, sdk_state, saved_at, epoch)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s, NULL, %s, %s, 0)""",
+                (
+                    new_id,
+                    uuid.uuid4(),
+                    iteration,
+                    cp["message_count"],
+                    names.Phase.RUNNING.value,
+                    cp["schema_version"],
+                    Jsonb(context),
+                    Jsonb(cp["sdk_state"]),
+                    now_ms(),
+                ),
+            )
+            keys, ranges = sdk_refs(cp["sdk_state"]) if sdk_refs is not None and cp["sdk_state"] else ((), ())
+            if keys or ranges:
+                # Rows as they are (G8): the ones the checkpoint's sdk_state names, by the adapter's own reading.
+                conn.execute(
+                    """INSERT INTO agentfast_sdk_blobs (run_id, key, type, value, epoch)
+                       SELECT %(new)s, b.key, b.type, b.value, 0 FROM agentfast_sdk_blobs b WHERE b.run_id = %(src)s
+                         AND (b.key = ANY(%(keys)s::text[]) OR EXISTS (
+                              SELECT 1 FROM unnest(%(lo)s::text[], %(hi)s::text[]) AS r(lo, hi)
+                              WHERE b.key COLLATE "C" >= r.lo AND b.key COLLATE "C" < r.hi))""",
+                    {**copy, "keys": list(keys), "lo": [lo for lo, _ in ranges], "hi": [hi for _, hi in ranges]},
+                )
+            # Payloads are per run: the ones the copied rows refer to are copied too (a string that
+            # merely quotes a reference may copy one more row: harmless, content-addressed).
+            conn.execute(
+                """INSERT INTO agentfast_payloads (run_id, digest, size_bytes, content, epoch)
+                   SELECT %(new)s, p.digest, p.size_bytes, p.content, 0 FROM agentfast_payloads p
+                   WHERE p.run_id = %(src)s AND p.digest IN (
+                       SELECT (regexp_matches(t, '@agentfast/payload:sha256:([0-9a-f]{64}):', 'g'))[1] FROM (
+                           SELECT message::text AS t FROM agentfast_messages WHERE run_id = %(new)s
+                           UNION ALL SELECT message::text FROM agentfast_turns WHERE run_id = %(new)s
+                           UNION ALL SELECT arguments || coalesce(result::text, '') FROM agentfast_tool_calls
+                               WHERE run_id = %(new)s
+                           UNION ALL SELECT context::text FROM agentfast_checkpoints WHERE run_id = %(new)s) s)""",
+                copy,
+            )
+            conn.execute("SELECT pg_notify(%s, %s)", (PROGRESS_CHANNEL, new_id))
+            return RunRecord(new_id, new_uid, spec, 0)
+
+        return self._retry(op)
+
+    @staticmethod
+    def _no_fork_point(conn: psycopg.Connection[DictRow], run_id: str, iteration: int) -> str:
+        """Why ``run_id`` has no checkpoint of ``iteration`` to fork from, in one line."""
+        row = _one(
+            conn.execute(
+                """SELECT min(iteration) AS lo, max(iteration) AS hi,
+                          count(*) FILTER (WHERE iteration = %s) AS here FROM agentfast_checkpoints WHERE run_id = %s""",
+                (iteration, run_id),
+            ).fetchone()
+        )
+        if row["hi"] is None:
+            return f"{run_id} has no checkpoint yet"
+        if iteration > row["hi"]:
+            return f"{run_id} has no iteration {iteration}: its last committed iteration is {row['hi']}"
+        if iteration < row["lo"] or not row["here"]:
+            return (
+                f"iteration {iteration} of {run_id} was pruned: retention keeps the latest checkpoints only"
+                f" (kept: iterations {row['lo']} to {row['hi']}); fork at a kept one"
+            )
+        return (
+            f"iteration {iteration} of {run_id} ended the run or was waiting for a decision at every kept checkpoint of it;"
+            " fork at an earlier iteration"
+        )
+
+    def fork_origin(self, run_id: str) -> tuple[str, int] | None:
+        """``(source run id, iteration)`` of a run made by :meth:`fork_run`, else None (also for no such run)."""
+        row = self._read("SELECT forked_from, forked_at FROM agentfast_runs WHERE run_id = %s", (run_id,))
+        if row is None or row["forked_from"] is None:
+            return None
+        return row["forked_from"], row["forked_at"]
 
     def delete_run(self, run_id: str) -> bool:
         """Delete a run and all its data (transcript, journal, approvals, payloads: every run table

@@ -439,16 +439,7 @@ class SnapshotSaver(InMemorySaver):
                 latest["writes"][(task_id, idx)] = (task_id, channel, _dec([t, b]), task_path)
 
     def _import_v2(self, state: dict[str, Any], load: Any) -> None:
-        keys: list[str] = []
-        ranges: list[tuple[str, str]] = []
-        for entry in state["namespaces"].values():
-            for ref in entry["channels"].values():
-                if "key" in ref:
-                    keys.append(ref["key"])
-                elif "items" in ref:
-                    # A range starts where a row of elements starts (ranges are cut at their end only).
-                    ranges += [(_item_key(lo), _item_key(hi)) for lo, hi in ref["items"]]
-            keys += [w[3] for w in entry["writes"]]
+        keys, ranges = state_row_refs(state)
         rows = load(keys, ranges) if load is not None and (keys or ranges) else {}
         missing = [k for k in keys if k not in rows]
         if missing:
@@ -489,6 +480,25 @@ class SnapshotSaver(InMemorySaver):
             for task_id, idx, channel, key, task_path in entry["writes"]:
                 latest["writes"][(task_id, idx)] = (task_id, channel, row(key), task_path)
                 latest["written"].add(key)
+
+
+def state_row_refs(state: dict[str, Any]) -> tuple[list[str], list[tuple[str, str]]]:
+    """The rows an exported ``sdk_state`` names, as ``(keys, ranges)`` for ``Store.sdk_rows``:
+    each channel value's key, each pending write's key, and per list channel the key ranges of
+    its element rows. Empty for an empty state or format /1 (everything inline)."""
+    keys: list[str] = []
+    ranges: list[tuple[str, str]] = []
+    if not state or state.get("format") != SDK_STATE_FORMAT:
+        return keys, ranges
+    for entry in state["namespaces"].values():
+        for ref in entry["channels"].values():
+            if "key" in ref:
+                keys.append(ref["key"])
+            elif "items" in ref:
+                # A range starts where a row of elements starts (ranges are cut at their end only).
+                ranges += [(_item_key(lo), _item_key(hi)) for lo, hi in ref["items"]]
+        keys += [w[3] for w in entry["writes"]]
+    return keys, ranges
 
 
 # -- LangGraph's add_messages, without rebuilding its id index at every update -------------------
@@ -896,6 +906,11 @@ class LangGraphRunner(RunnerBase):
         c.tool_calls += kind not in ("malformed", "denied")
         c.tool_errors += kind == "tool_raised"
         c.malformed_tool_calls += kind == "malformed"
+
+    @staticmethod
+    def sdk_row_refs(sdk_state: dict[str, Any]) -> tuple[list[str], list[tuple[str, str]]]:
+        """The rows ``sdk_state`` names (:func:`state_row_refs`): what a fork copies."""
+        return state_row_refs(sdk_state)
 
     def sdk_rows(self) -> list[SdkRow]:
         return self.saver.take_rows() if self.saver is not None else []

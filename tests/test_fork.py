@@ -1,0 +1,188 @@
+"""Fork and replay (issue 17 item 4), on both adapters, with real runner processes and Postgres.
+
+The source is the refund example run to its end (its gated refund approved). ``agentfast fork
+SRC --at N`` makes a new run from SRC's checkpoint of iteration N; ``agentfast resume NEW`` goes
+on with another scripted model. Checked from the rows runs and tools leave: the fork's transcript
+up to N is the source's, no tool of iterations <= N runs again (the examples' invocation table
+counts executions, by idempotency key), the fork's own calls carry keys of its own uid, the
+source is unchanged, and a SIGKILL in the fork's first new iteration still ends with each of its
+effects made once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+import yaml
+
+from agentfast.runner.store import ForkRefused, Store
+
+from .conformance import LANGGRAPH, VANILLA, Adapter, refunds, wait_for_approval_request
+from .helpers import agentrun_file, count_rows, fenced_rows, run_cli, spawn_cli
+
+pytestmark = pytest.mark.process
+
+# The fork's model: turn 0 is never asked (the fork starts at iteration 2 or later); turn 1 adds a
+# case note only (no refund); turn 2 answers.
+FORK_SCRIPT = {
+    "model": "scripted-fork",
+    "turns": [
+        {"tool_calls": [{"id": "f_1", "name": "lookup_order", "arguments": {"order_id": "A-1042"}}]},
+        {
+            "tool_calls": [
+                {"id": "f_2", "name": "add_case_note", "arguments": {"order_id": "A-1042", "note": "forked: no refund"}}
+            ],
+            "usage": {"prompt_tokens": 300, "completion_tokens": 20},
+        },
+        {"content": "FORK: I noted your case; no refund was made.", "usage": {"prompt_tokens": 400, "completion_tokens": 10}},
+    ],
+}
+
+
+def executions(dsn: str, tool: str, key: str | None = None) -> int:
+    """How many times ``tool`` ran (with idempotency key ``key``, if given): one row per execution."""
+    if key is None:
+        return count_rows(dsn, "SELECT count(*) FROM agentfast_examples.demo_tool_invocations WHERE tool = %s", tool)
+    return count_rows(
+        dsn, "SELECT count(*) FROM agentfast_examples.demo_tool_invocations WHERE tool = %s AND idempotency_key = %s", tool, key
+    )
+
+
+def run_source(tmp_path: Path, dsn: str, store: Store, adapter: Adapter) -> None:
+    """The source: the refund run, approved, to Succeeded (3 iterations)."""
+    path = agentrun_file(tmp_path, adapter.example, uid=str(uuid.uuid4()))
+    proc = spawn_cli("run", str(path), dsn=dsn)
+    call = wait_for_approval_request(store, adapter.run_id)
+    store.decide(adapter.run_id, call, "approve", decided_by="test")
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 0, out
+    assert store.load_context(adapter.run_id)[0].status.phase == "Succeeded"
+
+
+def overrides_file(tmp_path: Path) -> Path:
+    script = tmp_path / "fork-script.yaml"
+    script.write_text(yaml.safe_dump(FORK_SCRIPT))
+    path = tmp_path / "fork-overrides.yaml"
+    path.write_text(yaml.safe_dump({"spec": {"model": {"name": "scripted-fork", "script": str(script)}}}))
+    return path
+
+
+@pytest.fixture(params=[VANILLA, LANGGRAPH], ids=lambda a: a.name)
+def adapter(request: pytest.FixtureRequest) -> Adapter:
+    return request.param
+
+
+def test_fork_reuses_results_up_to_n_and_runs_anew_after(tmp_path: Path, dsn: str, store: Store, adapter: Adapter) -> None:
+    run_source(tmp_path, dsn, store, adapter)
+    src = store.load_snapshot(adapter.run_id)
+    src_uid = src.context.session.run_uid
+    before = fenced_rows(dsn, adapter.run_id)
+    assert (executions(dsn, "lookup_order"), executions(dsn, "add_case_note"), refunds(dsn)) == (1, 1, 1)
+
+    # Fork at iteration 1 (after the lookup) with another model.
+    fork_id = f"default/{adapter.run_name}-other"
+    got = run_cli(
+        "fork", adapter.run_id, "--at", "1", "--name", f"{adapter.run_name}-other", "-f", str(overrides_file(tmp_path)), dsn=dsn
+    )
+    assert got.returncode == 0, got.stdout
+    assert f"as {fork_id}" in got.stdout
+    assert store.fork_origin(fork_id) == (adapter.run_id, 1)
+    forked = store.load_snapshot(fork_id)
+    fork_uid = forked.context.session.run_uid
+    assert fork_uid != src_uid
+    assert forked.context.status.reason == "Forked" and forked.context.counters.iterations == 1
+    # Its transcript is the source's up to the fork point: system, user, assistant (lookup), tool.
+    assert [m.role for m in forked.messages] == ["system", "user", "assistant", "tool"]
+    assert forked.messages == src.messages[:4]
+
+    got = run_cli("resume", fork_id, dsn=dsn, timeout=90)
+    assert got.returncode == 0, got.stdout
+    done = store.load_snapshot(fork_id)
+    assert done.context.status.phase == "Succeeded", done.context.status
+    assert done.messages[:4] == src.messages[:4]
+    assert [m.role for m in done.messages[4:]] == ["assistant", "tool", "assistant"]
+    assert done.messages[-1].content.startswith("FORK:")
+    assert done.context.counters.iterations == 3
+    # Tokens: the source's first turn (copied) plus the fork's two.
+    src_first = store.load_turn(adapter.run_id, 1)
+    assert done.context.usage.total_tokens == src_first.prompt_tokens + src_first.completion_tokens + 320 + 410
+
+    # Iteration 1's lookup was reused, never run again; the fork's note ran once, under its own key.
+    assert executions(dsn, "lookup_order") == 1
+    assert executions(dsn, "add_case_note") == 2
+    assert executions(dsn, "add_case_note", f"{fork_uid}:2:0") == 1
+    assert refunds(dsn) == 1  # the fork's model asked for no refund
+    journal = {(e.iteration, e.position): e for e in store.journal(fork_id)}
+    assert journal[(1, 0)].idempotency_key == f"{src_uid}:1:0" and journal[(1, 0)].state == "done"
+    assert journal[(2, 0)].idempotency_key == f"{fork_uid}:2:0" and journal[(2, 0)].tool_call.name == "add_case_note"
+    assert (2, 1) not in journal
+
+    # The source is unchanged, row for row.
+    assert fenced_rows(dsn, adapter.run_id) == before
+
+    # Fork at iteration 2 (after the approved refund and the note): nothing of it runs again.
+    got = run_cli("fork", adapter.run_id, "--at", "2", "-f", str(overrides_file(tmp_path)), dsn=dsn)
+    assert got.returncode == 0, got.stdout
+    second = f"{adapter.run_id}-fork-2"
+    got = run_cli("resume", second, dsn=dsn, timeout=90)
+    assert got.returncode == 0, got.stdout
+    snap = store.load_snapshot(second)
+    assert snap.context.status.phase == "Succeeded"
+    assert snap.messages[:7] == src.messages[:7]
+    assert snap.messages[-1].content.startswith("FORK:")
+    assert (executions(dsn, "lookup_order"), executions(dsn, "add_case_note"), refunds(dsn)) == (1, 2, 1)
+    assert snap.context.counters.iterations == 3
+    assert fenced_rows(dsn, adapter.run_id) == before
+
+    # history shows the provenance.
+    got = run_cli("history", second, dsn=dsn)
+    assert got.returncode == 0 and f"forked from {adapter.run_id} at iteration 2" in got.stdout
+
+
+def test_sigkill_in_the_forks_first_new_iteration_resumes_once(tmp_path: Path, dsn: str, store: Store, adapter: Adapter) -> None:
+    run_source(tmp_path, dsn, store, adapter)
+    fork_name = f"{adapter.run_name}-k"
+    fork_id = f"default/{fork_name}"
+    got = run_cli("fork", adapter.run_id, "--at", "1", "--name", fork_name, "-f", str(overrides_file(tmp_path)), dsn=dsn)
+    assert got.returncode == 0, got.stdout
+    fork_uid = store.load_context(fork_id)[0].session.run_uid
+    # Killed after the fork's note ran and its result was persisted, before the checkpoint.
+    got = run_cli("resume", fork_id, dsn=dsn, fault="tool.after_persist:add_case_note", timeout=90)
+    assert got.returncode == -9, got.stdout
+    assert executions(dsn, "add_case_note", f"{fork_uid}:2:0") == 1
+    got = run_cli("resume", fork_id, dsn=dsn, timeout=90)
+    assert got.returncode == 0, got.stdout
+    snap = store.load_snapshot(fork_id)
+    assert snap.context.status.phase == "Succeeded" and snap.messages[-1].content.startswith("FORK:")
+    assert executions(dsn, "add_case_note", f"{fork_uid}:2:0") == 1
+    assert (executions(dsn, "lookup_order"), executions(dsn, "add_case_note"), refunds(dsn)) == (1, 2, 1)
+
+
+def test_refusals_are_one_line_exit_2(tmp_path: Path, dsn: str, store: Store) -> None:
+    adapter = VANILLA
+    run_source(tmp_path, dsn, store, adapter)
+
+    def refused(*args: str) -> str:
+        got = run_cli("fork", *args, dsn=dsn)
+        assert got.returncode == 2, got.stdout
+        assert "Traceback" not in got.stdout
+        return got.stdout
+
+    assert "no run named 'nope'" in refused("nope", "--at", "1")
+    assert "has no iteration 7: its last committed iteration is 3" in refused(adapter.run_id, "--at", "7")
+    assert "iteration 3 of default/refund-demo ended the run" in refused(adapter.run_id, "--at", "3")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("spec: {input: other}\n")
+    assert "cannot change spec.input" in refused(adapter.run_id, "--at", "1", "-f", str(bad))
+    assert "namespace" in refused(adapter.run_id, "--at", "1", "--name", "other/x")
+    assert run_cli("fork", adapter.run_id, "--at", "1", "--name", "taken", dsn=dsn).returncode == 0
+    assert "a run named default/taken exists" in refused(adapter.run_id, "--at", "1", "--name", "taken")
+    # Retention pruned iteration 1's checkpoints (as the owner, standing in for retention_keep).
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM agentfast_checkpoints WHERE run_id = %s AND iteration <= 1", (adapter.run_id,))
+    assert "iteration 1 of default/refund-demo was pruned" in refused(adapter.run_id, "--at", "1")
+    with pytest.raises(ForkRefused, match="was pruned"):
+        store.fork_run(adapter.run_id, 0, "default/zero", str(uuid.uuid4()), {})
