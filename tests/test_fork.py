@@ -186,3 +186,31 @@ def test_refusals_are_one_line_exit_2(tmp_path: Path, dsn: str, store: Store) ->
     assert "iteration 1 of default/refund-demo was pruned" in refused(adapter.run_id, "--at", "1")
     with pytest.raises(ForkRefused, match="was pruned"):
         store.fork_run(adapter.run_id, 0, "default/zero", str(uuid.uuid4()), {})
+
+
+def test_payload_references_are_copied_with_the_rows_that_name_them(tmp_path: Path, dsn: str, store: Store) -> None:
+    """With a tiny payload threshold every longer string (the system prompt, the lookup's result,
+    the model's arguments) is a row of ``agentfast_payloads`` the transcript, turns and journal
+    refer to; payloads are per run, so the fork gets copies of the ones its rows name."""
+    env = {"AGENTFAST_PAYLOAD_THRESHOLD_BYTES": "48"}
+    adapter = VANILLA
+    path = agentrun_file(tmp_path, adapter.example, uid=str(uuid.uuid4()))
+    proc = spawn_cli("run", str(path), dsn=dsn, env=env)
+    call = wait_for_approval_request(store, adapter.run_id)
+    store.decide(adapter.run_id, call, "approve", decided_by="test")
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 0, out
+    src = store.load_snapshot(adapter.run_id)
+    assert count_rows(dsn, "SELECT count(*) FROM agentfast_payloads WHERE run_id = %s", adapter.run_id) > 3
+    got = run_cli("fork", adapter.run_id, "--at", "1", "--name", "p", "-f", str(overrides_file(tmp_path)), dsn=dsn, env=env)
+    assert got.returncode == 0, got.stdout
+    copied = count_rows(dsn, "SELECT count(*) FROM agentfast_payloads WHERE run_id = 'default/p'")
+    assert 0 < copied < count_rows(dsn, "SELECT count(*) FROM agentfast_payloads WHERE run_id = %s", adapter.run_id)
+    forked = store.load_snapshot("default/p")  # every reference resolves
+    assert forked.messages == src.messages[:4]
+    assert [e.result for e in store.journal("default/p")] == [e.result for e in store.journal(adapter.run_id, 1)]
+    got = run_cli("resume", "default/p", dsn=dsn, env=env, timeout=90)
+    assert got.returncode == 0, got.stdout
+    snap = store.load_snapshot("default/p")
+    assert snap.context.status.phase == "Succeeded" and snap.messages[:4] == src.messages[:4]
+    assert executions(dsn, "lookup_order") == 1
