@@ -549,6 +549,8 @@ def fork(run: str, iteration: int, new_name: str | None, model_name: str | None,
     doc["spec"] = _merge_patch(doc.get("spec", {}), patch)
     if model_name:
         doc["spec"]["model"] = {**doc["spec"].get("model", {}), "name": model_name}
+    if not (doc["spec"].get("model") or {}).get("config"):
+        doc.pop("modelConfig", None)  # a fork on the scripted model uses no ModelConfig
     try:
         agentrun = parse_agentrun(doc, check_imports=False)
         resolve(agentrun)  # a model script that does not load fails now, not at resume

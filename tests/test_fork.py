@@ -214,3 +214,26 @@ def test_payload_references_are_copied_with_the_rows_that_name_them(tmp_path: Pa
     snap = store.load_snapshot("default/p")
     assert snap.context.status.phase == "Succeeded" and snap.messages[:4] == src.messages[:4]
     assert executions(dsn, "lookup_order") == 1
+
+
+def test_a_source_waiting_for_approval_forks_only_at_a_finished_iteration(
+    tmp_path: Path, dsn: str, store: Store, adapter: Adapter
+) -> None:
+    """Paused on the gated refund of iteration 2: iteration 1 forks; 2 does not (the vanilla loop
+    has not committed it; LangGraph committed its model superstep, whose calls have no result)."""
+    path = agentrun_file(tmp_path, adapter.example, uid=str(uuid.uuid4()))
+    got = run_cli("run", str(path), "--no-wait", dsn=dsn, timeout=90)
+    assert got.returncode == 0 and store.load_context(adapter.run_id)[0].status.phase == "WaitingForApproval", got.stdout
+    got = run_cli("fork", adapter.run_id, "--at", "2", dsn=dsn)
+    assert got.returncode == 2 and "Traceback" not in got.stdout, got.stdout
+    if adapter is VANILLA:
+        assert "has no iteration 2: its last committed iteration is 1" in got.stdout
+    else:
+        assert "iteration 2 of default/refund-langgraph is not finished" in got.stdout
+    got = run_cli("fork", adapter.run_id, "--at", "1", "-f", str(overrides_file(tmp_path)), dsn=dsn)
+    assert got.returncode == 0, got.stdout
+    got = run_cli("resume", f"{adapter.run_id}-fork-1", dsn=dsn, timeout=90)
+    assert got.returncode == 0, got.stdout
+    assert store.load_context(f"{adapter.run_id}-fork-1")[0].status.phase == "Succeeded"
+    assert store.load_context(adapter.run_id)[0].status.phase == "WaitingForApproval"  # the source still waits
+    assert refunds(dsn) == 0 and executions(dsn, "lookup_order") == 1
