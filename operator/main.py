@@ -47,6 +47,7 @@ import kubernetes
 import psycopg
 from kubernetes.client.exceptions import ApiException
 
+from agentfast.runner.adapters import register_fork
 from agentfast.runner.decisions import InvalidDecision
 from agentfast.runner.errors import AgentfastError
 from agentfast.runner.liveness import runner_state, runs_held
@@ -80,7 +81,9 @@ from agentfast.runner.spec import (
 from agentfast.runner.store import (
     PROGRESS_CHANNEL,
     DecisionConflict,
+    ForkRefused,
     InvalidDsn,
+    RunExists,
     RunMark,
     Store,
     StoreUnavailable,
@@ -313,7 +316,11 @@ def reconcile(body: dict[str, Any]) -> None:
             raise kopf.TemporaryError(f"Postgres unavailable: {err}", delay=10) from None
     try:
         if record is None:
-            record = _register(body, run_id, doc)
+            try:
+                record = _register(body, run_id, doc)
+            except (ForkRefused, RunExists) as err:  # spec.forkFrom names no state to start from: permanent
+                publish_status(body, None, None, override=(Phase.FAILED, "InvalidSpec", str(err)))
+                return
             _ADMITTED[admitted] = record
         _record_approvals(body, run_id)
         _end_if_asked(body, run_id)
@@ -357,10 +364,19 @@ def _register(body: dict[str, Any], run_id: str, doc: dict[str, Any]) -> Any:
     wiped (audit), with an EarlierRunKept Event. Raises StoreUnavailable."""
     assert STATE.store is not None
     uid = body["metadata"]["uid"]
-    record = STATE.store.create_run(run_id, uid, doc)
+    fork = (doc.get("spec") or {}).get("forkFrom")
+
+    def create() -> Any:
+        if fork is None:
+            return STATE.store.create_run(run_id, uid, doc)  # type: ignore[union-attr]
+        # spec.forkFrom (docs/fork.md): the run starts as a copy of its source's state, same namespace only
+        # (parse_agentrun refused another). Only rows are copied: nothing the spec names is imported (G12).
+        return register_fork(STATE.store, parse_agentrun(doc, check_imports=False), run_id, uid, doc)  # type: ignore[arg-type]
+
+    record = create()
     if record.run_uid != uid:
         kept_as = STATE.store.archive_run(run_id)
-        record = STATE.store.create_run(run_id, uid, doc)
+        record = create()
         _event(
             body,
             EVENT_NORMAL,

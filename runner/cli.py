@@ -420,7 +420,16 @@ def run(file: str, dsn: str | None, wait: bool, force: bool) -> None:
         # spec.cancel is a request, not the run's definition: `agentfast cancel` records it in the store.
         doc = agentrun.model_dump(mode="json", exclude_none=True, exclude={"status": True, "spec": {"cancel"}})
         try:
-            record = store.create_run(run_id, agentrun.metadata.uid or str(uuid.uuid4()), doc)
+            if agentrun.spec.forkFrom is not None:  # registered as a fork of its source (docs/fork.md)
+                from .adapters import register_fork
+                from .store import ForkRefused, RunExists
+
+                try:
+                    record = register_fork(store, agentrun, run_id, agentrun.metadata.uid, doc)
+                except (ForkRefused, RunExists) as e:
+                    raise _fail(f"{file}: {e}") from None
+            else:
+                record = store.create_run(run_id, agentrun.metadata.uid or str(uuid.uuid4()), doc)
         except UidTaken as e:
             raise _fail(f"{file}: {e}; give metadata.uid another value or leave it out") from None
         if record.spec.get("spec") != doc.get("spec"):
@@ -556,12 +565,9 @@ def fork(run: str, iteration: int, new_name: str | None, model_name: str | None,
         resolve(agentrun)  # a model script that does not load fails now, not at resume
     except SpecError as e:
         raise _fail(f"the fork's spec is not valid:\n{e}") from None
-    from .adapters import adapter_class
+    from .adapters import sdk_row_refs
 
-    try:
-        refs = adapter_class(agentrun.spec.adapter).sdk_row_refs
-    except ImportError as e:
-        raise _fail(f"spec.adapter {agentrun.spec.adapter}: {e}") from None
+    refs = sdk_row_refs(agentrun.spec.adapter)
     doc = agentrun.model_dump(mode="json", exclude_none=True, exclude={"status": True, "spec": {"cancel"}})
     new_id = run_id_of(agentrun)
     try:

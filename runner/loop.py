@@ -675,13 +675,6 @@ class RunnerBase(ABC):
         :meth:`commit` writes them with the checkpoint. Empty for a loop-owning adapter."""
         return []
 
-    @staticmethod
-    def sdk_row_refs(sdk_state: dict[str, Any]) -> tuple[list[str], list[tuple[str, str]]]:
-        """The rows of the SDK's state that a committed ``sdk_state`` names, as ``(keys, ranges)``
-        (what ``Store.sdk_rows`` and ``Store.fork_run`` take): the adapter's own reading of its
-        own state, so the store never interprets it (G8). None for a loop-owning adapter."""
-        return [], []
-
     def sdk_rows_stored(self, rows: list[SdkRow]) -> None:
         """Called once :meth:`commit` has committed ``rows``: they need not be sent again."""
         return None  # a hook: nothing to forget unless sdk_rows gave rows

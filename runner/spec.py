@@ -509,6 +509,22 @@ class RunnerSpec(_Spec):
         return name
 
 
+class ForkFrom(_Spec):
+    """``spec.forkFrom``: start this run from another run's state at one of its committed
+    iterations (docs/fork.md): its transcript, journal and budget state up to ``iteration``; tool
+    results up to there are reused, never re-executed. ``run``: the source's name, in this run's
+    namespace (``NAME``, or ``NAMESPACE/NAME`` with this run's own namespace: another namespace is
+    refused). Honoured once, where the run is registered (``agentfast run FILE``, the operator)."""
+
+    run: str = Field(
+        min_length=1,
+        max_length=317,
+        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="the source run's name (same namespace)",
+    )
+    iteration: int = Field(ge=0, le=10_000, description="the source's committed iteration to start from")
+
+
 class AgentRunSpec(_Spec):
     adapter: Literal["vanilla", "langgraph"] = "vanilla"
     model: ModelSpec
@@ -544,6 +560,9 @@ class AgentRunSpec(_Spec):
         " done, end it Cancelled. Can be set once the run exists, never taken back",
     )
     approvals: dict[str, ApprovalDecision] = Field(default_factory=dict, max_length=MAX_APPROVALS)
+    forkFrom: ForkFrom | None = Field(
+        None, description="start from another run's state at one of its iterations (docs/fork.md); immutable"
+    )
     runner: RunnerSpec | None = Field(
         None, description="the runner pod's image, resources and placement (chart defaults otherwise)"
     )
@@ -605,10 +624,23 @@ class AgentRun(_Spec):
 
     @model_validator(mode="after")
     def _config_matches(self) -> AgentRun:
+        fork = self.spec.forkFrom
+        if fork is not None and "/" in fork.run and fork.run.split("/", 1)[0] != self.metadata.namespace:
+            raise ValueError(
+                f"spec.forkFrom.run: {fork.run!r} is in another namespace; a run forks only from a run of its own"
+                f" namespace ({self.metadata.namespace})"
+            )
         if self.modelConfig is not None:
             check_model_allowed(self.spec.model, self.modelConfig)
             check_cost_budget(self.spec, self.modelConfig)
         return self
+
+    def fork_source(self) -> str | None:
+        """The run id (``NS/NAME``) of ``spec.forkFrom.run``, or None without ``forkFrom``."""
+        fork = self.spec.forkFrom
+        if fork is None:
+            return None
+        return fork.run if "/" in fork.run else f"{self.metadata.namespace}/{fork.run}"
 
     def prices(self) -> ModelPrices | None:
         """The prices this run's tokens are charged at: its ModelConfig's ``spec.prices`` (as

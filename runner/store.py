@@ -1090,7 +1090,11 @@ class Store:
                 copy,
             )
             context = dict(cp["context"])
-            context["session"] = {**context.get("session", {}), "run_uid": new_uid, "started_at": now_ms()}
+            session = {**context.get("session", {}), "run_uid": new_uid, "started_at": now_ms()}
+            model = ((spec.get("spec") or {}).get("model") or {}).get("name")
+            if model:  # the model the fork asks from here on (its spec's)
+                session["model"] = model
+            context["session"] = session
             context["status"] = {
                 "phase": names.Phase.RUNNING.value,
                 "reason": "Forked",

@@ -18,6 +18,7 @@ from agentfast.runner.spec import (
     AgentRunSpec,
     ApprovalDecision,
     BudgetSpec,
+    ForkFrom,
     GraphSpec,
     ModelConfigSpec,
     ModelPrices,
@@ -64,6 +65,8 @@ def test_nested_fields_match() -> None:
     assert set(props["graph"]["properties"]) == fields(GraphSpec)
     assert set(props["budget"]["properties"]) == fields(BudgetSpec)
     assert set(props["approvals"]["additionalProperties"]["properties"]) == fields(ApprovalDecision)
+    assert set(props["forkFrom"]["properties"]) == fields(ForkFrom)
+    assert props["forkFrom"]["properties"]["run"]["pattern"] == ForkFrom.model_fields["run"].metadata[-1].pattern
 
 
 def test_defaults_match() -> None:

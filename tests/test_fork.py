@@ -18,10 +18,11 @@ import psycopg
 import pytest
 import yaml
 
+from agentfast.runner.spec import SpecError, parse_agentrun
 from agentfast.runner.store import ForkRefused, Store
 
 from .conformance import LANGGRAPH, VANILLA, Adapter, refunds, wait_for_approval_request
-from .helpers import agentrun_file, count_rows, fenced_rows, run_cli, spawn_cli
+from .helpers import EXAMPLES, agentrun_file, count_rows, fenced_rows, run_cli, spawn_cli
 
 pytestmark = pytest.mark.process
 
@@ -237,3 +238,45 @@ def test_a_source_waiting_for_approval_forks_only_at_a_finished_iteration(
     assert store.load_context(f"{adapter.run_id}-fork-1")[0].status.phase == "Succeeded"
     assert store.load_context(adapter.run_id)[0].status.phase == "WaitingForApproval"  # the source still waits
     assert refunds(dsn) == 0 and executions(dsn, "lookup_order") == 1
+
+
+def test_spec_fork_from_registers_a_fork_with_agentfast_run(tmp_path: Path, dsn: str, store: Store, adapter: Adapter) -> None:
+    """``spec.forkFrom: {run, iteration}`` in an AgentRun file: ``agentfast run FILE`` registers the
+    run as a fork of its source (once) and runs it from the next iteration."""
+    run_source(tmp_path, dsn, store, adapter)
+    script = tmp_path / "fork-script.yaml"
+    script.write_text(yaml.safe_dump(FORK_SCRIPT))
+    doc = yaml.safe_load((EXAMPLES / adapter.example).read_text())
+    doc["metadata"] = {"name": "from-file"}
+    doc["spec"]["model"] = {"name": "scripted-fork", "script": str(script)}
+    doc["spec"]["forkFrom"] = {"run": adapter.run_name, "iteration": 1}
+    path = tmp_path / "from-file.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    got = run_cli("run", str(path), dsn=dsn, timeout=90)
+    assert got.returncode == 0, got.stdout
+    snap = store.load_snapshot("default/from-file")
+    assert snap.context.status.phase == "Succeeded" and snap.messages[-1].content.startswith("FORK:")
+    assert snap.messages[:4] == store.load_snapshot(adapter.run_id).messages[:4]
+    assert store.fork_origin("default/from-file") == (adapter.run_id, 1)
+    assert (executions(dsn, "lookup_order"), executions(dsn, "add_case_note"), refunds(dsn)) == (1, 2, 1)
+    # Again: the run exists (a fork registered once), finished: nothing runs.
+    got = run_cli("run", str(path), dsn=dsn, timeout=90)
+    assert got.returncode == 0, got.stdout
+    assert (executions(dsn, "lookup_order"), executions(dsn, "add_case_note"), refunds(dsn)) == (1, 2, 1)
+
+
+def test_spec_fork_from_refusals(tmp_path: Path, dsn: str, store: Store) -> None:
+    doc = yaml.safe_load((EXAMPLES / "refund.yaml").read_text())
+    doc["metadata"] = {"name": "x", "namespace": "team-a"}
+    doc["spec"]["forkFrom"] = {"run": "team-b/src", "iteration": 1}
+    with pytest.raises(SpecError, match="spec.forkFrom.run: 'team-b/src' is in another namespace"):
+        parse_agentrun(doc, check_imports=False)
+    doc["spec"]["forkFrom"] = {"run": "team-a/src", "iteration": 1}
+    assert parse_agentrun(doc, check_imports=False).fork_source() == "team-a/src"
+    doc["metadata"] = {"name": "x"}
+    doc["spec"]["forkFrom"] = {"run": "missing", "iteration": 1}
+    path = tmp_path / "x.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    got = run_cli("run", str(path), dsn=dsn)
+    assert got.returncode == 2 and "spec.forkFrom: no run default/missing to fork" in got.stdout, got.stdout
+    assert store.get_run("default/x") is None

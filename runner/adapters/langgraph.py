@@ -71,8 +71,9 @@ from ..snapshot import Message, ToolCall, ToolResult
 from ..spec import SpecError, resolve_ref
 from ..storable import storable
 from ..store import SdkRow
+from .langgraph_state import SDK_STATE_FORMAT, state_row_refs
+from .langgraph_state import item_key as _item_key
 
-SDK_STATE_FORMAT = "agentfast.langgraph-saver/2"
 _FORMAT_V1 = "agentfast.langgraph-saver/1"  # the whole channel state inline; still loaded (runs checkpointed before /2)
 
 
@@ -90,12 +91,6 @@ def _enc(typed: tuple[str, bytes]) -> list[str]:
 
 def _dec(pair: list[str]) -> tuple[str, bytes]:
     return pair[0], base64.b64decode(pair[1])
-
-
-def _item_key(seq: int) -> str:
-    """The row key of the elements appended from list element ``seq`` on: fixed width, so the
-    rows of consecutive elements are a key range."""
-    return f"i{seq:012d}"
 
 
 _INLINE_BYTES = 512  # a non-list channel value up to this size is kept in sdk_state, not in a row of its own
@@ -480,25 +475,6 @@ class SnapshotSaver(InMemorySaver):
             for task_id, idx, channel, key, task_path in entry["writes"]:
                 latest["writes"][(task_id, idx)] = (task_id, channel, row(key), task_path)
                 latest["written"].add(key)
-
-
-def state_row_refs(state: dict[str, Any]) -> tuple[list[str], list[tuple[str, str]]]:
-    """The rows an exported ``sdk_state`` names, as ``(keys, ranges)`` for ``Store.sdk_rows``:
-    each channel value's key, each pending write's key, and per list channel the key ranges of
-    its element rows. Empty for an empty state or format /1 (everything inline)."""
-    keys: list[str] = []
-    ranges: list[tuple[str, str]] = []
-    if not state or state.get("format") != SDK_STATE_FORMAT:
-        return keys, ranges
-    for entry in state["namespaces"].values():
-        for ref in entry["channels"].values():
-            if "key" in ref:
-                keys.append(ref["key"])
-            elif "items" in ref:
-                # A range starts where a row of elements starts (ranges are cut at their end only).
-                ranges += [(_item_key(lo), _item_key(hi)) for lo, hi in ref["items"]]
-        keys += [w[3] for w in entry["writes"]]
-    return keys, ranges
 
 
 # -- LangGraph's add_messages, without rebuilding its id index at every update -------------------
@@ -906,11 +882,6 @@ class LangGraphRunner(RunnerBase):
         c.tool_calls += kind not in ("malformed", "denied")
         c.tool_errors += kind == "tool_raised"
         c.malformed_tool_calls += kind == "malformed"
-
-    @staticmethod
-    def sdk_row_refs(sdk_state: dict[str, Any]) -> tuple[list[str], list[tuple[str, str]]]:
-        """The rows ``sdk_state`` names (:func:`state_row_refs`): what a fork copies."""
-        return state_row_refs(sdk_state)
 
     def sdk_rows(self) -> list[SdkRow]:
         return self.saver.take_rows() if self.saver is not None else []
