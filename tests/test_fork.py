@@ -280,3 +280,34 @@ def test_spec_fork_from_refusals(tmp_path: Path, dsn: str, store: Store) -> None
     got = run_cli("run", str(path), dsn=dsn)
     assert got.returncode == 2 and "spec.forkFrom: no run default/missing to fork" in got.stdout, got.stdout
     assert store.get_run("default/x") is None
+
+
+def test_the_operator_registers_spec_fork_from_once(
+    tmp_path: Path, dsn: str, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator's registration (``operator/main.py`` ``_register``) makes the fork from its
+    source's rows, once; a fork with no such iteration is refused (reconcile: Failed/InvalidSpec)."""
+    from agentfast.operator import main
+
+    adapter = LANGGRAPH
+    run_source(tmp_path, dsn, store, adapter)
+    monkeypatch.setattr(main.STATE, "store", store)
+    doc = yaml.safe_load((EXAMPLES / adapter.example).read_text())
+    doc["metadata"] = {"name": "in-cluster", "namespace": "default", "uid": "uid-in-cluster"}
+    doc["spec"]["forkFrom"] = {"run": f"default/{adapter.run_name}", "iteration": 2}
+    body = {"metadata": doc["metadata"]}
+    record = main._register(body, "default/in-cluster", doc)
+    assert record.run_uid == "uid-in-cluster" and store.fork_origin("default/in-cluster") == (adapter.run_id, 2)
+    assert main._register(body, "default/in-cluster", doc) == record  # a resync registers nothing again
+    snap = store.load_snapshot("default/in-cluster")
+    assert snap.messages == store.load_snapshot(adapter.run_id).messages[:7]
+    assert snap.context.session.run_uid == "uid-in-cluster" and snap.sdk_state
+    got = run_cli("resume", "default/in-cluster", dsn=dsn, timeout=90)  # what its runner pod runs
+    assert got.returncode == 0, got.stdout
+    assert store.load_context("default/in-cluster")[0].status.phase == "Succeeded"
+    assert (executions(dsn, "lookup_order"), executions(dsn, "add_case_note"), refunds(dsn)) == (1, 1, 1)
+    doc["metadata"] = {"name": "too-far", "namespace": "default", "uid": "uid-too-far"}
+    doc["spec"]["forkFrom"]["iteration"] = 9
+    with pytest.raises(ForkRefused, match="has no iteration 9"):
+        main._register({"metadata": doc["metadata"]}, "default/too-far", doc)
+    assert store.get_run("default/too-far") is None
