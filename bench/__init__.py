@@ -9,5 +9,5 @@ from pathlib import Path
 
 #: Where the project's scripts keep what they download, build and measure, outside the repository:
 #: hack/lib.sh's default (``AGENTFAST_CACHE``, else ``$XDG_CACHE_HOME/agentfast``, else
-#: ``~/.cache/agentfast``). The tests take it from here too (tests/helpers.py); bench/cluster_*.py still assume the default.
+#: ``~/.cache/agentfast``). The tests (tests/helpers.py) and bench/cluster_*.py take it from here too.
 CACHE = Path(os.environ.get("AGENTFAST_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "agentfast")

@@ -49,6 +49,7 @@ from psycopg.conninfo import make_conninfo
 from agentfast.runner.snapshot import Message, RunContext, RunStatus, Session, StateSnapshot
 from agentfast.runner.store import Lease, Store
 
+from . import CACHE
 from .cluster_scale import GROUP, KUBECONFIG, KUBECTL, PLURAL, REPO, VERSION, log, machine, pct, pids_matching
 
 SYSTEM_NS = os.environ.get("AGENTFAST_NAMESPACE", "agentfast-system")
@@ -485,7 +486,7 @@ def main() -> None:
     ap.add_argument("--runs", default="100,300,1000", help="comma-separated N (default: %(default)s)")
     ap.add_argument("--period", type=float, default=10.0, help="seconds between two commits of one run (default: %(default)s)")
     ap.add_argument("--steady", type=float, default=60.0, help="seconds of the measured steady phase (default: %(default)s)")
-    ap.add_argument("--out", default=str(Path.home() / ".cache/agentfast/bench/cluster_load.json"))
+    ap.add_argument("--out", default=str(CACHE / "bench" / "cluster_load.json"))
     args = ap.parse_args()
     k = Cluster()
     results = []

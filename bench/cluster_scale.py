@@ -49,9 +49,11 @@ from typing import Any
 import kubernetes
 import yaml
 
+from . import CACHE
+
 REPO = Path(__file__).resolve().parents[1]
 NS = os.environ.get("AGENTFAST_NAMESPACE", "agentfast-system")
-KUBECONFIG = os.environ.get("KUBECONFIG", os.path.expanduser("~/.cache/agentfast/cluster/kubeconfig"))
+KUBECONFIG = os.environ.get("KUBECONFIG", str(CACHE / "cluster" / "kubeconfig"))
 GROUP, VERSION, PLURAL = "agentfast.dev", "v1alpha1", "agentruns"
 SESSION_LABEL = "agentfast.dev/bench-session"
 RUNNER_CPU_REQUEST_M = 50  # operator/workload.py RunnerConfig.resources (the chart does not override it)
@@ -61,7 +63,7 @@ CALL = "call-2-0"
 def _kubectl() -> str:
     if os.environ.get("KUBECTL"):
         return os.environ["KUBECTL"]
-    built = sorted(glob.glob(os.path.expanduser("~/.cache/agentfast/k8s-bin/*/kubectl")))
+    built = sorted(glob.glob(str(CACHE / "k8s-bin" / "*" / "kubectl")))
     return built[-1] if built else "kubectl"
 
 
@@ -814,7 +816,7 @@ def main() -> None:
     ap.add_argument("--loss-reps", type=int, default=2, help="runs per kind of loss (each loses its runner 5 times)")
     ap.add_argument("--skip-losses", action="store_true")
     ap.add_argument("--decision-reps", type=int, default=3, help="approvals timed with the runner present, and as many suspended")
-    ap.add_argument("--json", type=Path, default=Path(os.path.expanduser("~/.cache/agentfast/bench")) / "cluster_scale.json")
+    ap.add_argument("--json", type=Path, default=CACHE / "bench" / "cluster_scale.json")
     a = ap.parse_args()
     k = Cluster()
     session = uuid.uuid4().hex[:6]
