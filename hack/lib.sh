@@ -36,6 +36,15 @@ ensure_python_env() {
           | sha256sum | cut -c1-16) $REPO"
   [[ -f "$stamp" ]] && have="$(cut -s -d' ' -f3 "$stamp")"
   [[ -f "$stamp" && "$(cut -d' ' -f1-2 "$stamp")" == "$key" ]] || missing=1
+  # The strict editable install's link tree lives in this checkout (build/): a checkout deleted and
+  # cloned again at the same path matches the stamp but has no tree, so check that the venv's
+  # agentfast is this checkout's.
+  if [[ "$missing" == 0 ]] && ! (cd / && "$VENV/bin/python" -c '
+import os, sys, agentfast.runner, agentfast.testing
+sys.exit(0 if os.path.realpath(agentfast.runner.__file__).startswith(os.path.realpath(sys.argv[1]) + os.sep) else 1)
+' "$REPO") >/dev/null 2>&1; then
+    missing=1
+  fi
   want="$(echo "$have,$PY_EXTRAS" | tr ',' '\n' | sed '/^$/d' | sort -u | paste -sd, -)"
   for extra in ${PY_EXTRAS//,/ }; do
     [[ ",$have," == *",$extra,"* ]] || missing=1
