@@ -336,7 +336,7 @@ def reconcile(body: dict[str, Any]) -> None:
             ensure_runner_secret(namespace, STATE.store, STATE.core, SETTINGS.dsn)  # before its first pod needs it
             # runner.serviceAccount.create
             ensure_runner_service_account(namespace, STATE.core, SETTINGS.runner, timeout_s=API_TIMEOUT_S)
-            with _lock_for("pods", uid):  # one decision at a time per run: never two pods for one attempt
+            with _lock_for(f"pods:{uid}"):  # one decision at a time per run: never two pods for one attempt
                 override, pod_info = _drive_runner(body, record, ctx, pending, extra)
         except StoreUnavailable as err:
             raise kopf.TemporaryError(f"Postgres unavailable: {err}", delay=10) from None
@@ -388,15 +388,11 @@ def _register(body: dict[str, Any], run_id: str, doc: dict[str, Any]) -> Any:
 
 
 def _forget_run(uid: str) -> None:
-    """Drop what the operator keeps in memory about the AgentRun ``uid`` (it was deleted), its
-    locks included: the tables never grow with runs that are gone."""
+    """Drop what the operator keeps in memory about the AgentRun ``uid`` (it was deleted)."""
     for key in [k for k in _ADMITTED if k[0] == uid]:
         _ADMITTED.pop(key, None)
     for table in (_EMITTED, _LOST_AT, _RESUMED, _RESYNCED, _RECONCILED_AT):
         table.pop(uid, None)
-    with _locks_guard:
-        for kind in _LOCK_KINDS:
-            _run_locks.pop(f"{kind}:{uid}", None)
 
 
 def _drive_runner(
@@ -850,7 +846,7 @@ def _collect_runner_pods(body: dict[str, Any]) -> str | None:
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     now = datetime.now(UTC)
-    with _lock_for("pods", uid):
+    with _lock_for(f"pods:{uid}"):
         pods = [
             RunnerPod.from_api(p)
             for p in STATE.core.list_namespaced_pod(
@@ -907,18 +903,14 @@ def _get_agentrun(namespace: str, name: str) -> dict[str, Any] | None:
 # -- status, its one writer ----------------------------------------------------------------------
 
 
-_run_locks: dict[str, threading.Lock] = {}
+_publish_locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
-#: What a lock of an AgentRun guards: its runner pods (one decision at a time, never two pods for
-#: one attempt) or its status writes (listener, reconcile, never interleaved).
-_LOCK_KINDS = ("pods", "status")
 
 
-def _lock_for(kind: str, uid: str) -> threading.Lock:
-    """The lock of ``kind`` (:data:`_LOCK_KINDS`) of the AgentRun ``uid``; :func:`_forget_run`
-    drops it once the AgentRun is deleted."""
+def _lock_for(key: str) -> threading.Lock:
+    """One lock per AgentRun: its status writes (listener, reconcile) never interleave."""
     with _locks_guard:
-        return _run_locks.setdefault(f"{kind}:{uid}", threading.Lock())
+        return _publish_locks.setdefault(key, threading.Lock())
 
 
 def publish_status(
@@ -960,7 +952,7 @@ def publish_status(
         new["runnerPodsDeletedAt"] = pod["deleted_at"]
     if all(old.get(k) == v for k, v in new.items()):
         return
-    with _lock_for("status", str(meta.get("uid"))):
+    with _lock_for(format_run_id(meta["namespace"], meta["name"])):
         try:
             patched = STATE.custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], {"status": new}, _request_timeout=API_TIMEOUT_S
