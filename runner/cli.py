@@ -245,12 +245,18 @@ def _check_admin_policy(run: AgentRun) -> None:
     """Where an admin set ``AGENTFAST_ALLOWED_MODULES`` (the operator does, in every runner pod):
     refs only from those module prefixes, and only bundled model scripts, checked before anything
     is imported (spec.check_cluster_policy). Unset (a local CLI): no list. Raises SpecError."""
-    from .spec import allowed_modules_from_env, bundled_scripts, check_cluster_policy
+    from .spec import allowed_modules_from_env, bundled_scripts, check_cluster_policy, mcp_commands_from_env, mcp_servers_from_env
 
     allowed = allowed_modules_from_env()
     if allowed is not None:
         # The scripted model's module (HTTP server, YAML) only for a run that names one.
-        check_cluster_policy(run, allowed, bundled_scripts() if run.spec.model.script is not None else [])
+        check_cluster_policy(
+            run,
+            allowed,
+            bundled_scripts() if run.spec.model.script is not None else [],
+            mcp_servers=mcp_servers_from_env(),  # the admin's, as the operator passed them (docs/mcp.md)
+            mcp_commands=mcp_commands_from_env(),
+        )
 
 
 def _drive(
@@ -393,7 +399,7 @@ def run(file: str, dsn: str | None, wait: bool, force: bool) -> None:
     from .loop import run_id_of
     from .spec import SpecError, import_refs, load_agentrun, resolve
     from .store import UidTaken
-    from .toolhost import ToolHost
+    from .toolhost import ToolHost, ToolHostLost
 
     try:
         agentrun = load_agentrun(file, check_imports=False)
@@ -416,6 +422,8 @@ def run(file: str, dsn: str | None, wait: bool, force: bool) -> None:
             host.registry()
         except SpecError as e:
             raise _fail(f"{file} is not a valid AgentRun:\n{e}") from None
+        except ToolHostLost:  # an MCP server not reached yet (docs/mcp.md): registered all the same; it exits 75, resume goes on
+            pass
         run_id = run_id_of(agentrun)
         # spec.cancel is a request, not the run's definition: `agentfast cancel` records it in the store.
         doc = agentrun.model_dump(mode="json", exclude_none=True, exclude={"status": True, "spec": {"cancel"}})

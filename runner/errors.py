@@ -44,3 +44,10 @@ class SettingError(AgentfastError, ValueError):
     """An admin's setting that is not valid: an environment variable of the operator (the chart's
     values, ``AGENTFAST_RUNNER_*``, ``AGENTFAST_NETWORK_POLICY``) or of the runner
     (``AGENTFAST_PAYLOAD_*``). ``str(err)`` names the variable. Raised at start, before any work."""
+
+
+class CallOutcomeUnknown(AgentfastError):
+    """A tool call's answer never came (an MCP server's connection broke, the call timed out):
+    its effect may or may not have happened. Never recorded as the call's result: the tool host
+    answers "lost", the runner raises ToolHostLost and exits 75, and the resume settles the call
+    (G4). Also raised when a run's MCP server cannot be reached at start (nothing ran)."""

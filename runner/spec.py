@@ -12,9 +12,11 @@ API conventions ask, except the budget keys, which keep the product's names (``m
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -23,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 # The rules of a decision live in .decisions, so that the store (which enforces them) need not import this module.
 from .decisions import DECISIONS, REASON_MAX_CHARS, RESULT_MAX_CHARS, InvalidDecision, check_decision  # noqa: F401
+from .errors import SettingError
 from .errors import SpecError as SpecError  # its home is errors.py; raised and imported from here
 from .names import API_VERSION as API_VERSION  # the Literals below must say the same (tests/test_names.py)
 from .names import KIND as KIND
@@ -76,6 +79,9 @@ SCRIPT_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 #: Module prefixes a cluster allows in refs when its admin configured none (the chart's default).
 DEFAULT_ALLOWED_MODULES = ("agentfast.runner.examples",)
 ALLOWED_MODULES_ENV = "AGENTFAST_ALLOWED_MODULES"
+#: The admin's MCP servers (JSON {name: url}) and the programs a stdio MCP server may be (docs/mcp.md).
+MCP_SERVERS_ENV = "AGENTFAST_MCP_SERVERS"
+MCP_COMMANDS_ENV = "AGENTFAST_MCP_ALLOWED_COMMANDS"
 
 
 class _Spec(BaseModel):
@@ -219,6 +225,70 @@ class ToolSpec(_Spec):
     @classmethod
     def _ref_shape(cls, v: str) -> str:
         return _check_ref_shape(v)
+
+
+#: An MCP server's name in ``spec.mcpServers`` (the prefix of its tools' names: ``NAME_tool``).
+MCP_SERVER_NAME_PATTERN = r"^[a-zA-Z0-9][a-zA-Z0-9-]{0,31}$"
+#: Most MCP servers one run may use, and most arguments of a stdio command.
+MAX_MCP_SERVERS = 8
+MAX_MCP_ARGS = 32
+
+
+class McpToolOverride(_Spec):
+    """``spec.mcpServers[i].tools.NAME``: one MCP tool's declarations, over its annotations'
+    defaults (docs/mcp.md): ``requiresApproval`` true or false (an annotation is a hint from the
+    server, not a gate of agentfast's: a spec may lift the gate ``destructiveHint`` gave), and
+    ``idempotent`` false only (true on a tool the server does not mark idempotent or read-only is
+    refused: a blind re-run could repeat its effect)."""
+
+    requiresApproval: bool | None = None
+    idempotent: bool | None = None
+
+
+class McpServerSpec(_Spec):
+    """``spec.mcpServers[i]``: an MCP server whose tools the agent may call (docs/mcp.md), through
+    exactly one of ``command`` (a stdio server: argv of a program in the runner image, started
+    by the tool host; in a cluster argv[0] must be in the chart's ``mcp.allowedCommands``),
+    ``serverRef`` (a streamable HTTP server an admin named: the chart's ``mcp.servers``, or
+    locally ``AGENTFAST_MCP_SERVERS``) or ``url`` (streamable HTTP, local runs only: a cluster
+    refuses it). Its tools are named ``NAME_TOOL`` for the model."""
+
+    name: str = Field(pattern=MCP_SERVER_NAME_PATTERN, description="the server's name here; its tools are NAME_tool")
+    command: list[str] | None = Field(
+        None, min_length=1, max_length=MAX_MCP_ARGS, description="stdio: argv of a program in the runner image"
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, max_length=32, description="stdio: variables added to the server's environment"
+    )
+    serverRef: str | None = Field(
+        None, pattern=MCP_SERVER_NAME_PATTERN, description="streamable HTTP: a server the cluster's admin named (mcp.servers)"
+    )
+    url: str | None = Field(None, max_length=2048, description="streamable HTTP URL; local runs only")
+    tools: dict[str, McpToolOverride] = Field(default_factory=dict, max_length=64)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerSpec:
+        given = [k for k in ("command", "serverRef", "url") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"set exactly one of command (stdio), serverRef or url (streamable HTTP); got {given or 'none'}")
+        if self.env and self.command is None:
+            raise ValueError("env is for a stdio server (command) only")
+        if self.command is not None and any(not a or len(a) > 1024 for a in self.command):
+            raise ValueError("command: arguments are non-empty strings of at most 1024 characters")
+        if any(len(v) > 1024 for v in self.env.values()):
+            raise ValueError("env: values are at most 1024 characters")
+        bad = [
+            k for k in self.env if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k) or k.startswith(("AGENTFAST_", "PYTHON", "LD_"))
+        ]
+        if bad:
+            raise ValueError(
+                f"env: {bad[0][:64]!r} is not a variable an MCP server may be given (names starting with AGENTFAST_, PYTHON or LD_ are not)"
+            )
+        if self.url is not None and not re.fullmatch(BASE_URL_PATTERN, self.url):
+            raise ValueError(
+                f"url: must be an http or https URL with a host, no user info, query or fragment, not {self.url[:80]!r}"
+            )
+        return self
 
 
 class GraphSpec(_Spec):
@@ -531,6 +601,9 @@ class AgentRunSpec(_Spec):
     systemPrompt: str = Field("", max_length=64 * 1024)
     input: str = Field(min_length=1, max_length=256 * 1024, description="the user's request")
     tools: list[ToolSpec] = Field(default_factory=list)
+    mcpServers: list[McpServerSpec] = Field(
+        default_factory=list, max_length=MAX_MCP_SERVERS, description="MCP servers whose tools the agent may call (docs/mcp.md)"
+    )
     graph: GraphSpec | None = None
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     ttlSecondsAfterFinished: int | None = Field(
@@ -586,6 +659,15 @@ class AgentRunSpec(_Spec):
         if dupes:
             raise ValueError(f"tool names must be unique, repeated: {', '.join(dupes)}")
         return tools
+
+    @field_validator("mcpServers")
+    @classmethod
+    def _unique_servers(cls, servers: list[McpServerSpec]) -> list[McpServerSpec]:
+        names = [m.name for m in servers]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"MCP server names must be unique, repeated: {', '.join(dupes)}")
+        return servers
 
     @model_validator(mode="after")
     def _adapter_needs(self) -> AgentRunSpec:
@@ -956,16 +1038,73 @@ def module_allowed(module: str, allowed: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in allowed)
 
 
-def check_cluster_policy(run: AgentRun, allowed_modules: tuple[str, ...], bundled_scripts: list[str]) -> None:
+def mcp_servers_from_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The MCP servers an admin named (``AGENTFAST_MCP_SERVERS``: JSON ``{"NAME": "URL"}``; the
+    operator sets it in a runner pod from the chart's ``mcp.servers``, for the run's own refs; a
+    local user may set it for ``serverRef``), {} when unset or empty. Raises SettingError on a
+    value that is not such an object of http(s) URLs."""
+    raw = ((os.environ if env is None else env).get(MCP_SERVERS_ENV) or "").strip()
+    if not raw:
+        return {}
+    try:
+        doc = json.loads(raw)
+    except ValueError as err:
+        raise SettingError(f"{MCP_SERVERS_ENV} is not JSON: {err}") from None
+    if not isinstance(doc, dict) or not all(
+        isinstance(k, str) and re.match(MCP_SERVER_NAME_PATTERN, k) and isinstance(v, str) and re.fullmatch(BASE_URL_PATTERN, v)
+        for k, v in doc.items()
+    ):
+        raise SettingError(f'{MCP_SERVERS_ENV}: expected a JSON object {{"NAME": "http(s)://host:port/path"}} of server names')
+    return doc
+
+
+def mcp_commands_from_env(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The programs a stdio MCP server may be started with in a cluster
+    (``AGENTFAST_MCP_ALLOWED_COMMANDS``, comma-separated argv[0] values; the chart's
+    ``mcp.allowedCommands``); () when unset."""
+    value = (os.environ if env is None else env).get(MCP_COMMANDS_ENV, "")
+    return tuple(p.strip() for p in value.split(",") if p.strip())
+
+
+def check_cluster_policy(
+    run: AgentRun,
+    allowed_modules: tuple[str, ...],
+    bundled_scripts: list[str],
+    *,
+    mcp_servers: Mapping[str, str] | None = None,
+    mcp_commands: tuple[str, ...] = (),
+) -> None:
     """The checks a cluster makes on an AgentRun without importing or reading anything it names (G12).
 
     Every ref (tools, graph, classifier) must already have the ``module:attr`` shape (the model
     checks that) and its module must be inside ``allowed_modules`` (the chart's
     ``runner.allowedModules``); ``spec.model.script`` must be one of ``bundled_scripts`` (names,
     never paths: file paths are a local-CLI feature). Whether a ref resolves is learned only in
-    the runner pod. Raises SpecError, one line per problem.
+    the runner pod. Each ``spec.mcpServers[i]``: a ``serverRef`` must name one of ``mcp_servers``
+    (the chart's ``mcp.servers``: the URL is the admin's), a ``command``'s argv[0] must be one of
+    ``mcp_commands`` (the chart's ``mcp.allowedCommands``, compared as written), and ``url`` is
+    refused (a run's author never chooses where a runner pod connects). Raises SpecError, one
+    line per problem.
     """
     problems = []
+    servers = mcp_servers or {}
+    for i, m in enumerate(run.spec.mcpServers):
+        where = f"spec.mcpServers[{i}]"
+        if m.url is not None:
+            problems.append(
+                f"{where}.url: a cluster takes an MCP server's URL from its admin, not from the AgentRun: name one of"
+                f" mcp.servers with serverRef ({', '.join(sorted(servers)) or 'none configured'})"
+            )
+        if m.serverRef is not None and m.serverRef not in servers:
+            problems.append(
+                f"{where}.serverRef: {m.serverRef!r} is not an MCP server this cluster names (mcp.servers:"
+                f" {', '.join(sorted(servers)) or 'none'})"
+            )
+        if m.command is not None and m.command[0] not in mcp_commands:
+            problems.append(
+                f"{where}.command: {m.command[0][:128]!r} is not a program this cluster allows for MCP servers"
+                f" (mcp.allowedCommands: {', '.join(mcp_commands) or 'none'})"
+            )
     refs = [(f"spec.tools[{i}].ref", t.ref) for i, t in enumerate(run.spec.tools)]
     if run.spec.graph is not None:
         refs.append(("spec.graph.ref", run.spec.graph.ref))

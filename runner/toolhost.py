@@ -46,7 +46,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .errors import AgentfastError
+from .errors import AgentfastError, CallOutcomeUnknown
 from .spec import MODEL_API_KEY_ENV, AgentRun, SpecError
 from .tools import Recovery, ToolArgumentsError, ToolContext, ToolRegistry
 
@@ -185,6 +185,8 @@ class RemoteTool:
         """Run the tool in the host; returns its result as text. Raises ToolRaised (the tool's
         own exception, by type name and message) or ToolHostLost."""
         answer = self._host.request("invoke", tool=self.name, arguments=arguments, ctx=asdict(ctx))
+        if "lost" in answer:  # an MCP call got no answer: its effect may have happened (runner/mcp.py)
+            raise ToolHostLost(answer["lost"])
         if "raised" in answer:
             raise ToolRaised(answer["raised"]["type"], answer["raised"]["message"])
         content: str = answer["content"]
@@ -248,6 +250,8 @@ class ToolHost:
         answer = self._wait(0, self._load)
         if "error" in answer:
             raise SpecError(answer["error"])
+        if "unavailable" in answer:  # an MCP server not reached: nothing ran; the run waits for a resume (exit 75)
+            raise ToolHostLost(answer["unavailable"])
         return ToolRegistry([RemoteTool(self, info) for info in answer["tools"]])  # type: ignore[misc]
 
     def request(self, op: str, **payload: Any) -> dict[str, Any]:
@@ -369,6 +373,8 @@ def _answer(registry: ToolRegistry, msg: dict[str, Any]) -> dict[str, Any]:
         assert tool.recovery is not None
         found = tool.recovery(ctx)
         return {"status": found.status, "result": found.result}
+    except CallOutcomeUnknown as err:  # an MCP call that got no answer (runner/mcp.py): it stays in flight (G4), never a result
+        return {"lost": str(err)}
     except (Exception, SystemExit) as err:  # a tool that raises (or calls sys.exit) is a result the model can read
         return {"raised": {"type": type(err).__name__, "message": str(err)}}
 
@@ -391,8 +397,19 @@ def main(argv: list[str]) -> int:
     load = _recv(sock)
     if load is None:
         return 0
+    connections: Any = None  # the MCP servers' (runner/mcp.py), closed at the end
     try:
-        registry = ToolRegistry.from_agentrun(AgentRun.model_validate(load["run"]))
+        run = AgentRun.model_validate(load["run"])
+        registry = ToolRegistry.from_agentrun(run)
+        if run.spec.mcpServers:  # only then is the SDK imported (runner/mcp.py)
+            from .mcp import mcp_tools
+
+            try:
+                found, connections = mcp_tools(run, set(registry.names))
+            except CallOutcomeUnknown as err:  # a server not reached (McpUnavailable): nothing ran
+                reply({"id": 0, "unavailable": str(err)})
+                return 0
+            registry = ToolRegistry([*(t for t in (registry.get(n) for n in registry.names) if t is not None), *found])
         reply({"id": 0, "tools": _describe(registry)})
     except SpecError as err:
         reply({"id": 0, "error": str(err)})
@@ -403,6 +420,8 @@ def main(argv: list[str]) -> int:
     while True:
         msg = _recv(sock)
         if msg is None:
+            if connections is not None:
+                connections.close()
             return 0
 
         def serve(m: dict[str, Any] = msg) -> None:
