@@ -74,6 +74,8 @@ from agentfast.runner.spec import (
     allowed_modules_from_env,
     bundled_scripts,
     check_cluster_policy,
+    mcp_commands_from_env,
+    mcp_servers_from_env,
     parse_agentrun,
     parse_modelconfig,
     resolve_model_config,
@@ -131,6 +133,9 @@ class Settings:
     runner: RunnerConfig = field(default_factory=RunnerConfig.from_env)
     # Module prefixes refs may name (the chart's runner.allowedModules); never imported here (G12).
     allowed_modules: tuple[str, ...] = field(default_factory=lambda: _allowed_modules())  # [AGENTFAST_ALLOWED_MODULES]
+    # The chart's mcp.servers (name -> URL) and mcp.allowedCommands (docs/mcp.md); never connected to here (G12).
+    mcp_servers: dict[str, str] = field(default_factory=lambda: mcp_servers_from_env())  # [AGENTFAST_MCP_SERVERS]
+    mcp_commands: tuple[str, ...] = field(default_factory=lambda: mcp_commands_from_env())  # [AGENTFAST_MCP_ALLOWED_COMMANDS]
     # Copy the runner's own text (the final answer, a model's error) into status.message/result
     # and Events (the chart's operator.statusSummary); off: only our own sentences, ids and counts.
     status_summary: bool = field(default_factory=lambda: os.environ.get("AGENTFAST_STATUS_SUMMARY", "false").lower() == "true")
@@ -303,7 +308,13 @@ def reconcile(body: dict[str, Any]) -> None:
             # G12: the shape and the admin's allow-list only; nothing the spec names is imported or
             # read here. Whether its refs resolve is learned in the runner pod (Failed/InvalidSpec).
             run = parse_agentrun(doc, check_imports=False)
-            check_cluster_policy(run, SETTINGS.allowed_modules, bundled_scripts())
+            check_cluster_policy(
+                run,
+                SETTINGS.allowed_modules,
+                bundled_scripts(),
+                mcp_servers=SETTINGS.mcp_servers,
+                mcp_commands=SETTINGS.mcp_commands,
+            )
             runner_settings(doc, SETTINGS.runner)  # spec.runner: an allowed image (by name only), a request within its limit
             doc = _with_model_config(run, doc, run_id, uid)
         except ModelConfigNotFound as err:  # an admin may still create it: the resync retries
@@ -778,6 +789,8 @@ def _create_pod(body: dict[str, Any], model_key: dict[str, str] | None, step: St
         lost_at=lost_at.isoformat() if lost_at else None,
         allowed_modules=SETTINGS.allowed_modules,
         model_key=model_key,
+        mcp_servers=SETTINGS.mcp_servers,
+        mcp_commands=SETTINGS.mcp_commands,
     )
     kopf.adopt(pod, owner=body)  # type: ignore[arg-type]  # kopf types owner as its Body; it reads any mapping
     try:

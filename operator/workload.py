@@ -42,6 +42,8 @@ from agentfast.runner.names import format_run_id
 from agentfast.runner.payloads import DEFAULT_MAX_BYTES, DEFAULT_THRESHOLD_BYTES, MAX_ENV, THRESHOLD_ENV
 from agentfast.runner.spec import (
     DNS1123_SUBDOMAIN,
+    MCP_COMMANDS_ENV,
+    MCP_SERVERS_ENV,
     MODEL_API_KEY_ENV,
     OPERATOR_TOLERATION_KEYS,
     QUANTITY_PATTERN,
@@ -451,6 +453,8 @@ def build_pod(
     lost_at: str | None = None,
     allowed_modules: tuple[str, ...] = (),
     model_key: dict[str, str] | None = None,
+    mcp_servers: dict[str, str] | None = None,
+    mcp_commands: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The manifest of attempt ``attempt`` of the runner pod of an AgentRun ``body`` (the
     ownerReference is added by kopf.adopt). ``counted_failures`` and ``lost_at`` are carried in
@@ -464,6 +468,11 @@ def build_pod(
     environment. Image, resources and placement: :func:`runner_settings` (chart defaults, then
     the run's ``spec.runner``, whose other parts never reach the pod).
 
+    ``mcp_servers`` (the chart's ``mcp.servers``, name to URL) reaches the runner as
+    ``AGENTFAST_MCP_SERVERS``, cut to the servers the run's ``spec.mcpServers`` name by
+    ``serverRef``; ``mcp_commands`` as ``AGENTFAST_MCP_ALLOWED_COMMANDS``: the runner checks the
+    run against both again before its tool host starts anything (docs/mcp.md).
+
     Raises ValueError when ``model_key`` is the DSN's Secret key itself, SpecError (a ValueError)
     when ``spec.runner`` is not allowed (:func:`runner_settings`)."""
     meta = body["metadata"]
@@ -475,6 +484,9 @@ def build_pod(
         {"name": "AGENTFAST_LOG_LEVEL", "value": "INFO"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         {"name": "AGENTFAST_ALLOWED_MODULES", "value": ",".join(allowed_modules)},
+        # The admin's MCP servers this run names (serverRef), and the programs a stdio server may be (docs/mcp.md).
+        {"name": MCP_SERVERS_ENV, "value": json.dumps(_run_mcp_servers(body, mcp_servers or {}), sort_keys=True)},
+        {"name": MCP_COMMANDS_ENV, "value": ",".join(mcp_commands)},
         # A run waiting for a human longer than this commits, exits 0 and frees its pod (spec.suspendAfter wins).
         {"name": "AGENTFAST_SUSPEND_AFTER_SECONDS", "value": str(suspend_after_s(body, cfg))},
         # Started while its predecessor is still stopping (operator/lifecycle.py): wait for it to let go.
@@ -548,6 +560,13 @@ def build_pod(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": pod_spec}
 
 
+def _run_mcp_servers(body: dict[str, Any], servers: dict[str, str]) -> dict[str, str]:
+    """The entries of ``servers`` (name to URL) the AgentRun ``body`` names in
+    ``spec.mcpServers[i].serverRef``: a runner pod learns no other server's address."""
+    wanted = {m.get("serverRef") for m in (body.get("spec") or {}).get("mcpServers") or [] if isinstance(m, dict)}
+    return {name: url for name, url in servers.items() if name in wanted}
+
+
 def suspend_after_s(body: dict[str, Any], cfg: RunnerConfig) -> int:
     """How long the run's runner waits for a human before it releases its pod, s: the AgentRun's
     ``spec.suspendAfter``, else the chart's ``runner.suspendAfterSeconds``; 0: never."""
@@ -586,11 +605,12 @@ class EgressPolicy:
     dns: tuple[dict[str, Any], ...] = DEFAULT_DNS_EGRESS
     postgres: tuple[dict[str, Any], ...] = ()
     model: tuple[dict[str, Any], ...] = ()
+    mcp: tuple[dict[str, Any], ...] = ()  # the MCP servers of the chart's mcp.servers (docs/mcp.md)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> EgressPolicy | None:
         """The policy in ``AGENTFAST_NETWORK_POLICY`` (JSON ``{"dns": [...], "postgres": [...],
-        "model": [...]}``, set by the chart when ``networkPolicy.enabled``), or None when unset or
+        "model": [...], "mcp": [...]}``, set by the chart when ``networkPolicy.enabled``), or None when unset or
         empty (no NetworkPolicy). Raises ValueError on a malformed value or no Postgres rule (every
         runner would be cut off from its store)."""
         raw = (os.environ if env is None else env).get("AGENTFAST_NETWORK_POLICY", "").strip()
@@ -600,14 +620,14 @@ class EgressPolicy:
             doc = json.loads(raw)
         except ValueError as err:
             raise SettingError(f"AGENTFAST_NETWORK_POLICY is not JSON: {err}") from None
-        if not isinstance(doc, dict) or set(doc) - {"dns", "postgres", "model"}:
-            raise SettingError("AGENTFAST_NETWORK_POLICY must be an object with keys dns, postgres, model")
-        parts = {k: tuple(_check_rules(doc.get(k) or [], k)) for k in ("dns", "postgres", "model")}
+        if not isinstance(doc, dict) or set(doc) - {"dns", "postgres", "model", "mcp"}:
+            raise SettingError("AGENTFAST_NETWORK_POLICY must be an object with keys dns, postgres, model, mcp")
+        parts = {k: tuple(_check_rules(doc.get(k) or [], k)) for k in ("dns", "postgres", "model", "mcp")}
         if not parts["postgres"]:
             raise SettingError(
                 "AGENTFAST_NETWORK_POLICY has no postgres rule: runners could not reach their store (networkPolicy.postgresEgress)"
             )
-        return cls(dns=parts["dns"] or DEFAULT_DNS_EGRESS, postgres=parts["postgres"], model=parts["model"])
+        return cls(dns=parts["dns"] or DEFAULT_DNS_EGRESS, postgres=parts["postgres"], model=parts["model"], mcp=parts["mcp"])
 
 
 def _check_rules(rules: Any, where: str) -> list[dict[str, Any]]:
@@ -660,6 +680,6 @@ def build_network_policy(body: dict[str, Any], policy: EgressPolicy) -> dict[str
             "podSelector": {"matchLabels": {LABEL_RUN: run_label(name), "app.kubernetes.io/component": "runner"}},
             "policyTypes": ["Ingress", "Egress"],
             "ingress": [],
-            "egress": [*policy.dns, *policy.postgres, *policy.model],
+            "egress": [*policy.dns, *policy.postgres, *policy.model, *policy.mcp],
         },
     }

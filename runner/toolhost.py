@@ -421,7 +421,10 @@ def main(argv: list[str]) -> int:
         msg = _recv(sock)
         if msg is None:
             if connections is not None:
-                connections.close()
+                connections.close()  # each stdio server gets end of input and stops
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(0)  # not the interpreter's shutdown: it waits ~0.6 s for the SDK's threads
             return 0
 
         def serve(m: dict[str, Any] = msg) -> None:

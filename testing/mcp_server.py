@@ -66,7 +66,7 @@ def build_server() -> Any:
     from mcp.server.mcpserver.exceptions import ToolError
     from mcp_types import ToolAnnotations
 
-    server = MCPServer("agentfast-test-mcp")
+    server = MCPServer("agentfast-test-mcp", log_level="WARNING")
 
     def key_of(ctx: Context) -> str:
         key = (ctx.request_context.meta or {}).get(META_KEY)

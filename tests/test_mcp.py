@@ -6,9 +6,12 @@ streamable HTTP (started here). Every effect the server records is counted per i
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -138,9 +141,21 @@ def test_a_denied_mcp_call_never_reaches_the_server(dsn: str, tmp_path: Path) ->
     assert [tool for tool, _, _ in effects(db)] == ["add_note"]
 
 
-def test_the_server_refuses_a_call_without_the_key_so_the_key_is_what_it_deduplicates_on() -> None:
-    """The test server's own contract, which the runs above rely on: no key in _meta, no effect."""
-    assert META_KEY == __import__("agentfast.runner.mcp", fromlist=["META_IDEMPOTENCY_KEY"]).META_IDEMPOTENCY_KEY
+def test_the_test_server_refuses_a_call_without_the_key_so_an_effect_proves_the_key_was_sent(tmp_path: Path) -> None:
+    from agentfast.runner.mcp import McpConnections, _Target, render
+
+    db = tmp_path / "effects.sqlite3"
+    conn = McpConnections()
+    try:
+        conn.connect(_Target("orders", argv=tuple(STDIO), env=((EFFECTS_ENV, str(db)),)), deadline=time.monotonic() + 30)
+        refused = conn.call("orders", "add_note", {"order_id": "A-1", "text": "t"}, {})
+        assert refused.is_error and "no idempotency key" in render(refused)
+        assert effects(db) == []
+        done = conn.call("orders", "add_note", {"order_id": "A-1", "text": "t"}, {META_KEY: "k-1"})
+        assert not done.is_error and render(done) == "note added to A-1"
+        assert [key for _, key, _ in effects(db)] == ["k-1"]
+    finally:
+        conn.close()
 
 
 def test_an_unreachable_server_exits_75_and_keeps_the_run(dsn: str, tmp_path: Path) -> None:
@@ -155,3 +170,165 @@ def test_a_stdio_server_that_never_answers_is_given_up_on(dsn: str, tmp_path: Pa
     proc = spawn_cli("run", str(path), dsn=dsn, env={"AGENTFAST_MCP_CONNECT_SECONDS": "2"})
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 75, out
+
+
+#: The kill tests' batch: an idempotent note and a destructive (gated, not idempotent) send.
+KILL_TURNS = [
+    {
+        "tool_calls": [
+            {"id": "b", "name": "orders_add_note", "arguments": {"order_id": "A-1", "text": "refund agreed"}},
+            {"id": "c", "name": "orders_send_message", "arguments": {"to": "ann", "body": "refunded"}},
+        ]
+    },
+    {"content": "done"},
+]
+
+
+def _kill_run(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    db = tmp_path / "effects.sqlite3"
+    return _run_file(tmp_path, name, {"command": STDIO, "env": {EFFECTS_ENV: str(db)}}, KILL_TURNS), db
+
+
+def _keys(db: Path, tool: str) -> list[str]:
+    return [key for t, key, _ in effects(db) if t == tool]
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "tool.before_call:orders_add_note",
+        "tool.after_call:orders_add_note",
+        "tool.after_persist:orders_add_note",
+        "checkpoint.before_commit@2",
+    ],
+)
+def test_sigkill_around_an_idempotent_mcp_call_then_resume_keeps_each_effect_once(fault: str, dsn: str, tmp_path: Path) -> None:
+    db = tmp_path / "effects.sqlite3"
+    turns = [KILL_TURNS[0] | {"tool_calls": KILL_TURNS[0]["tool_calls"][:1]}, {"content": "done"}]
+    path = _run_file(tmp_path, "mcp-kill", {"command": STDIO, "env": {EFFECTS_ENV: str(db)}}, turns)
+    killed = run_cli("run", str(path), dsn=dsn, fault=fault)
+    assert killed.returncode == -9, killed.stdout
+    done = run_cli("resume", "mcp-kill", dsn=dsn)
+    assert done.returncode == 0 and "Succeeded" in done.stdout, done.stdout
+    (entry,) = _journal(dsn, "mcp-kill").values()
+    assert _keys(db, "add_note") == [entry.idempotency_key]  # once, under the call's own key (G4)
+    # re-run after tool.after_call: the server saw the key again and changed nothing
+    said = "note already added to A-1" if fault == "tool.after_call:orders_add_note" else "note added to A-1"
+    assert entry.result.content == said
+
+
+@pytest.mark.parametrize("fault", ["tool.before_call", "tool.after_call", "tool.after_persist"])
+def test_sigkill_around_a_non_idempotent_mcp_call_never_repeats_it_blindly(fault: str, dsn: str, tmp_path: Path) -> None:
+    path, db = _kill_run(tmp_path, "mcp-send")
+    assert run_cli("run", str(path), "--no-wait", dsn=dsn).returncode == 0
+    assert run_cli("approve", "mcp-send", "call-1-1", dsn=dsn).returncode == 0
+    killed = run_cli("resume", "mcp-send", dsn=dsn, fault=f"{fault}:orders_send_message")
+    assert killed.returncode == -9, killed.stdout
+    sent = [] if fault == "tool.before_call" else [_journal(dsn, "mcp-send")["call-1-1"].idempotency_key]
+    assert _keys(db, "send_message") == sent
+    again = run_cli("resume", "mcp-send", "--no-wait", dsn=dsn)
+    if fault == "tool.after_persist":  # its result was kept: never run again, nobody asked
+        assert again.returncode == 0 and "Succeeded" in again.stdout, again.stdout
+    else:  # in flight and not idempotent: a human decides (G4), under a decision id of its own
+        assert again.returncode == 0 and "call-1-1-rerun1" in again.stdout, again.stdout
+        assert _keys(db, "send_message") == sent
+        assert run_cli("deny", "mcp-send", "call-1-1-rerun1", "--reason", "it went out", dsn=dsn).returncode == 0
+        done = run_cli("resume", "mcp-send", dsn=dsn)
+        assert done.returncode == 0 and "Succeeded" in done.stdout, done.stdout
+    assert _keys(db, "send_message") == sent
+
+
+def _agentrun(servers: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> Any:
+    from agentfast.runner.spec import AgentRun
+
+    return AgentRun.model_validate(
+        {
+            "apiVersion": "agentfast.dev/v1alpha1",
+            "kind": "AgentRun",
+            "metadata": {"name": "unit"},
+            "spec": {"model": {"name": "m", "script": "refund"}, "input": "go", "tools": tools or [], "mcpServers": servers},
+        }
+    )
+
+
+def _stdio(**extra: Any) -> dict[str, Any]:
+    return {"name": "orders", "command": STDIO, **extra}
+
+
+def test_annotations_set_the_defaults_and_a_spec_may_add_or_lift_a_gate_never_declare_idempotent() -> None:
+    from agentfast.runner.errors import SpecError
+    from agentfast.runner.mcp import mcp_tools
+
+    tools, conn = mcp_tools(_agentrun([_stdio()]), set())
+    assert conn is not None
+    conn.close()
+    got = {t.name: (t.idempotent, t.requires_approval) for t in tools}
+    assert got == {
+        "orders_lookup_order": (True, False),  # readOnlyHint
+        "orders_add_note": (True, False),  # idempotentHint, destructiveHint false
+        "orders_send_message": (False, True),  # no hints: MCP's defaults, destructive and not idempotent
+        "orders_always_fails": (True, False),
+    }
+    assert tools[0].schema["function"]["parameters"]["required"] == ["order_id"]
+    overrides = {
+        "send_message": {"requiresApproval": False},  # a hint's gate: the spec may lift it
+        "lookup_order": {"requiresApproval": True, "idempotent": False},  # more careful: always
+    }
+    tools, conn = mcp_tools(_agentrun([_stdio(tools=overrides)]), set())
+    assert conn is not None
+    conn.close()
+    got = {t.name: (t.idempotent, t.requires_approval) for t in tools}
+    assert got["orders_send_message"] == (False, False) and got["orders_lookup_order"] == (False, True)
+    refused = {
+        "spec.mcpServers[0].tools.send_message.idempotent": _agentrun([_stdio(tools={"send_message": {"idempotent": True}})]),
+        "spec.mcpServers[0].tools: MCP server 'orders' has no tool 'nope'": _agentrun([_stdio(tools={"nope": {}})]),
+        "would be named 'orders_add_note', which another tool": _agentrun(
+            [_stdio()], [{"name": "orders_add_note", "ref": "agentfast.testing.tools:echo"}]
+        ),
+    }
+    for said, run in refused.items():
+        with pytest.raises(SpecError, match=re.escape(said)):
+            mcp_tools(run, {t.name for t in run.spec.tools})
+
+
+def test_a_cluster_takes_urls_from_its_admin_and_commands_from_its_allow_list() -> None:
+    from agentfast.runner.errors import SpecError
+    from agentfast.runner.spec import check_cluster_policy
+
+    run = _agentrun([_stdio(), {"name": "crm", "serverRef": "crm"}])
+    check_cluster_policy(run, (), ["refund"], mcp_servers={"crm": "http://crm:8000/mcp"}, mcp_commands=(sys.executable,))
+    bad = _agentrun([_stdio(), {"name": "crm", "serverRef": "crmx"}, {"name": "web", "url": "http://evil.example/mcp"}])
+    with pytest.raises(SpecError) as err:
+        check_cluster_policy(bad, (), ["refund"], mcp_servers={"crm": "http://crm:8000/mcp"}, mcp_commands=("python",))
+    lines = str(err.value).splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "spec.mcpServers[0].command",
+        "spec.mcpServers[1].serverRef",
+        "spec.mcpServers[2].url",
+    ], lines
+
+
+def test_a_runner_pod_learns_only_its_own_runs_mcp_servers() -> None:
+    from agentfast.operator.workload import RunnerConfig, build_pod
+
+    body = {
+        "apiVersion": "agentfast.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": "r", "namespace": "team-a", "uid": "u1"},
+        "spec": {"mcpServers": [{"name": "crm", "serverRef": "crm"}]},
+    }
+    pod = build_pod(
+        body,
+        RunnerConfig(),
+        mcp_servers={"crm": "http://crm:8000/mcp", "billing": "http://billing:8000/mcp"},
+        mcp_commands=("python",),
+    )
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert json.loads(env["AGENTFAST_MCP_SERVERS"]) == {"crm": "http://crm:8000/mcp"}
+    assert env["AGENTFAST_MCP_ALLOWED_COMMANDS"] == "python"
+
+
+def test_the_runner_and_the_cli_never_import_the_mcp_sdk() -> None:
+    code = "import sys, agentfast.runner.cli, agentfast.runner.loop, agentfast.runner.toolhost; print([m for m in sys.modules if m == 'mcp' or m.startswith(('mcp.', 'mcp_types'))])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -45,7 +45,7 @@ capabilities:
 {{- fail "networkPolicy.enabled with an external database needs networkPolicy.postgresEgress: egress rules that reach it (a NetworkPolicy names pods, namespaces and IP blocks, never a host)" -}}
 {{- end -}}
 {{- end -}}
-{{- dict "dns" $np.dnsEgress "postgres" $pg "model" $np.modelEgress | toJson -}}
+{{- dict "dns" $np.dnsEgress "postgres" $pg "model" $np.modelEgress "mcp" ($np.mcpEgress | default list) | toJson -}}
 {{- end -}}
 
 {{/* The bundled server's generated credentials, as JSON {"password": superuser's, "dsn": role
