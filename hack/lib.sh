@@ -99,7 +99,8 @@ build_team_tools_image() {
 # The chart is optional while it does not exist yet; the smoke tests do not need it. An ended run's
 # runner pods live 30 s (E2E_POD_TTL_SECONDS), not the chart's hour, so that
 # tests/e2e/test_runner_pod_ttl.py sees them go; long enough for the tests that look at a pod just
-# after its run ended.
+# after its run ended. The admin's MCP server test-mcp is the test MCP server tests/e2e/test_mcp.py
+# deploys in the release namespace, and python may start a stdio MCP server (docs/mcp.md).
 e2e_helm_install() {
   local root="$1" image="$2" helm="${HELM:-helm}" repo tag extra=()
   read -r repo tag <<<"$(e2e_image_parts "$image")"
@@ -121,6 +122,8 @@ e2e_helm_install() {
     --set image.repository="$repo" --set image.tag="$tag" --set image.pullPolicy=IfNotPresent \
     --set runner.podTTLSecondsAfterFinished="${E2E_POD_TTL_SECONDS:-30}" \
     --set "runner.allowedModules={agentfast.runner.examples,agentfast.testing,$TEAM_TOOLS_MODULE}" "${extra[@]}" \
+    --set "mcp.servers.test-mcp.url=http://agentfast-test-mcp.$E2E_NAMESPACE.svc:8000/mcp" \
+    --set "mcp.allowedCommands={python}" \
     --wait --timeout 5m
   # An operator of the previous release keeps acting until its pod is gone (it holds the leader
   # Lease until then), and the runner pods it makes name the previous image, which images.sh has
