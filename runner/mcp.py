@@ -253,7 +253,7 @@ class McpConnections:
             except concurrent.futures.TimeoutError:
                 holder.cancel()
                 ended.wait(10)  # the SDK stops a stdio server it started (stdin closed, then TERM, then KILL)
-                raise McpUnavailable(f"{target.describe()} did not answer in time: {last}") from None
+                raise McpUnavailable(f"{target.describe()} cannot be reached in time: {last}") from None
             except Exception as err:
                 last = _reason(err)
                 holder.cancel()

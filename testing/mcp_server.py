@@ -12,6 +12,9 @@ stand for a team's remote systems, one per default the annotations give (docs/mc
   call it receives, as a real sender would send every one;
 - ``always_fails`` (``readOnlyHint``): answers ``isError`` with a text saying why.
 
+With ``MCP_TEST_CRASH_AFTER_EFFECT`` naming a file that does not exist, the first ``add_note``
+call creates it, records its effect and exits the server before answering.
+
 Every call must carry the idempotency key in the request's ``_meta``
 (:data:`agentfast.runner.mcp.META_IDEMPOTENCY_KEY`): a call without it is refused with an error
 result and records nothing, so a test that sees an effect proves the key was sent.
@@ -33,6 +36,9 @@ from pathlib import Path
 from typing import Any
 
 EFFECTS_ENV = "MCP_TEST_EFFECTS"
+#: A file name: the first ``add_note`` call, finding no such file, makes it, records its effect and
+#: kills the server before it answers (a server that dies mid-call); later calls answer.
+CRASH_ENV = "MCP_TEST_CRASH_AFTER_EFFECT"
 #: The _meta key the runtime sends the idempotency key under (agentfast.runner.mcp.META_IDEMPOTENCY_KEY).
 META_KEY = "dev.agentfast/idempotency-key"
 
@@ -96,6 +102,10 @@ def build_server() -> Any:
         """Add a note to an order (once per idempotency key)."""
         key = key_of(ctx)
         new = record("add_note", key, {"order_id": order_id, "text": text})
+        crash = os.environ.get(CRASH_ENV)
+        if crash and not Path(crash).exists():  # the effect happened; the answer never leaves
+            Path(crash).write_text(key)
+            os._exit(1)
         return f"note added to {order_id}" if new else f"note already added to {order_id}"
 
     @server.tool()

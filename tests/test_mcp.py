@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from agentfast.runner.store import Store
-from agentfast.testing.mcp_server import EFFECTS_ENV, META_KEY, effects
+from agentfast.testing.mcp_server import CRASH_ENV, EFFECTS_ENV, META_KEY, effects
 
 from .helpers import run_cli, spawn_cli, wait_until
 
@@ -130,17 +130,6 @@ def test_a_run_with_mcp_tools_pauses_for_the_destructive_one_and_succeeds_each_e
     )
 
 
-def test_a_denied_mcp_call_never_reaches_the_server(dsn: str, tmp_path: Path) -> None:
-    db = tmp_path / "effects.sqlite3"
-    path = _run_file(tmp_path, "mcp-deny", {"command": STDIO, "env": {EFFECTS_ENV: str(db)}})
-    assert run_cli("run", str(path), "--no-wait", dsn=dsn).returncode == 0
-    assert run_cli("deny", "mcp-deny", "call-1-2", "--reason", "not now", dsn=dsn).returncode == 0
-    done = run_cli("resume", "mcp-deny", dsn=dsn)
-    assert done.returncode == 0, done.stdout
-    assert "not now" in _journal(dsn, "mcp-deny")["call-1-2"].result.content
-    assert [tool for tool, _, _ in effects(db)] == ["add_note"]
-
-
 def test_the_test_server_refuses_a_call_without_the_key_so_an_effect_proves_the_key_was_sent(tmp_path: Path) -> None:
     from agentfast.runner.mcp import McpConnections, _Target, render
 
@@ -160,16 +149,16 @@ def test_the_test_server_refuses_a_call_without_the_key_so_an_effect_proves_the_
 
 def test_an_unreachable_server_exits_75_and_keeps_the_run(dsn: str, tmp_path: Path) -> None:
     path = _run_file(tmp_path, "mcp-down", {"url": f"http://127.0.0.1:{_free_port()}/mcp"})
-    first = run_cli("run", str(path), dsn=dsn, env={"AGENTFAST_MCP_CONNECT_SECONDS": "1"})
+    first = run_cli("run", str(path), dsn=dsn, env={"AGENTFAST_MCP_CONNECT_SECONDS": "3"})
     assert first.returncode == 75 and "cannot be reached" in first.stdout, first.stdout
     assert _journal(dsn, "mcp-down") == {}  # nothing ran
 
 
 def test_a_stdio_server_that_never_answers_is_given_up_on(dsn: str, tmp_path: Path) -> None:
     path = _run_file(tmp_path, "mcp-mute", {"command": [sys.executable, "-c", "import time; time.sleep(60)"]})
-    proc = spawn_cli("run", str(path), dsn=dsn, env={"AGENTFAST_MCP_CONNECT_SECONDS": "2"})
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 75, out
+    proc = spawn_cli("run", str(path), dsn=dsn, env={"AGENTFAST_MCP_CONNECT_SECONDS": "1"})
+    out, _ = proc.communicate(timeout=60)  # returns only once the server process is gone too (it held the pipe)
+    assert proc.returncode == 75 and "cannot be reached" in out, out
 
 
 #: The kill tests' batch: an idempotent note and a destructive (gated, not idempotent) send.
@@ -217,7 +206,27 @@ def test_sigkill_around_an_idempotent_mcp_call_then_resume_keeps_each_effect_onc
     assert entry.result.content == said
 
 
-@pytest.mark.parametrize("fault", ["tool.before_call", "tool.after_call", "tool.after_persist"])
+def test_an_mcp_server_that_dies_mid_call_leaves_the_call_in_flight_and_the_resume_reruns_it_with_its_key(
+    dsn: str, tmp_path: Path
+) -> None:
+    db, crash = tmp_path / "effects.sqlite3", tmp_path / "crashed"
+    turns = [KILL_TURNS[0] | {"tool_calls": KILL_TURNS[0]["tool_calls"][:1]}, {"content": "done"}]
+    env = {EFFECTS_ENV: str(db), CRASH_ENV: str(crash)}
+    path = _run_file(tmp_path, "mcp-dies", {"command": STDIO, "env": env}, turns)
+    first = run_cli("run", str(path), dsn=dsn)
+    assert first.returncode == 75 and "no answer" in first.stdout, first.stdout  # retry me: the effect may have happened
+    (entry,) = _journal(dsn, "mcp-dies").values()
+    assert entry.state == "started" and entry.result is None  # no result was made up for it
+    assert _keys(db, "add_note") == [entry.idempotency_key] == [crash.read_text()]
+    done = run_cli("resume", "mcp-dies", dsn=dsn)
+    assert done.returncode == 0 and "Succeeded" in done.stdout, done.stdout
+    (entry,) = _journal(dsn, "mcp-dies").values()
+    assert entry.attempts == 2 and entry.result.content == "note already added to A-1"  # same key: the server changed nothing
+    assert _keys(db, "add_note") == [entry.idempotency_key]
+
+
+# (tool.after_persist: the result was kept, as for the idempotent note above: nothing to settle)
+@pytest.mark.parametrize("fault", ["tool.before_call", "tool.after_call"])
 def test_sigkill_around_a_non_idempotent_mcp_call_never_repeats_it_blindly(fault: str, dsn: str, tmp_path: Path) -> None:
     path, db = _kill_run(tmp_path, "mcp-send")
     assert run_cli("run", str(path), "--no-wait", dsn=dsn).returncode == 0
@@ -227,14 +236,14 @@ def test_sigkill_around_a_non_idempotent_mcp_call_never_repeats_it_blindly(fault
     sent = [] if fault == "tool.before_call" else [_journal(dsn, "mcp-send")["call-1-1"].idempotency_key]
     assert _keys(db, "send_message") == sent
     again = run_cli("resume", "mcp-send", "--no-wait", dsn=dsn)
-    if fault == "tool.after_persist":  # its result was kept: never run again, nobody asked
-        assert again.returncode == 0 and "Succeeded" in again.stdout, again.stdout
-    else:  # in flight and not idempotent: a human decides (G4), under a decision id of its own
-        assert again.returncode == 0 and "call-1-1-rerun1" in again.stdout, again.stdout
-        assert _keys(db, "send_message") == sent
-        assert run_cli("deny", "mcp-send", "call-1-1-rerun1", "--reason", "it went out", dsn=dsn).returncode == 0
-        done = run_cli("resume", "mcp-send", dsn=dsn)
-        assert done.returncode == 0 and "Succeeded" in done.stdout, done.stdout
+    # in flight and not idempotent: a human decides (G4), under a decision id of its own
+    assert again.returncode == 0 and "call-1-1-rerun1" in again.stdout, again.stdout
+    assert _keys(db, "send_message") == sent
+    # denied: the model reads the reason, and the server never gets the call again
+    assert run_cli("deny", "mcp-send", "call-1-1-rerun1", "--reason", "it went out", dsn=dsn).returncode == 0
+    done = run_cli("resume", "mcp-send", dsn=dsn)
+    assert done.returncode == 0 and "Succeeded" in done.stdout, done.stdout
+    assert "it went out" in _journal(dsn, "mcp-send")["call-1-1"].result.content
     assert _keys(db, "send_message") == sent
 
 
@@ -332,3 +341,28 @@ def test_the_runner_and_the_cli_never_import_the_mcp_sdk() -> None:
     code = "import sys, agentfast.runner.cli, agentfast.runner.loop, agentfast.runner.toolhost; print([m for m in sys.modules if m == 'mcp' or m.startswith(('mcp.', 'mcp_types'))])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_annotation_defaults_follow_mcps_own_defaults_and_results_render_as_the_model_reads_them() -> None:
+    from mcp_types import CallToolResult, ImageContent, TextContent, ToolAnnotations
+
+    from agentfast.runner.mcp import declarations, model_tool_name, render
+
+    cases = [
+        (None, (False, True)),
+        (ToolAnnotations(), (False, True)),
+        (ToolAnnotations(read_only_hint=True), (True, False)),
+        (ToolAnnotations(read_only_hint=True, destructive_hint=True), (True, False)),  # destructive means nothing when read-only
+        (ToolAnnotations(idempotent_hint=True), (True, True)),
+        (ToolAnnotations(idempotent_hint=True, destructive_hint=False), (True, False)),
+        (ToolAnnotations(destructive_hint=False), (False, False)),
+    ]
+    for given, expected in cases:
+        assert declarations(given) == expected, given
+    assert model_tool_name("crm", "contacts.search/v2") == "crm_contacts_search_v2"
+    text = CallToolResult(content=[TextContent(type="text", text="a"), TextContent(type="text", text="b")])
+    assert render(text) == "a\nb"
+    image = CallToolResult(content=[ImageContent(type="image", data="AAAA", mime_type="image/png")])
+    assert render(image) == "[image content, image/png]"
+    structured = CallToolResult(content=[], structured_content={"total": 3})
+    assert render(structured) == '{"total": 3}'
