@@ -39,7 +39,7 @@ BATCH = [
 ]
 
 
-def _run_file(tmp_path: Path, name: str, server: dict[str, Any], turns: list[dict[str, Any]] | None = None) -> Path:
+def _run_file(tmp_path: Path, name: str, server: dict[str, Any], turns: list[dict[str, Any]] | None = None, **spec: Any) -> Path:
     script = tmp_path / f"{name}-script.yaml"
     turns = turns or [{"tool_calls": BATCH}, {"content": "done"}]
     script.write_text(yaml.safe_dump({"model": f"scripted-{name}", "turns": turns}))
@@ -51,6 +51,7 @@ def _run_file(tmp_path: Path, name: str, server: dict[str, Any], turns: list[dic
             "model": {"name": f"scripted-{name}", "script": str(script)},
             "input": "settle order A-1",
             "mcpServers": [{"name": "orders", **server}],
+            **spec,
         },
     }
     path = tmp_path / f"{name}.yaml"
@@ -106,18 +107,21 @@ def _check_first_pause(dsn: str, run: str, db: Path, out: str) -> dict[str, Any]
     return j
 
 
-@pytest.mark.parametrize("transport", ["stdio", "http"])
+@pytest.mark.parametrize("transport", ["stdio", "http", "stdio-langgraph"])
 def test_a_run_with_mcp_tools_pauses_for_the_destructive_one_and_succeeds_each_effect_once(
     transport: str, dsn: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    if transport == "stdio":
+    spec: dict[str, Any] = {}
+    if transport == "stdio-langgraph":  # the same tools, journal and gates on the other adapter
+        spec = {"adapter": "langgraph", "graph": {"ref": "agentfast.runner.examples.refund_graph:build"}}
+    if transport.startswith("stdio"):
         db = tmp_path / "stdio-effects.sqlite3"
         server: dict[str, Any] = {"command": STDIO, "env": {EFFECTS_ENV: str(db)}}
     else:
         url, db = request.getfixturevalue("http_server")
         server = {"url": url}
     run = f"mcp-{transport}"
-    first = run_cli("run", str(_run_file(tmp_path, run, server)), "--no-wait", dsn=dsn)
+    first = run_cli("run", str(_run_file(tmp_path, run, server, **spec)), "--no-wait", dsn=dsn)
     assert first.returncode == 0 and "waiting for approval" in first.stdout, first.stdout
     j = _check_first_pause(dsn, run, db, first.stdout)
     assert run_cli("approve", run, "call-1-2", dsn=dsn).returncode == 0
