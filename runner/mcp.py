@@ -302,9 +302,11 @@ class McpConnections:
     def call(self, server: str, tool: str, arguments: dict[str, Any], meta: dict[str, Any]) -> CallToolResult:
         """``tools/call`` of ``tool`` on ``server`` with ``meta`` as the request's ``_meta``.
         Raises McpUnavailable when no answer came (the outcome is unknown), McpToolError when the
-        server answered with a JSON-RPC error (it refused the request)."""
+        server answered with a JSON-RPC error (it refused the request) or with a result the SDK
+        refuses (not MCP's shape, or not matching the tool's outputSchema)."""
         from mcp.shared.exceptions import MCPError
         from mcp_types.jsonrpc import CONNECTION_CLOSED, REQUEST_TIMEOUT
+        from pydantic import ValidationError
 
         client = self._clients.get(server)
         if client is None:
@@ -321,6 +323,10 @@ class McpConnections:
             raise McpUnavailable(f"MCP server {server!r}: no answer to {tool} in {self.call_timeout_s:.0f} s") from None
         except McpToolError:
             raise
+        except (ValidationError, RuntimeError) as err:
+            # An answer came, but the SDK refused it (a result not of MCP's shape, structured content
+            # not matching the tool's outputSchema): a definitive outcome, never a reason to re-run.
+            raise McpToolError(f"MCP server {server!r} answered {tool} with a result that is not valid: {_reason(err)}") from None
         except Exception as err:  # transport errors: the request may have reached the server
             raise McpUnavailable(
                 f"MCP server {server!r}: the call of {tool} got no answer: {type(err).__name__}: {_reason(err)}"
