@@ -18,6 +18,7 @@ idempotent note, and an unannotated send, gated by MCP's defaults, in one batch)
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -106,7 +107,7 @@ def mcp_server(release: Kube) -> Iterator[Kube]:
         yield k
     finally:
         for kind in ("service", "deployment"):
-            k.run("delete", kind, SERVER, "--wait=false", check=False)
+            k.run("delete", kind, SERVER, "--wait=true", check=False, timeout=180)
 
 
 def _effects(k: Kube) -> list[list[Any]]:
@@ -156,8 +157,7 @@ def _wait_for_success(k: Kube, name: str) -> None:
 
 def test_an_http_mcp_server_the_admin_named_survives_a_lost_runner_pod_each_effect_once(mcp_server: Kube) -> None:
     k = mcp_server
-    name = "mcp-http"
-    k.run("delete", "agentrun", name, "--wait=true", check=False)
+    name = f"mcp-http-{uuid.uuid4().hex[:6]}"
     k.apply(_run(k, name, {"serverRef": "test-mcp"}))
     _wait_for_approval(k, name)
     first = running_runner(k, name)
@@ -173,15 +173,14 @@ def test_an_http_mcp_server_the_admin_named_survives_a_lost_runner_pod_each_effe
         ["call-1-2", "orders_send_message", "done", 1],
     ], journal
     keys = {row[1]: row[4] for row in journal}
-    assert sorted((tool, key) for tool, key, _ in _effects(k)) == sorted(
-        [("add_note", keys["orders_add_note"]), ("send_message", keys["orders_send_message"])]
-    )
+    uid = k.get("agentrun", name)["metadata"]["uid"]  # keys are RUN_UID:ITERATION:POSITION
+    ours = [(tool, key) for tool, key, _ in _effects(k) if key.startswith(f"{uid}:")]
+    assert sorted(ours) == sorted([("add_note", keys["orders_add_note"]), ("send_message", keys["orders_send_message"])]), ours
 
 
 def test_a_stdio_mcp_server_runs_in_the_runner_pod(release: Kube) -> None:
     k = release
-    name = "mcp-stdio"
-    k.run("delete", "agentrun", name, "--wait=true", check=False)
+    name = f"mcp-stdio-{uuid.uuid4().hex[:6]}"
     k.apply(_run(k, name, {"command": STDIO, "env": {"MCP_TEST_EFFECTS": "/tmp/mcp-effects.sqlite3"}}))
     _wait_for_approval(k, name)
     approve(k, name, "call-1-2")
@@ -205,8 +204,7 @@ def test_a_stdio_mcp_server_runs_in_the_runner_pod(release: Kube) -> None:
 )
 def test_the_operator_refuses_an_mcp_server_the_admin_did_not_allow(release: Kube, server: dict[str, Any], said: str) -> None:
     k = release
-    name = f"mcp-refused-{list(server)[0].lower()}"
-    k.run("delete", "agentrun", name, "--wait=true", check=False)
+    name = f"mcp-refused-{list(server)[0].lower()}-{uuid.uuid4().hex[:6]}"
     k.apply(_run(k, name, server))
     k.wait_for(f"{name} to fail", lambda: status(k, name).get("phase") == "Failed", timeout=120)
     st = status(k, name)
