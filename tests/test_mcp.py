@@ -117,15 +117,16 @@ def test_a_run_with_mcp_tools_pauses_for_the_destructive_one_and_succeeds_each_e
     if transport.startswith("stdio"):
         db = tmp_path / "stdio-effects.sqlite3"
         server: dict[str, Any] = {"command": STDIO, "env": {EFFECTS_ENV: str(db)}}
-    else:
+    env: dict[str, str] = {}
+    if transport == "http":  # named as a cluster names it: serverRef, resolved from AGENTFAST_MCP_SERVERS
         url, db = request.getfixturevalue("http_server")
-        server = {"url": url}
+        server, env = {"serverRef": "crm"}, {"AGENTFAST_MCP_SERVERS": json.dumps({"crm": url})}
     run = f"mcp-{transport}"
-    first = run_cli("run", str(_run_file(tmp_path, run, server, **spec)), "--no-wait", dsn=dsn)
+    first = run_cli("run", str(_run_file(tmp_path, run, server, **spec)), "--no-wait", dsn=dsn, env=env)
     assert first.returncode == 0 and "waiting for approval" in first.stdout, first.stdout
     j = _check_first_pause(dsn, run, db, first.stdout)
     assert run_cli("approve", run, "call-1-2", dsn=dsn).returncode == 0
-    done = run_cli("resume", run, dsn=dsn)
+    done = run_cli("resume", run, dsn=dsn, env=env)
     assert done.returncode == 0 and "Succeeded" in done.stdout, done.stdout
     j = _journal(dsn, run)
     assert j["call-1-2"].result.content == "sent to ann"
@@ -322,7 +323,7 @@ def test_a_cluster_takes_urls_from_its_admin_and_commands_from_its_allow_list() 
 
 
 def test_a_runner_pod_learns_only_its_own_runs_mcp_servers() -> None:
-    from agentfast.operator.workload import RunnerConfig, build_pod
+    from agentfast.operator.workload import EgressPolicy, RunnerConfig, build_network_policy, build_pod
 
     body = {
         "apiVersion": "agentfast.dev/v1alpha1",
@@ -339,6 +340,9 @@ def test_a_runner_pod_learns_only_its_own_runs_mcp_servers() -> None:
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert json.loads(env["AGENTFAST_MCP_SERVERS"]) == {"crm": "http://crm:8000/mcp"}
     assert env["AGENTFAST_MCP_ALLOWED_COMMANDS"] == "python"
+    rule = {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "tools"}}}]}
+    policy = EgressPolicy.from_env({"AGENTFAST_NETWORK_POLICY": json.dumps({"postgres": [{"to": []}], "mcp": [rule]})})
+    assert policy is not None and build_network_policy(body, policy)["spec"]["egress"][-1] == rule
 
 
 def test_the_runner_and_the_cli_never_import_the_mcp_sdk() -> None:
