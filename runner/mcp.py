@@ -238,9 +238,12 @@ class McpConnections:
         self._clients: dict[str, Client] = {}
         self._holders: list[tuple[concurrent.futures.Future[None], threading.Event]] = []
 
-    def connect(self, target: _Target, *, deadline: float) -> list[McpToolInfo]:
+    def connect(self, target: _Target, *, deadline: float, where: str = "spec.mcpServers") -> list[McpToolInfo]:
         """Open ``target``'s connection and list its tools (every page), retrying until
-        ``deadline`` (time.monotonic()). Raises McpUnavailable when it could not."""
+        ``deadline`` (time.monotonic()). Raises McpUnavailable when it could not (in time), and,
+        for a stdio server, SpecError naming ``where`` when its program failed before the
+        handshake (it does not exist, or it exited: a program of the runner image that fails at
+        start fails the same way at every resume, so the run ends InvalidSpec instead of retrying)."""
         delay, last = 0.2, "it did not finish the handshake"
         while True:
             ready: concurrent.futures.Future[list[McpToolInfo]] = concurrent.futures.Future()
@@ -258,6 +261,8 @@ class McpConnections:
                 last = _reason(err)
                 holder.cancel()
                 ended.wait(10)
+                if target.url is None:
+                    raise SpecError(f"{where}.command: {target.describe()} did not start: {last}") from None
             if time.monotonic() + delay >= deadline:
                 raise McpUnavailable(f"{target.describe()} cannot be reached: {last}")
             log.warning("%s cannot be reached (%s); trying again in %.1f s", target.describe(), last, delay)
@@ -369,7 +374,7 @@ def mcp_tools(run: AgentRun, taken: set[str], *, env: dict[str, str] | None = No
         tools: list[Tool] = []
         names = set(taken)
         for i, (spec, target) in enumerate(zip(run.spec.mcpServers, targets)):
-            listed = connections.connect(target, deadline=deadline)
+            listed = connections.connect(target, deadline=deadline, where=f"spec.mcpServers[{i}]")
             by_name = {t.name: t for t in listed}
             unknown = sorted(set(spec.tools) - set(by_name))
             if unknown:

@@ -159,6 +159,15 @@ def test_an_unreachable_server_exits_75_and_keeps_the_run(dsn: str, tmp_path: Pa
     assert _journal(dsn, "mcp-down") == {}  # nothing ran
 
 
+def test_a_stdio_server_that_fails_to_start_is_refused_before_the_run_is_registered(dsn: str, tmp_path: Path) -> None:
+    """A program of the runner image that exits at start would at every resume: a spec problem."""
+    path = _run_file(tmp_path, "mcp-broken", {"command": [sys.executable, "-c", "raise SystemExit(3)"]})
+    refused = run_cli("run", str(path), dsn=dsn)
+    assert refused.returncode == 2 and "spec.mcpServers[0].command" in refused.stdout and "did not start" in refused.stdout
+    with Store(dsn) as s:
+        assert s.get_run("default/mcp-broken") is None
+
+
 def test_a_stdio_server_that_never_answers_is_given_up_on(dsn: str, tmp_path: Path) -> None:
     path = _run_file(tmp_path, "mcp-mute", {"command": [sys.executable, "-c", "import time; time.sleep(60)"]})
     proc = spawn_cli("run", str(path), dsn=dsn, env={"AGENTFAST_MCP_CONNECT_SECONDS": "1"})
