@@ -15,11 +15,16 @@ import yaml
 from pydantic import BaseModel
 
 from agentfast.runner.spec import (
+    MAX_MCP_ARGS,
+    MAX_MCP_SERVERS,
+    MCP_SERVER_NAME_PATTERN,
     AgentRunSpec,
     ApprovalDecision,
     BudgetSpec,
     ForkFrom,
     GraphSpec,
+    McpServerSpec,
+    McpToolOverride,
     ModelConfigSpec,
     ModelPrices,
     ModelSpec,
@@ -62,6 +67,11 @@ def test_nested_fields_match() -> None:
     props = spec_schema()["properties"]
     assert set(props["model"]["properties"]) == fields(ModelSpec)
     assert set(props["tools"]["items"]["properties"]) == fields(ToolSpec)
+    mcp = props["mcpServers"]["items"]["properties"]
+    assert set(mcp) == fields(McpServerSpec)
+    assert set(mcp["tools"]["additionalProperties"]["properties"]) == fields(McpToolOverride)
+    assert props["mcpServers"]["maxItems"] == MAX_MCP_SERVERS and mcp["command"]["maxItems"] == MAX_MCP_ARGS
+    assert mcp["name"]["pattern"] == mcp["serverRef"]["pattern"] == MCP_SERVER_NAME_PATTERN
     assert set(props["graph"]["properties"]) == fields(GraphSpec)
     assert set(props["budget"]["properties"]) == fields(BudgetSpec)
     assert set(props["approvals"]["additionalProperties"]["properties"]) == fields(ApprovalDecision)
