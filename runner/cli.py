@@ -986,7 +986,13 @@ def _patch_reply(run: str, call_id: str | None, text: str, namespace: str | None
     )
     try:
         api.patch_namespaced_custom_object(
-            GROUP, VERSION, ns, PLURAL, name, [{"op": "test", "path": "/metadata/uid", "value": seen_uid}, add]
+            GROUP,
+            VERSION,
+            ns,
+            PLURAL,
+            name,
+            [{"op": "test", "path": "/metadata/uid", "value": seen_uid}, add],
+            _content_type="application/json-patch+json",
         )
     except ApiException as e:
         detail = json.loads(e.body).get("message", e.reason) if e.body else e.reason

@@ -56,7 +56,11 @@ def wait_for_human(store: Store, run_id: str, after: str = "") -> tuple[str, str
         ctx, pending = loaded
         if ctx.status.phase in ("Succeeded", "Failed"):
             return True
-        return ctx.status.phase in ("WaitingForInput", "WaitingForApproval") and pending is not None and after not in pending.call_ids
+        return (
+            ctx.status.phase in ("WaitingForInput", "WaitingForApproval")
+            and pending is not None
+            and after not in pending.call_ids
+        )
 
     wait_until(waiting, timeout=60, what=f"{run_id} to wait for a human")
     ctx, pending = store.load_context(run_id)
@@ -125,6 +129,7 @@ def test_a_recorded_conversation_killed_at_every_wait_ends_as_an_uninterrupted_o
     snap = store.load_snapshot(run_id)
     assert snap.context.status.phase == "Succeeded", snap.context.status
     assert snap.context.counters.resumes == 4
+
     # The same transcript as the uninterrupted run (but for the run's uid in the refund's key).
     def transcript(s: StateSnapshot) -> str:
         return json.dumps([m.model_dump() for m in s.messages]).replace(s.context.session.run_uid, "UID")
@@ -256,6 +261,8 @@ def test_spec_conversation_and_replies_shapes(tmp_path: Path) -> None:
 
 @pytest.mark.process
 def test_spec_replies_are_never_read_from_a_file(tmp_path: Path, dsn: str) -> None:
-    path = agentrun_file(tmp_path, "support-conversation.yaml", replies=[{"callId": "call-1-0", "text": "A-1042", "repliedBy": "me"}])
+    path = agentrun_file(
+        tmp_path, "support-conversation.yaml", replies=[{"callId": "call-1-0", "text": "A-1042", "repliedBy": "me"}]
+    )
     got = run_cli("run", str(path), dsn=dsn)
     assert got.returncode == 2 and "spec.replies is never read from a file" in got.stdout, got.stdout
