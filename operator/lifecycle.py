@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from agentfast.runner.names import TERMINAL_PHASES, ExitCode, Phase
+from agentfast.runner.names import TERMINAL_PHASES, WAITING_PHASES, ExitCode, Phase
 
 from .workload import ANNOTATION_ATTEMPT, ANNOTATION_COUNTED, RUNNER_CONTAINER
 
@@ -210,7 +210,7 @@ def next_step(
         return Step("create", attempt=attempt, lost=last)
     # The newest pod has stopped (an older one may still be leaving: its runner, if alive, holds the run).
     if last.exit_code == 0 and last.deletion_due is None:
-        if phase == Phase.WAITING_FOR_APPROVAL and not all_decided:
+        if phase in WAITING_PHASES and not all_decided:
             return Step("none", suspended=True)
         return Step("create", attempt=attempt)  # it paused and is decided now (or ended a step early): go on
     if last.exit_code in RUN_ENDED_EXITS and last.deletion_due is None:

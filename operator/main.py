@@ -7,7 +7,7 @@ Deployment does). Settings come from the environment (see :class:`Settings`).
   runner pods, and makes them agree. It runs on create/update/resume, on every change of a runner
   pod (its runner stopped, it was deleted or evicted, it cannot start), and on a periodic resync
   (:func:`_resync_loop`), so a missed event is only a delay.
-  It registers the run in the store, records ``spec.approvals`` as decisions (write-once, and
+  It registers the run in the store, records ``spec.approvals`` and ``spec.replies`` as decisions (write-once, and
   a NOTIFY wakes the waiting runner), starts the next runner pod when the run needs one
   (``operator/lifecycle.py``: at the deletion event of a leaving pod, at once after a loss,
   backed off only from failures that repeat;
@@ -61,6 +61,7 @@ from agentfast.runner.names import (
     PLURAL,
     TERMINAL_PHASES,
     VERSION,
+    WAITING_PHASES,
     EventReason,
     Phase,
     format_run_id,
@@ -298,8 +299,8 @@ def reconcile(body: dict[str, Any]) -> None:
         "apiVersion": body["apiVersion"],
         "kind": body["kind"],
         "metadata": {"name": name, "namespace": namespace, "uid": uid},
-        # spec.approvals and spec.cancel are requests, recorded in the store, not the run's definition.
-        "spec": {k: v for k, v in body.get("spec", {}).items() if k not in ("approvals", "cancel")},
+        # spec.approvals, spec.replies and spec.cancel are requests, recorded in the store, not the run's definition.
+        "spec": {k: v for k, v in body.get("spec", {}).items() if k not in ("approvals", "replies", "cancel")},
     }
     admitted = (uid, meta.get("generation", 1))
     record = _ADMITTED.get(admitted)
@@ -364,7 +365,7 @@ def reconcile(body: dict[str, Any]) -> None:
 
 
 #: (uid, generation) -> the run's registered record, once its spec was validated and registered. The
-#: spec is immutable but for approvals and cancel (CEL), which are requests, not the run's
+#: spec is immutable but for approvals, replies and cancel (CEL), which are requests, not the run's
 #: definition, so a run is validated and registered once per generation, not on every reconcile.
 _ADMITTED: dict[tuple[str, int], Any] = {}
 
@@ -450,7 +451,7 @@ def _drive_runner(
                 f"runner pod {step.lost.name} {step.lost.loss()}{at}; starting "
                 f"{pod_name(name, step.attempt)}" + (f" (failure {step.counted} in a row)" if step.counted else ""),
             )
-        elif ctx is not None and ctx.status.phase != Phase.WAITING_FOR_APPROVAL:
+        elif ctx is not None and ctx.status.phase not in WAITING_PHASES:
             lost_at = now  # its pod vanished before we saw it stop
             _event(
                 body,
@@ -653,42 +654,57 @@ def approval_policy_missing() -> str | None:
     return missing
 
 
+def _decisions_in_spec(body: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """The human decisions an AgentRun's spec carries, as ``(field, call id, entry)``:
+    ``spec.approvals`` (call id -> ``{decision, reason, result, decidedBy}``) and ``spec.replies``
+    (a list of ``{callId, text, repliedBy}``, each taken as ``{decision: reply, result: text,
+    decidedBy: repliedBy}``). An entry that is not a mapping is skipped (the CRD's schema holds)."""
+    spec = body.get("spec", {})
+    found = [("spec.approvals", k, d) for k, d in (spec.get("approvals") or {}).items() if isinstance(d, dict)]
+    for r in spec.get("replies") or []:
+        if isinstance(r, dict):
+            entry = {"decision": "reply", "result": r.get("text"), "decidedBy": r.get("repliedBy")}
+            found.append(("spec.replies", str(r.get("callId", "")), entry))
+    return found
+
+
 def _record_approvals(body: dict[str, Any], run_id: str) -> None:
-    """Record ``spec.approvals`` in the store, whose rules decide (Store.decide): only for a call
-    awaiting a decision now, once. Replays of a recorded decision (every reconcile) are no-ops;
-    a refused entry gets at most one Warning Event per (run, key) in an operator's life, whatever
-    the reason and however many reconciles see it. A key that is not a call id is never sent to
-    the store (the CRD's maxProperties bounds how many there can be).
+    """Record ``spec.approvals`` and ``spec.replies`` in the store, whose rules decide
+    (Store.decide): only for a call awaiting a decision (a reply: a question) now, once. Replays
+    of a recorded decision (every reconcile) are no-ops; a refused entry gets at most one Warning
+    Event per (run, key) in an operator's life, whatever the reason and however many reconciles
+    see it. A key that is not a call id is never sent to the store (the CRD bounds how many
+    entries there can be).
 
     While the admission policy is missing or not enforced (:func:`approval_policy_missing`), no
     entry is recorded and every undecided one is voided for good (``Store.void_decision``): it
     was admitted without the check of who wrote it, and must not fire once the policy is back."""
-    approvals = body.get("spec", {}).get("approvals") or {}
-    if approvals and (missing := approval_policy_missing()):
-        for call_id in approvals:
+    entries = _decisions_in_spec(body)
+    if entries and (missing := approval_policy_missing()):
+        for field_name, call_id, _ in entries:
             if re.match(CALL_ID_PATTERN, call_id) and STATE.store.get_decision(run_id, call_id) is None:  # type: ignore[union-attr]
                 STATE.store.void_decision(run_id, call_id, f"written while {missing}")  # type: ignore[union-attr]
                 _warn_once(
                     body,
                     call_id,
                     EventReason.APPROVAL_POLICY_MISSING,
-                    f"spec.approvals: {call_id} is void: {missing}, so who wrote it was not checked; it is never recorded",
+                    f"{field_name}: {call_id} is void: {missing}, so who wrote it was not checked; it is never recorded",
                 )
         return
-    for call_id, d in approvals.items():
+    for field_name, call_id, d in entries:
         if not re.match(CALL_ID_PATTERN, call_id):
             _warn_once(
                 body,
                 call_id,
                 EventReason.INVALID_CALL_ID,
-                f"spec.approvals: {call_id[:48]!r} is not a call id (e.g. call-2-0); ignored",
+                f"{field_name}: {call_id[:48]!r} is not a call id (e.g. call-2-0); ignored",
             )
             continue
         decider = d.get("decidedBy")
         if not isinstance(decider, str) or not decider:
-            # The CRD requires decidedBy and the admission policy checks it against the requesting
-            # user; an entry without one was written past both, so it is nobody's decision.
-            _warn_once(body, call_id, EventReason.UNATTRIBUTED_DECISION, f"spec.approvals: {call_id} has no decidedBy; ignored")
+            # The CRD requires decidedBy/repliedBy and the admission policy checks it against the
+            # requesting user; an entry without one was written past both, so it is nobody's decision.
+            _warn_once(body, call_id, EventReason.UNATTRIBUTED_DECISION, f"{field_name}: {call_id} names nobody; ignored")
             continue
         try:
             made = STATE.store.decide(  # type: ignore[union-attr]
@@ -1165,7 +1181,7 @@ def _resync_due(body: dict[str, Any], mark: RunMark | None, listener_whole: bool
     if mark is None or mark.run_uid != uid or last is None or run_id in _UNPUBLISHED:
         return True
     if last[0] != meta.get("generation", 1) or last[1] != mark.control:
-        return True  # a spec change (approvals, cancel), a takeover, a decision, a cancel request
+        return True  # a spec change (approvals, replies, cancel), a takeover, a decision, a cancel request
     if mark.checkpoint_id != last[2] and not listener_whole:
         return True
     if (body.get("spec") or {}).get("activeDeadlineSeconds") is not None:

@@ -14,10 +14,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agentfast.runner.liveness import RunnerInfo, batch_waits, runner_story
-from agentfast.runner.names import TERMINAL_PHASES, Phase
+from agentfast.runner.names import TERMINAL_PHASES, WAITING_PHASES, Phase
 from agentfast.runner.snapshot import PendingToolCall, RunContext
 
-CONDITION_TYPES = ("Ready", "Progressing", "AwaitingApproval", "Failed", "Cancelled")
+CONDITION_TYPES = ("Ready", "Progressing", "AwaitingApproval", "AwaitingInput", "Failed", "Cancelled")
 # Reason of the RunnerAlive condition for each state of liveness.runner_story.
 _RUNNER_REASONS = {
     "alive": "RunnerAlive",
@@ -100,6 +100,7 @@ def _conditions(phase: str, reason: str, message: str, generation: int, old: lis
         "Ready": phase == Phase.SUCCEEDED,
         "Progressing": phase in (Phase.PENDING, Phase.RUNNING),
         "AwaitingApproval": phase == Phase.WAITING_FOR_APPROVAL,
+        "AwaitingInput": phase == Phase.WAITING_FOR_INPUT,
         "Failed": phase == Phase.FAILED,
         # spec.cancel carried out (reason Cancelled), or the AgentRun deleted first (reason Deleted)
         "Cancelled": phase == Phase.CANCELLED,
@@ -180,7 +181,7 @@ def status_from_store(
     if runner is not None and ctx is not None and not override:
         status["conditions"].append(_runner_condition(runner, phase, pending, decided, generation, old.get("conditions", [])))
     if phase not in TERMINAL_PHASES:
-        waiting = phase == Phase.WAITING_FOR_APPROVAL and suspended
+        waiting = phase in WAITING_PHASES and suspended
         status["conditions"].append(
             _condition(
                 "Suspended",
@@ -218,7 +219,7 @@ def status_from_store(
             {"callId": d["call_id"], "decision": d["decision"], "decidedBy": d["decided_by"] or "unknown"}
             for d in decisions[-MAX_DECISIONS:]
         ]
-    if pending is not None and phase == Phase.WAITING_FOR_APPROVAL:
+    if pending is not None and phase in WAITING_PHASES:
         calls = [a for a in pending.awaiting if a.call_id not in decided][:MAX_PENDING]
         status["pendingApprovals"] = [
             {

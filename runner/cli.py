@@ -158,6 +158,8 @@ class _Progress:
             out.print(styled(head, " denied, not run: ", one_line(ev.detail)))
         elif ev.kind == "tool_denied_rerun":  # never "not run": its interrupted attempt may have taken effect
             out.print(styled(head, " denied, not run again (an earlier attempt may have taken effect): ", one_line(ev.detail)))
+        elif ev.kind == "user_replied":
+            out.print(styled(head, " ", one_line(ev.detail)))
         elif ev.kind == "tool_completed":
             out.print(styled(head, " recorded as done, not run: ", one_line(ev.detail)))
         elif ev.kind == "waiting" and ev.pending is not None:
@@ -165,7 +167,42 @@ class _Progress:
 
     def _waiting(self, p: PendingToolCall) -> None:
         name = self.run_id.removeprefix("default/")
-        calls = p.awaiting
+        questions = [a for a in p.awaiting if a.reason == "awaiting_input"]
+        calls = [a for a in p.awaiting if a.reason != "awaiting_input"]
+        if questions:
+            self._questions(name, questions)
+        if calls:
+            self._approvals(name, p, calls)
+
+    def _questions(self, name: str, questions: list[AwaitedCall]) -> None:
+        from .conversation import question_of
+
+        for a in questions:
+            out.print(
+                styled(("the agent asks", "bold yellow"), " (", (a.call_id, "bold"), "): ", question_of(a.tool_call.arguments))
+            )
+        hint = f"agentfast reply {name} 'your answer'" + (" --call CALL_ID" if len(questions) > 1 else "")
+        out.print(styled("  reply: ", (hint, "bold")))
+        if self.interactive:
+            for a in questions:
+                self._ask_reply(a)
+
+    def _ask_reply(self, a: AwaitedCall) -> None:
+        """The reply prompt on a terminal; best effort, like :meth:`_ask` (empty input: wait)."""
+        from .decisions import InvalidDecision
+        from .store import DecisionConflict, UnknownCall
+
+        try:
+            with output.attached_writes():
+                text = click.prompt(f"Your reply to {a.call_id} (empty: wait)", default="", show_default=False)
+            if text.strip():
+                self.store.decide(self.run_id, a.call_id, "reply", result=text, decided_by=_who())
+        except (click.exceptions.Abort, EOFError, OSError):
+            out.print("  no answer here; waiting for a reply (agentfast reply)")
+        except (UnknownCall, DecisionConflict, InvalidDecision) as e:
+            err.print(styled(("error:", "bold red"), " ", f"{a.call_id}: not recorded: {e}"))
+
+    def _approvals(self, name: str, p: PendingToolCall, calls: list[AwaitedCall]) -> None:
         if len(calls) == 1:
             a = calls[0]
             out.print(
@@ -377,7 +414,11 @@ def _drive_with(
             outcome = runner.run()
     finally:
         model.close()
-    style = {Phase.SUCCEEDED.value: "green", Phase.WAITING_FOR_APPROVAL.value: "yellow"}.get(outcome.phase, "red")
+    style = {
+        Phase.SUCCEEDED.value: "green",
+        Phase.WAITING_FOR_APPROVAL.value: "yellow",
+        Phase.WAITING_FOR_INPUT.value: "yellow",
+    }.get(outcome.phase, "red")
     out.print(styled((outcome.phase, f"bold {style}"), ": ", outcome.message))
     return outcome
 
@@ -413,6 +454,11 @@ def run(file: str, dsn: str | None, wait: bool, force: bool) -> None:
             f"{file}: spec.approvals is never read from a file: a call is decided once it awaits a decision "
             "(agentfast approve RUN CALL_ID), not before it exists"
         )
+    if agentrun.spec.replies:  # likewise a reply answers a question the model asked, never one to come
+        raise _fail(
+            f"{file}: spec.replies is never read from a file: a question is answered once the model asked it "
+            "(agentfast reply RUN 'text')"
+        )
     if agentrun.spec.cancel:
         raise _fail(f"{file}: spec.cancel is never read from a file: cancel a run that exists with `agentfast cancel RUN`")
     store = _open_store(dsn)
@@ -426,7 +472,7 @@ def run(file: str, dsn: str | None, wait: bool, force: bool) -> None:
             pass
         run_id = run_id_of(agentrun)
         # spec.cancel is a request, not the run's definition: `agentfast cancel` records it in the store.
-        doc = agentrun.model_dump(mode="json", exclude_none=True, exclude={"status": True, "spec": {"cancel"}})
+        doc = agentrun.model_dump(mode="json", exclude_none=True, exclude={"status": True, "spec": {"cancel", "replies"}})
         try:
             if agentrun.spec.forkFrom is not None:  # registered as a fork of its source (docs/fork.md)
                 from .adapters import register_fork
@@ -576,7 +622,7 @@ def fork(run: str, iteration: int, new_name: str | None, model_name: str | None,
     from .adapters import sdk_row_refs
 
     refs = sdk_row_refs(agentrun.spec.adapter)
-    doc = agentrun.model_dump(mode="json", exclude_none=True, exclude={"status": True, "spec": {"cancel"}})
+    doc = agentrun.model_dump(mode="json", exclude_none=True, exclude={"status": True, "spec": {"cancel", "replies"}})
     new_id = run_id_of(agentrun)
     try:
         made = store.fork_run(source, iteration, new_id, str(uuid.uuid4()), doc, sdk_refs=refs)
@@ -895,6 +941,119 @@ def complete(
 
     CALL_ID: the call id status shows, e.g. call-1-0-rerun1."""
     _decide(run, call_id, "complete", None, dsn, kube, namespace, result=result, uid=uid)
+
+
+def _pick_question(questions: dict[str, str], call_id: str | None, where: str) -> str:
+    """The call id a reply answers: ``call_id`` if it is one of ``questions`` (call id ->
+    question), else the only question; raises click's Exit (2) when none or several await."""
+    if call_id is not None:
+        if call_id not in questions:
+            asked = ", ".join(questions) or "none"
+            raise _fail(f"{call_id} of {where} is not a question awaiting a reply; questions awaiting one: {asked}")
+        return call_id
+    if not questions:
+        raise _fail(f"{where} asks the user nothing now (no ask_user call awaits a reply)")
+    if len(questions) > 1:
+        listed = "; ".join(f"{c}: {one_line(q, 80)}" for c, q in questions.items())
+        raise _fail(f"{where} asks {len(questions)} questions; say which one with --call: {listed}")
+    return next(iter(questions))
+
+
+def _patch_reply(run: str, call_id: str | None, text: str, namespace: str | None, uid: str | None) -> None:
+    """Append ``{callId, text, repliedBy}`` to the AgentRun's ``spec.replies`` (a JSON patch that
+    also tests ``metadata.uid``: the AgentRun the caller reviewed); the operator records it in
+    Postgres and the runner resumes. ``repliedBy`` is the caller's user name (:func:`_kube_user`);
+    the admission policy refuses the patch (exit 2, with its message) when the caller lacks the
+    approval right or the call does not await a reply."""
+    from kubernetes.client.exceptions import ApiException
+
+    from .conversation import question_of
+
+    api, ns, name, body = _agentrun_as_reviewed(run, namespace, uid, nothing_done="no reply was sent")
+    seen_uid = body["metadata"]["uid"]
+    pending = (body.get("status") or {}).get("pendingApprovals") or []
+    questions = {
+        p["callId"]: question_of(p.get("arguments", ""))
+        for p in pending
+        if p.get("reason") == "awaiting_input" and p.get("callId")
+    }
+    call_id = _pick_question(questions, call_id, f"agentrun {ns}/{name}")
+    replies = (body.get("spec") or {}).get("replies")
+    if any(r.get("callId") == call_id for r in replies or []):
+        raise _fail(f"{call_id} of agentrun {ns}/{name} was already answered; a reply is write-once")
+    entry = {"callId": call_id, "text": text, "repliedBy": _kube_user()}
+    # A JSON patch appends (a merge patch would replace the list, and the CRD keeps it append-only).
+    add = (
+        {"op": "add", "path": "/spec/replies/-", "value": entry}
+        if replies is not None
+        else {
+            "op": "add",
+            "path": "/spec/replies",
+            "value": [entry],
+        }
+    )
+    try:
+        api.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            ns,
+            PLURAL,
+            name,
+            [{"op": "test", "path": "/metadata/uid", "value": seen_uid}, add],
+            _content_type="application/json-patch+json",
+        )
+    except ApiException as e:
+        detail = json.loads(e.body).get("message", e.reason) if e.body else e.reason
+        if "test" in detail and "uid" in detail:
+            raise _fail(
+                f"agentrun {ns}/{name} was re-created since it was read (uid {seen_uid} is gone); no reply was sent"
+            ) from None
+        raise _fail(f"the API server refused the patch: {detail}") from None
+    out.print(
+        f"agentrun.agentfast.dev/{name} (uid {seen_uid}) patched: {call_id} answered by {entry['repliedBy']}",
+        highlight=False,
+        markup=False,
+    )
+
+
+@app.command()
+@click.argument("run")
+@click.argument("text")
+@click.option("--call", "call_id", help="the question's call id (status shows it); needed only when several await a reply")
+@dsn_option
+@kube_option
+@namespace_option
+@uid_option
+def reply(
+    run: str, text: str, call_id: str | None, dsn: str | None, kube: bool | None, namespace: str | None, uid: str | None
+) -> None:
+    """Answer the model's question to the user (a run WaitingForInput); the run goes on from there.
+
+    TEXT: the reply, which the model reads verbatim (at most 4096 characters). A reply is
+    write-once. As `kubectl agentfast reply` (or with --kube) it is appended to spec.replies."""
+    from .decisions import InvalidDecision, check_decision
+
+    try:
+        _, text = check_decision("reply", None, text)  # type: ignore[assignment]
+    except InvalidDecision as e:
+        raise _fail(str(e)) from None
+    if kube or (kube is None and _as_kubectl_plugin()):
+        _patch_reply(run, call_id, text, namespace, uid)
+        return
+    from .conversation import question_of
+    from .store import DecisionConflict, UnknownCall
+
+    store = _open_store(dsn)
+    key = _run_key(run)
+    if store.get_run(key) is None:
+        raise _fail(f"no run {key}")
+    questions = {a.call_id: question_of(a.tool_call.arguments) for a in store.awaiting(key) if a.reason == "awaiting_input"}
+    chosen = _pick_question(questions, call_id, f"run {key}")
+    try:
+        d = store.decide(key, chosen, "reply", result=text, decided_by=_who())
+    except (UnknownCall, DecisionConflict, InvalidDecision) as e:
+        raise _fail(str(e)) from None
+    out.print(f"{d.call_id}: reply recorded for {key}", highlight=False, markup=False)
 
 
 def _awaiting_view(store: Store, key: str, pending: PendingToolCall | None) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The rules of one human decision on an awaited tool call: approve, deny or complete.
+"""The rules of one human decision on an awaited tool call: approve, deny, complete or reply.
 
 Kept out of :mod:`.spec` (which re-exports them, for ``spec.approvals``) so that the store, which
 enforces them on every decision, and the CLI's ``approve``/``deny``/``complete`` need not import
@@ -8,13 +8,21 @@ the spec models (issue 15: a command imports only what it uses).
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from .errors import InvalidDecision as InvalidDecision  # its home is errors.py; raised and imported from here
 from .storable import storable_text
 
+if TYPE_CHECKING:
+    from .snapshot import AwaitedCall
+
 REASON_MAX_CHARS = 1024
 RESULT_MAX_CHARS = 4096
-DECISIONS = ("approve", "deny", "complete")
+REPLY_MAX_CHARS = 4096
+DECISIONS = ("approve", "deny", "complete", "reply")
+#: The decision a question to the user (an ``ask_user`` call, docs/conversation.md) takes; the
+#: others are for gated calls.
+REPLY = "reply"
 
 
 def check_decision(decision: str, reason: str | None, result: str | None) -> tuple[str | None, str | None]:
@@ -23,7 +31,9 @@ def check_decision(decision: str, reason: str | None, result: str | None) -> tup
     ``approve``: the call runs (``reason`` an optional note). ``deny``: the call does not run and
     the model reads ``reason``, which is required (a denial without one tells the model nothing).
     ``complete``: the call's effect already happened; ``result`` (required, JSON text, kept
-    verbatim) is what the model reads as the call's result. ``result`` is refused for the others.
+    verbatim) is what the model reads as the call's result. ``reply``: the user's answer to the
+    model's question (an ``ask_user`` call); ``result`` (required, plain text, at most 4096
+    characters) is what the model reads. ``result`` is refused for the others.
     Limits: reason 1024 characters, result 4096. NUL and lone surrogates become U+FFFD.
     Raises InvalidDecision. The one home of these rules: the store, the CLI, ``spec.approvals``.
     """
@@ -39,6 +49,15 @@ def check_decision(decision: str, reason: str | None, result: str | None) -> tup
         raise InvalidDecision(
             "a denial needs a reason: the model reads it as the call's result (e.g. --reason 'customer withdrew')"
         )
+    if decision == REPLY:
+        if reason is not None:
+            raise InvalidDecision("a reply has no reason: its text is what the model reads")
+        if result is None or not result.strip():
+            raise InvalidDecision("a reply needs its text, e.g. agentfast reply RUN 'yes, the order from May'")
+        result = storable_text(result)
+        if len(result) > REPLY_MAX_CHARS:
+            raise InvalidDecision(f"the reply is {len(result)} characters; at most {REPLY_MAX_CHARS}")
+        return None, result
     if decision == "complete":
         if result is None or not result.strip():
             raise InvalidDecision('complete needs the call\'s result as JSON text, e.g. --result \'{"voucher": "V-100"}\'')
@@ -54,3 +73,19 @@ def check_decision(decision: str, reason: str | None, result: str | None) -> tup
     elif result is not None:
         raise InvalidDecision(f"a result is given only with complete, not with {decision}")
     return reason, result
+
+
+def check_decision_fits(decision: str, awaited: AwaitedCall) -> None:
+    """Refuse a decision of the wrong kind for ``awaited``: a question to the user (reason
+    ``awaiting_input``) is answered with ``reply``; a gated or interrupted call is approved,
+    denied or completed, never replied to. Raises InvalidDecision."""
+    question = awaited.reason == "awaiting_input"
+    if question and decision != REPLY:
+        raise InvalidDecision(
+            f"{awaited.call_id} is the model's question to the user, not a tool call to approve: answer it with"
+            " agentfast reply RUN 'text' (spec.replies in a cluster)"
+        )
+    if not question and decision == REPLY:
+        raise InvalidDecision(
+            f"{awaited.call_id} is a {awaited.tool_call.name} call awaiting approval, not a question: approve, deny or complete it"
+        )

@@ -253,6 +253,11 @@ class CallExecutor:
             text = f"denied: a human reviewer declined this {name} call{why}. It was not run."
         return self._persist(entry, self._result(entry, text, "denied"))
 
+    def reply(self, entry: JournalEntry, text: str, replied_by: str) -> ToolResult:
+        """Persist the user's reply to the model's question (an ``ask_user`` call) as the call's
+        result: the model reads ``text`` verbatim; ``recorded_by`` is ``user:<replied_by>``."""
+        return self._persist(entry, self._result(entry, text, recorded_by=f"user:{replied_by}" if replied_by else "user"))
+
     def complete(self, entry: JournalEntry, result_text: str, decided_by: str) -> ToolResult:
         """Persist a human's record that the call's effect already happened, with ``result_text``
         (what the model reads, verbatim); the tool body never runs again."""

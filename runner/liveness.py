@@ -52,7 +52,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import DictRow, dict_row
 
-from .names import TERMINAL_PHASES, Phase
+from .names import TERMINAL_PHASES, WAITING_PHASES, Phase
 from .store import PROGRESS_CHANNEL, Store, StoreError, StoreUnavailable, pin_search_path
 
 log = logging.getLogger(__name__)
@@ -430,13 +430,11 @@ def runner_story(info: RunnerInfo, phase: str, awaiting: str | None, decided: st
     included). The sentence never says what to type: CLI and operator add their own next step.
     """
     if info.alive:
-        extra = (
-            f"; it waits for a decision on {awaiting}" if phase == Phase.WAITING_FOR_APPROVAL and awaiting and not decided else ""
-        )
+        extra = f"; it waits for a decision on {awaiting}" if phase in WAITING_PHASES and awaiting and not decided else ""
         return "alive", f"alive: {info.describe()}{extra}"
     if phase in TERMINAL_PHASES:
         return "ended", "none (the run has ended)"
-    if phase == Phase.WAITING_FOR_APPROVAL and awaiting:
+    if phase in WAITING_PHASES and awaiting:
         if decided:
             return (
                 "decided_resume_needed",

@@ -33,11 +33,13 @@ from typing import Any, Final, Literal
 
 from . import faults
 from .budget import check_budget, get_classifier, keep_cost_limit
+from .conversation import AskUserTool, as_question, question_of
+from .decisions import REPLY
 from .errors import AgentfastError, UnknownRun
 from .journal import NOT_WRITTEN, CallExecutor, NotWritten, RunEnding
 from .liveness import EXIT_GRACE_S, ClaimStopped, RunnerAlive, RunnerClaim
 from .model import ChatModel, ModelError, ModelReply, distinct_tool_call_ids
-from .names import TERMINAL_PHASES, ExitCode, Phase, format_run_id
+from .names import TERMINAL_PHASES, WAITING_PHASES, ExitCode, Phase, format_run_id
 from .payloads import PayloadTooLarge
 from .snapshot import (
     AwaitedCall,
@@ -97,7 +99,7 @@ class ProgressEvent:
     (a tool body ran), tool_denied (a human denied the call; detail ends with the reason; the
     kind is tool_denied_rerun when an earlier attempt was interrupted and may have taken effect),
     tool_completed (recorded done without running: by a human, or by the tool's recovery check),
-    checkpoint, waiting (``pending`` lists every awaited call), finished."""
+    user_replied (the user answered the model's question: detail names who and says the reply), checkpoint, waiting (``pending`` lists every awaited call), finished."""
 
     kind: str
     context: RunContext
@@ -147,6 +149,8 @@ def awaiting_message(awaited: list[AwaitedCall]) -> str:
     """The run's status message while it waits on ``awaited`` (non-empty, model order)."""
     if len(awaited) == 1:
         a = awaited[0]
+        if a.reason == "awaiting_input":
+            return f"{a.call_id}: the agent asks: {question_of(a.tool_call.arguments)[:400]}"
         return f"{a.call_id}: {a.tool_call.name}({a.tool_call.arguments[:200]})"
     calls = ", ".join(f"{a.call_id} {a.tool_call.name}" for a in awaited)
     return f"{len(awaited)} calls await a decision: {calls}"[:1000]
@@ -223,7 +227,7 @@ class RunnerBase(ABC):
         self.spec = run.spec
         self.run_id = run_id_of(run)
         self.model = model
-        self.tools: ToolRegistry = tools if isinstance(tools, ToolRegistry) else ToolRegistry([])
+        self.tools: ToolRegistry = self._with_builtins(tools) if isinstance(tools, ToolRegistry) else ToolRegistry([])
         self._resolve_tools: Callable[[], ToolRegistry] | None = None if isinstance(tools, ToolRegistry) else tools
         self.wait_for_approval = wait_for_approval
         self.stop = stop or threading.Event()
@@ -290,7 +294,7 @@ class RunnerBase(ABC):
             if warm is not None:
                 warm()
             if self._resolve_tools is not None:  # the run is ours and the old runner fenced: now wait for the tools
-                self.tools, self._resolve_tools = self._resolve_tools(), None
+                self.tools, self._resolve_tools = self._with_builtins(self._resolve_tools()), None
             self.executor = CallExecutor(
                 self.store, self.lease, record.run_uid, self.tools, deadline_s=self.spec.activeDeadlineSeconds
             )
@@ -345,6 +349,10 @@ class RunnerBase(ABC):
 
     # -- model turns and tool plans ------------------------------------------------------------
 
+    def _with_builtins(self, tools: ToolRegistry) -> ToolRegistry:
+        """``tools`` plus the runtime's own: ``ask_user`` when ``spec.conversation`` is on."""
+        return tools.with_builtin(AskUserTool()) if self.spec.conversation else tools
+
     def model_turn(self, it: int, messages: list[Message]) -> Turn:
         """The model's reply for iteration ``it``: the persisted one on a resume, else a new one.
 
@@ -365,8 +373,9 @@ class RunnerBase(ABC):
             faults.point("model.before_call")
             reply = self.model.complete(messages, self.tools.schemas)
             faults.point("model.after_call")
+            message = as_question(reply.message, it) if self.spec.conversation else reply.message
             # Ids a provider repeated are made unique before they are stored or sent back (the wire).
-            message = distinct_tool_call_ids(reply.message, messages, it)
+            message = distinct_tool_call_ids(message, messages, it)
             turn = Turn(it, message, reply.prompt_tokens, reply.completion_tokens)
             plan = self._plan(it, turn.message)
             start = self.start_with_turn(plan)
@@ -486,7 +495,7 @@ class RunnerBase(ABC):
                     # spec.suspendAfter: free the pod and the connections; a decision starts a new runner
                     self._active_since = time.monotonic()
                     return Outcome(
-                        Phase.WAITING_FOR_APPROVAL,
+                        Phase(self.snap.context.status.phase),
                         ExitCode.OK,
                         f"suspended: no decision within {self.suspend_after_s:g} s; "
                         "the runner exits and a decision starts a new one",
@@ -495,7 +504,7 @@ class RunnerBase(ABC):
                 # else woke a hair before the store's clock reached the deadline: wait on
             self._active_since = time.monotonic()  # time spent waiting for a human is not billed
             found = got
-        if self.snap.context.status.phase == Phase.WAITING_FOR_APPROVAL.value:
+        if self.snap.context.status.phase in WAITING_PHASES:
             said = ", ".join(f"{i}: {found[i].decision}" for i in ids.values())
             self.snap.context.status = RunStatus(phase=Phase.RUNNING, reason="Decided", message=said[:1000])
         return {pos: found[i] for pos, i in ids.items()}
@@ -515,14 +524,23 @@ class RunnerBase(ABC):
                     position=e.position,
                     tool_call=e.tool_call,
                     idempotency_key=e.idempotency_key,
-                    reason="in_flight_not_idempotent" if self.executor.in_flight_unsafe(e) else "requires_approval",
+                    reason="in_flight_not_idempotent"
+                    if self.executor.in_flight_unsafe(e)
+                    else "awaiting_input"
+                    if self._is_question(e)
+                    else "requires_approval",
                     **({"requested_at": before[cid].requested_at} if cid in before else {}),
                 )
             )
         if old is None or old.call_ids != [a.call_id for a in awaited]:
             self.snap.pending = PendingToolCall.of(awaited, siblings)
             ctx.counters.approvals_requested += sum(1 for a in awaited if a.call_id not in before)
-            ctx.status = RunStatus(phase=Phase.WAITING_FOR_APPROVAL, reason="AwaitingApproval", message=awaiting_message(awaited))
+            if all(a.reason == "awaiting_input" for a in awaited):
+                ctx.status = RunStatus(phase=Phase.WAITING_FOR_INPUT, reason="AwaitingInput", message=awaiting_message(awaited))
+            else:
+                ctx.status = RunStatus(
+                    phase=Phase.WAITING_FOR_APPROVAL, reason="AwaitingApproval", message=awaiting_message(awaited)
+                )
             self.commit()
         faults.point("approval.waiting")
         # From here on the run waits for a human, also while the CLI asks at its own prompt (an
@@ -532,8 +550,12 @@ class RunnerBase(ABC):
         assert self.snap.pending is not None  # set above, or the same batch's record kept
         self.emit("waiting", ", ".join(self.snap.pending.call_ids), pending=self.snap.pending)
         if not self.wait_for_approval:
-            return Outcome(Phase.WAITING_FOR_APPROVAL, ExitCode.OK, ctx.status.message, pending=self.snap.pending)
+            return Outcome(Phase(ctx.status.phase), ExitCode.OK, ctx.status.message, pending=self.snap.pending)
         return None
+
+    def _is_question(self, e: JournalEntry) -> bool:
+        """Whether ``e`` is the model's question to the user (the built-in ``ask_user``)."""
+        return isinstance(self.tools.get(e.tool_call.name), AskUserTool)
 
     def apply_decision(self, e: JournalEntry, d: Decision) -> ToolResult | None:
         """Carry out a human's decision on an awaited call; None if halted (:meth:`halted`:
@@ -544,6 +566,9 @@ class RunnerBase(ABC):
                 return None
             result = self.executor.execute(e)
             self.emit("tool_result", f"{e.call_id} {name}")
+        elif d.decision == REPLY:
+            result = self.executor.reply(e, d.result or "", d.decided_by)
+            self.emit("user_replied", f"{e.call_id}: {d.decided_by or 'the user'} replied: {d.result or ''}")
         elif d.decision == "complete":
             result = self.executor.complete(e, d.result or "", d.decided_by)
             self.emit("tool_completed", f"{e.call_id} {name}: recorded as already done by {d.decided_by or 'a human'}")

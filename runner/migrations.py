@@ -519,4 +519,11 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE agentfast_runs ADD COLUMN forked_from text, ADD COLUMN forked_at integer;
     """,
+    # 14: a human in the conversation (issue 17 item 3, docs/conversation.md): the user's reply to
+    # the model's question is a fourth decision, write-once like the others; its text is `result`.
+    """
+    ALTER TABLE agentfast_approvals DROP CONSTRAINT agentfast_approvals_decision_check;
+    ALTER TABLE agentfast_approvals ADD CONSTRAINT agentfast_approvals_decision_check
+        CHECK (decision IN ('approve', 'deny', 'complete', 'reply'));
+    """,
 ]

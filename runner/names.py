@@ -27,6 +27,9 @@ class Phase(StrEnum):
     RUNNING = "Running"
     #: A gated call awaits a human decision (approve, deny, complete) through ``spec.approvals`` or the CLI.
     WAITING_FOR_APPROVAL = "WaitingForApproval"
+    #: The model asked the user a question (``ask_user``, or a question in ``spec.conversation``)
+    #: and nothing else awaits a decision: the run waits for a reply (``agentfast reply``, ``spec.replies``).
+    WAITING_FOR_INPUT = "WaitingForInput"
     #: Ended: the model gave its final answer.
     SUCCEEDED = "Succeeded"
     #: Ended for good: budget, deadline, a model that rejected the request, an invalid spec.
@@ -34,6 +37,9 @@ class Phase(StrEnum):
     #: Ended at a human's request (``spec.cancel``, ``agentfast cancel``) or because the AgentRun was deleted.
     CANCELLED = "Cancelled"
 
+
+#: The phases of a run that waits for a human: a decision on a gated call, or a reply (docs/conversation.md).
+WAITING_PHASES: frozenset[str] = frozenset({Phase.WAITING_FOR_APPROVAL, Phase.WAITING_FOR_INPUT})
 
 #: The phases a run never leaves (its runner exits and is not replaced).
 TERMINAL_PHASES: frozenset[str] = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED})

@@ -24,7 +24,7 @@ SCHEMA_VERSION = 2
 #: Cancelled: its AgentRun was deleted before the run ended (written by the operator; issue 13).
 #: The values of runner/names.py's Phase, in its order (a Literal, for pydantic and mypy;
 #: tests/test_names.py keeps the two equal).
-Phase = Literal["Pending", "Running", "WaitingForApproval", "Succeeded", "Failed", "Cancelled"]
+Phase = Literal["Pending", "Running", "WaitingForApproval", "WaitingForInput", "Succeeded", "Failed", "Cancelled"]
 
 
 def now_ms() -> int:
@@ -226,8 +226,9 @@ class ToolResult(_Model):
 
 
 class AwaitedCall(_Model):
-    """One call that awaits a human decision: a gated call, or a non-idempotent call that was in
-    flight when a runner died (``reason``). ``call_id`` is the id a human decides under: the
+    """One call that awaits a human decision: a gated call, a non-idempotent call that was in
+    flight when a runner died, or the model's question to the user (``ask_user``: awaits a
+    reply) (``reason``). ``call_id`` is the id a human decides under: the
     journal's call id, or ``<call id>-rerun<n>`` for an in-flight re-run."""
 
     call_id: str
@@ -235,7 +236,7 @@ class AwaitedCall(_Model):
     position: int
     tool_call: ToolCall
     idempotency_key: str
-    reason: Literal["requires_approval", "in_flight_not_idempotent"] = "requires_approval"
+    reason: Literal["requires_approval", "in_flight_not_idempotent", "awaiting_input"] = "requires_approval"
     requested_at: int = Field(default_factory=now_ms)
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 # The rules of a decision live in .decisions, so that the store (which enforces them) need not import this module.
-from .decisions import DECISIONS, REASON_MAX_CHARS, RESULT_MAX_CHARS, InvalidDecision, check_decision  # noqa: F401
+from .decisions import DECISIONS, REASON_MAX_CHARS, REPLY_MAX_CHARS, RESULT_MAX_CHARS, InvalidDecision, check_decision  # noqa: F401
 from .errors import SettingError
 from .errors import SpecError as SpecError  # its home is errors.py; raised and imported from here
 from .names import API_VERSION as API_VERSION  # the Literals below must say the same (tests/test_names.py)
@@ -55,6 +55,8 @@ MAX_DEADLINE_S = 31_536_000
 MAX_COST = 1_000_000
 #: Decisions one AgentRun can carry in ``spec.approvals`` over its life (the CRD's maxProperties).
 MAX_APPROVALS = 128
+#: At most this many entries in spec.replies (each answers one question of the run).
+MAX_REPLIES = 64
 #: The runner's variable holding the model key: the operator sets it from the Secret key the run's
 #: ModelConfig names (``apiKeySecretRef``), and the local CLI reads it from the environment. No
 #: spec names a variable: nothing a run's author writes reaches the runner's environment.
@@ -275,8 +277,10 @@ class McpServerSpec(_Spec):
             raise ValueError("env is for a stdio server (command) only")
         if self.command is not None and any(not a or len(a) > 1024 for a in self.command):
             raise ValueError("command: arguments are non-empty strings of at most 1024 characters")
-        if any(len(v) > 1024 for v in self.env.values()):
-            raise ValueError("env: values are at most 1024 characters")
+        if any(len(v) > 1024 for v in self.env.values()) or any(len(k) > 128 for k in self.env):
+            raise ValueError("env: names are at most 128 characters, values at most 1024")
+        if any(len(k) > 128 for k in self.tools):
+            raise ValueError("tools: MCP tool names are at most 128 characters")
         bad = [
             k for k in self.env if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k) or k.startswith(("AGENTFAST_", "PYTHON", "LD_"))
         ]
@@ -324,6 +328,25 @@ class ApprovalDecision(_Spec):
     @model_validator(mode="after")
     def _valid(self) -> ApprovalDecision:
         check_decision(self.decision, self.reason, self.result)
+        return self
+
+
+class UserReply(_Spec):
+    """One entry of ``spec.replies``: the user's answer to the model's question ``callId`` (an
+    ``ask_user`` call that ``status.pendingApprovals`` lists; docs/conversation.md). The list is
+    append-only (CRD rule) and each question takes one reply (write-once, like a decision)."""
+
+    callId: str = Field(pattern=CALL_ID_PATTERN, max_length=64, description="the question's call id, e.g. call-3-0")
+    text: str = Field(min_length=1, max_length=REPLY_MAX_CHARS, description="the reply; the model reads it verbatim")
+    repliedBy: str = Field(
+        min_length=1,
+        max_length=512,
+        description="your own user name; in a cluster the admission policy checks it against the requesting user",
+    )
+
+    @model_validator(mode="after")
+    def _valid(self) -> UserReply:
+        check_decision("reply", None, self.text)
         return self
 
 
@@ -633,6 +656,12 @@ class AgentRunSpec(_Spec):
         " done, end it Cancelled. Can be set once the run exists, never taken back",
     )
     approvals: dict[str, ApprovalDecision] = Field(default_factory=dict, max_length=MAX_APPROVALS)
+    conversation: bool = Field(
+        False,
+        description="a human in the conversation (docs/conversation.md): the model may call ask_user, and a final"
+        " answer that ends in a question waits for the user's reply; the run is WaitingForInput meanwhile",
+    )
+    replies: list[UserReply] = Field(default_factory=list, max_length=MAX_REPLIES)
     forkFrom: ForkFrom | None = Field(
         None, description="start from another run's state at one of its iterations (docs/fork.md); immutable"
     )
@@ -650,6 +679,15 @@ class AgentRunSpec(_Spec):
                 f"keys must be call ids as status.pendingApprovals shows them (e.g. call-2-0, call-1-0-rerun1), not {shown}"
             )
         return approvals
+
+    @field_validator("replies")
+    @classmethod
+    def _one_reply_each(cls, replies: list[UserReply]) -> list[UserReply]:
+        ids = [r.callId for r in replies]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"each question takes one reply; answered twice: {', '.join(dupes)}")
+        return replies
 
     @field_validator("tools")
     @classmethod
@@ -673,6 +711,8 @@ class AgentRunSpec(_Spec):
     def _adapter_needs(self) -> AgentRunSpec:
         if self.adapter == "langgraph" and self.graph is None:
             raise ValueError("adapter langgraph needs spec.graph.ref")
+        if self.conversation and any(t.name == "ask_user" for t in self.tools):
+            raise ValueError("spec.tools: ask_user is the built-in tool of spec.conversation; give yours another name")
         if self.model.script and self.budget.max_cost is not None and self.model.prices is None:
             raise ValueError(
                 "spec.budget.max_cost: the scripted model has no prices, so the run's cost cannot be counted;"

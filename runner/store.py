@@ -46,7 +46,7 @@ from psycopg_pool import ConnectionPool
 from pydantic import BaseModel
 
 from . import names, payloads
-from .decisions import InvalidDecision, check_decision  # noqa: F401  (InvalidDecision: raised by Store.decide; not from .spec, whose models status, history and list never need)
+from .decisions import InvalidDecision, check_decision, check_decision_fits  # noqa: F401  (InvalidDecision: raised by Store.decide; not from .spec, whose models status, history and list never need)
 from .errors import AgentfastError, UnknownRun
 from .migrations import MIGRATIONS
 from .names import TERMINAL_PHASES
@@ -267,10 +267,11 @@ class JournalEntry:
 @dataclass(frozen=True)
 class Decision:
     """A human's decision on one awaited call: approve (run it), deny (the model reads
-    ``reason``), or complete (its effect already happened; the model reads ``result``)."""
+    ``reason``), complete (its effect already happened; the model reads ``result``), or reply
+    (the user's answer to the model's ``ask_user`` question, in ``result``)."""
 
     call_id: str
-    decision: Literal["approve", "deny", "complete"]
+    decision: Literal["approve", "deny", "complete", "reply"]
     reason: str | None
     decided_by: str
     result: str | None = None
@@ -1588,7 +1589,7 @@ class Store:
         self,
         run_id: str,
         call_id: str,
-        decision: Literal["approve", "deny", "complete"],
+        decision: Literal["approve", "deny", "complete", "reply"],
         *,
         reason: str | None = None,
         result: str | None = None,
@@ -1602,7 +1603,9 @@ class Store:
         this moment, and undecided. Raises InvalidDecision (see ``spec.check_decision``: a
         denial needs a reason, complete needs JSON ``result``), DecisionConflict when the call
         was already decided (``err.same`` tells a replay of the same decision), UnknownCall
-        when it does not await a decision now.
+        when it does not await a decision now. A question to the user (an awaited call whose
+        reason is ``awaiting_input``) takes ``reply`` and nothing else; a gated call anything but
+        ``reply`` (InvalidDecision).
 
         ``once`` (the operator, for ``spec.approvals``, which it replays on every reconcile): a
         refusal is final. A decision refused because its call did not await one is recorded
@@ -1629,6 +1632,7 @@ class Store:
             awaiting = self._awaiting(conn, run_id)
             if call_id not in [a.call_id for a in awaiting]:
                 raise UnknownCall(self._not_awaiting(conn, run_id, call_id, awaiting))
+            check_decision_fits(decision, next(a for a in awaiting if a.call_id == call_id))
             row = conn.execute(
                 """INSERT INTO agentfast_approvals (run_id, call_id, decision, reason, result, decided_by)
                    VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (run_id, call_id) DO NOTHING

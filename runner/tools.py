@@ -249,6 +249,13 @@ class ToolRegistry:
             )
         return cls(tools)
 
+    def with_builtin(self, builtin: Any) -> ToolRegistry:
+        """This registry plus ``builtin`` (a tool the runtime provides, e.g. ``ask_user``: the
+        surface of :class:`Tool`). Raises SpecError when a spec tool has its name."""
+        if builtin.name in self._tools:
+            raise SpecError(f"spec.tools: {builtin.name!r} is the name of a built-in tool of this run; rename yours")
+        return ToolRegistry([*self._tools.values(), builtin])
+
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
 

@@ -26,6 +26,11 @@ Script format (YAML)::
             # an OpenAI-shaped error body; later requests for the turn succeed. The counters
             # belong to one server instance.
 
+A multi-turn conversation (docs/conversation.md) is a script whose turns call ``ask_user`` (or,
+with ``spec.conversation``, end their content in a question); the next turn can say what the
+user's reply must contain (``expect: "A-1042"``: the request's last message must contain that
+text, else HTTP 400), so a script proves the reply reached the model.
+
 A turn needs ``content``, ``tool_calls`` or ``refusal`` (any of them together). ``refusal``
 is sent as the message's ``refusal`` field, as OpenAI does when a model declines. A turn with
 tool calls finishes with ``finish_reason: "tool_calls"``, otherwise ``"stop"``. Unknown keys are
@@ -148,6 +153,9 @@ class ScriptTurn(_ScriptModel):
     refusal: str | None = None
     usage: ScriptUsage | None = None
     fail: list[int] = Field(default_factory=list, description="HTTP statuses for the first requests of this turn")
+    expect: str | None = Field(
+        None, description="text the request's last message must contain (e.g. the user's reply), else HTTP 400"
+    )
 
     @field_validator("fail")
     @classmethod
@@ -514,6 +522,16 @@ class ScriptedModelServer:
                 "invalid_request_error",
             )
         turn = turns[turn_index]
+        if turn.expect is not None:
+            last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
+            content = last.get("content")
+            said: str = content if isinstance(content, str) else ""
+            if turn.expect not in said:
+                return 400, _error_body(
+                    f"script {self.script.label!r} turn {turn_index + 1} expects the last message to contain"
+                    f" {turn.expect!r}; it says {said[:200]!r}",
+                    "invalid_request_error",
+                )
 
         with self._lock:
             served = self._failures_served.get(turn_index, 0)

@@ -197,16 +197,16 @@ def test_every_modelconfig_field_is_documented_for_kubectl_explain() -> None:
     assert all("description" in p for p in props.values()), [n for n, p in props.items() if "description" not in p]
 
 
-def test_the_immutability_rule_covers_every_spec_field_but_approvals_and_cancel() -> None:
+def test_the_immutability_rule_covers_every_spec_field_but_approvals_replies_and_cancel() -> None:
     """A field the rule forgets would be editable after creation (a budget raised mid-run, a
-    deadline lifted): every field of spec is compared with oldSelf, except the two requests."""
+    deadline lifted): every field of spec is compared with oldSelf, except the three requests."""
     import re
 
     rules = spec_schema()["x-kubernetes-validations"]
     immutable = next(r for r in rules if "spec is immutable" in r["message"])
     compared = set(re.findall(r"self\.([A-Za-z]+) == oldSelf\.\1", immutable["rule"]))
-    assert compared == set(spec_schema()["properties"]) - {"approvals", "cancel"}
-    assert "spec.approvals and spec.cancel" in immutable["message"]
+    assert compared == set(spec_schema()["properties"]) - {"approvals", "replies", "cancel"}
+    assert "spec.approvals, spec.replies and spec.cancel" in immutable["message"]
 
 
 def test_cancel_is_a_one_way_switch_and_the_deadline_the_runners() -> None:
@@ -278,8 +278,8 @@ def test_spec_runner_is_immutable_like_the_rest_of_spec() -> None:
         r for r in spec_schema()["x-kubernetes-validations"] if r["message"].startswith("spec is immutable after creation")
     ]
     assert "has(self.runner) == has(oldSelf.runner) && (!has(self.runner) || self.runner == oldSelf.runner)" in immutable["rule"]
-    # every field of spec but approvals and cancel is in the rule (a field left out would be editable)
-    for name in fields(AgentRunSpec) - {"approvals", "cancel"}:
+    # every field of spec but approvals, replies and cancel is in the rule (a field left out would be editable)
+    for name in fields(AgentRunSpec) - {"approvals", "replies", "cancel"}:
         assert f"self.{name}" in immutable["rule"], name
 
 

@@ -157,6 +157,8 @@ def test_an_unreachable_server_exits_75_and_keeps_the_run(dsn: str, tmp_path: Pa
     first = run_cli("run", str(path), dsn=dsn, env={"AGENTFAST_MCP_CONNECT_SECONDS": "3"})
     assert first.returncode == 75 and "cannot be reached" in first.stdout, first.stdout
     assert _journal(dsn, "mcp-down") == {}  # nothing ran
+    with Store(dsn) as s:  # registered all the same: `agentfast resume mcp-down` goes on once the server is up
+        assert s.get_run("default/mcp-down") is not None
 
 
 def test_a_stdio_server_that_fails_to_start_is_refused_before_the_run_is_registered(dsn: str, tmp_path: Path) -> None:
