@@ -10,7 +10,8 @@ stand for a team's remote systems, one per default the annotations give (docs/mc
   idempotency key;
 - ``send_message`` (no hints: by MCP's defaults destructive and not idempotent): records every
   call it receives, as a real sender would send every one;
-- ``always_fails`` (``readOnlyHint``): answers ``isError`` with a text saying why.
+- ``always_fails`` (``readOnlyHint``): answers ``isError`` with a text saying why;
+- ``slow_lookup`` (``readOnlyHint``): answers after ``seconds``.
 
 With ``MCP_TEST_CRASH_AFTER_EFFECT`` naming a file that does not exist, the first ``add_note``
 call creates it, records its effect and exits the server before answering.
@@ -32,6 +33,7 @@ import os
 import sqlite3
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +116,13 @@ def build_server() -> Any:
         key = key_of(ctx)
         record("send_message", key, {"to": to, "body": body})
         return f"sent to {to}"
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    def slow_lookup(order_id: str, seconds: float, ctx: Context) -> str:
+        """Look up an order, taking this many seconds."""
+        key_of(ctx)
+        time.sleep(seconds)
+        return f"{order_id}: delivered"
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=True))
     def always_fails(reason: str, ctx: Context) -> str:

@@ -241,6 +241,19 @@ def test_an_mcp_server_that_dies_mid_call_leaves_the_call_in_flight_and_the_resu
     assert _keys(db, "add_note") == [entry.idempotency_key]
 
 
+def test_a_call_past_its_time_limit_is_left_in_flight_not_recorded(dsn: str, tmp_path: Path) -> None:
+    turns = [{"tool_calls": [{"id": "s", "name": "orders_slow_lookup", "arguments": {"order_id": "A-1", "seconds": 4}}]}]
+    path = _run_file(tmp_path, "mcp-slow", {"command": STDIO}, [*turns, {"content": "done"}])
+    first = run_cli("run", str(path), dsn=dsn, env={"AGENTFAST_MCP_CALL_SECONDS": "1"})
+    assert first.returncode == 75 and "no answer" in first.stdout, first.stdout
+    (entry,) = _journal(dsn, "mcp-slow").values()
+    assert entry.state == "started" and entry.result is None
+    done = run_cli("resume", "mcp-slow", dsn=dsn)  # the default limit: read-only, so run again with its key
+    assert done.returncode == 0 and "Succeeded" in done.stdout, done.stdout
+    (entry,) = _journal(dsn, "mcp-slow").values()
+    assert entry.attempts == 2 and entry.result.content == "A-1: delivered"
+
+
 # (tool.after_persist: the result was kept, as for the idempotent note above: nothing to settle)
 @pytest.mark.parametrize("fault", ["tool.before_call", "tool.after_call"])
 def test_sigkill_around_a_non_idempotent_mcp_call_never_repeats_it_blindly(fault: str, dsn: str, tmp_path: Path) -> None:
@@ -293,6 +306,7 @@ def test_annotations_set_the_defaults_and_a_spec_may_add_or_lift_a_gate_never_de
         "orders_add_note": (True, False),  # idempotentHint, destructiveHint false
         "orders_send_message": (False, True),  # no hints: MCP's defaults, destructive and not idempotent
         "orders_always_fails": (True, False),
+        "orders_slow_lookup": (True, False),
     }
     assert tools[0].schema["function"]["parameters"]["required"] == ["order_id"]
     overrides = {
