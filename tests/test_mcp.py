@@ -242,7 +242,7 @@ def test_an_mcp_server_that_dies_mid_call_leaves_the_call_in_flight_and_the_resu
 
 
 def test_a_call_past_its_time_limit_is_left_in_flight_not_recorded(dsn: str, tmp_path: Path) -> None:
-    turns = [{"tool_calls": [{"id": "s", "name": "orders_slow_lookup", "arguments": {"order_id": "A-1", "seconds": 4}}]}]
+    turns = [{"tool_calls": [{"id": "s", "name": "orders_slow_lookup", "arguments": {"order_id": "A-1", "seconds": 2.5}}]}]
     path = _run_file(tmp_path, "mcp-slow", {"command": STDIO}, [*turns, {"content": "done"}])
     first = run_cli("run", str(path), dsn=dsn, env={"AGENTFAST_MCP_CALL_SECONDS": "1"})
     assert first.returncode == 75 and "no answer" in first.stdout, first.stdout
