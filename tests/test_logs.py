@@ -164,3 +164,15 @@ def test_the_console_format_of_a_real_run_is_not_json(tmp_path: Path, dsn: str) 
     for line in lines:
         with pytest.raises(json.JSONDecodeError):
             json.loads(line)
+
+
+def test_the_operator_keeps_kopfs_handler_with_our_lines(root_logging: None) -> None:
+    stream = io.StringIO()
+    root = logging.getLogger()
+    root.handlers[:] = [logging.StreamHandler(stream)]  # kopf installs its own handler on the root logger
+    root.setLevel(logging.INFO)
+    assert logs.reformat_handlers("json") == "json"
+    with logs.bound(run="ns/r2"):
+        logging.getLogger("kopf.objects").info("Handler succeeded", extra={"k8s_ref": {"name": "r2", "namespace": "ns"}})
+    doc = json.loads(stream.getvalue())
+    assert doc["run"] == "ns/r2" and doc["k8s_ref"] == {"name": "r2", "namespace": "ns"} and doc["logger"] == "kopf.objects"

@@ -40,13 +40,22 @@ def scrape_pod(k: Kube, pod: str) -> Samples:
 
 
 def scrape_leader(k: Kube) -> Samples:
-    """The scrape of the one replica that serves the runs' figures (agentfast_operator_leader 1)."""
-    scrapes = {pod: scrape_pod(k, pod) for pod in operator_pods(k)}
-    leaders = [s for s in scrapes.values() if s.get(("agentfast_operator_leader", ())) == 1]
-    assert len(leaders) == 1, {pod: s.get(("agentfast_operator_leader", ())) for pod, s in scrapes.items()}
+    """The scrape of the one replica that serves the runs' figures (agentfast_operator_leader 1).
+    Waits (60 s) while a replica just started does not answer yet or the lease changes hands."""
+
+    def attempt() -> dict[str, Samples] | None:
+        try:
+            scrapes = {pod: scrape_pod(k, pod) for pod in operator_pods(k)}
+        except AssertionError:  # a replica not listening yet
+            return None
+        leaders = [s for s in scrapes.values() if s.get(("agentfast_operator_leader", ())) == 1]
+        return scrapes if len(leaders) == 1 else None
+
+    scrapes = k.wait_for("exactly one operator replica serving the runs' figures", attempt, timeout=60)
+    (leader,) = [s for s in scrapes.values() if s.get(("agentfast_operator_leader", ())) == 1]
     for s in scrapes.values():  # a standby serves its process figures only: the runs are never counted twice
-        assert (("agentfast_store_up", ()) in s) == (s is leaders[0])
-    return leaders[0]
+        assert (("agentfast_store_up", ()) in s) == (s is leader)
+    return leader
 
 
 def value(s: Samples, name: str, **labels: str) -> float:
