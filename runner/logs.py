@@ -52,6 +52,11 @@ def bound(**fields: Any) -> Iterator[None]:
         _FIELDS.reset(token)
 
 
+def clear() -> None:
+    """Remove every field bound in this context."""
+    _FIELDS.set({})
+
+
 def fields() -> dict[str, Any]:
     """The fields bound in this context (a copy)."""
     return dict(_FIELDS.get())

@@ -254,7 +254,8 @@ class RunnerBase(ABC):
         and a message naming the holder, unless ``force`` (a ``stop`` meanwhile: exit 75, nothing taken).
         Raises UnreadableState (exit 2) when the stored state is not readable by this release.
         """
-        logs.bind(run=self.run_id)  # every log line of this process names the run (runner/logs.py)
+        # Every log line names the run (runner/logs.py); an earlier run's epoch and iteration go.
+        logs.bind(run=self.run_id, epoch=None, iteration=None)
         record = self.store.get_run(self.run_id)
         if record is None:
             raise UnknownRun(f"run {self.run_id} is not registered in the store")

@@ -28,10 +28,13 @@ from .helpers import agentrun_file, examples_dsn_for
 
 @pytest.fixture
 def root_logging() -> Iterator[None]:
-    """Restore the root logger's handlers and level after a test configures it."""
+    """Restore the root logger's handlers and level after a test configures it; no fields bound
+    before (an in-process run of an earlier test binds its own) or after."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
+    logs.clear()
     yield
+    logs.clear()
     root.handlers[:] = handlers
     root.setLevel(level)
 
@@ -44,6 +47,7 @@ def test_json_lines_carry_the_bound_fields(root_logging: None) -> None:
     with logs.bound(iteration=2, call_id="call-2-0"):
         log.info("tool %s", "lookup_order")
     log.warning("after")
+    assert logs.fields() == {"run": "ns/r1", "epoch": 3}
     logs.bind(run=None, epoch=None)
     log.info("unbound")
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
