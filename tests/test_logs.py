@@ -180,3 +180,9 @@ def test_the_operator_keeps_kopfs_handler_with_our_lines(root_logging: None) -> 
         logging.getLogger("kopf.objects").info("Handler succeeded", extra={"k8s_ref": {"name": "r2", "namespace": "ns"}})
     doc = json.loads(stream.getvalue())
     assert doc["run"] == "ns/r2" and doc["k8s_ref"] == {"name": "r2", "namespace": "ns"} and doc["logger"] == "kopf.objects"
+
+
+@pytest.mark.process
+def test_an_unknown_log_format_is_refused_by_name(dsn: str) -> None:
+    proc = _cli(dsn, "xml", "list")
+    assert proc.returncode == 2 and "AGENTFAST_LOG_FORMAT='xml'" in proc.stdout + proc.stderr
