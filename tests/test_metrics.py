@@ -72,6 +72,26 @@ def journal_durations(dsn: str) -> dict[str, list[float]]:
     return out
 
 
+def turn_durations(dsn: str) -> tuple[list[float], list[float]]:
+    """Model-call and iteration durations (s) computed here, in Python, from the stored rows: an
+    iteration ends at its turn or its last tool result, whichever is later; a model call runs from
+    the previous iteration's end to its turn; an iteration from the previous end to its own."""
+    with psycopg.connect(dsn) as conn:
+        turns = conn.execute("SELECT run_id, iteration, created_at FROM agentfast_turns ORDER BY run_id, iteration").fetchall()
+        finished = dict(
+            ((r, i), f)
+            for r, i, f in conn.execute("SELECT run_id, iteration, max(finished_at) FROM agentfast_tool_calls GROUP BY 1, 2")
+        )
+    model, iteration, previous = [], [], {}
+    for run_id, it, created in turns:
+        end = max(created, finished.get((run_id, it)) or created)
+        if run_id in previous:
+            model.append((created - previous[run_id]).total_seconds())
+            iteration.append((end - previous[run_id]).total_seconds())
+        previous[run_id] = end
+    return model, iteration
+
+
 @pytest.mark.store
 def test_the_collector_reads_a_paused_then_finished_run_and_a_failed_one(store: Store, dsn: str) -> None:
     paused = refund_run("refund-metrics", model={"name": "scripted-refund", "script": "refund", "prices": PRICES})
@@ -136,9 +156,14 @@ def test_the_collector_reads_a_paused_then_finished_run_and_a_failed_one(store: 
         assert inf == len(ds)
         assert got["agentfast_tool_call_duration_seconds_bucket"][(("le", "60.0"), *labels)] == len(ds)  # none takes a minute
     # Model calls: every iteration after a run's first (3 turns in the finished run, 1 in the failed one).
+    model, iteration = turn_durations(dsn)
+    assert len(model) == len(iteration) == 2
     assert got["agentfast_model_call_duration_seconds_count"][()] == 2
+    assert got["agentfast_model_call_duration_seconds_sum"][()] == pytest.approx(sum(model), abs=1e-6)
     assert got["agentfast_iteration_duration_seconds_count"][()] == 2
-    assert got["agentfast_model_call_duration_seconds_sum"][()] >= 0
+    assert got["agentfast_iteration_duration_seconds_sum"][()] == pytest.approx(sum(iteration), abs=1e-6)
+    # An iteration is its model call and then its tools: iteration 2 ran its tools (the approved refund) after its turn.
+    assert got["agentfast_iteration_duration_seconds_sum"][()] > got["agentfast_model_call_duration_seconds_sum"][()]
 
 
 @pytest.mark.store
