@@ -24,6 +24,9 @@ from urllib.parse import urlparse
 
 import kubernetes
 
+from agentfast.runner import logs
+
+from . import metrics
 from .leader import LeaderElector
 
 log = logging.getLogger("agentfast.operator")
@@ -67,9 +70,10 @@ def _liveness_url(args: list[str]) -> str | None:
 
 
 def main(args: list[str]) -> int:
-    logging.basicConfig(
-        level=os.environ.get("AGENTFAST_LOG_LEVEL", "INFO"), format="%(asctime)s [%(levelname)s] %(name)s: %(message)s"
-    )
+    logs.configure(os.environ.get("AGENTFAST_LOG_LEVEL", "INFO"))
+    # /metrics from the start, on every replica: a standby answers (agentfast_operator_leader 0)
+    # rather than counting as a target down; only the acting one adds the runs' figures.
+    metrics.serve()
     import kopf.cli
 
     elector = None

@@ -29,6 +29,7 @@ Deployment does). Settings come from the environment (see :class:`Settings`).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import json
 import logging
@@ -47,6 +48,7 @@ import kubernetes
 import psycopg
 from kubernetes.client.exceptions import ApiException
 
+from agentfast.runner import logs
 from agentfast.runner.adapters import register_fork
 from agentfast.runner.decisions import InvalidDecision
 from agentfast.runner.errors import AgentfastError
@@ -96,6 +98,7 @@ from agentfast.runner.store import (
     deadline_message,
 )
 
+from . import metrics
 from .credentials import ensure_runner_secret, revoke_unused
 from .credentials import forget as forget_credential
 from .identity import ensure_runner_service_account
@@ -189,6 +192,7 @@ STATE = _State()
 
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    logs.reformat_handlers()  # kopf's own log handler, with our JSON or console lines (runner/logs.py)
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="agentfast.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="agentfast.dev", key="last-handled-configuration"
@@ -220,6 +224,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         raise kopf.PermanentError(f"AGENTFAST_DSN: {err}") from None
     except StoreUnavailable as err:  # e.g. the bundled Postgres is still starting: kopf retries
         raise kopf.TemporaryError(str(err), delay=5) from None
+    metrics.collect_store(STATE.store)  # the acting replica serves the runs' figures (operator/metrics.py)
     STATE.stop.clear()
     for target in (_progress_listener, _resync_loop):
         threading.Thread(target=target, name=f"agentfast{target.__name__}", daemon=True).start()
@@ -236,7 +241,9 @@ def cleanup(**_: Any) -> None:
 @kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile-update")
 @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile-resume")
 def on_agentrun(body: kopf.Body, **_: Any) -> None:
-    reconcile(dict(body))
+    run_id = format_run_id(body["metadata"]["namespace"], body["metadata"]["name"])
+    with metrics.reconciling("agentrun"), logs.bound(run=run_id):
+        reconcile(dict(body))
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_RUN_UID: kopf.PRESENT, LABEL_RUN: kopf.PRESENT})
@@ -249,7 +256,8 @@ def on_runner_pod(body: kopf.Body, **_: Any) -> None:
     # as the watch showed it last
     run = _BODIES.get(format_run_id(meta["namespace"], name)) or _get_agentrun(meta["namespace"], name)
     if run is not None and run["metadata"]["uid"] == meta["labels"][LABEL_RUN_UID]:  # not a pod of an earlier run of that name
-        reconcile(run)
+        with metrics.reconciling("runner_pod"), logs.bound(run=format_run_id(meta["namespace"], name)):
+            reconcile(run)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -1063,17 +1071,19 @@ def _progress_listener() -> None:
                 while not STATE.stop.is_set():
                     batch = {n.payload for n in conn.notifies(timeout=0.1)}
                     if batch:
-                        list(workers.map(_publish_run, batch))
+                        notified = time.monotonic()
+                        list(workers.map(functools.partial(_publish_run, notified=notified), batch))
         except Exception:  # a dropped connection or an API hiccup: log, back off, listen again
             STATE.listening = (STATE.listening[0], False)
             log.exception("progress listener failed; restarting")
             STATE.stop.wait(2.0)
 
 
-def _publish_run(run_id: str) -> None:
+def _publish_run(run_id: str, notified: float | None = None) -> None:
     """Publish ``run_id``'s status from the store. The AgentRun is the one the watch delivered
     last (a GET only for one not seen yet): one API request per commit, the status patch. A
-    body a moment stale costs at most a redundant patch; the Events are guarded against repeats."""
+    body a moment stale costs at most a redundant patch; the Events are guarded against repeats.
+    ``notified``: time.monotonic() when the commit's NOTIFY arrived (the status lag metric)."""
     namespace, name = parse_run_id(run_id)
     try:
         body = _BODIES.get(run_id) or _get_agentrun(namespace, name)
@@ -1086,7 +1096,10 @@ def _publish_run(run_id: str) -> None:
             return
         if ctx is not None:
             publish_status(body, ctx, pending, **extra)
-    except Exception:
+            if notified is not None:
+                metrics.STATUS_LAG_SECONDS.observe(time.monotonic() - notified)
+    except Exception as err:
+        metrics.count_postgres_error("publish", err)
         _UNPUBLISHED.add(run_id)  # the next resync reconciles it
         log.exception("publishing the status of %s failed", run_id)
 
@@ -1103,7 +1116,8 @@ def _resync_loop() -> None:
     """
     while not STATE.stop.wait(SETTINGS.resync_s):
         try:
-            _resync()
+            with metrics.reconciling("resync"):
+                _resync()
         except Exception:
             log.exception("resync failed")
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 import gc
 import json
-import logging
 import os
 import signal
 import sys
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 import click
 
-from . import output
+from . import logs, output
 from .errors import SettingError
 from .names import GROUP, PLURAL, TERMINAL_PHASES, VERSION, ExitCode, Phase, format_run_id, parse_run_id
 from .output import err, one_line, out, styled
@@ -1458,8 +1457,9 @@ def main() -> None:
     """
     gc.disable()
     output.install()
-    logging.basicConfig(level=os.environ.get("AGENTFAST_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
     try:
+        # Logs go to stderr as JSON lines (pods) or readable lines (a terminal): runner/logs.py.
+        logs.configure(os.environ.get("AGENTFAST_LOG_LEVEL", "WARNING"))
         app()
     except Exception as e:
         # A setting of the environment this install cannot honour (AGENTFAST_FAULT without test

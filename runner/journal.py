@@ -19,7 +19,7 @@ import enum
 import logging
 from typing import Any, Final, Literal
 
-from . import faults
+from . import faults, logs
 from .errors import AgentfastError
 from .payloads import PayloadTooLarge
 from .snapshot import ToolResult
@@ -128,6 +128,13 @@ class CallExecutor:
     def execute(
         self, entry: JournalEntry, *, intent: EndRequests | None | Literal[NotWritten.NOT_WRITTEN] = NOT_WRITTEN
     ) -> ToolResult:
+        """:meth:`_execute`, with the call's id (and tool) on every log line it makes (runner/logs.py)."""
+        with logs.bound(call_id=entry.call_id, tool=entry.tool_call.name):
+            return self._execute(entry, intent=intent)
+
+    def _execute(
+        self, entry: JournalEntry, *, intent: EndRequests | None | Literal[NotWritten.NOT_WRITTEN] = NOT_WRITTEN
+    ) -> ToolResult:
         """Run one call exactly once in effect; returns its (possibly stored) result.
 
         ``intent``: what the write that already recorded the call's intent returned
@@ -156,6 +163,7 @@ class CallExecutor:
         if ends is not None:
             raise RunEnding(ends)
         faults.point("tool.before_call", name)
+        log.info("tool call started")
         ctx = self._context(entry)
         try:
             result = self._result(entry, tool.invoke(ctx, args))
@@ -167,6 +175,7 @@ class CallExecutor:
             result = self._result(entry, f"error: {name} failed: {kind}: {err}", "tool_raised")
         faults.point("tool.after_call", name)
         result = self._persist(entry, result)
+        log.info("tool call done" if not result.is_error else "tool call failed")
         faults.point("tool.after_persist", name)
         return result
 

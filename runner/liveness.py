@@ -52,7 +52,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import DictRow, dict_row
 
-from .names import TERMINAL_PHASES, WAITING_PHASES, Phase
+from .names import TERMINAL_PHASES, WAITING_PHASES
 from .store import PROGRESS_CHANNEL, Store, StoreError, StoreUnavailable, pin_search_path
 
 log = logging.getLogger(__name__)

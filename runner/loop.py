@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from . import faults
+from . import faults, logs
 from .budget import check_budget, get_classifier, keep_cost_limit
 from .conversation import AskUserTool, as_question, question_of
 from .decisions import REPLY
@@ -254,6 +254,8 @@ class RunnerBase(ABC):
         and a message naming the holder, unless ``force`` (a ``stop`` meanwhile: exit 75, nothing taken).
         Raises UnreadableState (exit 2) when the stored state is not readable by this release.
         """
+        # Every log line names the run (runner/logs.py); an earlier run's epoch and iteration go.
+        logs.bind(run=self.run_id, epoch=None, iteration=None)
         record = self.store.get_run(self.run_id)
         if record is None:
             raise UnknownRun(f"run {self.run_id} is not registered in the store")
@@ -274,6 +276,7 @@ class RunnerBase(ABC):
         self.store.load_context(self.run_id)  # unreadable state (UnreadableState) stops us before the takeover
         try:
             self.lease = self.store.acquire_lease(self.run_id)
+            logs.bind(epoch=self.lease.epoch)
             snap = self.store.load_snapshot(self.run_id)
             # Fenced now: any later turn is this runner's own, so only these are read back.
             self._turns_before = self.store.last_turn_iteration(self.run_id)
@@ -360,6 +363,7 @@ class RunnerBase(ABC):
         each call it asks for before any tool runs. ``it``: 1 for the first model call of the run;
         ``messages``: the transcript the model is sent. Raises BudgetExceeded, ModelError.
         """
+        logs.bind(iteration=it)
         turn = None
         if self._last_turn is not None and self._last_turn.iteration == it:
             turn = self._last_turn  # a graph node re-executed (LangGraph) asks for its turn again
@@ -728,7 +732,11 @@ class RunnerBase(ABC):
         return Outcome("Interrupted", ExitCode.RETRY, message)
 
     def emit(self, kind: str, detail: str = "", pending: PendingToolCall | None = None) -> None:
-        """Send a :class:`ProgressEvent` (``kind``: one of its kinds) to ``on_event``; never raises."""
+        """Send a :class:`ProgressEvent` (``kind``: one of its kinds) to ``on_event``, and log it
+        (INFO: a pod's log tells the run's course); never raises."""
+        # The kind only: a detail may be the run's own text (an answer, a tool's output), which
+        # stays in Postgres, as it stays out of status unless statusSummary (G9).
+        log.info("%s", kind)
         try:
             self.on_event(ProgressEvent(kind, self.snap.context, detail, pending))
         except (Exception, SystemExit):  # a display problem must never stop a run (rich exits 1 on a broken pipe)

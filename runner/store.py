@@ -550,6 +550,21 @@ class Store:
 
         return self._attempt(op)
 
+    def read_together(self, queries: list[tuple[LiteralString, Any]]) -> list[list[DictRow]]:
+        """Each ``(query, params)``, read-only, sent together as one pipeline on an autocommit
+        connection (one round trip; no transaction is left open on the client, see :meth:`_retry`):
+        every query's rows, in order. For readers that aggregate across runs (the operator's
+        metrics). Raises StoreUnavailable."""
+
+        def op(conn: psycopg.Connection[DictRow]) -> list[list[DictRow]]:
+            cursors = [conn.cursor() for _ in queries]
+            with conn.pipeline():
+                for cur, (query, params) in zip(cursors, queries):
+                    cur.execute(query, params)
+            return [cur.fetchall() for cur in cursors]
+
+        return self._attempt(op)
+
     # -- large payloads (runner/payloads.py) ---------------------------------------------------
 
     def _out_of_line(self, text: str, out: dict[str, str], what: str) -> str:

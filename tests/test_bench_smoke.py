@@ -210,3 +210,12 @@ def test_langgraph_part_measures_every_subject_and_renders_its_targets(dsn: str,
     assert set(res.big) == {"vanilla", "langgraph"} and all(v["outputs"] == 1 and v["bytes"] > 200_000 for v in res.big.values())
     text = report.render({"mode": "test", "machine": {"cores": "2"}, "duration_s": 1.0, "load": (0.0, 0.0), "langgraph": res})
     assert "| LangGraph adapter: superstep growth 10 → 300 messages" in text and "### The LangGraph adapter" in text
+
+
+@pytest.mark.store
+def test_the_metrics_scrape_bench_copies_a_real_run_and_measures_both(dsn: str) -> None:
+    from bench import metrics_scrape
+
+    res = metrics_scrape.main(["--runs", "5", "--reps", "2", "--dsn", dsn])
+    assert res["succeeded_runs_reported"] == 5  # the copies are runs the collector reads as the template
+    assert res["rows_read"] == 5 * (1 + 3 + 3) and res["scrape_ms_median"] > 0 and res["baseline_ms_median"] > 0

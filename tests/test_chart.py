@@ -7,6 +7,7 @@ overrides). A missing helm is a failure, not a skip.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -562,3 +563,51 @@ def test_the_operator_may_delete_network_policies_only_when_it_makes_them(helm: 
 
     assert np_verbs(render(helm)) == ["get", "create"]
     assert np_verbs(render(helm, "networkPolicy.enabled=true")) == ["get", "create", "delete"]
+
+
+def test_metrics_are_served_and_the_service_monitor_and_dashboard_are_opt_in(helm: str) -> None:
+    def operator_container(docs: list[dict]) -> dict:
+        deployment = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "agentfast-operator")
+        return deployment["spec"]["template"]["spec"]["containers"][0]
+
+    docs = render(helm)
+    container = operator_container(docs)
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["AGENTFAST_METRICS_PORT"] == "8081"
+    assert {"name": "metrics", "containerPort": 8081} in container["ports"]
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "agentfast-operator-metrics")
+    assert service["spec"]["selector"] == {"app.kubernetes.io/instance": "agentfast", "app.kubernetes.io/component": "operator"}
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 8081, "targetPort": "metrics", "protocol": "TCP"}]
+    assert not [d for d in docs if d["kind"] == "ServiceMonitor"]  # off by default: its CRD may not exist
+    assert not [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "agentfast-dashboard"]
+
+    docs = render(
+        helm,
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.serviceMonitor.labels.release=prom",
+        "metrics.dashboard.enabled=true",
+    )
+    (monitor,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
+    # The monitor selects the metrics Service by its labels, in the release namespace.
+    assert all(service["metadata"]["labels"][k] == v for k, v in monitor["spec"]["selector"]["matchLabels"].items())
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["agentfast"]}
+    (dashboard,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "agentfast-dashboard"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    board = json.loads(dashboard["data"]["agentfast.json"])
+    assert board == json.loads((CHART / "dashboards" / "agentfast.json").read_text())
+    exprs = " ".join(t["expr"] for p in board["panels"] for t in p["targets"])
+    for name in (
+        "agentfast_runs",
+        "agentfast_approvals_waiting",
+        "agentfast_model_call_duration_seconds_bucket",
+        "agentfast_tokens_total",
+    ):
+        assert name in exprs
+
+    docs = render(helm, "metrics.enabled=false")
+    assert "AGENTFAST_METRICS_PORT" not in {e["name"] for e in operator_container(docs)["env"]}
+    assert not [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "agentfast-operator-metrics"]
+    proc = subprocess.run([helm, "template", "x", str(CHART), "--set", "metrics.port=8080"], capture_output=True, text=True)
+    assert proc.returncode != 0 and "metrics" in proc.stderr  # the liveness endpoint's port

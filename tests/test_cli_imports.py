@@ -37,6 +37,7 @@ NOT_NEEDED = (
     "kubernetes",
     "langgraph",
     "langchain_core",
+    "structlog",  # runner/logs.py imports it when the first log record is formatted: a command that logs nothing never does
     "typer",  # the argument layer is click, typer's base: typer's per-option pydantic coercion cost ~20 ms a command
 )
 
