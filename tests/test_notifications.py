@@ -471,3 +471,38 @@ def test_render_is_utf8_json() -> None:
     event = pending_call_event("shop", "r", "u", awaited("c", arguments='{"name": "Zoë"}'), [], include_arguments=True)
     assert json.loads(render(event, "generic").decode()) == event
     assert json.loads(render(event, "slack").decode())["blocks"]
+
+
+def test_the_operator_offers_every_listed_call_at_each_publish_even_without_a_status_change(monkeypatch: Any) -> None:
+    """operator/main.py's wiring: publish_status queues the calls status lists, and does so before
+    its no-change return (a restarted operator publishes an unchanged status and must re-offer)."""
+    from agentfast.operator import main, notify
+    from agentfast.runner.snapshot import RunContext, RunStatus, Session
+
+    patches: list[dict[str, Any]] = []
+
+    class _Custom:  # the API server's answer to a status patch; the only stand-in here
+        def patch_namespaced_custom_object_status(
+            self, group: str, version: str, ns: str, plural: str, name: str, body: dict, **_: Any
+        ) -> None:
+            patches.append(body["status"])
+
+    monkeypatch.setattr(main.STATE, "custom", _Custom(), raising=False)
+    monkeypatch.setattr(main, "_event", lambda *a, **kw: None)
+    before = Notifier("dbname=unused", config("http://127.0.0.1:9/hook"))
+    monkeypatch.setattr(notify, "_ACTIVE", [before])
+    waiting = RunContext(session=Session(run_uid="u"), status=RunStatus(phase="WaitingForApproval", reason="AwaitingApproval"))
+    pending = PendingToolCall.of([awaited("call-2-0"), awaited("call-2-1")], [])
+    body = {"metadata": {"namespace": "shop", "name": "refund-demo", "uid": "u-1", "generation": 1}}
+    main.publish_status(body, waiting, pending, decided={"call-2-1": "approve"})
+    assert [o.call_id for o in before._queue] == ["call-2-0"]  # the decided one is not listed
+    assert before._queue[0].event["commands"]["approve"] == "kubectl agentfast approve refund-demo call-2-0 -n shop --uid u-1"
+    after = Notifier("dbname=unused", config("http://127.0.0.1:9/hook"))  # a restarted operator
+    monkeypatch.setattr(notify, "_ACTIVE", [after])
+    main.publish_status({**body, "status": patches[-1]}, waiting, pending, decided={"call-2-1": "approve"})
+    assert len(patches) == 1 and [o.call_id for o in after._queue] == ["call-2-0"]
+    done = RunContext(session=Session(run_uid="u"), status=RunStatus(phase="Succeeded"))
+    fresh = Notifier("dbname=unused", config("http://127.0.0.1:9/hook"))
+    monkeypatch.setattr(notify, "_ACTIVE", [fresh])
+    main.publish_status(body, done, None)
+    assert fresh._queue == []
