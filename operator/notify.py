@@ -444,7 +444,10 @@ class Notifier:
         return len(batch)
 
     def _deliver(self, conn: psycopg.Connection[DictRow], row: DictRow) -> None:
-        ok, said = post(self.config, render(row["event"], self.config.format), row["idempotency_key"])
+        try:
+            ok, said = post(self.config, render(row["event"], self.config.format), row["idempotency_key"])
+        except Exception as err:  # a bug of ours must count as an attempt, or the row would retry for ever
+            ok, said = False, f"{type(err).__name__}: {err}"[:_ERROR_CHARS]
         where = {"run_id": row["run_id"], "call_id": row["call_id"], "attempts": row["attempts"]}
         if ok:
             conn.execute(_DELIVERED, where)

@@ -334,6 +334,18 @@ def test_giving_up_is_recorded_and_warned_once(store: Store, dsn: str, receiver:
     assert len(receiver.posts) == 3 and len(warned) == 1
 
 
+def test_a_redirect_is_a_failed_attempt_not_a_delivery(store: Store, dsn: str, receiver: Receiver) -> None:
+    receiver.statuses = [302]  # urllib would follow it with a GET, dropping the body
+    body, pending = waiting_run(store, "refund-demo")
+    notifier = Notifier(dsn, config(receiver.url))
+    notifier.offer(body, pending, listed(pending))
+    assert step(notifier, dsn) == 1
+    row = rows(dsn)[0]
+    assert (row["state"], row["attempts"]) == ("pending", 1) and row["last_error"].startswith("HTTP 302")
+    wait_until(lambda: step(notifier, dsn), what="the retry")
+    assert rows(dsn)[0]["state"] == "delivered" and len(receiver.posts) == 2
+
+
 def test_a_runner_role_has_no_right_on_the_notifications(store: Store, dsn: str, receiver: Receiver) -> None:
     body, pending = waiting_run(store, "refund-demo")  # in team-a, the role's own namespace
     notifier = Notifier(dsn, config(receiver.url))

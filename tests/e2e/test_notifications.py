@@ -6,7 +6,8 @@ is pointed at it with ``kubectl set env`` (the chart renders ``AGENTFAST_NOTIFY_
 the empty URL back afterwards). A real refund run waits for approval: the receiver gets exactly
 one POST for its call, with the idempotency key ``<uid>:call-2-0`` in the header and the body,
 no arguments (not opted in), and an approve command naming the run, the call, the namespace and
-the uid. Every operator pod is then deleted while the run still waits: the new ones announce the
+the uid (POSTs about other runs left waiting in the namespace are told apart by the run's uid).
+Every operator pod is then deleted while the run still waits: the new ones announce the
 same call again at their resync, and the receiver still has one POST. The approve command from
 the notification, run as the plugin, ends the run Succeeded with one refund.
 """
@@ -96,10 +97,12 @@ def receiver(release: Kube) -> Iterator[tuple[Kube, str]]:
         k.run("delete", "pod,service", name, "--wait=false", check=False)
 
 
-def posts(k: Kube, pod: str) -> list[dict[str, Any]]:
-    """Every POST the receiver got, in order: ``{"headers", "body"}``."""
+def posts(k: Kube, pod: str, uid: str) -> list[dict[str, Any]]:
+    """Every POST the receiver got about the run of ``uid``, in order: ``{"headers", "body"}``
+    (other tests may leave runs waiting in the namespace: the operator announces those too)."""
     lines = k.run("logs", pod).stdout.splitlines()
-    return [json.loads(line[5:]) for line in lines if line.startswith("POST ")]
+    got = [json.loads(line[5:]) for line in lines if line.startswith("POST ")]
+    return [p for p in got if p["body"].get("run", {}).get("uid") == uid]
 
 
 def test_one_notification_per_pending_call_survives_an_operator_restart_and_its_command_decides(
@@ -109,8 +112,8 @@ def test_one_notification_per_pending_call_survives_an_operator_restart_and_its_
     name, uid = apply_refund(k)
     call = wait_awaiting(k, name)
     key = f"{uid}:{call}"
-    k.wait_for("the notification", lambda: posts(k, pod), timeout=60, interval=1)
-    got = posts(k, pod)
+    k.wait_for("the notification", lambda: posts(k, pod, uid), timeout=60, interval=1)
+    got = posts(k, pod, uid)
     assert len(got) == 1, got
     headers = {h.lower(): v for h, v in got[0]["headers"].items()}
     event = got[0]["body"]
@@ -140,7 +143,7 @@ def test_one_notification_per_pending_call_survives_an_operator_restart_and_its_
     )
     time.sleep(2 * resync + 10)  # two resync passes: each publishes the waiting run's status
     assert status(k, name)["phase"] == "WaitingForApproval"
-    assert len(posts(k, pod)) == 1
+    assert len(posts(k, pod, uid)) == 1
 
     plugin = shutil.which("kubectl-agentfast")
     assert plugin, "kubectl-agentfast (the agentfast console script) is not on PATH"
@@ -149,4 +152,4 @@ def test_one_notification_per_pending_call_survives_an_operator_restart_and_its_
     proc = subprocess.run([plugin, *args], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert_succeeded_once(k, name, uid, min_restarts=0)
-    assert len(posts(k, pod)) == 1  # a decided run is announced no more
+    assert len(posts(k, pod, uid)) == 1  # a decided run is announced no more
