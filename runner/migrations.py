@@ -37,8 +37,8 @@ by ``ON UPDATE CASCADE`` when an earlier run of a reused name is archived, migra
   source run and the iteration it was forked at (provenance for ``agentfast history``); NULL
   for a run registered from its own spec.
 - ``agentfast_notifications`` (15): the webhook notification of each awaited call
-  (``operator/notify.py``): its idempotency key, the event, delivery state and attempts. The
-  operator's alone.
+  (``runner/notify.py``): its idempotency key, the event, delivery state and attempts. Written
+  by the operator (or a local CLI on the owner's DSN); runner roles have no right on it.
 - ``agentfast_runners`` (3): the live runner of a run, if any: who (runner id, pid, host, its
   Postgres backend) and its last heartbeat. Only a hint for humans: liveness itself is the
   session advisory lock the runner holds (``runner/liveness.py``), which dies with its connection.

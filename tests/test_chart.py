@@ -574,7 +574,7 @@ def _operator_env_full(docs: list[dict]) -> dict[str, dict]:
 
 @pytest.mark.process
 def test_notification_values_reach_the_operator_and_its_parser_accepts_them(helm: str) -> None:
-    from agentfast.operator.notify import WebhookConfig
+    from agentfast.runner.notify import WebhookConfig
 
     assert WebhookConfig.from_env(_operator_env(render(helm))) is None  # off by default
     plain = _operator_env(

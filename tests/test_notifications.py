@@ -1,4 +1,4 @@
-"""Notifications (issue 18 item 4, operator/notify.py): a webhook POST per awaited call.
+"""Notifications (issue 18 item 4, runner/notify.py, operator/notify.py): a webhook POST per awaited call.
 
 Against a real Postgres and a real HTTP receiver on localhost (``http.server`` in a thread: test
 code only). What is defended: one POST per call with the right headers and body (generic and
@@ -31,7 +31,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from agentfast.operator.notify import (
+from agentfast.runner.notify import (
     ARGUMENTS_MAX_CHARS,
     NotificationConfigError,
     Notifier,
@@ -409,7 +409,7 @@ def test_two_senders_and_a_restart_deliver_each_call_exactly_once(store: Store, 
 
 _SENDER = """
 import sys, threading
-from agentfast.operator.notify import Notifier, WebhookConfig
+from agentfast.runner.notify import Notifier, WebhookConfig
 config = WebhookConfig(url=sys.argv[2], timeout_s=3.0, lease_s=4.0, backoff_s=0.05, backoff_cap_s=0.2)
 print("ready", flush=True)
 Notifier(sys.argv[1], config, poll_s=0.05).run(threading.Event())
@@ -472,6 +472,39 @@ def test_a_real_refund_runs_pending_call_is_announced_with_a_command_that_decide
         assert decided.returncode == 0, decided.stdout
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0 and phase_of(store, "default/refund-demo") == "Succeeded", out
+        assert len(receiver.posts) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.process
+def test_a_local_run_notifies_once_with_local_commands_even_when_killed_and_resumed(
+    store: Store, dsn: str, receiver: Receiver, tmp_path: Any
+) -> None:
+    env = {"AGENTFAST_NOTIFY_URL": receiver.url}
+    proc = spawn_cli("run", str(agentrun_file(tmp_path)), dsn=dsn, env=env)
+    try:
+        wait_until(lambda: receiver.posts, what="the notification of the local run")
+        event = receiver.posts[0]["body"]
+        call = event["call"]["id"]
+        assert event["commands"] == {
+            "approve": f"agentfast approve refund-demo {call}",
+            "deny": f"agentfast deny refund-demo {call} --reason '...'",
+        }
+        assert phase_of(store, "default/refund-demo") == "WaitingForApproval" and "arguments" not in event
+        proc.kill()  # SIGKILL while it waits
+        proc.communicate()
+        proc = spawn_cli("resume", "refund-demo", dsn=dsn, env=env)  # it waits at the same call again
+        wait_until(lambda: [r for r in rows(dsn) if r["state"] == "delivered"], what="the row")
+        time.sleep(1.5)  # the resumed runner announced the call again: nothing new went out
+        assert len(receiver.posts) == 1
+        approve = run_cli(*event["commands"]["approve"].split()[1:], dsn=dsn)
+        assert approve.returncode == 0, approve.stdout
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and phase_of(store, "default/refund-demo") == "Succeeded", out
+        assert "waiting for approval" in out  # the resumed run did reach the wait, and announced it
         assert len(receiver.posts) == 1
     finally:
         if proc.poll() is None:
