@@ -229,9 +229,16 @@ def slack_escape(text: str) -> str:
 
 def _code(text: str) -> str:
     # A code block shows the text as it is (no bold, no auto-linked URLs); a backtick inside could
-    # close it early, so it becomes a look-alike (U+02CB) that cannot.
-    cut = text[:_SLACK_CODE_CHARS] + ("…" if len(text) > _SLACK_CODE_CHARS else "")
-    return "```" + slack_escape(cut).replace("`", "\u02cb") + "```"
+    # close it early, so it becomes a look-alike (U+02CB) that cannot. Cut after escaping (an
+    # escape is up to 5 characters: Slack counts those), never inside an entity.
+    body = slack_escape(text).replace("`", "\u02cb")
+    if len(body) > _SLACK_CODE_CHARS:
+        body = body[:_SLACK_CODE_CHARS]
+        amp = body.rfind("&", len(body) - 4)
+        if amp != -1 and ";" not in body[amp:]:
+            body = body[:amp]
+        body += "\u2026"
+    return "```" + body + "```"
 
 
 def _inline(text: str) -> str:

@@ -229,6 +229,12 @@ def test_slack_payload_escapes_hostile_model_text() -> None:
     assert arguments_block.count("```") == 2  # the model's ``` could not close our block
     assert payload["unfurl_links"] is False and "link_names" not in payload
     assert slack_escape("a&b<c>") == "a&amp;b&lt;c&gt;"
+    # escaping grows the text (& is 5 characters to Slack): every section stays under Slack's 3000
+    flood = slack_payload(pending_call_event("s", "r", "u", awaited("c", arguments="&" * 5000), [], include_arguments=True))
+    sections = [b["text"]["text"] for b in flood["blocks"] if b["type"] == "section"]
+    assert max(len(t) for t in sections) <= 3000
+    flooded = next(t for t in sections if t.startswith("*Arguments*"))
+    assert flooded.endswith("&amp;\u2026```") and "&amp&" not in flooded  # cut between entities, never inside one
     assert "kubectl agentfast approve refund-demo call-2-0 -n shop --uid u-1" in whole
 
 
