@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from .helpers import E2E_LABEL, Kube
-from .test_operator import apply_refund, assert_succeeded_once, release, status, wait_awaiting  # noqa: F401 (release is a fixture)
+from .test_operator import apply_refund, assert_succeeded_once, release, sql, status, wait_awaiting  # noqa: F401 (release is a fixture)
 
 _RECEIVER = """
 import json, sys
@@ -97,6 +97,23 @@ def receiver(release: Kube) -> Iterator[tuple[Kube, str]]:
         k.run("delete", "pod,service", name, "--wait=false", check=False)
 
 
+def _operators(k: Kube) -> list[dict[str, Any]]:
+    out = k.run("get", "pods", "-l", "app.kubernetes.io/component=operator", "-o", "json").stdout
+    return [p for p in json.loads(out)["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
+def _new_operator_acting(k: Kube, old: set[str]) -> bool:
+    """Whether an operator pod not in ``old`` is ready and acts: holds the leader Lease (the
+    chart's ``agentfast-operator``, made with more than one replica), or is the only one."""
+    ready = {
+        p["metadata"]["name"] for p in _operators(k) if all(c.get("ready") for c in p["status"].get("containerStatuses") or [{}])
+    } - old
+    found = k.run("get", "lease", "agentfast-operator", "-o", "json", check=False)
+    if found.returncode != 0:  # one replica: no election
+        return bool(ready)
+    return (json.loads(found.stdout)["spec"].get("holderIdentity") or "") in ready
+
+
 def posts(k: Kube, pod: str, uid: str) -> list[dict[str, Any]]:
     """Every POST the receiver got about the run of ``uid``, in order: ``{"headers", "body"}``
     (other tests may leave runs waiting in the namespace: the operator announces those too)."""
@@ -127,9 +144,13 @@ def test_one_notification_per_pending_call_survives_an_operator_restart_and_its_
     approve = event["commands"]["approve"]
     assert approve == f"kubectl agentfast approve {name} {call} -n {k.namespace} --uid {uid}"
 
+    run_id = f"{k.namespace}/{name}"
+    assert sql(k, "SELECT state, attempts FROM agentfast_notifications WHERE run_id = %s", run_id) == [["delivered", 1]]
+
     # Every operator replica restarts while the run still waits: they re-announce, nobody re-sends.
+    old = {p["metadata"]["name"] for p in _operators(k)}
     k.run("delete", "pods", "-l", "app.kubernetes.io/component=operator", "--wait=false")
-    k.run("rollout", "status", _operator_deployment(k), "--timeout=300s", timeout=320)
+    k.wait_for("a new operator acting", lambda: _new_operator_acting(k, old), timeout=300, interval=1)
     resync = int(
         k.run(
             "get",
@@ -144,6 +165,7 @@ def test_one_notification_per_pending_call_survives_an_operator_restart_and_its_
     time.sleep(2 * resync + 10)  # two resync passes: each publishes the waiting run's status
     assert status(k, name)["phase"] == "WaitingForApproval"
     assert len(posts(k, pod, uid)) == 1
+    assert sql(k, "SELECT state, attempts FROM agentfast_notifications WHERE run_id = %s", run_id) == [["delivered", 1]]
 
     plugin = shutil.which("kubectl-agentfast")
     assert plugin, "kubectl-agentfast (the agentfast console script) is not on PATH"
