@@ -20,7 +20,7 @@ sends too when ``AGENTFAST_NOTIFY_URL`` is set in its environment (:func:`notify
   timed out, or the sender died mid-POST (the next sender retries once the claim's lease has
   run out). A receiver that drops repeated keys therefore acts exactly once.
 - **Retries**: exponential backoff from ``backoff_s`` (1 s, 2 s, 4 s ...) capped at
-  ``backoff_cap_s`` (5 min); after ``max_attempts`` the row is ``failed`` with its last error and
+  ``backoff_cap_s`` (5 min), or the receiver's ``Retry-After`` (seconds) if longer, up to the cap; after ``max_attempts`` the row is ``failed`` with its last error and
   a Warning Event ``NotificationFailed`` is posted on the AgentRun. A call decided before its
   notification went out is ``skipped``.
 - **Never in a reconcile's way**: :meth:`Notifier.offer` only appends to a queue; one background
@@ -293,12 +293,13 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-def post(config: WebhookConfig, body: bytes, key: str) -> tuple[bool, str]:
+def post(config: WebhookConfig, body: bytes, key: str) -> tuple[bool, str, float | None]:
     """POST ``body`` to the webhook with headers ``Content-Type: application/json``,
     ``Idempotency-Key: key`` (and ``Authorization`` when a token is set), waiting at most
-    ``timeout_s``. Returns (True, "HTTP <code>") for a 2xx answer, else (False, why): a non-2xx
-    status with the start of its body, a refused connection, a timeout. Never raises for a
-    network failure."""
+    ``timeout_s``. Returns (True, "HTTP <code>", None) for a 2xx answer, else (False, why,
+    retry_after_s): why is a non-2xx status with the start of its body, a refused connection, a
+    timeout; retry_after_s the answer's ``Retry-After`` in seconds (429 and 503 from Slack and
+    others; an HTTP date is ignored), else None. Never raises for a network failure."""
     headers = {"Content-Type": "application/json", "Idempotency-Key": key, "User-Agent": "agentfast-notify"}
     if config.token:
         headers["Authorization"] = f"Bearer {config.token}"
@@ -307,13 +308,14 @@ def post(config: WebhookConfig, body: bytes, key: str) -> tuple[bool, str]:
     try:
         with opener.open(request, timeout=config.timeout_s) as answer:
             answer.read(65536)
-            return True, f"HTTP {answer.status}"
+            return True, f"HTTP {answer.status}", None
     except urllib.error.HTTPError as err:
         said = err.read(_ERROR_CHARS).decode("utf-8", "replace") if err.fp else ""
-        return False, f"HTTP {err.code}: {said}".strip()[:_ERROR_CHARS]
+        after = (err.headers.get("Retry-After") or "").strip() if err.headers else ""
+        return False, f"HTTP {err.code}: {said}".strip()[:_ERROR_CHARS], float(after) if after.isdigit() else None
     except (urllib.error.URLError, OSError, ValueError) as err:  # refused, DNS, TLS, timeout
         why = err.reason if isinstance(err, urllib.error.URLError) else err
-        return False, f"{type(why).__name__}: {why}"[:_ERROR_CHARS]
+        return False, f"{type(why).__name__}: {why}"[:_ERROR_CHARS], None
 
 
 _ENQUEUE = """
@@ -475,15 +477,16 @@ class Notifier:
 
     def _deliver(self, conn: psycopg.Connection[DictRow], row: DictRow) -> None:
         try:
-            ok, said = post(self.config, render(row["event"], self.config.format), row["idempotency_key"])
+            ok, said, after = post(self.config, render(row["event"], self.config.format), row["idempotency_key"])
         except Exception as err:  # a bug of ours must count as an attempt, or the row would retry for ever
-            ok, said = False, f"{type(err).__name__}: {err}"[:_ERROR_CHARS]
+            ok, said, after = False, f"{type(err).__name__}: {err}"[:_ERROR_CHARS], None
         where = {"run_id": row["run_id"], "call_id": row["call_id"], "attempts": row["attempts"]}
         if ok:
             conn.execute(_DELIVERED, where)
             log.info("notified %s call %s (attempt %d, %s)", row["run_id"], row["call_id"], row["attempts"], said)
             return
-        delay = self.config.backoff(row["attempts"])
+        # A receiver's Retry-After is honoured up to the backoff cap (a rate-limited Slack says how long).
+        delay = max(self.config.backoff(row["attempts"]), min(after or 0.0, self.config.backoff_cap_s))
         done = conn.execute(_FAILED, {**where, "error": said, "delay": delay, "max": self.config.max_attempts}).fetchone()
         if done is not None and done["state"] == "failed":
             message = (f"gave up notifying the webhook of call {row['call_id']} after {row['attempts']} attempts: {said}")[:1024]

@@ -61,6 +61,7 @@ class Receiver:
     hold_s: float = 0.0
     hold_keys: set[str] = field(default_factory=set)
     delay_s: float = 0.0
+    retry_after: str = ""
     posts: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     server: ThreadingHTTPServer | None = None
@@ -94,6 +95,8 @@ class Receiver:
                     time.sleep(receiver.delay_s)
                 self.send_response(status)
                 self.send_header("Content-Type", "text/plain")
+                if status >= 300 and receiver.retry_after:
+                    self.send_header("Retry-After", receiver.retry_after)
                 self.end_headers()
                 self.wfile.write(b"ok" if status < 300 else b"receiver says no")
 
@@ -350,6 +353,22 @@ def test_a_redirect_is_a_failed_attempt_not_a_delivery(store: Store, dsn: str, r
     assert (row["state"], row["attempts"]) == ("pending", 1) and row["last_error"].startswith("HTTP 302")
     wait_until(lambda: step(notifier, dsn), what="the retry")
     assert rows(dsn)[0]["state"] == "delivered" and len(receiver.posts) == 2
+
+
+def test_a_rate_limited_receivers_retry_after_is_honoured(store: Store, dsn: str, receiver: Receiver) -> None:
+    receiver.statuses, receiver.retry_after = [429], "2"  # Slack's answer when rate-limited
+    body, pending = waiting_run(store, "refund-demo")
+    notifier = Notifier(dsn, config(receiver.url, backoff_cap_s=5.0))  # its own backoff would be 0.05 s
+    notifier.offer(body, pending, listed(pending))
+    assert step(notifier, dsn) == 1
+    with psycopg.connect(dsn) as conn:
+        wait_s = conn.execute(
+            "SELECT extract(epoch FROM next_attempt_at - now())::float8 FROM agentfast_notifications"
+        ).fetchone()[0]  # type: ignore[index]
+    assert 1.5 < wait_s <= 2.0 and rows(dsn)[0]["last_error"].startswith("HTTP 429")
+    assert step(notifier, dsn) == 0  # not before the receiver said
+    wait_until(lambda: step(notifier, dsn), what="the retry after Retry-After", timeout=10, interval=0.1)
+    assert rows(dsn)[0]["state"] == "delivered" and receiver.posts[1]["at"] - receiver.posts[0]["at"] >= 1.8
 
 
 def test_a_runner_role_has_no_right_on_the_notifications(store: Store, dsn: str, receiver: Receiver) -> None:
