@@ -99,6 +99,7 @@ from agentfast.runner.store import (
 )
 
 from . import metrics
+from . import notify
 from .credentials import ensure_runner_secret, revoke_unused
 from .credentials import forget as forget_credential
 from .identity import ensure_runner_service_account
@@ -226,6 +227,9 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         raise kopf.TemporaryError(str(err), delay=5) from None
     metrics.collect_store(STATE.store)  # the acting replica serves the runs' figures (operator/metrics.py)
     STATE.stop.clear()
+    notify.start(
+        SETTINGS.dsn, STATE.stop, lambda run, msg: _event({"metadata": run}, EVENT_WARNING, notify.EVENT_REASON_FAILED, msg)
+    )
     for target in (_progress_listener, _resync_loop):
         threading.Thread(target=target, name=f"agentfast{target.__name__}", daemon=True).start()
 
@@ -987,6 +991,7 @@ def publish_status(
         new["runnerPod"] = pod["name"]
     if pod.get("deleted_at"):  # set once; later patches leave it (a merge patch keeps what it does not name)
         new["runnerPodsDeletedAt"] = pod["deleted_at"]
+    notify.offer(body, pending, new["pendingApprovals"])  # before the no-change return: a restart re-offers
     if all(old.get(k) == v for k, v in new.items()):
         return
     with _lock_for(format_run_id(meta["namespace"], meta["name"])):

@@ -122,6 +122,19 @@ def _load_registered(store: Store, run: str) -> AgentRun:
         raise _fail(f"run {run} cannot run:\n{e}") from None
 
 
+def _notify(store: Store, run_id: str, run_uid: str, pending: PendingToolCall) -> None:
+    """Announce the awaited calls to the webhook of ``AGENTFAST_NOTIFY_URL``, if set
+    (docs/notifications.md); imported only then. Malformed settings are said, never fatal."""
+    if not os.environ.get("AGENTFAST_NOTIFY_URL"):
+        return
+    from .notify import NotificationConfigError, notify_local
+
+    try:
+        notify_local(store.dsn, run_id, run_uid, pending)
+    except NotificationConfigError as e:
+        err.print(styled(("warning:", "bold yellow"), " ", f"no notification: {e}"))
+
+
 class _Progress:
     """Prints one line per step; on a terminal, asks for the decision when the run pauses.
 
@@ -162,6 +175,7 @@ class _Progress:
         elif ev.kind == "tool_completed":
             out.print(styled(head, " recorded as done, not run: ", one_line(ev.detail)))
         elif ev.kind == "waiting" and ev.pending is not None:
+            _notify(self.store, self.run_id, ev.context.session.run_uid, ev.pending)
             self._waiting(ev.pending)
 
     def _waiting(self, p: PendingToolCall) -> None:

@@ -36,6 +36,9 @@ by ``ON UPDATE CASCADE`` when an earlier run of a reused name is archived, migra
 - ``agentfast_runs.forked_from``, ``forked_at`` (13): a run made by ``Store.fork_run`` names its
   source run and the iteration it was forked at (provenance for ``agentfast history``); NULL
   for a run registered from its own spec.
+- ``agentfast_notifications`` (15): the webhook notification of each awaited call
+  (``runner/notify.py``): its idempotency key, the event, delivery state and attempts. Written
+  by the operator (or a local CLI on the owner's DSN); runner roles have no right on it.
 - ``agentfast_runners`` (3): the live runner of a run, if any: who (runner id, pid, host, its
   Postgres backend) and its last heartbeat. Only a hint for humans: liveness itself is the
   session advisory lock the runner holds (``runner/liveness.py``), which dies with its connection.
@@ -525,5 +528,27 @@ MIGRATIONS: list[str] = [
     ALTER TABLE agentfast_approvals DROP CONSTRAINT agentfast_approvals_decision_check;
     ALTER TABLE agentfast_approvals ADD CONSTRAINT agentfast_approvals_decision_check
         CHECK (decision IN ('approve', 'deny', 'complete', 'reply'));
+    """,
+    # 15: notifications (issue 18 item 4, docs/notifications.md): one row per awaited call the
+    # operator announces to the admin's webhook. The primary key makes "once per call" hold across
+    # operator restarts and replicas; a sender claims a due row by moving next_attempt_at past its
+    # POST (FOR UPDATE SKIP LOCKED), so two operators never POST the same call at the same time.
+    # The operator's alone: runners get no right on it (no GRANT) and row-level security is on.
+    """
+    CREATE TABLE agentfast_notifications (
+        run_id           text NOT NULL REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE,
+        call_id          text NOT NULL,
+        idempotency_key  text NOT NULL,
+        event            jsonb NOT NULL,
+        state            text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'delivered', 'failed', 'skipped')),
+        attempts         integer NOT NULL DEFAULT 0,
+        next_attempt_at  timestamptz NOT NULL DEFAULT now(),
+        created_at       timestamptz NOT NULL DEFAULT now(),
+        delivered_at     timestamptz,
+        last_error       text,
+        PRIMARY KEY (run_id, call_id)
+    );
+    CREATE INDEX agentfast_notifications_due ON agentfast_notifications (next_attempt_at) WHERE state = 'pending';
+    ALTER TABLE agentfast_notifications ENABLE ROW LEVEL SECURITY;
     """,
 ]

@@ -611,3 +611,53 @@ def test_metrics_are_served_and_the_service_monitor_and_dashboard_are_opt_in(hel
     assert not [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "agentfast-operator-metrics"]
     proc = subprocess.run([helm, "template", "x", str(CHART), "--set", "metrics.port=8080"], capture_output=True, text=True)
     assert proc.returncode != 0 and "metrics" in proc.stderr  # the liveness endpoint's port
+
+
+# -- notifications (issue 18 item 4, docs/notifications.md) --------------------------------------------
+
+
+def _operator_env_full(docs: list[dict]) -> dict[str, dict]:
+    op = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-operator"))
+    return {e["name"]: e for e in op["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+@pytest.mark.process
+def test_notification_values_reach_the_operator_and_its_parser_accepts_them(helm: str) -> None:
+    from agentfast.runner.notify import WebhookConfig
+
+    assert WebhookConfig.from_env(_operator_env(render(helm))) is None  # off by default
+    plain = _operator_env(
+        render(
+            helm,
+            "notifications.webhook.url=https://hooks.example/agentfast",
+            "notifications.webhook.format=slack",
+            "notifications.webhook.includeArguments=true",
+            "notifications.webhook.maxAttempts=7",
+        )
+    )
+    config = WebhookConfig.from_env({k: v for k, v in plain.items() if v is not None})
+    assert config is not None and (config.url, config.format, config.include_arguments, config.max_attempts, config.token) == (
+        "https://hooks.example/agentfast",
+        "slack",
+        True,
+        7,
+        "",
+    )
+    # the URL and a bearer token from a Secret: never in the rendered manifests
+    env = _operator_env_full(
+        render(helm, "notifications.webhook.secretRef.name=hook", "notifications.webhook.secretRef.tokenKey=token")
+    )
+    assert env["AGENTFAST_NOTIFY_URL"] == {
+        "name": "AGENTFAST_NOTIFY_URL",
+        "valueFrom": {"secretKeyRef": {"name": "hook", "key": "url"}},
+    }
+    assert env["AGENTFAST_NOTIFY_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hook", "key": "token"}}
+    for values, problem in (
+        ({"webhook": {"url": "https://x.example", "secretRef": {"name": "hook"}}}, "not both"),
+        ({"webhook": {"secretRef": {"tokenKey": "token"}}}, "needs secretRef.name"),
+        ({"webhook": {"url": "ftp://x.example"}}, "does not match pattern"),
+        ({"webhook": {"format": "teams"}}, "format"),
+        ({"webhook": {"includeArgs": True}}, "additional properties"),
+    ):
+        proc = _render_values(helm, {"notifications": values})
+        assert proc.returncode != 0 and problem in proc.stderr, (values, proc.stderr)

@@ -57,6 +57,7 @@ TABLES = {
     "agentfast_cancel_requests",
     "agentfast_payloads",
     "agentfast_sdk_blobs",
+    "agentfast_notifications",
 }
 
 
