@@ -255,6 +255,31 @@ def test_a_run_killed_twice_is_one_trace_with_its_resumes_as_spans(
     assert iterations == [(0, 1, True), (1, 1, False), (1, 2, True), *resumed_iteration_2, (2, 3, False)]
 
 
+@pytest.mark.process
+def test_a_runner_that_exits_exports_its_own_attempt_once(tmp_path: Path, dsn: str, store: Store, collector: Collector) -> None:
+    """A pause (exit 0, no wait) and a resume: the first runner deleted its heartbeat row on its
+    way out, so the second does not record its attempt again (no span twice, nothing marked dead)."""
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint}
+    paused = run_cli("run", str(agentrun_file(tmp_path)), "--no-wait", dsn=dsn, env=env)
+    assert paused.returncode == 0 and "call-2-0" in paused.stdout, paused.stdout
+    store.decide(RUN_ID, "call-2-0", "approve", decided_by="test")
+    done = run_cli("resume", "refund-demo", dsn=dsn, env=env)
+    assert done.returncode == 0, done.stdout
+
+    spans = collector.spans
+    assert len({s.span_id for s in spans}) == len(spans) and len({s.trace_id for s in spans}) == 1
+    attempts = sorted((s for s in spans if s.name == "agentfast.run.attempt"), key=lambda s: s.start_ns)
+    assert [(a.attrs["agentfast.attempt.resume"], a.attrs["agentfast.outcome.phase"], a.error) for a in attempts] == [
+        (0, "WaitingForApproval", False),
+        (1, "Succeeded", False),
+    ]
+    assert not any("agentfast.attempt.recorded_by" in a.attrs for a in attempts)
+    assert [s for s in spans if s.error] == []
+    assert [s.name for s in spans if not s.parent_id] == ["invoke_agent refund-demo"]
+    # No wait span: the first runner did not wait (--no-wait), the second found the decision made.
+    assert [s for s in spans if s.name == "agentfast.await_decision"] == []
+
+
 def _run_with_importtime(tmp_path: Path, dsn: str, **otel: str) -> str:
     """``agentfast run`` of the refund example to its pause, under ``-X importtime``, with only
     the OTEL_* variables given: its output, stderr (the importtime lines) merged in."""
