@@ -29,7 +29,7 @@ RUN set -eu; \
     if ls /wheels/*.whl >/dev/null 2>&1; then \
       set -- --no-index --find-links /wheels; \
     fi; \
-    /opt/agentfast/bin/pip install "$@" "/src[operator,langgraph]"; \
+    /opt/agentfast/bin/pip install "$@" "/src[operator,langgraph,otel]"; \
     /opt/agentfast/bin/python -c 'import agentfast.runner'; \
     find /opt/agentfast -name '__pycache__' -prune -exec rm -rf {} +; \
     mkdir -p /opt/agentfast-testing/agentfast; \

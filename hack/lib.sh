@@ -12,7 +12,7 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 AGENTFAST_CACHE="${AGENTFAST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agentfast}"
 VENV="${AGENTFAST_VENV:-$AGENTFAST_CACHE/venv}"
 # Extras this caller needs (pyproject.toml); hack/demo.sh asks for none.
-PY_EXTRAS="${PY_EXTRAS-test,langgraph,operator,bench}"
+PY_EXTRAS="${PY_EXTRAS-test,langgraph,operator,bench,otel}"
 
 ensure_python_env() {
   local python="${PYTHON:-python3}"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The checkers (docs/testing.md): ruff's lint rules and its formatter (ruff format --check), the
 # import-linter architecture contracts and mypy, all configured in pyproject.toml. Any finding fails. The first tier of hack/test.sh.
-# mypy reads the operator's and the LangGraph adapter's libraries, so their extras are installed too.
-PY_EXTRAS="${PY_EXTRAS-lint,operator,langgraph}"
+# mypy reads the operator's, the LangGraph adapter's and the tracing (otel) libraries, so their extras are installed too.
+PY_EXTRAS="${PY_EXTRAS-lint,operator,langgraph,otel}"
 source "$(dirname "$0")/lib.sh"
 ensure_python_env
 cd "$REPO"

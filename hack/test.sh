@@ -14,7 +14,7 @@
 # Extra arguments go to the local tier's pytest (e.g. hack/test.sh -k flagship). AGENTFAST_TIERS
 # narrows the run: "lint", "local", "cluster", or local's parts ("unit store"); CI runs all. Every
 # selected tier runs even when an earlier one failed; the exit status is non-zero if any failed.
-PY_EXTRAS="${PY_EXTRAS-test,langgraph,operator,bench,lint,release}"  # lint's and release's too (tests/test_release.py): one install, not three
+PY_EXTRAS="${PY_EXTRAS-test,langgraph,operator,bench,lint,release,otel}"  # lint's and release's too (tests/test_release.py): one install, not three
 source "$(dirname "$0")/lib.sh"
 ensure_python_env
 cd "$REPO"

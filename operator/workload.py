@@ -151,6 +151,8 @@ class RunnerConfig:
     # Large payloads, bytes (runner/payloads.py): stored out of line over the threshold, refused over the max.
     payload_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES
     payload_max_bytes: int = DEFAULT_MAX_BYTES
+    # Traces (runner/tracing.py): the OTLP/HTTP base URL runner pods export spans to ("": not traced).
+    otlp_endpoint: str = ""
 
     def __post_init__(self) -> None:
         if self.service_account_create and not self.service_account:  # the name the operator makes
@@ -168,7 +170,8 @@ class RunnerConfig:
         ``AGENTFAST_RUNNER_SERVICE_ACCOUNT_CREATE`` and ``AGENTFAST_RUNNER_AUTOMOUNT_TOKEN``
         (true/false), ``AGENTFAST_RUNNER_POD_TTL_SECONDS`` (seconds; -1 or empty: keep the pods),
         ``AGENTFAST_RUNNER_PAYLOAD_THRESHOLD_BYTES`` and ``AGENTFAST_RUNNER_PAYLOAD_MAX_BYTES``
-        (bytes, positive, the threshold not over the max).
+        (bytes, positive, the threshold not over the max), ``AGENTFAST_RUNNER_OTLP_ENDPOINT``
+        (an http(s) URL or empty).
         Raises ValueError naming the variable: malformed JSON or shape, the tool
         Secret being a Postgres credential (the runners' or the operator's Secret), the runner
         ServiceAccount being the operator's own (``AGENTFAST_OPERATOR_SERVICE_ACCOUNT``) or
@@ -205,6 +208,9 @@ class RunnerConfig:
             raise SettingError(
                 f"AGENTFAST_RUNNER_PAYLOAD_THRESHOLD_BYTES ({threshold}) is over AGENTFAST_RUNNER_PAYLOAD_MAX_BYTES ({ceiling})"
             )
+        otlp = e.get("AGENTFAST_RUNNER_OTLP_ENDPOINT", "").strip()
+        if otlp and not re.match(r"https?://\S+$", otlp):
+            raise SettingError(f"AGENTFAST_RUNNER_OTLP_ENDPOINT: {otlp[:64]!r} is not an http(s) URL")
         priority = e.get("AGENTFAST_RUNNER_PRIORITY_CLASS", "")
         if priority and (len(priority) > 253 or not re.match(DNS1123_SUBDOMAIN, priority)):
             raise SettingError(f"AGENTFAST_RUNNER_PRIORITY_CLASS: {priority[:64]!r} is not a PriorityClass name")
@@ -231,6 +237,7 @@ class RunnerConfig:
             tool_secret=tool_secret,
             payload_threshold_bytes=threshold,
             payload_max_bytes=ceiling,
+            otlp_endpoint=otlp,
         )
 
 
@@ -495,6 +502,9 @@ def build_pod(
         {"name": THRESHOLD_ENV, "value": str(cfg.payload_threshold_bytes)},
         {"name": MAX_ENV, "value": str(cfg.payload_max_bytes)},
     ]
+    if cfg.otlp_endpoint:  # traces (runner/tracing.py), with the standard variables; the run's namespace as a resource attribute
+        env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": cfg.otlp_endpoint})
+        env.append({"name": "OTEL_RESOURCE_ATTRIBUTES", "value": f"k8s.namespace.name={namespace}"})
     mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
     if cfg.tool_secret:

@@ -26,6 +26,7 @@ from .snapshot import ToolResult
 from .store import EndRequests, JournalEntry, Lease, LeaseLost, Store, StoreUnavailable
 from .toolhost import ToolHostLost
 from .tools import Tool, ToolArgumentsError, ToolContext, ToolRegistry, render_result
+from .tracing import RunTracer
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +55,22 @@ class CallExecutor:
 
     Counters are the caller's to derive from the returned results (``ToolResult.error_kind``),
     so they come out the same whether or not a process died along the way. ``deadline_s``:
-    the run's ``spec.activeDeadlineSeconds`` (None: none); past it, no call starts.
+    the run's ``spec.activeDeadlineSeconds`` (None: none); past it, no call starts. ``trace``:
+    the attempt's tracer (None: no tracing).
     """
 
-    def __init__(self, store: Store, lease: Lease, run_uid: str, tools: ToolRegistry, *, deadline_s: float | None = None):
+    def __init__(
+        self,
+        store: Store,
+        lease: Lease,
+        run_uid: str,
+        tools: ToolRegistry,
+        *,
+        deadline_s: float | None = None,
+        trace: RunTracer | None = None,
+    ):
         self.store = store
+        self.trace = trace or RunTracer()  # an execute_tool span around each tool body (runner/tracing.py)
         self.lease = lease
         self.run_uid = run_uid
         self.tools = tools
@@ -165,14 +177,19 @@ class CallExecutor:
         faults.point("tool.before_call", name)
         log.info("tool call started")
         ctx = self._context(entry)
-        try:
-            result = self._result(entry, tool.invoke(ctx, args))
-        except ToolHostLost:
-            raise  # the call may have taken effect: it stays started, for the resume to settle (G4)
-        except (Exception, SystemExit) as err:  # a tool that raises (or calls sys.exit) is a result the model can reason about
-            log.warning("tool %s raised: %r", name, err)
-            kind = getattr(err, "type_name", type(err).__name__)
-            result = self._result(entry, f"error: {name} failed: {kind}: {err}", "tool_raised")
+        with self.trace.tool(entry) as span:
+            try:
+                result = self._result(entry, tool.invoke(ctx, args))
+            except ToolHostLost:
+                raise  # the call may have taken effect: it stays started, for the resume to settle (G4)
+            except (
+                Exception,
+                SystemExit,
+            ) as err:  # a tool that raises (or calls sys.exit) is a result the model can reason about
+                log.warning("tool %s raised: %r", name, err)
+                kind = getattr(err, "type_name", type(err).__name__)
+                result = self._result(entry, f"error: {name} failed: {kind}: {err}", "tool_raised")
+            span.result(result)
         faults.point("tool.after_call", name)
         result = self._persist(entry, result)
         log.info("tool call done" if not result.is_error else "tool call failed")

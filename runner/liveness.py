@@ -196,6 +196,9 @@ class RunnerClaim:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.locked = False
+        # (runner id, last heartbeat in s since the Unix epoch) of the runner whose heartbeat row
+        # this claim found and replaced: one that died (or was taken over) without releasing the run.
+        self.left_behind: tuple[str, float] | None = None
 
     # -- connection -----------------------------------------------------------------------------
 
@@ -247,13 +250,19 @@ class RunnerClaim:
 
     def _write_row(self) -> None:
         assert self._conn is not None
-        self._conn.execute(
-            """INSERT INTO agentfast_runners (run_id, runner_id, pid, host, backend_pid, started_at, beat_at)
+        # The row it replaces, if any, is a runner's that never released the run (a release deletes
+        # it): read in the same statement, for the traces (left_behind).
+        row = self._conn.execute(
+            """WITH old AS (SELECT runner_id, extract(epoch FROM beat_at)::float8 AS beat FROM agentfast_runners WHERE run_id = %s)
+               INSERT INTO agentfast_runners (run_id, runner_id, pid, host, backend_pid, started_at, beat_at)
                VALUES (%s, %s, %s, %s, pg_backend_pid(), now(), now())
                ON CONFLICT (run_id) DO UPDATE SET runner_id = excluded.runner_id, pid = excluded.pid, host = excluded.host,
-                   backend_pid = excluded.backend_pid, started_at = excluded.started_at, beat_at = excluded.beat_at""",
-            (self.run_id, self.runner_id, os.getpid(), socket.gethostname()[:255]),
-        )
+                   backend_pid = excluded.backend_pid, started_at = excluded.started_at, beat_at = excluded.beat_at
+               RETURNING (SELECT runner_id FROM old) AS old_runner, (SELECT beat FROM old) AS old_beat""",
+            (self.run_id, self.run_id, self.runner_id, os.getpid(), socket.gethostname()[:255]),
+        ).fetchone()
+        if row is not None and row["old_runner"] is not None and row["old_runner"] != self.runner_id:
+            self.left_behind = (row["old_runner"], float(row["old_beat"]))
         self._conn.execute("SELECT pg_notify(%s, %s)", (PROGRESS_CHANNEL, self.run_id))  # the operator republishes liveness
 
     # -- acquire / release ----------------------------------------------------------------------

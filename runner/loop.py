@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from . import faults, logs
+from . import faults, logs, tracing
 from .budget import check_budget, get_classifier, keep_cost_limit
 from .conversation import AskUserTool, as_question, question_of
 from .decisions import REPLY
@@ -243,6 +243,8 @@ class RunnerBase(ABC):
         self._active_since: float | None = None
         self._ending: tuple[str, str, str] | None = None  # (phase, reason, message) a safe point found
         self._deadline_mono: float | None = None  # time.monotonic() when spec.activeDeadlineSeconds passes
+        self.trace: tracing.RunTracer = tracing.RunTracer()  # this attempt's spans (runner/tracing.py); run() sets it
+        self._claim: RunnerClaim | None = None
 
     # -- entry point -------------------------------------------------------------------------
 
@@ -267,9 +269,14 @@ class RunnerBase(ABC):
             return Outcome("Stopped", ExitCode.RETRY, str(err))
         except StoreUnavailable as err:
             return Outcome("Unavailable", ExitCode.RETRY, f"Postgres unavailable; nothing is lost, resume later: {err}")
+        self.trace, self._claim = tracing.run_tracer(self.run_id, record.run_uid), claim
+        outcome: Outcome | None = None
         try:
-            return self._run_claimed(record)
+            outcome = self._run_claimed(record)
+            return outcome
         finally:
+            ended = (outcome.phase, outcome.exit_code, outcome.message) if outcome is not None else (None, None, "")
+            self.trace.attempt_ended(getattr(self, "snap", None), *ended)
             claim.release()
 
     def _run_claimed(self, record: RunRecord) -> Outcome:
@@ -283,6 +290,7 @@ class RunnerBase(ABC):
             self._active_since = time.monotonic()
             if snap is None:
                 self.snap = self._initial_snapshot(record.run_uid)
+                self._trace_attempt()
                 self.commit()
             else:
                 self.snap = snap
@@ -292,6 +300,7 @@ class RunnerBase(ABC):
                 snap.context.counters.resumes += 1
                 if snap.context.prices is None:  # a checkpoint of a release that did not keep them
                     snap.context.prices = self._prices()
+                self._trace_attempt()
                 self.commit()  # the takeover is visible at once (status.restarts), not at the next step
             warm = getattr(self.model, "warm", None)  # the model client's imports, off the takeover's path
             if warm is not None:
@@ -299,7 +308,7 @@ class RunnerBase(ABC):
             if self._resolve_tools is not None:  # the run is ours and the old runner fenced: now wait for the tools
                 self.tools, self._resolve_tools = self._with_builtins(self._resolve_tools()), None
             self.executor = CallExecutor(
-                self.store, self.lease, record.run_uid, self.tools, deadline_s=self.spec.activeDeadlineSeconds
+                self.store, self.lease, record.run_uid, self.tools, deadline_s=self.spec.activeDeadlineSeconds, trace=self.trace
             )
             self.emit("started")
             return self.drive()
@@ -327,6 +336,17 @@ class RunnerBase(ABC):
             if not hasattr(self, "snap"):
                 self.snap = self._initial_snapshot(record.run_uid, classify=False)
             return self.finish(Phase.FAILED, "InvalidSpec", str(err), exit_code=ExitCode.BAD_INPUT)
+
+    def _trace_attempt(self) -> None:
+        """Start this attempt's span (runner/tracing.py), recorded in the takeover commit that follows."""
+        claim = self._claim
+        self.trace.attempt_started(
+            self.snap,
+            run_name=self.run_spec.metadata.name,
+            epoch=self.lease.epoch,
+            runner_id=claim.runner_id if claim is not None else "",
+            left_behind=claim.left_behind if claim is not None else None,
+        )
 
     @abstractmethod
     def drive(self) -> Outcome:
@@ -365,6 +385,7 @@ class RunnerBase(ABC):
         """
         logs.bind(iteration=it)
         turn = None
+        self.trace.iteration(it)
         if self._last_turn is not None and self._last_turn.iteration == it:
             turn = self._last_turn  # a graph node re-executed (LangGraph) asks for its turn again
         elif it <= self._turns_before:  # saved by an earlier runner: a resume reuses that reply
@@ -375,7 +396,9 @@ class RunnerBase(ABC):
                 raise BudgetExceeded(reason)
             self.emit("model_call", f"iteration {it}")
             faults.point("model.before_call")
-            reply = self.model.complete(messages, self.tools.schemas)
+            with self.trace.chat(it, self.spec.model.name) as span:
+                reply = self.model.complete(messages, self.tools.schemas)
+                span.reply(reply)
             faults.point("model.after_call")
             message = as_question(reply.message, it) if self.spec.conversation else reply.message
             # Ids a provider repeated are made unique before they are stored or sent back (the wire).
@@ -555,6 +578,7 @@ class RunnerBase(ABC):
         self.emit("waiting", ", ".join(self.snap.pending.call_ids), pending=self.snap.pending)
         if not self.wait_for_approval:
             return Outcome(Phase(ctx.status.phase), ExitCode.OK, ctx.status.message, pending=self.snap.pending)
+        self.trace.waiting(self.snap.pending.call_ids)
         return None
 
     def _is_question(self, e: JournalEntry) -> bool:
@@ -682,6 +706,7 @@ class RunnerBase(ABC):
         LeaseLost, StoreUnavailable, PayloadTooLarge; RuntimeError if the transcript shrank."""
         self._account_active()
         self.snap.saved_at = int(time.time() * 1000)
+        self.trace.checkpoint(self.snap)
         faults.point("checkpoint.before_commit")
         if len(self.snap.messages) < self._stored:
             raise RuntimeError(

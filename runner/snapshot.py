@@ -179,6 +179,34 @@ class RunStatus(_Model):
     message: str = ""
 
 
+class AttemptTrace(_Model):
+    """The span of one runner process's attempt at a run, as its takeover commit recorded it:
+    enough for the next attempt to record it, should the process die before it could
+    (``runner/tracing.py``). ``span_id``: 16 hex digits (W3C); ``started_at_ns``: ns since the
+    Unix epoch; ``runner_id``: the claim's (``runner/liveness.py``), to tell its left-behind
+    heartbeat row; ``iteration``: the iteration whose span was open when the checkpoint was
+    committed (a pause inside it), 0 when none was."""
+
+    span_id: str
+    started_at_ns: int
+    resume: int = 0
+    epoch: int = 0
+    runner_id: str = ""
+    iteration: int = Field(0, description="the iteration open at this checkpoint (0: none), and since when (ns)")
+    iteration_started_at_ns: int = 0
+
+
+class TraceContext(_Model):
+    """The run's one trace across process deaths (W3C hex ids: ``trace_id`` 32 digits,
+    ``root_span_id`` 16): chosen once, by the first runner that traced the run, kept in every
+    checkpoint after. ``attempt``: the attempt that committed this checkpoint (None when none did)."""
+
+    trace_id: str
+    root_span_id: str
+    started_at_ns: int = Field(0, description="ns since the Unix epoch: the first traced attempt's start, the root span's")
+    attempt: AttemptTrace | None = None
+
+
 class RunContext(_Model):
     """Counters, budget, usage and session (the seed's ``RunContext``), plus the run's status.
 
@@ -187,6 +215,7 @@ class RunContext(_Model):
     model has none. Kept here so the checkpoint alone says what the run has cost (:meth:`cost`)
     to every reader: the budget check, the operator's ``status.cost``, ``agentfast status``.
     The cost itself is not stored: it is ``usage`` times ``prices``, computed when read.
+    ``trace``: the run's trace ids when it is traced (:class:`TraceContext`), else None.
     """
 
     session: Session
@@ -197,6 +226,9 @@ class RunContext(_Model):
     status: RunStatus = Field(default_factory=RunStatus)
     turns_accounted: int = Field(0, description="last iteration whose model tokens are in usage")
     prices: Prices | None = None
+    # Optional with a default: a checkpoint without it (tracing off, or an older release) loads as
+    # one without a trace, so no schema version bump (a new optional field changes no old meaning).
+    trace: TraceContext | None = None
 
     def cost(self) -> float | None:
         """What the run's tokens so far (``usage``) cost at ``prices``, in ``prices.currency``;

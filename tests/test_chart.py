@@ -505,9 +505,31 @@ def test_payload_limits_reach_the_runner_pods_env(helm: str) -> None:
         RunnerConfig.from_env({"AGENTFAST_RUNNER_PAYLOAD_MAX_BYTES": "lots"})
 
 
+@pytest.mark.process
+def test_the_otlp_endpoint_reaches_the_runner_pods_env(helm: str) -> None:
+    """runner.otlpEndpoint turns traces on in runner pods (docs/observability.md); unset, no OTEL_* variable."""
+    from agentfast.operator.workload import RunnerConfig, build_pod
+
+    body = {"metadata": {"name": "r", "namespace": "team-a", "uid": "u"}, "spec": {}}
+
+    def pod_env(docs: list[dict]) -> dict[str, str | None]:
+        pod = build_pod(body, RunnerConfig.from_env(_operator_env(docs)))["spec"]
+        return {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+
+    assert not [k for k in pod_env(render(helm)) if k.startswith("OTEL_")]
+    proc = _render_values(helm, {"runner": {"otlpEndpoint": "http://otel-collector.observability:4318"}})
+    assert proc.returncode == 0, proc.stderr
+    env = pod_env([d for d in yaml.safe_load_all(proc.stdout) if d])
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.observability:4318"
+    assert env["OTEL_RESOURCE_ATTRIBUTES"] == "k8s.namespace.name=team-a"
+    with pytest.raises(ValueError, match="AGENTFAST_RUNNER_OTLP_ENDPOINT"):
+        RunnerConfig.from_env({"AGENTFAST_RUNNER_OTLP_ENDPOINT": "otel-collector:4318"})
+
+
 @pytest.mark.parametrize(
     "values, problem",
     [
+        ({"runner": {"otlpEndpoint": "otel-collector:4318"}}, "otlpEndpoint"),
         ({"runner": {"allowedImages": ["*"]}}, "allowedImages"),
         ({"runner": {"allowedImages": ["reg.example.com/team"]}}, None),  # a repository
         ({"runner": {"allowedImages": ["reg.example.com/../x/"]}}, "allowedImages"),

@@ -150,9 +150,9 @@ make_project_image() {
     log "images $PROJECT_IMAGE, $TESTING_IMAGE: up to date ($(cat "$IMG_DIR/project.ref" "$IMG_DIR/testing.ref" 2>/dev/null | paste -sd' '))"
     return
   fi
-  log "wheels: pip wheel .[operator,langgraph] -> $WHEEL_DIR"
+  log "wheels: pip wheel .[operator,langgraph,otel] -> $WHEEL_DIR"
   local py="${PYTHON:-python3}"
-  "$py" -m pip wheel --quiet --wheel-dir "$WHEEL_DIR" "${ctx}[operator,langgraph]" >&2
+  "$py" -m pip wheel --quiet --wheel-dir "$WHEEL_DIR" "${ctx}[operator,langgraph,otel]" >&2
   # The build backend, for the isolated build of the project itself inside the image.
   "$py" -m pip download --quiet --dest "$WHEEL_DIR" --only-binary=:all: "setuptools>=77" wheel >&2
   rm -f "$WHEEL_DIR"/agentfast-*.whl

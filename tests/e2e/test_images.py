@@ -48,6 +48,20 @@ def test_the_production_image_holds_no_test_support(release: Kube, production_im
     assert found == {production_image: False, k.image: True}, found
 
 
+_OTEL_PROBE = """
+import importlib.util, json
+mods = ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter")
+print(json.dumps({m: importlib.util.find_spec(m) is not None for m in mods}))
+"""
+
+
+def test_the_production_image_can_trace_runs(release: Kube, production_image: str) -> None:
+    """The image installs the otel extra: runner.otlpEndpoint needs nothing more (docs/observability.md)."""
+    out = python_in_pod(release, f"otel-probe-{uuid.uuid4().hex[:6]}", _OTEL_PROBE, image=production_image)
+    found = json.loads(out.strip().splitlines()[-1])
+    assert found and all(found.values()), out
+
+
 def test_the_production_image_runs_a_run_on_a_model_config(
     release: Kube, model_server: dict[str, str], production_image: str
 ) -> None:
