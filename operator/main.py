@@ -98,8 +98,7 @@ from agentfast.runner.store import (
     deadline_message,
 )
 
-from . import metrics
-from . import notify
+from . import metrics, notify
 from .credentials import ensure_runner_secret, revoke_unused
 from .credentials import forget as forget_credential
 from .identity import ensure_runner_service_account
