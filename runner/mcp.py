@@ -48,8 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import AgentfastError, CallOutcomeUnknown, SpecError
 from .spec import AgentRun, McpServerSpec, mcp_servers_from_env
-from .storable import storable
-from .tools import Tool, ToolArgumentsError, ToolContext
+from .tools import Tool, ToolArgumentsError, ToolContext, parse_arguments_object
 
 if TYPE_CHECKING:
     from mcp.client import Client
@@ -166,12 +165,7 @@ class McpTool(Tool):
     def parse_arguments(self, raw: str) -> dict[str, Any]:
         """The model's raw JSON arguments, parsed and checked against the input schema (NUL and lone
         surrogates made U+FFFD, as for a Python tool). Raises ToolArgumentsError."""
-        try:
-            data = storable(json.loads(raw or "{}"))
-        except json.JSONDecodeError as err:
-            raise ToolArgumentsError(f"arguments are not valid JSON ({err.msg} at char {err.pos}): {raw[:200]!r}") from None
-        if not isinstance(data, dict):
-            raise ToolArgumentsError(f"arguments must be a JSON object, got {type(data).__name__}")
+        data = parse_arguments_object(raw)
         problems = sorted(self._validator.iter_errors(data), key=lambda e: list(e.path))
         if problems:
             shown = "; ".join(f"{'.'.join(map(str, e.path)) or '(arguments)'}: {e.message}" for e in problems[:5])

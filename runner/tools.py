@@ -96,6 +96,19 @@ class ToolArgumentsError(AgentfastError, ValueError):
     """The model's arguments could not be parsed or did not match the tool's signature."""
 
 
+def parse_arguments_object(raw: str) -> dict[str, Any]:
+    """The model's raw JSON arguments as a dict (empty text: ``{}``), made storable (NUL and lone
+    surrogates become U+FFFD). Raises ToolArgumentsError when they are not a JSON object. The
+    first step of every tool's argument check (Python tools, MCP tools)."""
+    try:
+        data = storable(json.loads(raw or "{}"))
+    except json.JSONDecodeError as err:
+        raise ToolArgumentsError(f"arguments are not valid JSON ({err.msg} at char {err.pos}): {raw[:200]!r}") from None
+    if not isinstance(data, dict):
+        raise ToolArgumentsError(f"arguments must be a JSON object, got {type(data).__name__}")
+    return data
+
+
 @dataclass
 class Tool:
     """A callable tool with its JSON schema and durability declarations."""
@@ -135,12 +148,7 @@ class Tool:
         escape of NUL or of a lone surrogate (``\\u0000``, ``\\udcff``) reaches the tool as
         U+FFFD, so a tool never receives text the store could not hold.
         """
-        try:
-            data = storable(json.loads(raw or "{}"))
-        except json.JSONDecodeError as err:
-            raise ToolArgumentsError(f"arguments are not valid JSON ({err.msg} at char {err.pos}): {raw[:200]!r}") from None
-        if not isinstance(data, dict):
-            raise ToolArgumentsError(f"arguments must be a JSON object, got {type(data).__name__}")
+        data = parse_arguments_object(raw)
         try:
             return self._args_model.model_validate(data).model_dump()
         except ValidationError as err:
