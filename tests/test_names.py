@@ -30,6 +30,7 @@ from agentfast.runner.names import (
     PLURAL,
     TERMINAL_PHASES,
     VERSION,
+    WAITING_PHASES,
     EventReason,
     ExitCode,
     Phase,
@@ -55,8 +56,17 @@ def _crds() -> dict[tuple[str, str], dict[str, Any]]:
 
 
 def test_phases_are_the_strings_stored_and_shown() -> None:
-    assert [p.value for p in Phase] == ["Pending", "Running", "WaitingForApproval", "Succeeded", "Failed", "Cancelled"]
+    assert [p.value for p in Phase] == [
+        "Pending",
+        "Running",
+        "WaitingForApproval",
+        "WaitingForInput",
+        "Succeeded",
+        "Failed",
+        "Cancelled",
+    ]
     assert TERMINAL_PHASES == {"Succeeded", "Failed", "Cancelled"}
+    assert WAITING_PHASES == {"WaitingForApproval", "WaitingForInput"}
     assert all(isinstance(p, str) and str(p) == p.value and f"{p}" == p.value for p in Phase)
     assert json.dumps({"phase": Phase.WAITING_FOR_APPROVAL}) == '{"phase": "WaitingForApproval"}'
 
