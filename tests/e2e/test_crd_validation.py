@@ -342,7 +342,7 @@ def test_cancel_is_a_one_way_switch_and_the_deadline_is_immutable(kube: Kube) ->
         refused = patch(spec)
         assert (
             refused.returncode != 0
-            and "spec is immutable after creation, except spec.approvals and spec.cancel" in refused.stderr
+            and "spec is immutable after creation, except spec.approvals, spec.replies and spec.cancel" in refused.stderr
         )
     assert patch('{"cancel":false}').returncode == 0  # false to false: nothing taken back
     assert patch('{"cancel":true}').returncode == 0

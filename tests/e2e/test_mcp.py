@@ -165,7 +165,11 @@ def test_an_http_mcp_server_the_admin_named_survives_a_lost_runner_pod_each_effe
     k.run("delete", "pod", first, "--wait=true", timeout=120)
     approve(k, name, "call-1-2")
     _wait_for_success(k, name)
-    assert len(runner_pods(k, name)) >= 2
+    # The deleted pod is gone (--wait=true); a later attempt took the run over and finished it.
+    pods = runner_pods(k, name)
+    assert first not in [p["metadata"]["name"] for p in pods]
+    assert max(int(p["metadata"]["annotations"]["agentfast.dev/attempt"]) for p in pods) >= 2, pods
+    assert status(k, name)["restarts"] >= 1
     journal = _journal(k, name)
     assert [row[:4] for row in journal] == [
         ["call-1-0", "orders_lookup_order", "done", 1],
