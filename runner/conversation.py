@@ -24,7 +24,7 @@ import json
 from typing import Any
 
 from .snapshot import Message, ToolCall
-from .tools import Recovery, ToolArgumentsError, ToolContext
+from .tools import ToolArgumentsError, ToolContext
 
 #: The built-in tool's name; a spec tool may not take it while ``spec.conversation`` is on.
 ASK_USER = "ask_user"
@@ -70,9 +70,6 @@ class AskUserTool:
     def invoke(self, ctx: ToolContext, arguments: str) -> str:
         """Never called: a question is answered by a reply, not run. Raises RuntimeError."""
         raise RuntimeError("ask_user is answered by the user's reply (agentfast reply), never run")
-
-    def recovery_check(self, ctx: ToolContext) -> Recovery:  # pragma: no cover - recovery is None
-        return Recovery.unknown()
 
 
 def question_of(arguments: str, *, strict: bool = False) -> str:
