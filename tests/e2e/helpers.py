@@ -61,6 +61,19 @@ class Kube:
             raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}")
         return proc
 
+    def logs(self, pod: str, timeout: float = 60) -> str:
+        """``kubectl logs POD``, once the kubelet has reported its container started.
+
+        A run's status comes from Postgres (the runner writes it, the operator reads it), so it
+        can say the run ended before the kubelet's next pod status update still shows the
+        container as ``ContainerCreating``; kubectl refuses logs until then."""
+
+        def fetched() -> subprocess.CompletedProcess[str] | None:
+            proc = self.run("logs", pod, check=False)
+            return proc if proc.returncode == 0 else None
+
+        return self.wait_for(f"pod {pod}'s log", fetched, timeout=timeout, interval=1).stdout
+
     def whoami(self) -> str:
         """The user name the API server authenticates this kubeconfig as (``kubectl auth whoami``)."""
         return self.run("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}", namespaced=False).stdout.strip()

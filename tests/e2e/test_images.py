@@ -87,5 +87,5 @@ def test_a_scripted_run_on_the_production_image_fails_saying_why(release: Kube, 
     st = status(k, name)
     assert st["phase"] == "Failed" and _condition(k, name, "Failed").get("reason") == "InvalidSpec", st
     [pod] = runner_pods(k, name)  # a bad spec is not retried
-    log = k.run("logs", pod["metadata"]["name"]).stdout
+    log = k.logs(pod["metadata"]["name"])
     assert "this install has no scripted model" in log and "spec.model.config" in log, log
