@@ -28,7 +28,7 @@ import click
 
 from . import logs, output
 from .errors import SettingError
-from .names import GROUP, PLURAL, TERMINAL_PHASES, VERSION, ExitCode, Phase, format_run_id, parse_run_id
+from .names import TERMINAL_PHASES, ExitCode, Phase, format_run_id, parse_run_id
 from .output import err, one_line, out, styled
 
 # Everything else is imported by the commands that use it, inside them, so that a command pays
@@ -37,6 +37,7 @@ from .output import err, one_line, out, styled
 # snapshot models) every command but --help; the spec models only run, resume and a status that
 # shows a ModelConfig.
 if TYPE_CHECKING:
+    from .inbox import KubeInbox
     from .loop import Outcome, ProgressEvent
     from .model import ChatModel
     from .snapshot import AwaitedCall, PendingToolCall, RunContext, StateSnapshot
@@ -663,114 +664,31 @@ def _as_kubectl_plugin() -> bool:
     return os.path.basename(sys.argv[0]).startswith("kubectl-")
 
 
-def _kube_api(namespace: str | None) -> tuple[Any, str]:
-    """The CustomObjectsApi and the namespace to use (the kubeconfig's, or in-cluster)."""
-    try:
-        import kubernetes
-    except ImportError:
-        raise _fail("--kube needs the kubernetes client: pip install 'agentfast[operator]'") from None
-    try:
-        kubernetes.config.load_kube_config()
-        ns = namespace or kubernetes.config.list_kube_config_contexts()[1]["context"].get("namespace", "default")
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_incluster_config()
-        ns = namespace or "default"
-    return kubernetes.client.CustomObjectsApi(), ns
-
-
-def _kube_user() -> str:
-    """The user name the API server authenticates this client as (a SelfSubjectReview, the API of
-    ``kubectl auth whoami``; authentication.k8s.io/v1, GA in Kubernetes 1.28): what decidedBy must
-    say, since the admission policy compares it with the requesting user. Raises click's Exit (2)."""
-    import kubernetes
-    from kubernetes.client.exceptions import ApiException
+def _kube_inbox(namespace: str | None) -> KubeInbox:
+    """The cluster as the kubeconfig's user (in a pod: its service account), in ``namespace``
+    (default: the context's). Raises click's Exit (2) without the kubernetes client."""
+    from .inbox import KubeInbox, Refused
 
     try:
-        review = kubernetes.client.AuthenticationV1Api().create_self_subject_review(kubernetes.client.V1SelfSubjectReview())
-    except ApiException as e:
-        raise _fail(f"cannot learn who you are from the API server (kubectl auth whoami): {e.reason}") from None
-    user = review.status.user_info if review.status is not None else None
-    if user is None or user.username is None:
-        raise _fail("cannot learn who you are from the API server (kubectl auth whoami): its answer names no user")
-    return user.username
+        return KubeInbox.from_kubeconfig(namespace)
+    except Refused as e:
+        raise _fail(str(e)) from None
 
 
-def _agentrun_as_reviewed(
-    run: str, namespace: str | None, uid: str | None, *, nothing_done: str
-) -> tuple[Any, str, str, dict[str, Any]]:
-    """``(api, namespace, name, body)`` of the AgentRun ``run`` in the cluster. Raises click's Exit
-    (2) when it cannot be read, or when ``uid`` is given and the AgentRun has another (it was
-    re-created since the caller reviewed it: ``nothing_done`` says what was not done)."""
-    from kubernetes.client.exceptions import ApiException
-
-    api, ns = _kube_api(namespace)
-    name = parse_run_id(run)[1]
-    try:
-        body = api.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-    except ApiException as e:
-        raise _fail(f"cannot read agentrun {ns}/{name}: {e.reason}") from None
-    if uid is not None and uid != body["metadata"]["uid"]:
-        raise _fail(
-            f"agentrun {ns}/{name} has uid {body['metadata']['uid']}, not {uid}: it was re-created since you reviewed it; {nothing_done}"
-        )
-    return api, ns, name, body
-
-
-def _patch_approval(
+def _patch_decision(
     run: str, call_id: str, decision: str, reason: str | None, result: str | None, namespace: str | None, uid: str | None = None
 ) -> None:
-    """``kubectl patch agentrun RUN --type merge -p '{"spec":{"approvals":{CALL_ID:{...}}}}'``, made
-    with the Kubernetes client; the operator records it in Postgres and the runner resumes.
+    """The decision as a patch of the AgentRun ``run`` (KubeInbox.decide: ``spec.approvals``, or
+    ``spec.replies`` for a reply; ``decidedBy`` the caller's user name; the AgentRun's uid as a
+    precondition), printing what was patched; exit 2 with why when refused (by these checks or by
+    the API server's admission policy)."""
+    from .inbox import Refused
 
-    Refused (exit 2) before patching when the AgentRun's status does not list the call as
-    pending, or spec.approvals already holds a decision for it (the operator would refuse it).
-    ``decidedBy`` is the caller's own user name (:func:`_kube_user`); the API server's admission
-    policy refuses the patch, and this exits 2 with its message, when the caller lacks the
-    approval right (verb approve on agentruns/approval) or the call no longer awaits a decision.
-    The patch carries the AgentRun's ``metadata.uid`` (``uid`` when given: the one the caller
-    reviewed), so the API server refuses it if the AgentRun was deleted and re-created under the
-    same name, with other input, in between. It prints the call's tool and arguments as decided.
-    """
-    from kubernetes.client.exceptions import ApiException
-
-    api, ns, name, body = _agentrun_as_reviewed(run, namespace, uid, nothing_done="nothing was decided")
-    seen_uid = body["metadata"]["uid"]
-    earlier = ((body.get("spec") or {}).get("approvals") or {}).get(call_id)
-    if earlier is not None:
-        said = earlier.get("decision", "?") + (f" ({earlier['reason']})" if earlier.get("reason") else "")
-        raise _fail(
-            f"{call_id} of agentrun {ns}/{name} was already decided: {said}; a decision is write-once, so this one was not recorded"
-        )
-    listed = {p.get("callId"): p for p in (body.get("status") or {}).get("pendingApprovals") or []}
-    pending = list(listed)
-    if call_id not in pending:
-        now = f"awaiting a decision now: {', '.join(pending)}" if pending else "no call of this run awaits a decision now"
-        raise _fail(f"{call_id} of agentrun {ns}/{name} does not await a decision (status.pendingApprovals); {now}")
-    entry = {
-        "decision": decision,
-        **({"reason": reason} if reason else {}),
-        **({"result": result} if result is not None else {}),
-        "decidedBy": _kube_user(),
-    }
     try:
-        api.patch_namespaced_custom_object(
-            GROUP, VERSION, ns, PLURAL, name, {"metadata": {"uid": seen_uid}, "spec": {"approvals": {call_id: entry}}}
-        )
-    except ApiException as e:
-        detail = json.loads(e.body).get("message", e.reason) if e.body else e.reason
-        if "metadata.uid" in detail:
-            raise _fail(
-                f"agentrun {ns}/{name} was re-created since it was read (uid {seen_uid} is gone); nothing was decided"
-            ) from None
-        raise _fail(f"the API server refused the patch: {detail}") from None
-    call = listed[call_id]
-    out.print(
-        f"agentrun.agentfast.dev/{name} (uid {seen_uid}) patched: {call_id} {decision}"
-        + (f" ({reason})" if reason else "")
-        + f" by {entry['decidedBy']}: {call.get('tool', '?')}({call.get('arguments', '')})",
-        highlight=False,
-        markup=False,
-    )
+        said = _kube_inbox(namespace).decide(parse_run_id(run)[1], call_id, decision, reason=reason, result=result, uid=uid)
+    except Refused as e:
+        raise _fail(str(e)) from None
+    out.print(said, highlight=False, markup=False)
 
 
 def _decide(
@@ -793,7 +711,7 @@ def _decide(
     except InvalidDecision as e:
         raise _fail(str(e)) from None
     if kube or (kube is None and _as_kubectl_plugin()):
-        _patch_approval(run, call_id, decision, reason, result, namespace, uid)
+        _patch_decision(run, call_id, decision, reason, result, namespace, uid)
         return
     store = _open_store(dsn)
     try:
@@ -834,42 +752,38 @@ def deny(run: str, call_id: str, reason: str, dsn: str | None, kube: bool | None
 
 def _patch_cancel(run: str, namespace: str | None, uid: str | None) -> None:
     """``kubectl patch agentrun RUN --type merge -p '{"spec":{"cancel":true}}'``, made with the
-    Kubernetes client (carrying the AgentRun's ``metadata.uid``, as :func:`_patch_approval`
-    does); the operator records the request in Postgres and the run stops at its next safe
-    point. Refused (exit 2) when the AgentRun cannot be read, has another uid than ``uid``, has
-    already ended, or the API server refuses the patch; exit 0 when spec.cancel was already true."""
-    from kubernetes.client.exceptions import ApiException
+    Kubernetes client (carrying the AgentRun's ``metadata.uid``, as a decision's patch does); the
+    operator records the request in Postgres and the run stops at its next safe point. Refused
+    (exit 2) when the AgentRun cannot be read, has another uid than ``uid``, has already ended,
+    or the API server refuses the patch; exit 0 when spec.cancel was already true."""
+    from .inbox import Refused
 
-    api, ns, name, body = _agentrun_as_reviewed(run, namespace, uid, nothing_done="nothing was cancelled")
-    seen_uid = body["metadata"]["uid"]
-    phase = (body.get("status") or {}).get("phase")
-    if (body.get("spec") or {}).get("cancel") is True:
-        out.print(
-            f"agentrun.agentfast.dev/{name}: a cancel was already requested (spec.cancel is true; phase {phase or 'unknown'})",
-            highlight=False,
-            markup=False,
-        )
-        return
-    if phase in TERMINAL_PHASES:
-        raise _fail(f"agentrun {ns}/{name} has already ended ({phase}); there is nothing to cancel")
+    inbox = _kube_inbox(namespace)
+    nothing = "nothing was cancelled"
     try:
+        ns, name, body = inbox.agentrun(parse_run_id(run)[1], uid, nothing_done=nothing)
+        seen_uid = body["metadata"]["uid"]
+        phase = (body.get("status") or {}).get("phase")
+        if (body.get("spec") or {}).get("cancel") is True:
+            out.print(
+                f"agentrun.agentfast.dev/{name}: a cancel was already requested (spec.cancel is true; phase {phase or 'unknown'})",
+                highlight=False,
+                markup=False,
+            )
+            return
+        if phase in TERMINAL_PHASES:
+            raise Refused(f"agentrun {ns}/{name} has already ended ({phase}); there is nothing to cancel")
         # The field manager is what the operator can name as the canceller (metadata.managedFields).
-        api.patch_namespaced_custom_object(
-            GROUP,
-            VERSION,
+        inbox.patch(
             ns,
-            PLURAL,
             name,
+            seen_uid,
+            nothing,
             {"metadata": {"uid": seen_uid}, "spec": {"cancel": True}},
             field_manager="kubectl-agentfast",
         )
-    except ApiException as e:
-        detail = json.loads(e.body).get("message", e.reason) if e.body else e.reason
-        if "metadata.uid" in detail:
-            raise _fail(
-                f"agentrun {ns}/{name} was re-created since it was read (uid {seen_uid} is gone); nothing was cancelled"
-            ) from None
-        raise _fail(f"the API server refused the patch: {detail}") from None
+    except Refused as e:
+        raise _fail(str(e)) from None
     out.print(
         f"agentrun.agentfast.dev/{name} (uid {seen_uid}) patched: spec.cancel true; it stops at its next safe point"
         " (a tool call in flight finishes) and ends Cancelled",
@@ -973,60 +887,18 @@ def _pick_question(questions: dict[str, str], call_id: str | None, where: str) -
 
 
 def _patch_reply(run: str, call_id: str | None, text: str, namespace: str | None, uid: str | None) -> None:
-    """Append ``{callId, text, repliedBy}`` to the AgentRun's ``spec.replies`` (a JSON patch that
-    also tests ``metadata.uid``: the AgentRun the caller reviewed); the operator records it in
-    Postgres and the runner resumes. ``repliedBy`` is the caller's user name (:func:`_kube_user`);
-    the admission policy refuses the patch (exit 2, with its message) when the caller lacks the
-    approval right or the call does not await a reply."""
-    from kubernetes.client.exceptions import ApiException
+    """Answer the AgentRun's question ``call_id`` (or its only one) with ``text``: appended to
+    ``spec.replies`` by :func:`_patch_decision`; exit 2 when no question, or several and no
+    ``call_id``, await a reply."""
+    from .inbox import Refused
 
-    from .conversation import question_of
-
-    api, ns, name, body = _agentrun_as_reviewed(run, namespace, uid, nothing_done="no reply was sent")
-    seen_uid = body["metadata"]["uid"]
-    pending = (body.get("status") or {}).get("pendingApprovals") or []
-    questions = {
-        p["callId"]: question_of(p.get("arguments", ""))
-        for p in pending
-        if p.get("reason") == "awaiting_input" and p.get("callId")
-    }
-    call_id = _pick_question(questions, call_id, f"agentrun {ns}/{name}")
-    replies = (body.get("spec") or {}).get("replies")
-    if any(r.get("callId") == call_id for r in replies or []):
-        raise _fail(f"{call_id} of agentrun {ns}/{name} was already answered; a reply is write-once")
-    entry = {"callId": call_id, "text": text, "repliedBy": _kube_user()}
-    # A JSON patch appends (a merge patch would replace the list, and the CRD keeps it append-only).
-    add = (
-        {"op": "add", "path": "/spec/replies/-", "value": entry}
-        if replies is not None
-        else {
-            "op": "add",
-            "path": "/spec/replies",
-            "value": [entry],
-        }
-    )
+    inbox = _kube_inbox(namespace)
     try:
-        api.patch_namespaced_custom_object(
-            GROUP,
-            VERSION,
-            ns,
-            PLURAL,
-            name,
-            [{"op": "test", "path": "/metadata/uid", "value": seen_uid}, add],
-            _content_type="application/json-patch+json",
-        )
-    except ApiException as e:
-        detail = json.loads(e.body).get("message", e.reason) if e.body else e.reason
-        if "test" in detail and "uid" in detail:
-            raise _fail(
-                f"agentrun {ns}/{name} was re-created since it was read (uid {seen_uid} is gone); no reply was sent"
-            ) from None
-        raise _fail(f"the API server refused the patch: {detail}") from None
-    out.print(
-        f"agentrun.agentfast.dev/{name} (uid {seen_uid}) patched: {call_id} answered by {entry['repliedBy']}",
-        highlight=False,
-        markup=False,
-    )
+        ns, name, body = inbox.agentrun(parse_run_id(run)[1], uid, nothing_done="no reply was sent")
+    except Refused as e:
+        raise _fail(str(e)) from None
+    chosen = _pick_question(inbox.questions(body), call_id, f"agentrun {ns}/{name}")
+    _patch_decision(run, chosen, "reply", None, text, namespace, uid or body["metadata"]["uid"])
 
 
 @app.command()
@@ -1401,6 +1273,77 @@ def list_runs(dsn: str | None) -> None:
         for e in unreadable:
             err.print(f"error: {e}")
         raise click.exceptions.Exit(ExitCode.BAD_INPUT)
+
+
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+@app.command()
+@dsn_option
+@click.option(
+    "--kube", is_flag=True, help="the cluster's AgentRuns, read and decided as you (your kubeconfig), not a local store"
+)
+@namespace_option
+@click.option(
+    "--auth",
+    type=click.Choice(["kubeconfig", "token"]),
+    default="kubeconfig",
+    show_default=True,
+    help="(--kube) whose identity acts: the kubeconfig's user, or each browser's own bearer token (a login page; how the chart deploys it)",
+)
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="the address to listen on (a loopback address unless --auth token)"
+)
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    help="a Host header to serve (repeat it); default: localhost and the loopback addresses, any with --auth token",
+)
+def ui(
+    dsn: str | None, kube: bool, namespace: str | None, auth: str, host: str, port: int, allowed_hosts: tuple[str, ...]
+) -> None:
+    """Serve the approvals inbox: runs, calls awaiting a decision, transcripts, and approve / deny /
+    complete / reply in a browser, updated live (docs/ui.md).
+
+    Locally it shows the store's runs (the embedded server, or --dsn) and decides as you. With
+    --kube it shows a namespace's AgentRuns and patches decisions into them as the kubeconfig's
+    user, so RBAC and the approval policy apply and status records you; a --dsn store then adds
+    transcripts. Deciding as the inbox's user, it listens only on a loopback address: with --auth
+    token (the chart's deployment) each browser logs in with its own token instead."""
+    from .inbox import KubeInbox, LocalInbox, Refused, api_server_configuration, token_client
+    from .ui import Access, create_app
+
+    if auth == "token" and not kube:
+        raise _fail("--auth token is for the cluster: add --kube")
+    if auth != "token" and host not in _LOOPBACK_HOSTS:
+        raise _fail(
+            f"--host {host}: this inbox decides as you, so it listens only on a loopback address"
+            f" ({', '.join(_LOOPBACK_HOSTS)}); to serve others, deploy it with --kube --auth token (each person logs in as themselves)"
+        )
+    store = _open_store(dsn) if dsn or not kube else None
+    try:
+        if not kube:
+            assert store is not None
+            access, where = Access(shared=LocalInbox(store, _who())), f"the local store, deciding as {_who()}"
+        elif auth == "kubeconfig":
+            shared = KubeInbox.from_kubeconfig(namespace, store)
+            access, where = Access(shared=shared), f"namespace {shared.namespace} of the cluster, deciding as {shared.user}"
+        else:
+            base = api_server_configuration()
+            default_ns = namespace or "default"
+            access = Access(token_inbox=lambda token: KubeInbox(token_client(token, base), default_ns, store))
+            where = f"the cluster at {base.host}, each person as themselves (namespace {default_ns} first)"
+    except Refused as e:
+        raise _fail(str(e)) from None
+    hosts = list(allowed_hosts) or (["*"] if auth == "token" else [*_LOOPBACK_HOSTS, "[::1]"])
+    app_ = create_app(access, allowed_hosts=hosts, store=store if not kube else None)
+    import uvicorn
+
+    shown = f"[{host}]" if ":" in host else host
+    err.print(f"agentfast ui: http://{shown}:{port}/ shows {where}", highlight=False, markup=False)
+    uvicorn.run(app_, host=host, port=port, log_level=os.environ.get("AGENTFAST_UI_LOG_LEVEL", "warning"), access_log=False)
 
 
 @app.command()

@@ -1,0 +1,491 @@
+"""What the approvals inbox shows and does (``agentfast ui``, docs/ui.md), from one of two sources.
+
+- :class:`LocalInbox`: a :class:`~agentfast.runner.store.Store` (the embedded server, or
+  ``--dsn``). Decisions are recorded by the store's rules, attributed to the local user.
+- :class:`KubeInbox`: AgentRuns read and patched through the Kubernetes API with the person's
+  own credentials: their kubeconfig (``agentfast ui --kube``, and the ``--kube`` commands of the
+  CLI), or the bearer token their browser sends to an inbox the chart deployed. So the RBAC, the
+  approval admission policy and the recorded ``decidedBy`` are theirs, never the inbox's. What
+  only Postgres holds (the transcript, the results of the siblings that already ran) comes from
+  a store when one is configured, and only for an AgentRun the person could read, with the same uid.
+
+Both give the same shapes (:class:`RunRow`, :class:`RunView`) and raise :class:`Refused` with a
+message for a person when a decision is not recorded. Nothing here renders: text from models and
+tools is returned as it is, and escaping is the page's business (runner/ui.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .names import GROUP, PLURAL, TERMINAL_PHASES, VERSION, format_run_id, parse_run_id
+
+if TYPE_CHECKING:
+    from .snapshot import Message, ToolResult
+    from .store import Store
+
+
+class Refused(Exception):
+    """A decision (or a read) that was not done, with why, for the person who asked."""
+
+
+@dataclass(frozen=True)
+class PendingCall:
+    """One call awaiting a person now. ``arguments``: the raw JSON text the model produced (it may
+    be malformed); ``reason``: ``requires_approval``, ``in_flight_not_idempotent`` (it may already
+    have run: complete it or deny it) or ``awaiting_input`` (the model's question: reply)."""
+
+    call_id: str
+    tool: str
+    arguments: str
+    reason: str
+
+    @property
+    def question(self) -> str | None:
+        """The question of an ``ask_user`` call, else None."""
+        if self.reason != "awaiting_input":
+            return None
+        from .conversation import question_of
+
+        return question_of(self.arguments)
+
+    @property
+    def pretty_arguments(self) -> str:
+        """``arguments`` indented when they are JSON, else as the model sent them."""
+        return pretty_json(self.arguments)
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One run as the inbox lists it. ``key``: ``NAMESPACE/NAME`` (names.format_run_id)."""
+
+    key: str
+    phase: str
+    reason: str
+    message: str
+    iteration: int | None
+    pending: tuple[PendingCall, ...] = ()
+
+    @property
+    def ended(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+
+@dataclass(frozen=True)
+class RunView:
+    """One run in full. ``messages`` is None where the transcript cannot be read here (a cluster
+    inbox without a store); ``siblings``: results of the paused batch's calls that already ran
+    (G5), shown beside the calls awaiting a decision; ``decisions``: oldest first, dicts with
+    ``call_id``, ``decision``, ``reason`` (None when not known), ``decided_by``."""
+
+    row: RunRow
+    uid: str
+    messages: tuple[Message, ...] | None
+    siblings: tuple[ToolResult, ...] = ()
+    decisions: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+
+
+def pretty_json(text: str) -> str:
+    """``text`` indented when it is JSON, else unchanged."""
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except (ValueError, TypeError):
+        return text
+
+
+def _transcript(store: Store, key: str) -> tuple[tuple[Message, ...], tuple[ToolResult, ...]]:
+    """The run's transcript and its paused batch's executed sibling results, from its latest
+    checkpoint. A paused run's transcript ends with the model's message that asked for the
+    awaited calls (its turn; the checkpoint's messages gain it when the batch is done), so the
+    person deciding reads what the model said with them."""
+    snap = store.load_snapshot(key)
+    if snap is None:
+        return (), ()
+    messages = list(snap.messages)
+    siblings: tuple[ToolResult, ...] = ()
+    if snap.pending is not None:
+        siblings = tuple(snap.pending.executed_sibling_results)
+        asked = {c.id for c in messages[-1].tool_calls} if messages else set()
+        if snap.pending.tool_call.id not in asked:
+            turn = store.load_turn(key, snap.pending.iteration)
+            if turn is not None:
+                messages.append(turn.message)
+    return tuple(messages), siblings
+
+
+class LocalInbox:
+    """The inbox of a store: every run in it. ``user``: whom decisions are attributed to."""
+
+    mode = "local"
+
+    def __init__(self, store: Store, user: str) -> None:
+        self.store = store
+        self.user = user
+
+    def runs(self) -> list[RunRow]:
+        """Every run of the store, newest first. Raises StoreUnavailable."""
+        rows = []
+        for rec, info in reversed(self.store.list_runs()):
+            row = self._row(rec.run_id)
+            if row is None:
+                phase = "unreadable" if info is not None and not info.readable else "Pending"
+                row = RunRow(rec.run_id, phase, "", "", info.iteration if info else None)
+            rows.append(row)
+        return rows
+
+    def _row(self, key: str) -> RunRow | None:
+        from .store import UnreadableState
+
+        try:
+            loaded = self.store.load_context(key)
+        except UnreadableState:
+            return None
+        if loaded is None:
+            return None
+        ctx, _ = loaded
+        pending = tuple(
+            PendingCall(a.call_id, a.tool_call.name, a.tool_call.arguments, a.reason) for a in self.store.awaiting(key)
+        )
+        st = ctx.status
+        return RunRow(key, st.phase, st.reason or st.phase, st.message, ctx.counters.iterations, pending)
+
+    def run(self, key: str) -> RunView | None:
+        """The run ``key`` in full, or None when the store has no such run."""
+        record = self.store.get_run(key)
+        if record is None:
+            return None
+        row = self._row(key) or RunRow(key, "Pending", "", "", None)
+        messages, siblings = _transcript(self.store, key) if row.phase != "Pending" else ((), ())
+        decisions = tuple(
+            {"call_id": d["call_id"], "decision": d["decision"], "reason": d["reason"], "decided_by": d["decided_by"]}
+            for d in self.store.decision_log(key)
+        )
+        return RunView(row, record.run_uid, messages, siblings, decisions)
+
+    def decide(
+        self,
+        key: str,
+        call_id: str,
+        decision: str,
+        *,
+        reason: str | None = None,
+        result: str | None = None,
+        uid: str | None = None,
+    ) -> str:
+        """Record ``decision`` on ``call_id`` of the run ``key`` (the store's rules: only for a call
+        awaiting one now, once; decisions.check_decision's limits). ``uid``: the run the person
+        reviewed; refused if the run under ``key`` has another. Returns what was recorded, as a
+        sentence. Raises Refused."""
+        from .decisions import InvalidDecision, check_decision
+        from .store import DecisionConflict, UnknownCall
+
+        record = self.store.get_run(key)
+        if record is None:
+            raise Refused(f"no run {key}")
+        if uid is not None and uid != record.run_uid:
+            raise Refused(f"run {key} was re-created since you reviewed it (uid {uid} is gone); nothing was decided")
+        try:
+            reason, result = check_decision(decision, reason, result)
+            d = self.store.decide(key, call_id, decision, reason=reason, result=result, decided_by=self.user)  # type: ignore[arg-type]
+        except (UnknownCall, DecisionConflict, InvalidDecision) as e:
+            raise Refused(str(e)) from None
+        said = f" ({d.reason})" if d.reason else ""
+        said += f" with result {d.result}" if d.result is not None and d.decision != "reply" else ""
+        return f"{d.call_id}: {d.decision}{said} recorded for {key} by {d.decided_by}"
+
+
+# -- the cluster ---------------------------------------------------------------------------------
+
+
+def _api_error(e: Exception) -> str:
+    """The API server's message in an ApiException (its Status body), else its reason."""
+    body = getattr(e, "body", None)
+    try:
+        return str(json.loads(body).get("message")) if body else str(getattr(e, "reason", e))
+    except (ValueError, AttributeError):
+        return str(getattr(e, "reason", e))
+
+
+class KubeInbox:
+    """The inbox of a namespace's AgentRuns, as the person whose credentials ``api_client`` carries.
+
+    ``namespace``: the one listed when none is asked for. ``store``: where transcripts are read,
+    or None (then :attr:`RunView.messages` is None). Every read and patch goes through the API
+    server as that person: what they may not read raises Refused, what the approval admission
+    policy refuses raises Refused with its message (charts/agentfast/templates/approval-policy.yaml).
+    """
+
+    mode = "kube"
+
+    def __init__(self, api_client: Any, namespace: str, store: Store | None = None) -> None:
+        import kubernetes
+
+        self.api = kubernetes.client.CustomObjectsApi(api_client)
+        self._auth = kubernetes.client.AuthenticationV1Api(api_client)
+        self.namespace = namespace
+        self.store = store
+        self._user: str | None = None
+
+    @classmethod
+    def from_kubeconfig(cls, namespace: str | None = None, store: Store | None = None) -> KubeInbox:
+        """As the kubeconfig's current context (its namespace unless ``namespace``), else as the
+        pod's service account in a cluster. Raises Refused when the kubernetes client is missing."""
+        try:
+            import kubernetes
+        except ImportError:
+            raise Refused("--kube needs the kubernetes client: pip install 'agentfast[operator]'") from None
+        try:
+            kubernetes.config.load_kube_config()
+            ns = namespace or kubernetes.config.list_kube_config_contexts()[1]["context"].get("namespace", "default")
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_incluster_config()
+            ns = namespace or "default"
+        return cls(kubernetes.client.ApiClient(), ns, store)
+
+    @property
+    def user(self) -> str:
+        """The user name the API server authenticates these credentials as (a SelfSubjectReview,
+        the API of ``kubectl auth whoami``; authentication.k8s.io/v1, GA in Kubernetes 1.28): what
+        ``decidedBy`` must say, since the admission policy compares it with the requesting user.
+        Raises Refused."""
+        if self._user is None:
+            import kubernetes
+            from kubernetes.client.exceptions import ApiException
+
+            try:
+                review = self._auth.create_self_subject_review(kubernetes.client.V1SelfSubjectReview())
+            except ApiException as e:
+                raise Refused(f"cannot learn who you are from the API server (kubectl auth whoami): {_api_error(e)}") from None
+            info = review.status.user_info if review.status is not None else None
+            if info is None or info.username is None:
+                raise Refused("cannot learn who you are from the API server (kubectl auth whoami): its answer names no user")
+            self._user = info.username
+        return self._user
+
+    def _where(self, key: str) -> tuple[str, str]:
+        return parse_run_id(key, self.namespace)
+
+    def agentrun(self, key: str, uid: str | None = None, *, nothing_done: str) -> tuple[str, str, dict[str, Any]]:
+        """``(namespace, name, body)`` of the AgentRun ``key`` (``NAME`` or ``NAMESPACE/NAME``).
+        Raises Refused when it cannot be read, or when ``uid`` is given and it has another (it was
+        re-created since the person reviewed it: ``nothing_done`` says what was not done)."""
+        from kubernetes.client.exceptions import ApiException
+
+        ns, name = self._where(key)
+        try:
+            body: dict[str, Any] = self.api.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)  # type: ignore[assignment]
+        except ApiException as e:
+            raise Refused(f"cannot read agentrun {ns}/{name}: {_api_error(e)}") from None
+        if uid is not None and uid != body["metadata"]["uid"]:
+            raise Refused(
+                f"agentrun {ns}/{name} has uid {body['metadata']['uid']}, not {uid}: it was re-created since you reviewed it; {nothing_done}"
+            )
+        return ns, name, body
+
+    @staticmethod
+    def _row(body: dict[str, Any]) -> RunRow:
+        meta, st = body["metadata"], body.get("status") or {}
+        pending = tuple(
+            PendingCall(p.get("callId", ""), p.get("tool", ""), p.get("arguments", ""), p.get("reason", "requires_approval"))
+            for p in st.get("pendingApprovals") or []
+        )
+        phase = st.get("phase") or "Pending"
+        return RunRow(
+            format_run_id(meta["namespace"], meta["name"]),
+            phase,
+            st.get("reason") or phase,
+            st.get("message") or "",
+            st.get("iteration"),
+            pending,
+        )
+
+    def runs(self, namespace: str | None = None) -> list[RunRow]:
+        """The AgentRuns of ``namespace`` (default: this inbox's), newest first. Raises Refused."""
+        from kubernetes.client.exceptions import ApiException
+
+        ns = namespace or self.namespace
+        try:
+            got: dict[str, Any] = self.api.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)  # type: ignore[assignment]
+        except ApiException as e:
+            raise Refused(f"cannot list agentruns in namespace {ns}: {_api_error(e)}") from None
+        items = sorted(got.get("items", []), key=lambda b: b["metadata"].get("creationTimestamp") or "", reverse=True)
+        return [self._row(b) for b in items]
+
+    def run(self, key: str) -> RunView | None:
+        """The AgentRun ``key`` in full as status shows it, with its transcript and sibling results
+        from the store when this inbox has one and the store's run has the AgentRun's uid. None
+        when there is no such AgentRun; raises Refused when the person may not read it."""
+        from kubernetes.client.exceptions import ApiException
+
+        ns, name = self._where(key)
+        try:
+            body: dict[str, Any] = self.api.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)  # type: ignore[assignment]
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise Refused(f"cannot read agentrun {ns}/{name}: {_api_error(e)}") from None
+        row, uid = self._row(body), body["metadata"]["uid"]
+        decisions = tuple(
+            {"call_id": d.get("callId"), "decision": d.get("decision"), "reason": None, "decided_by": d.get("decidedBy")}
+            for d in (body.get("status") or {}).get("decisions") or []
+        )
+        messages: tuple[Message, ...] | None = None
+        siblings: tuple[ToolResult, ...] = ()
+        if self.store is not None:
+            # Read only after the API server let this person read the AgentRun, and only the
+            # store's run of that very AgentRun (a re-created one has another uid).
+            record = self.store.get_run(row.key)
+            if record is not None and record.run_uid == uid:
+                messages, siblings = _transcript(self.store, row.key)
+            else:
+                messages = ()
+        return RunView(row, uid, messages, siblings, decisions)
+
+    def decide(
+        self,
+        key: str,
+        call_id: str,
+        decision: str,
+        *,
+        reason: str | None = None,
+        result: str | None = None,
+        uid: str | None = None,
+    ) -> str:
+        """Patch the person's decision into the AgentRun ``key``; the operator records it in
+        Postgres and the runner resumes. ``approve``, ``deny``, ``complete``: a merge patch of
+        ``spec.approvals[call_id]``; ``reply``: a JSON patch appending ``{callId, text,
+        repliedBy}`` to ``spec.replies`` (a merge patch would replace the list, which the CRD keeps
+        append-only). ``decidedBy``/``repliedBy`` is :attr:`user`.
+
+        Refused before patching when status does not list the call as awaiting this kind of
+        decision, or spec already holds one for it; refused by the API server (its message) when
+        the person lacks the approval right (verb approve on agentruns/approval) or the call no
+        longer awaits. Every patch carries the AgentRun's ``metadata.uid`` (``uid`` when given:
+        the one the person reviewed), so it is refused if the AgentRun was deleted and re-created
+        under the same name, with other input, in between. Returns what was patched, as a
+        sentence naming the call's tool and arguments. Raises Refused."""
+        from .decisions import REPLY, InvalidDecision, check_decision
+
+        try:
+            reason, result = check_decision(decision, reason, result)
+        except InvalidDecision as e:
+            raise Refused(str(e)) from None
+        nothing = "no reply was sent" if decision == REPLY else "nothing was decided"
+        ns, name, body = self.agentrun(key, uid, nothing_done=nothing)
+        seen_uid = body["metadata"]["uid"]
+        listed = {p.call_id: p for p in self._row(body).pending}
+        spec = body.get("spec") or {}
+        if decision == REPLY:
+            assert result is not None
+            return self._reply(ns, name, seen_uid, listed, spec, call_id, result)
+        earlier = (spec.get("approvals") or {}).get(call_id)
+        if earlier is not None:
+            said = earlier.get("decision", "?") + (f" ({earlier['reason']})" if earlier.get("reason") else "")
+            raise Refused(
+                f"{call_id} of agentrun {ns}/{name} was already decided: {said}; a decision is write-once, so this one was not recorded"
+            )
+        if call_id not in listed:
+            now = f"awaiting a decision now: {', '.join(listed)}" if listed else "no call of this run awaits a decision now"
+            raise Refused(f"{call_id} of agentrun {ns}/{name} does not await a decision (status.pendingApprovals); {now}")
+        entry = {
+            "decision": decision,
+            **({"reason": reason} if reason else {}),
+            **({"result": result} if result is not None else {}),
+            "decidedBy": self.user,
+        }
+        self.patch(ns, name, seen_uid, nothing, {"metadata": {"uid": seen_uid}, "spec": {"approvals": {call_id: entry}}})
+        call = listed[call_id]
+        return (
+            f"agentrun.agentfast.dev/{name} (uid {seen_uid}) patched: {call_id} {decision}"
+            + (f" ({reason})" if reason else "")
+            + f" by {entry['decidedBy']}: {call.tool}({call.arguments})"
+        )
+
+    def questions(self, body: dict[str, Any]) -> dict[str, str]:
+        """Call id -> question, of the AgentRun ``body``'s calls awaiting a reply."""
+        return {c.call_id: c.question or "" for c in self._row(body).pending if c.reason == "awaiting_input" and c.call_id}
+
+    def _reply(
+        self, ns: str, name: str, seen_uid: str, listed: dict[str, PendingCall], spec: dict[str, Any], call_id: str, text: str
+    ) -> str:
+        call = listed.get(call_id)
+        if call is None or call.reason != "awaiting_input":
+            asked = ", ".join(c for c, p in listed.items() if p.reason == "awaiting_input") or "none"
+            raise Refused(
+                f"{call_id} of agentrun {ns}/{name} is not a question awaiting a reply; questions awaiting one: {asked}"
+            )
+        replies = spec.get("replies")
+        if any(r.get("callId") == call_id for r in replies or []):
+            raise Refused(f"{call_id} of agentrun {ns}/{name} was already answered; a reply is write-once")
+        entry = {"callId": call_id, "text": text, "repliedBy": self.user}
+        add = (
+            {"op": "add", "path": "/spec/replies/-", "value": entry}
+            if replies is not None
+            else {"op": "add", "path": "/spec/replies", "value": [entry]}
+        )
+        self.patch(
+            ns,
+            name,
+            seen_uid,
+            "no reply was sent",
+            [{"op": "test", "path": "/metadata/uid", "value": seen_uid}, add],
+            json_patch=True,
+        )
+        return f"agentrun.agentfast.dev/{name} (uid {seen_uid}) patched: {call_id} answered by {entry['repliedBy']}"
+
+    def patch(
+        self, ns: str, name: str, seen_uid: str, nothing_done: str, patch: Any, *, json_patch: bool = False, **kw: Any
+    ) -> None:
+        """Send ``patch`` (a merge patch, or with ``json_patch`` a JSON patch) to the AgentRun
+        ``ns``/``name`` read with uid ``seen_uid``; the patch carries that uid as a precondition.
+        ``kw``: patch_namespaced_custom_object's (e.g. field_manager). Raises Refused with the API
+        server's word, or saying the AgentRun was re-created (``nothing_done``: what was not done)."""
+        from kubernetes.client.exceptions import ApiException
+
+        if json_patch:
+            kw["_content_type"] = "application/json-patch+json"
+        try:
+            self.api.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, patch, **kw)
+        except ApiException as e:
+            detail = _api_error(e)
+            # A merge patch's metadata.uid precondition, or a JSON patch's failed test of it.
+            if "metadata.uid" in detail or ("test" in detail and "uid" in detail):
+                raise Refused(
+                    f"agentrun {ns}/{name} was re-created since it was read (uid {seen_uid} is gone); {nothing_done}"
+                ) from None
+            raise Refused(f"the API server refused the patch: {detail}") from None
+
+
+def token_client(token: str, base: Any) -> Any:
+    """A kubernetes ApiClient that authenticates with the bearer ``token`` alone, to the API
+    server of ``base`` (a kubernetes Configuration: only its host, CA and TLS verification are
+    taken; never its client certificate, token or refresh hook, which would let the API server see
+    the inbox's own identity instead of the person's)."""
+    import kubernetes
+
+    cfg = kubernetes.client.Configuration()
+    cfg.host = base.host
+    cfg.ssl_ca_cert = base.ssl_ca_cert
+    cfg.verify_ssl = base.verify_ssl
+    cfg.api_key = {"BearerToken": token}
+    cfg.api_key_prefix = {"BearerToken": "Bearer"}
+    cfg.refresh_api_key_hook = None
+    return kubernetes.client.ApiClient(cfg)
+
+
+def api_server_configuration() -> Any:
+    """The API server's address and CA: in a pod, its service account's view of the cluster
+    (``load_incluster_config`` without the token refresh hook); elsewhere the kubeconfig's current
+    context. Only :func:`token_client` reads it. Raises Refused without the kubernetes client."""
+    try:
+        import kubernetes
+    except ImportError:
+        raise Refused("the cluster inbox needs the kubernetes client: pip install 'agentfast[operator]'") from None
+    cfg = kubernetes.client.Configuration()
+    try:
+        kubernetes.config.load_incluster_config(client_configuration=cfg, try_refresh_token=False)
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config(client_configuration=cfg)
+    return cfg

@@ -1,0 +1,377 @@
+"""The approvals inbox in a browser (``agentfast ui``; docs/ui.md): runs, the calls awaiting a
+person, the transcript, and approve / deny / complete / reply forms, updated live.
+
+A Starlette app with Jinja2 templates (``runner/inbox_pages``), served by uvicorn. What it shows and
+does comes from an inbox (runner/inbox.py), chosen per request by :class:`Access`:
+
+- one inbox for every request: the local store, or the cluster as the kubeconfig's user. Then the
+  server listens on a loopback address only (``agentfast ui`` refuses others): whoever reaches it
+  decides as that user.
+- ``token``: the cluster as the person whose bearer token the request carries (an
+  ``Authorization: Bearer`` header from an authenticating proxy, or the cookie the login page sets
+  from a token they pasted). The server's own service account is never used for AgentRuns.
+
+Defences, because a page that approves refunds is a target:
+
+- Text from models, tools and people is data. Templates autoescape, and the Content-Security-Policy
+  allows only this server's own script and style (no inline script), so markup in a transcript
+  neither renders nor runs. The ``markup`` case (tests/cases) applies to HTML too.
+- A form post needs a CSRF token bound to the person's credentials (an HMAC with a per-process
+  key), and an ``Origin``, when the browser sends one, of this server's host.
+- Only allowed ``Host`` headers are served (TrustedHostMiddleware: no DNS rebinding onto the loopback
+  inbox). ``frame-ancestors 'none'``: no clickjacking of the approve button.
+- The token cookie is HttpOnly, SameSite=Strict, and Secure over HTTPS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import re
+import secrets
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import jinja2
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Route
+from starlette.templating import Jinja2Templates
+
+from .inbox import KubeInbox, LocalInbox, Refused, RunView, pretty_json
+from .names import format_run_id
+
+if TYPE_CHECKING:
+    from .store import Store
+
+Inbox = LocalInbox | KubeInbox
+
+#: The cookie the login page sets: the person's bearer token, sent back only to this server.
+TOKEN_COOKIE = "agentfast_token"
+#: How long a pasted token is kept by the browser (seconds); the token's own expiry still applies.
+TOKEN_COOKIE_MAX_AGE_S = 8 * 3600
+#: How often a live page's server checks for a change (seconds).
+LIVE_POLL_S = 1.0
+#: Per-token inboxes kept (each holds an HTTP connection pool to the API server).
+TOKEN_INBOXES = 64
+
+#: A namespace's name (RFC 1123 label, as Kubernetes validates it).
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+_PAGES = resources.files("agentfast.runner") / "inbox_pages"
+
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self';"
+    " form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+
+
+class NoCredentials(Exception):
+    """A request to a token inbox without a token: the person logs in first."""
+
+
+@dataclass
+class Access:
+    """How a request gets its inbox. ``shared``: one inbox for every request (local store or the
+    kubeconfig's user). Else ``token_inbox(token)`` makes the inbox of a bearer token's person
+    (kept, up to :data:`TOKEN_INBOXES`, by the token's hash)."""
+
+    shared: Inbox | None = None
+    token_inbox: Callable[[str], KubeInbox] | None = None
+    _by_token: OrderedDict[str, KubeInbox] = field(default_factory=OrderedDict)
+
+    def token_of(self, request: Request) -> str | None:
+        """The request's bearer token: its Authorization header, else the login cookie."""
+        auth = request.headers.get("authorization", "")
+        if auth[:7].lower() == "bearer " and auth[7:].strip():
+            return auth[7:].strip()
+        return request.cookies.get(TOKEN_COOKIE) or None
+
+    def inbox(self, request: Request) -> Inbox:
+        """The inbox this request acts through. Raises NoCredentials."""
+        if self.shared is not None:
+            return self.shared
+        assert self.token_inbox is not None
+        token = self.token_of(request)
+        if not token:
+            raise NoCredentials()
+        key = hashlib.sha256(token.encode()).hexdigest()
+        inbox = self._by_token.get(key)
+        if inbox is None:
+            inbox = self._by_token[key] = self.token_inbox(token)
+            while len(self._by_token) > TOKEN_INBOXES:
+                self._by_token.popitem(last=False)
+        self._by_token.move_to_end(key)
+        return inbox
+
+    def identity(self, request: Request) -> str:
+        """What a CSRF token is bound to: the person's credentials (a token's hash), or ``shared``."""
+        if self.shared is not None:
+            return "shared"
+        return hashlib.sha256((self.token_of(request) or "").encode()).hexdigest()
+
+
+def create_app(access: Access, *, allowed_hosts: list[str], store: Store | None = None) -> Starlette:
+    """The inbox's ASGI app. ``allowed_hosts``: Host header values served (``["*"]``: any);
+    ``store``: for the local inbox's hint whether a runner is alive to go on after a decision."""
+    key = secrets.token_bytes(32)  # per process: a restart invalidates open forms, nothing else
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_PAGES)), autoescape=True)
+    env.filters["pretty_json"] = pretty_json
+    templates = Jinja2Templates(env=env)
+
+    def csrf_token(request: Request) -> str:
+        return hmac.new(key, access.identity(request).encode(), hashlib.sha256).hexdigest()
+
+    def page(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> Response:
+        inbox = context.get("inbox")
+        context = {
+            "csrf": csrf_token(request),
+            "mode": inbox.mode if inbox is not None else "kube",
+            "login": access.shared is None,
+            **context,
+        }
+        return templates.TemplateResponse(request, name, context, status_code=status_code)
+
+    def get_inbox(request: Request) -> Inbox:
+        return access.inbox(request)
+
+    async def index(request: Request) -> Response:
+        try:
+            inbox = get_inbox(request)
+        except NoCredentials:
+            return RedirectResponse("/login", status_code=303)
+        namespace = request.query_params.get("namespace") or (inbox.namespace if isinstance(inbox, KubeInbox) else None)
+        if namespace is not None and not DNS_LABEL.fullmatch(namespace):
+            return page(
+                request, "error.html", {"inbox": inbox, "message": f"not a namespace name (a DNS label): {namespace!r}"}, 400
+            )
+        try:
+            runs = await run_in_threadpool(_runs, inbox, namespace)
+            user = await run_in_threadpool(lambda: inbox.user)
+        except Refused as e:
+            return page(request, "error.html", {"inbox": inbox, "message": str(e)}, 403)
+        waiting = [r for r in runs if r.pending]
+        return page(
+            request,
+            "index.html",
+            {
+                "inbox": inbox,
+                "runs": runs,
+                "waiting": waiting,
+                "namespace": namespace,
+                "user": user,
+                "version": _list_version(runs),
+            },
+        )
+
+    async def run_page(request: Request) -> Response:
+        try:
+            inbox = get_inbox(request)
+        except NoCredentials:
+            return RedirectResponse("/login", status_code=303)
+        return await _render_run(request, inbox, None, 200)
+
+    async def _render_run(request: Request, inbox: Inbox, outcome: tuple[bool, str] | None, status_code: int) -> Response:
+        run_key = format_run_id(request.path_params["namespace"], request.path_params["name"])
+        try:
+            view = await run_in_threadpool(inbox.run, run_key)
+            user = await run_in_threadpool(lambda: inbox.user)
+        except Refused as e:
+            return page(request, "error.html", {"inbox": inbox, "message": str(e)}, 403)
+        if view is None:
+            return page(request, "error.html", {"inbox": inbox, "message": f"no run {run_key}"}, 404)
+        return page(
+            request,
+            "run.html",
+            {"inbox": inbox, "view": view, "outcome": outcome, "user": user, "version": _version(view)},
+            status_code,
+        )
+
+    async def decide(request: Request) -> Response:
+        try:
+            inbox = get_inbox(request)
+        except NoCredentials:
+            return PlainTextResponse("log in first", status_code=401)
+        form = await request.form()
+        refused = _refuse_forgery(request, str(form.get("csrf", "")), csrf_token(request))
+        if refused is not None:
+            return refused
+        run_key = format_run_id(request.path_params["namespace"], request.path_params["name"])
+        decision = str(form.get("decision", ""))
+        text = str(form.get("text", ""))
+        reason = text if decision in ("approve", "deny") else None
+        result = text if decision in ("complete", "reply") else None
+        try:
+            said = await run_in_threadpool(
+                inbox.decide,
+                run_key,
+                str(form.get("call_id", "")),
+                decision,
+                reason=reason,
+                result=result,
+                uid=str(form.get("uid", "")) or None,
+            )
+        except Refused as e:
+            return await _render_run(request, inbox, (False, str(e)), 409)
+        if store is not None and isinstance(inbox, LocalInbox):
+            said += await run_in_threadpool(_local_next_step, store, run_key)
+        return await _render_run(request, inbox, (True, said), 200)
+
+    async def events(request: Request) -> Response:
+        """Server-Sent Events: ``changed`` whenever what the page at ``?page=`` shows differs from
+        the version ``?since=`` it was rendered at (its ``data-version``)."""
+        try:
+            inbox = get_inbox(request)
+        except NoCredentials:
+            return PlainTextResponse("log in first", status_code=401)
+        target = request.query_params.get("page", "/")
+        namespace = request.query_params.get("namespace")
+        parts = urlsplit(target).path.strip("/").split("/")
+        run_key = format_run_id(parts[1], parts[2]) if len(parts) == 3 and parts[0] == "runs" else None
+
+        def fingerprint() -> str:
+            try:
+                if run_key is not None:
+                    view = inbox.run(run_key)
+                    return _version(view) if view is not None else "gone"
+                return _list_version(_runs(inbox, namespace))
+            except Refused as e:
+                return f"refused: {e}"
+
+        async def stream() -> AsyncIterator[dict[str, str]]:
+            # Compared from the version the page was rendered at, not from the first look here:
+            # what changed between the render and this connection is a change too.
+            last = request.query_params.get("since", "")
+            while True:
+                now = await run_in_threadpool(fingerprint)
+                if now != last:
+                    last = now
+                    yield {"event": "changed", "data": now}
+                await asyncio.sleep(LIVE_POLL_S)
+
+        return EventSourceResponse(stream(), ping=15)
+
+    async def login(request: Request) -> Response:
+        if access.shared is not None:
+            return RedirectResponse("/", status_code=303)
+        if request.method == "GET":
+            return page(request, "login.html", {"message": None})
+        form = await request.form()
+        refused = _refuse_forgery(request, None, None)
+        if refused is not None:
+            return refused
+        token = str(form.get("token", "")).strip()
+        assert access.token_inbox is not None
+        try:
+            user = await run_in_threadpool(lambda: access.token_inbox(token).user) if token else None  # type: ignore[misc]
+        except Refused as e:
+            return page(request, "login.html", {"message": str(e)}, 401)
+        if user is None:
+            return page(request, "login.html", {"message": "paste a token (e.g. from `kubectl create token`)"}, 401)
+        response = RedirectResponse("/", status_code=303)
+        response.set_cookie(
+            TOKEN_COOKIE,
+            token,
+            max_age=TOKEN_COOKIE_MAX_AGE_S,
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https" or request.headers.get("x-forwarded-proto") == "https",
+        )
+        return response
+
+    async def logout(request: Request) -> Response:
+        form = await request.form()
+        refused = _refuse_forgery(request, str(form.get("csrf", "")), csrf_token(request))
+        if refused is not None:
+            return refused
+        response = RedirectResponse("/login", status_code=303)
+        response.delete_cookie(TOKEN_COOKIE)
+        return response
+
+    async def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def security_headers(request: Request, call_next: Callable[[Request], Any]) -> Response:
+        response: Response = await call_next(request)
+        response.headers["Content-Security-Policy"] = CSP
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "same-origin"  # not no-referrer: with it Chromium posts forms with Origin: null
+        response.headers.setdefault("Cache-Control", "no-store")
+        return response
+
+    return Starlette(
+        routes=[
+            Route("/", index),
+            Route("/runs/{namespace}/{name}", run_page),
+            Route("/runs/{namespace}/{name}/decide", decide, methods=["POST"]),
+            Route("/events", events),
+            Route("/login", login, methods=["GET", "POST"]),
+            Route("/logout", logout, methods=["POST"]),
+            Route("/healthz", healthz),
+            Route("/static/inbox.js", _asset("inbox.js", "text/javascript")),
+            Route("/static/inbox.css", _asset("inbox.css", "text/css")),
+        ],
+        middleware=[
+            Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts, www_redirect=False),
+            Middleware(BaseHTTPMiddleware, dispatch=security_headers),
+        ],
+    )
+
+
+def _asset(name: str, media_type: str) -> Callable[[Request], Any]:
+    """A handler serving the page asset ``static/NAME`` (read once): two fixed files, no file server."""
+    body = (_PAGES / "static" / name).read_bytes()
+
+    async def serve(request: Request) -> Response:
+        return Response(body, media_type=media_type, headers={"Cache-Control": "max-age=300"})
+
+    return serve
+
+
+def _runs(inbox: Inbox, namespace: str | None) -> list[Any]:
+    return inbox.runs(namespace) if isinstance(inbox, KubeInbox) else inbox.runs()
+
+
+def _version(view: RunView) -> str:
+    """What changes when anything the run page shows changes (its live updates compare it)."""
+    r = view.row
+    parts = (r.phase, r.reason, r.message, r.iteration, r.pending, len(view.messages or ()), len(view.decisions), view.uid)
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def _list_version(runs: list[Any]) -> str:
+    """What changes when anything the run list shows changes."""
+    return hashlib.sha256(repr(runs).encode()).hexdigest()[:16]
+
+
+def _refuse_forgery(request: Request, sent: str | None, expected: str | None) -> Response | None:
+    """403 for a cross-site post: an ``Origin`` of another host than the request's, or (when
+    ``expected``) a CSRF token that is not the person's."""
+    origin = request.headers.get("origin")
+    if origin is not None and urlsplit(origin).netloc != request.headers.get("host", ""):
+        return PlainTextResponse(f"refused: a form posted from {origin}, not from this inbox", status_code=403)
+    if expected is not None and not hmac.compare_digest(sent or "", expected):
+        return PlainTextResponse("refused: the form's CSRF token is missing or not yours; reload the page", status_code=403)
+    return None
+
+
+def _local_next_step(store: Store, key: str) -> str:
+    """For a local run: what happens next, now that a decision is recorded."""
+    from .liveness import runner_state
+
+    if store.awaiting(key):
+        return "; other calls of its batch still await a decision"
+    if runner_state(store, key).alive:
+        return "; its runner goes on"
+    return f"; no runner holds it now: go on with `agentfast resume {key.removeprefix('default/')}`"
