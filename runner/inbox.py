@@ -17,9 +17,11 @@ tools is returned as it is, and escaping is the page's business (runner/ui.py).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .errors import AgentfastError
 from .names import GROUP, PLURAL, TERMINAL_PHASES, VERSION, format_run_id, parse_run_id
 
 if TYPE_CHECKING:
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
     from .store import Store
 
 
-class Refused(Exception):
+class Refused(AgentfastError):
     """A decision (or a read) that was not done, with why, for the person who asked."""
 
 
@@ -475,17 +477,25 @@ def token_client(token: str, base: Any) -> Any:
     return kubernetes.client.ApiClient(cfg)
 
 
+#: The API server's CA in a pod: the service account volume's, or the file ``AGENTFAST_KUBE_CA_FILE``
+#: names (the chart's inbox mounts the kube-root-ca.crt ConfigMap and has no token of its own).
+SERVICE_CA_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+
+
 def api_server_configuration() -> Any:
-    """The API server's address and CA: in a pod, its service account's view of the cluster
-    (``load_incluster_config`` without the token refresh hook); elsewhere the kubeconfig's current
-    context. Only :func:`token_client` reads it. Raises Refused without the kubernetes client."""
+    """The API server's address and CA, and nothing else: in a pod, ``KUBERNETES_SERVICE_HOST``
+    and ``KUBERNETES_SERVICE_PORT`` with the CA of ``AGENTFAST_KUBE_CA_FILE`` (default: the
+    service account volume's); elsewhere the kubeconfig's current context. No token is read: only
+    :func:`token_client` uses it, with the person's. Raises Refused without the kubernetes client."""
     try:
         import kubernetes
     except ImportError:
         raise Refused("the cluster inbox needs the kubernetes client: pip install 'agentfast[operator]'") from None
     cfg = kubernetes.client.Configuration()
-    try:
-        kubernetes.config.load_incluster_config(client_configuration=cfg, try_refresh_token=False)
-    except kubernetes.config.ConfigException:
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    if host:
+        cfg.host = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+        cfg.ssl_ca_cert = os.environ.get("AGENTFAST_KUBE_CA_FILE", SERVICE_CA_FILE)
+    else:
         kubernetes.config.load_kube_config(client_configuration=cfg)
     return cfg

@@ -16,8 +16,8 @@ Defences, because a page that approves refunds is a target:
 - Text from models, tools and people is data. Templates autoescape, and the Content-Security-Policy
   allows only this server's own script and style (no inline script), so markup in a transcript
   neither renders nor runs. The ``markup`` case (tests/cases) applies to HTML too.
-- A form post needs a CSRF token bound to the person's credentials (an HMAC with a per-process
-  key), and an ``Origin``, when the browser sends one, of this server's host.
+- A form post needs a CSRF token bound to the person's credentials (:meth:`Access.csrf_token`),
+  and an ``Origin``, when the browser sends one, of this server's host.
 - Only allowed ``Host`` headers are served (TrustedHostMiddleware: no DNS rebinding onto the loopback
   inbox). ``frame-ancestors 'none'``: no clickjacking of the approve button.
 - The token cookie is HttpOnly, SameSite=Strict, and Secure over HTTPS.
@@ -49,6 +49,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
+from .errors import AgentfastError
 from .inbox import KubeInbox, LocalInbox, Refused, RunView, pretty_json
 from .names import format_run_id
 
@@ -77,7 +78,7 @@ CSP = (
 )
 
 
-class NoCredentials(Exception):
+class NoCredentials(AgentfastError):
     """A request to a token inbox without a token: the person logs in first."""
 
 
@@ -115,23 +116,26 @@ class Access:
         self._by_token.move_to_end(key)
         return inbox
 
-    def identity(self, request: Request) -> str:
-        """What a CSRF token is bound to: the person's credentials (a token's hash), or ``shared``."""
-        if self.shared is not None:
-            return "shared"
-        return hashlib.sha256((self.token_of(request) or "").encode()).hexdigest()
+    def csrf_token(self, request: Request, key: bytes) -> str:
+        """The CSRF token of this request's person: an HMAC of ``shared`` under ``key`` (this
+        process's random key), or, for a bearer token's person, an HMAC under their token, which
+        only they hold; so it needs no state shared between the inbox's replicas."""
+        token = self.token_of(request) if self.shared is None else None
+        if token is None:
+            return hmac.new(key, b"shared" if self.shared is not None else b"anonymous", hashlib.sha256).hexdigest()
+        return hmac.new(token.encode(), b"agentfast-ui-csrf", hashlib.sha256).hexdigest()
 
 
 def create_app(access: Access, *, allowed_hosts: list[str], store: Store | None = None) -> Starlette:
     """The inbox's ASGI app. ``allowed_hosts``: Host header values served (``["*"]``: any);
     ``store``: for the local inbox's hint whether a runner is alive to go on after a decision."""
-    key = secrets.token_bytes(32)  # per process: a restart invalidates open forms, nothing else
+    key = secrets.token_bytes(32)  # per process: a restart invalidates the local inbox's open forms, nothing else
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_PAGES)), autoescape=True)
     env.filters["pretty_json"] = pretty_json
     templates = Jinja2Templates(env=env)
 
     def csrf_token(request: Request) -> str:
-        return hmac.new(key, access.identity(request).encode(), hashlib.sha256).hexdigest()
+        return access.csrf_token(request, key)
 
     def page(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> Response:
         inbox = context.get("inbox")

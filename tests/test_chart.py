@@ -683,3 +683,44 @@ def test_notification_values_reach_the_operator_and_its_parser_accepts_them(helm
     ):
         proc = _render_values(helm, {"notifications": values})
         assert proc.returncode != 0 and problem in proc.stderr, (values, proc.stderr)
+
+
+# -- the approvals inbox (issue 18 item 5, docs/ui.md) ---------------------------------------------
+
+
+def test_the_inbox_is_off_by_default_and_acts_only_with_each_persons_own_token(helm: str) -> None:
+    assert not [d for d in render(helm) if d["metadata"]["name"] == "agentfast-ui"]
+    docs = render(helm, "ui.enabled=true", "ui.allowedHosts={inbox.example.com}")
+    ui = {d["kind"]: d for d in docs if d["metadata"]["name"] == "agentfast-ui"}
+    assert set(ui) == {"ServiceAccount", "Deployment", "Service"}
+    # No identity of its own: no token mounted, and no Role or ClusterRole binds its account.
+    assert ui["ServiceAccount"]["automountServiceAccountToken"] is False
+    pod = ui["Deployment"]["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False and pod["serviceAccountName"] == "agentfast-ui"
+    bound = [
+        s
+        for d in docs
+        if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
+        for s in d.get("subjects", [])
+        if s.get("name") == "agentfast-ui"
+    ]
+    assert bound == []
+    [container] = pod["containers"]
+    assert container["command"][:4] == ["agentfast", "ui", "--kube", "--auth=token"]
+    assert "--namespace=agentfast" in container["command"] and "--allowed-host=inbox.example.com" in container["command"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["AGENTFAST_KUBE_CA_FILE"]["value"] == "/etc/agentfast/kube-ca/ca.crt"
+    assert env["AGENTFAST_DSN"]["valueFrom"]["secretKeyRef"]["name"]  # transcripts: the operator's DSN Secret
+    assert {"name": "kube-ca", "configMap": {"name": "kube-root-ca.crt"}} in pod["volumes"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # The bundled Postgres admits the inbox only when it reads transcripts.
+    [policy] = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "agentfast-postgresql"]
+    components = [
+        p["podSelector"]["matchLabels"].get("app.kubernetes.io/component") for p in policy["spec"]["ingress"][0]["from"]
+    ]
+    assert components == ["operator", "ui", "runner"]
+    docs = render(helm, "ui.enabled=true", "ui.transcripts=false")
+    [deployment] = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "agentfast-ui"]
+    assert "AGENTFAST_DSN" not in {e["name"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    [policy] = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "agentfast-postgresql"]
+    assert len(policy["spec"]["ingress"][0]["from"]) == 2

@@ -7,6 +7,7 @@
 
 # The project's Python environment for pytest (hack/lib.sh, shared with hack/test.sh).
 ensure_python_env
+ensure_chromium  # tests/e2e/test_ui.py logs in to the deployed inbox in a real browser
 PYTHON="$(command -v python)"
 export PYTHON
 
