@@ -1310,8 +1310,12 @@ def ui(
     Locally it shows the store's runs (the embedded server, or --dsn) and decides as you. With
     --kube it shows a namespace's AgentRuns and patches decisions into them as the kubeconfig's
     user, so RBAC and the approval policy apply and status records you; a --dsn store then adds
-    transcripts. Deciding as the inbox's user, it listens only on a loopback address: with --auth
-    token (the chart's deployment) each browser logs in with its own token instead."""
+    transcripts. Deciding as you, it listens only on a loopback address and serves only the
+    address it prints, which carries a secret (AGENTFAST_UI_TOKEN fixes it): other accounts of
+    the machine reach loopback too. With --auth token (the chart's deployment) each browser logs
+    in with its own Kubernetes token instead."""
+    import secrets
+
     from .inbox import KubeInbox, LocalInbox, Refused, api_server_configuration, token_client
     from .ui import Access, create_app
 
@@ -1323,13 +1327,16 @@ def ui(
             f" ({', '.join(_LOOPBACK_HOSTS)}); to serve others, deploy it with --kube --auth token (each person logs in as themselves)"
         )
     store = _open_store(dsn) if dsn or not kube else None
+    # Whoever has the address decides as you: it carries a secret (loopback is not per user).
+    secret = os.environ.get("AGENTFAST_UI_TOKEN") or secrets.token_urlsafe(24)
     try:
         if not kube:
             assert store is not None
-            access, where = Access(shared=LocalInbox(store, _who())), f"the local store, deciding as {_who()}"
+            access, where = Access(shared=LocalInbox(store, _who()), secret=secret), f"the local store, deciding as {_who()}"
         elif auth == "kubeconfig":
             shared = KubeInbox.from_kubeconfig(namespace, store)
-            access, where = Access(shared=shared), f"namespace {shared.namespace} of the cluster, deciding as {shared.user}"
+            access = Access(shared=shared, secret=secret)
+            where = f"namespace {shared.namespace} of the cluster, deciding as {shared.user}"
         else:
             base = api_server_configuration()
             default_ns = namespace or "default"
@@ -1342,7 +1349,8 @@ def ui(
     import uvicorn
 
     shown = f"[{host}]" if ":" in host else host
-    err.print(f"agentfast ui: http://{shown}:{port}/ shows {where}", highlight=False, markup=False)
+    address = f"http://{shown}:{port}/" + (f"?token={secret}" if auth != "token" else "")
+    err.print(f"agentfast ui: {address} shows {where}", highlight=False, markup=False)
     uvicorn.run(app_, host=host, port=port, log_level=os.environ.get("AGENTFAST_UI_LOG_LEVEL", "warning"), access_log=False)
 
 

@@ -29,7 +29,6 @@ import asyncio
 import hashlib
 import hmac
 import re
-import secrets
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -58,12 +57,15 @@ if TYPE_CHECKING:
 
 Inbox = LocalInbox | KubeInbox
 
-#: The cookie the login page sets: the person's bearer token, sent back only to this server.
+#: The cookie of the person's credential (the token pasted into the login page, or the shared
+#: inbox's secret), sent back only to this server.
 TOKEN_COOKIE = "agentfast_token"
 #: How long a pasted token is kept by the browser (seconds); the token's own expiry still applies.
 TOKEN_COOKIE_MAX_AGE_S = 8 * 3600
 #: How often a live page's server checks for a change (seconds).
 LIVE_POLL_S = 1.0
+#: Live pages served at once by one process (each is checked every LIVE_POLL_S).
+MAX_LIVE_STREAMS = 64
 #: Per-token inboxes kept (each holds an HTTP connection pool to the API server).
 TOKEN_INBOXES = 64
 
@@ -79,21 +81,40 @@ CSP = (
 
 
 class NoCredentials(AgentfastError):
-    """A request to a token inbox without a token: the person logs in first."""
+    """A request without the credential its inbox needs: the person's token (they log in first),
+    or the shared inbox's secret (they open the address ``agentfast ui`` printed)."""
 
 
 @dataclass
 class Access:
-    """How a request gets its inbox. ``shared``: one inbox for every request (local store or the
-    kubeconfig's user). Else ``token_inbox(token)`` makes the inbox of a bearer token's person
-    (kept, up to :data:`TOKEN_INBOXES`, by the token's hash)."""
+    """How a request gets its inbox, and who it acts for.
+
+    ``shared``: one inbox for every request (the local store, or the kubeconfig's user), given to
+    a request that carries ``secret``: in the address ``agentfast ui`` prints (``?token=``, then
+    in an HttpOnly cookie), like a Jupyter server's token. Loopback is not per user: without it,
+    any local account could decide as the one who started the inbox. Else ``token_inbox(token)``
+    makes the inbox of a bearer token's person (kept, up to :data:`TOKEN_INBOXES`, by the
+    token's hash)."""
 
     shared: Inbox | None = None
+    secret: str = ""
     token_inbox: Callable[[str], KubeInbox] | None = None
     _by_token: OrderedDict[str, KubeInbox] = field(default_factory=OrderedDict)
 
-    def token_of(self, request: Request) -> str | None:
-        """The request's bearer token: its Authorization header, else the login cookie."""
+    @property
+    def cookie(self) -> str:
+        """The credential cookie's name. The shared inbox's is its own (cookies are per host, not
+        per port: two inboxes on 127.0.0.1 must not overwrite each other's)."""
+        if self.shared is None:
+            return TOKEN_COOKIE
+        return f"{TOKEN_COOKIE}_{hashlib.sha256(self.secret.encode()).hexdigest()[:12]}"
+
+    def credential(self, request: Request) -> str | None:
+        """The request's credential: for the shared inbox its secret (the cookie), else the bearer
+        token (its Authorization header, else the login cookie). None when it has none."""
+        if self.shared is not None:
+            sent = request.cookies.get(self.cookie, "")
+            return sent if self.secret and hmac.compare_digest(sent, self.secret) else None
         auth = request.headers.get("authorization", "")
         if auth[:7].lower() == "bearer " and auth[7:].strip():
             return auth[7:].strip()
@@ -101,41 +122,60 @@ class Access:
 
     def inbox(self, request: Request) -> Inbox:
         """The inbox this request acts through. Raises NoCredentials."""
+        credential = self.credential(request)
+        if not credential:
+            raise NoCredentials()
         if self.shared is not None:
             return self.shared
         assert self.token_inbox is not None
-        token = self.token_of(request)
-        if not token:
-            raise NoCredentials()
-        key = hashlib.sha256(token.encode()).hexdigest()
+        key = hashlib.sha256(credential.encode()).hexdigest()
         inbox = self._by_token.get(key)
         if inbox is None:
-            inbox = self._by_token[key] = self.token_inbox(token)
+            inbox = self._by_token[key] = self.token_inbox(credential)
             while len(self._by_token) > TOKEN_INBOXES:
                 self._by_token.popitem(last=False)
         self._by_token.move_to_end(key)
         return inbox
 
-    def csrf_token(self, request: Request, key: bytes) -> str:
-        """The CSRF token of this request's person: an HMAC of ``shared`` under ``key`` (this
-        process's random key), or, for a bearer token's person, an HMAC under their token, which
-        only they hold; so it needs no state shared between the inbox's replicas."""
-        token = self.token_of(request) if self.shared is None else None
-        if token is None:
-            return hmac.new(key, b"shared" if self.shared is not None else b"anonymous", hashlib.sha256).hexdigest()
-        return hmac.new(token.encode(), b"agentfast-ui-csrf", hashlib.sha256).hexdigest()
+    def csrf_token(self, request: Request) -> str:
+        """The CSRF token of this request's person: an HMAC under their credential, which only they
+        hold (so it needs no state, and the inbox's replicas agree on it)."""
+        return hmac.new((self.credential(request) or "").encode(), b"agentfast-ui-csrf", hashlib.sha256).hexdigest()
 
 
 def create_app(access: Access, *, allowed_hosts: list[str], store: Store | None = None) -> Starlette:
     """The inbox's ASGI app. ``allowed_hosts``: Host header values served (``["*"]``: any);
     ``store``: for the local inbox's hint whether a runner is alive to go on after a decision."""
-    key = secrets.token_bytes(32)  # per process: a restart invalidates the local inbox's open forms, nothing else
+    live = asyncio.Semaphore(MAX_LIVE_STREAMS)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_PAGES)), autoescape=True)
     env.filters["pretty_json"] = pretty_json
     templates = Jinja2Templates(env=env)
 
     def csrf_token(request: Request) -> str:
-        return access.csrf_token(request, key)
+        return access.csrf_token(request)
+
+    def secure(request: Request) -> bool:
+        return request.url.scheme == "https" or request.headers.get("x-forwarded-proto") == "https"
+
+    def entered_with_token(request: Request) -> Response | None:
+        """For the shared inbox opened at the printed address (``?token=``): the cookie, and the
+        same page without the token in its address. None for any other request."""
+        sent = request.query_params.get("token")
+        if access.shared is None or sent is None:
+            return None
+        if not hmac.compare_digest(sent, access.secret):
+            return no_credentials(request)
+        response = RedirectResponse(request.url.path, status_code=303)
+        response.set_cookie(access.cookie, access.secret, httponly=True, samesite="strict", secure=secure(request))
+        return response
+
+    def no_credentials(request: Request) -> Response:
+        if access.shared is not None:
+            message = "open the address `agentfast ui` printed: it carries this inbox's token"
+            return page(request, "error.html", {"inbox": None, "message": message}, 401)
+        if request.method == "GET":
+            return RedirectResponse("/login", status_code=303)
+        return PlainTextResponse("log in first", status_code=401)
 
     def page(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> Response:
         inbox = context.get("inbox")
@@ -143,6 +183,7 @@ def create_app(access: Access, *, allowed_hosts: list[str], store: Store | None 
             "csrf": csrf_token(request),
             "mode": inbox.mode if inbox is not None else "kube",
             "login": access.shared is None,
+            "user": None,
             **context,
         }
         return templates.TemplateResponse(request, name, context, status_code=status_code)
@@ -151,10 +192,13 @@ def create_app(access: Access, *, allowed_hosts: list[str], store: Store | None 
         return access.inbox(request)
 
     async def index(request: Request) -> Response:
+        entered = entered_with_token(request)
+        if entered is not None:
+            return entered
         try:
             inbox = get_inbox(request)
         except NoCredentials:
-            return RedirectResponse("/login", status_code=303)
+            return no_credentials(request)
         namespace = request.query_params.get("namespace") or (inbox.namespace if isinstance(inbox, KubeInbox) else None)
         if namespace is not None and not DNS_LABEL.fullmatch(namespace):
             return page(
@@ -180,10 +224,13 @@ def create_app(access: Access, *, allowed_hosts: list[str], store: Store | None 
         )
 
     async def run_page(request: Request) -> Response:
+        entered = entered_with_token(request)
+        if entered is not None:
+            return entered
         try:
             inbox = get_inbox(request)
         except NoCredentials:
-            return RedirectResponse("/login", status_code=303)
+            return no_credentials(request)
         return await _render_run(request, inbox, None, 200)
 
     async def _render_run(request: Request, inbox: Inbox, outcome: tuple[bool, str] | None, status_code: int) -> Response:
@@ -206,7 +253,7 @@ def create_app(access: Access, *, allowed_hosts: list[str], store: Store | None 
         try:
             inbox = get_inbox(request)
         except NoCredentials:
-            return PlainTextResponse("log in first", status_code=401)
+            return no_credentials(request)
         form = await request.form()
         refused = _refuse_forgery(request, str(form.get("csrf", "")), csrf_token(request))
         if refused is not None:
@@ -238,7 +285,7 @@ def create_app(access: Access, *, allowed_hosts: list[str], store: Store | None 
         try:
             inbox = get_inbox(request)
         except NoCredentials:
-            return PlainTextResponse("log in first", status_code=401)
+            return no_credentials(request)
         target = request.query_params.get("page", "/")
         namespace = request.query_params.get("namespace")
         parts = urlsplit(target).path.strip("/").split("/")
@@ -257,13 +304,18 @@ def create_app(access: Access, *, allowed_hosts: list[str], store: Store | None 
             # Compared from the version the page was rendered at, not from the first look here:
             # what changed between the render and this connection is a change too.
             last = request.query_params.get("since", "")
-            while True:
-                now = await run_in_threadpool(fingerprint)
-                if now != last:
-                    last = now
-                    yield {"event": "changed", "data": now}
-                await asyncio.sleep(LIVE_POLL_S)
+            async with live:
+                while True:
+                    now = await run_in_threadpool(fingerprint)
+                    if now != last:
+                        last = now
+                        yield {"event": "changed", "data": now}
+                    if now.startswith("refused: "):
+                        return  # the page, fetched again, says why; no polling of a refusal
+                    await asyncio.sleep(LIVE_POLL_S)
 
+        if live.locked():
+            return PlainTextResponse(f"busy: {MAX_LIVE_STREAMS} pages are live already; reload later", status_code=503)
         return EventSourceResponse(stream(), ping=15)
 
     async def login(request: Request) -> Response:
@@ -290,7 +342,7 @@ def create_app(access: Access, *, allowed_hosts: list[str], store: Store | None 
             max_age=TOKEN_COOKIE_MAX_AGE_S,
             httponly=True,
             samesite="strict",
-            secure=request.url.scheme == "https" or request.headers.get("x-forwarded-proto") == "https",
+            secure=secure(request),
         )
         return response
 

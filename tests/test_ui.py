@@ -20,6 +20,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -41,11 +42,32 @@ pytestmark = pytest.mark.process
 REASON = "customer withdrew the request by phone"
 
 
+@dataclass
+class Inbox:
+    """An ``agentfast ui`` process: ``base`` URL and the ``token`` its printed address carries."""
+
+    base: str
+    token: str
+    printed: str  # the line it printed on start
+
+    @property
+    def entry(self) -> str:
+        return f"{self.base}/?token={self.token}"
+
+    @contextmanager
+    def client(self) -> Iterator[httpx.Client]:
+        """An HTTP client that entered with the token (it holds the inbox's cookie)."""
+        with httpx.Client(base_url=self.base, follow_redirects=True) as client:
+            entered = client.get(f"/?token={self.token}")
+            assert entered.status_code == 200 and client.cookies, entered.text[:300]
+            yield client
+
+
 @contextmanager
-def inbox_server(dsn: str) -> Iterator[str]:
-    """``agentfast ui --dsn DSN`` in its own process; yields its base URL once it answers."""
-    port = free_port()
-    proc = spawn_cli("ui", "--port", str(port), dsn=dsn)
+def inbox_server(dsn: str) -> Iterator[Inbox]:
+    """``agentfast ui --dsn DSN`` in its own process; yields it once it answers."""
+    port, token = free_port(), uuid.uuid4().hex
+    proc = spawn_cli("ui", "--port", str(port), dsn=dsn, env={"AGENTFAST_UI_TOKEN": token})
     base = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
@@ -57,8 +79,10 @@ def inbox_server(dsn: str) -> Iterator[str]:
             return False
 
     wait_until(up, timeout=30, what="agentfast ui to answer", interval=0.2)
+    assert proc.stdout is not None
+    printed = proc.stdout.readline()
     try:
-        yield base
+        yield Inbox(base, token, printed)
     finally:
         proc.terminate()
         try:
@@ -81,8 +105,8 @@ def test_a_person_denies_the_pending_refund_in_a_browser_and_watches_the_run_fin
     runner = spawn_cli("run", str(path), "--wait", dsn=dsn)  # waits for the decision in its own process
     try:
         wait_until(lambda: phase_of(store, run_id) == "WaitingForApproval", timeout=60, what="the refund to await approval")
-        with inbox_server(dsn) as base, chromium() as browser:
-            browser.get(base + "/")
+        with inbox_server(dsn) as inbox, chromium() as browser:
+            browser.get(inbox.entry)
             waiting = browser.find_element(By.ID, "waiting")
             assert "issue_refund" in waiting.text and run_id in waiting.text and "call-2-0" in waiting.text, waiting.text
             assert "A-1042" in waiting.text and "4999" in waiting.text, waiting.text
@@ -168,15 +192,16 @@ def test_text_from_models_and_tools_is_shown_as_text_not_markup(tmp_path: Path, 
     path, run_id = hostile_run(tmp_path)
     got = run_cli("run", str(path), "--no-wait", dsn=dsn)
     assert phase_of(store, run_id) == "WaitingForApproval", got.stdout
-    with inbox_server(dsn) as base:
-        html = httpx.get(f"{base}/runs/{run_id}").text
+    with inbox_server(dsn) as inbox, inbox.client() as http:
+        html = http.get(f"/runs/{run_id}").text
         assert "<script>window" not in html and "<img src=x" not in html and "<iframe" not in html
         assert "&lt;script&gt;window.agentfastPwned" in html
-        csp = httpx.get(f"{base}/").headers["content-security-policy"]
+        csp = http.get("/").headers["content-security-policy"]
         assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp, csp
         with chromium() as browser:
+            browser.get(inbox.entry)
             for page in ("/", f"/runs/{run_id}"):
-                browser.get(base + page)
+                browser.get(inbox.base + page)
                 assert browser.execute_script("return window.agentfastPwned === undefined;"), page
                 for tag in ("img", "iframe", "b"):
                     assert not browser.find_elements(By.CSS_SELECTOR, f"main {tag}"), (page, tag)
@@ -191,8 +216,9 @@ def test_text_from_models_and_tools_is_shown_as_text_not_markup(tmp_path: Path, 
             assert "call-1-0: approve" in after_click(browser, "outcome")
     resumed = run_cli("resume", run_id.removeprefix("default/"), dsn=dsn)
     assert resumed.returncode == 0, resumed.stdout
-    with inbox_server(dsn) as base, chromium() as browser:
-        browser.get(f"{base}/runs/{run_id}")
+    with inbox_server(dsn) as inbox, chromium() as browser:
+        browser.get(inbox.entry)
+        browser.get(f"{inbox.base}/runs/{run_id}")
         assert browser.find_element(By.ID, "phase").text == "Succeeded"
         assert browser.execute_script("return window.agentfastPwned === undefined;")
         assert HOSTILE["final"] in browser.find_element(By.ID, "transcript").text
@@ -208,34 +234,41 @@ def test_a_forged_or_cross_site_post_decides_nothing_and_a_refusal_says_why(tmp_
     path, run_id = refund_run(tmp_path, "inbox-forgery")
     run_cli("run", str(path), "--no-wait", dsn=dsn)
     assert phase_of(store, run_id) == "WaitingForApproval"
-    with inbox_server(dsn) as base:
-        url = f"{base}/runs/{run_id}/decide"
-        page = httpx.get(f"{base}/runs/{run_id}")
+    with inbox_server(dsn) as inbox, inbox.client() as http:
+        base = inbox.base
+        assert f"{base}/?token={inbox.token}" in inbox.printed, inbox.printed
+        # Another account of this machine reaches loopback too: without the address's token, nothing.
+        for stranger in (httpx.get(f"{base}/runs/{run_id}"), httpx.get(f"{base}/?token=guess")):
+            assert stranger.status_code == 401 and "call-2-0" not in stranger.text, stranger.text
+        stranger_post = httpx.post(f"{base}/runs/{run_id}/decide", data={"call_id": "call-2-0", "decision": "approve"})
+        assert stranger_post.status_code == 401
+        url = f"/runs/{run_id}/decide"
+        page = http.get(f"/runs/{run_id}")
         token = _csrf(page.text)
         form = {"call_id": "call-2-0", "decision": "approve"}
 
-        no_token = httpx.post(url, data=form)
+        no_token = http.post(url, data=form)
         assert no_token.status_code == 403 and "CSRF" in no_token.text
-        wrong_token = httpx.post(url, data={**form, "csrf": "0" * 64})
+        wrong_token = http.post(url, data={**form, "csrf": "0" * 64})
         assert wrong_token.status_code == 403
-        cross_site = httpx.post(url, data={**form, "csrf": token}, headers={"Origin": "https://evil.example"})
+        cross_site = http.post(url, data={**form, "csrf": token}, headers={"Origin": "https://evil.example"})
         assert cross_site.status_code == 403 and "evil.example" in cross_site.text
-        rebound = httpx.get(f"{base}/", headers={"Host": "evil.example"})
+        rebound = http.get("/", headers={"Host": "evil.example"})
         assert rebound.status_code == 400  # DNS rebinding onto the loopback inbox
         assert store.decision_log(run_id) == [] and [a.call_id for a in store.awaiting(run_id)] == ["call-2-0"]
 
-        no_reason = httpx.post(url, data={"call_id": "call-2-0", "decision": "deny", "text": " ", "csrf": token})
+        no_reason = http.post(url, data={"call_id": "call-2-0", "decision": "deny", "text": " ", "csrf": token})
         assert no_reason.status_code == 409 and "a denial needs a reason" in no_reason.text
-        not_awaited = httpx.post(url, data={"call_id": "call-2-1", "decision": "approve", "csrf": token})
+        not_awaited = http.post(url, data={"call_id": "call-2-1", "decision": "approve", "csrf": token})
         assert not_awaited.status_code == 409 and "call-2-1" in not_awaited.text
-        stale = httpx.post(url, data={**form, "csrf": token, "uid": str(uuid.uuid4())})
+        stale = http.post(url, data={**form, "csrf": token, "uid": str(uuid.uuid4())})
         assert stale.status_code == 409 and "re-created" in stale.text
         assert store.decision_log(run_id) == []
 
-        approved = httpx.post(url, data={**form, "csrf": token, "uid": store.get_run(run_id).run_uid})
+        approved = http.post(url, data={**form, "csrf": token, "uid": store.get_run(run_id).run_uid})
         assert approved.status_code == 200 and "call-2-0: approve recorded" in approved.text, approved.text
         assert "agentfast resume inbox-forgery" in approved.text  # no runner holds it: say how it goes on
-        again = httpx.post(url, data={"call_id": "call-2-0", "decision": "deny", "text": "no", "csrf": token})
+        again = http.post(url, data={"call_id": "call-2-0", "decision": "deny", "text": "no", "csrf": token})
         assert again.status_code == 409 and "already decided" in again.text  # write-once
     assert [(d["call_id"], d["decision"]) for d in store.decision_log(run_id)] == [("call-2-0", "approve")]
 
