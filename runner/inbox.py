@@ -16,6 +16,7 @@ tools is returned as it is, and escaping is the page's business (runner/ui.py).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -89,6 +90,10 @@ class RunView:
     decisions: tuple[dict[str, Any], ...] = field(default_factory=tuple)
 
 
+def _digest(value: Any) -> str:
+    return hashlib.sha256(repr(value).encode()).hexdigest()[:16]
+
+
 def pretty_json(text: str) -> str:
     """``text`` indented when it is JSON, else unchanged."""
     try:
@@ -126,10 +131,12 @@ class LocalInbox:
         self.store = store
         self.user = user
 
-    def runs(self) -> list[RunRow]:
-        """Every run of the store, newest first. Raises StoreUnavailable."""
+    def runs(self, namespace: str | None = None) -> list[RunRow]:
+        """Every run of the store (of ``namespace`` only, when given), newest first. Raises StoreUnavailable."""
         rows = []
         for rec, info in reversed(self.store.list_runs()):
+            if namespace is not None and parse_run_id(rec.run_id)[0] != namespace:
+                continue
             row = self._row(rec.run_id)
             if row is None:
                 phase = "unreadable" if info is not None and not info.readable else "Pending"
@@ -152,6 +159,16 @@ class LocalInbox:
         )
         st = ctx.status
         return RunRow(key, st.phase, st.reason or st.phase, st.message, ctx.counters.iterations, pending)
+
+    def version(self, key: str | None = None, namespace: str | None = None) -> str:
+        """A digest that changes whenever what :meth:`run` (``key``) or :meth:`runs`
+        (``namespace``) shows changes, in one query (Store.change_marks: a checkpoint, a decision,
+        a takeover, a cancel request), whatever the number of messages or runs; a live page
+        compares it every second."""
+        marks = self.store.change_marks()
+        if key is not None:
+            return _digest(marks.get(key))
+        return _digest(sorted((k, m) for k, m in marks.items() if namespace is None or parse_run_id(k)[0] == namespace))
 
     def run(self, key: str) -> RunView | None:
         """The run ``key`` in full, or None when the store has no such run."""
@@ -314,6 +331,27 @@ class KubeInbox:
             raise Refused(f"cannot list agentruns in namespace {ns}: {_api_error(e)}") from None
         items = sorted(got.get("items", []), key=lambda b: b["metadata"].get("creationTimestamp") or "", reverse=True)
         return [self._row(b) for b in items]
+
+    def version(self, key: str | None = None, namespace: str | None = None) -> str:
+        """A digest that changes whenever what :meth:`run` (``key``) or :meth:`runs`
+        (``namespace``) shows changes: the AgentRuns' resourceVersions (the operator writes status
+        at each checkpoint and decision). Raises Refused."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            if key is not None:
+                ns, name = self._where(key)
+                try:
+                    body: dict[str, Any] = self.api.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)  # type: ignore[assignment]
+                except ApiException as e:
+                    if e.status == 404:
+                        return _digest(None)
+                    raise
+                return _digest(body["metadata"].get("resourceVersion"))
+            got: dict[str, Any] = self.api.list_namespaced_custom_object(GROUP, VERSION, namespace or self.namespace, PLURAL)  # type: ignore[assignment]
+        except ApiException as e:
+            raise Refused(f"cannot read agentruns: {_api_error(e)}") from None
+        return _digest(sorted((b["metadata"]["name"], b["metadata"].get("resourceVersion")) for b in got.get("items", [])))
 
     def run(self, key: str) -> RunView | None:
         """The AgentRun ``key`` in full as status shows it, with its transcript and sibling results

@@ -49,7 +49,7 @@ from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
 from .errors import AgentfastError
-from .inbox import KubeInbox, LocalInbox, Refused, RunView, pretty_json
+from .inbox import KubeInbox, LocalInbox, Refused, pretty_json
 from .names import format_run_id
 
 if TYPE_CHECKING:
@@ -205,7 +205,9 @@ def create_app(access: Access, *, allowed_hosts: list[str], store: Store | None 
                 request, "error.html", {"inbox": inbox, "message": f"not a namespace name (a DNS label): {namespace!r}"}, 400
             )
         try:
-            runs = await run_in_threadpool(_runs, inbox, namespace)
+            # The version first: a change after it and before the read only costs a refresh.
+            version = await run_in_threadpool(inbox.version, None, namespace)
+            runs = await run_in_threadpool(inbox.runs, namespace)
             user = await run_in_threadpool(lambda: inbox.user)
         except Refused as e:
             return page(request, "error.html", {"inbox": inbox, "message": str(e)}, 403)
@@ -219,7 +221,7 @@ def create_app(access: Access, *, allowed_hosts: list[str], store: Store | None 
                 "waiting": waiting,
                 "namespace": namespace,
                 "user": user,
-                "version": _list_version(runs),
+                "version": version,
             },
         )
 
@@ -236,6 +238,7 @@ def create_app(access: Access, *, allowed_hosts: list[str], store: Store | None 
     async def _render_run(request: Request, inbox: Inbox, outcome: tuple[bool, str] | None, status_code: int) -> Response:
         run_key = format_run_id(request.path_params["namespace"], request.path_params["name"])
         try:
+            version = await run_in_threadpool(inbox.version, run_key)  # first, as on the index
             view = await run_in_threadpool(inbox.run, run_key)
             user = await run_in_threadpool(lambda: inbox.user)
         except Refused as e:
@@ -245,7 +248,7 @@ def create_app(access: Access, *, allowed_hosts: list[str], store: Store | None 
         return page(
             request,
             "run.html",
-            {"inbox": inbox, "view": view, "outcome": outcome, "user": user, "version": _version(view)},
+            {"inbox": inbox, "view": view, "outcome": outcome, "user": user, "version": version},
             status_code,
         )
 
@@ -293,10 +296,7 @@ def create_app(access: Access, *, allowed_hosts: list[str], store: Store | None 
 
         def fingerprint() -> str:
             try:
-                if run_key is not None:
-                    view = inbox.run(run_key)
-                    return _version(view) if view is not None else "gone"
-                return _list_version(_runs(inbox, namespace))
+                return inbox.version(run_key, namespace)
             except Refused as e:
                 return f"refused: {e}"
 
@@ -393,22 +393,6 @@ def _asset(name: str, media_type: str) -> Callable[[Request], Any]:
         return Response(body, media_type=media_type, headers={"Cache-Control": "max-age=300"})
 
     return serve
-
-
-def _runs(inbox: Inbox, namespace: str | None) -> list[Any]:
-    return inbox.runs(namespace) if isinstance(inbox, KubeInbox) else inbox.runs()
-
-
-def _version(view: RunView) -> str:
-    """What changes when anything the run page shows changes (its live updates compare it)."""
-    r = view.row
-    parts = (r.phase, r.reason, r.message, r.iteration, r.pending, len(view.messages or ()), len(view.decisions), view.uid)
-    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
-
-
-def _list_version(runs: list[Any]) -> str:
-    """What changes when anything the run list shows changes."""
-    return hashlib.sha256(repr(runs).encode()).hexdigest()[:16]
 
 
 def _refuse_forgery(request: Request, sent: str | None, expected: str | None) -> Response | None:

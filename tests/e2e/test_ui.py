@@ -109,11 +109,12 @@ def test_the_deployed_inbox_acts_as_each_person_and_the_policy_holds(release: Ku
             browser.execute_script("window.agentfastSamePage = true;")
             WebDriverWait(browser, 180, poll_frequency=0.5).until(lambda b: b.find_element(By.ID, "phase").text == "Succeeded")
             assert browser.execute_script("return window.agentfastSamePage === true;")
-            assert f"call-2-0 deny by {approver.user}" in browser.find_element(By.ID, "decisions").text
+            # Recorded by the operator as a decision made through Kubernetes, by this person.
+            assert f"call-2-0 deny by kubernetes:{approver.user}" in browser.find_element(By.ID, "decisions").text
             shot(browser, "e2e-03-finished")
     st = status(k, name)
     assert st["phase"] == "Succeeded", st
-    assert [(d["callId"], d["decision"], d["decidedBy"]) for d in st["decisions"]] == [("call-2-0", "deny", approver.user)]
+    assert [(d["callId"], d["decision"], d["decidedBy"]) for d in st["decisions"]] == [("call-2-0", "deny", f"kubernetes:{approver.user}")]
     uid = k.get("agentrun", name)["metadata"]["uid"]
     # Denied: the refund never ran.
     assert sql(k, "SELECT count(*) FROM agentfast_examples.demo_refund_ledger WHERE idempotency_key LIKE %s", f"{uid}:%") == [[0]]
