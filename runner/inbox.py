@@ -148,15 +148,13 @@ class LocalInbox:
         from .store import UnreadableState
 
         try:
-            loaded = self.store.load_context(key)
+            loaded = self.store.load_context_and_awaiting(key)
         except UnreadableState:
             return None
         if loaded is None:
             return None
-        ctx, _ = loaded
-        pending = tuple(
-            PendingCall(a.call_id, a.tool_call.name, a.tool_call.arguments, a.reason) for a in self.store.awaiting(key)
-        )
+        ctx, awaiting = loaded
+        pending = tuple(PendingCall(a.call_id, a.tool_call.name, a.tool_call.arguments, a.reason) for a in awaiting)
         st = ctx.status
         return RunRow(key, st.phase, st.reason or st.phase, st.message, ctx.counters.iterations, pending)
 

@@ -1378,6 +1378,19 @@ class Store:
         snap = decode_snapshot(run_id, row, [])
         return snap.context, snap.pending
 
+    def load_context_and_awaiting(self, run_id: str) -> tuple[RunContext, list[AwaitedCall]] | None:
+        """The latest checkpoint's context and the calls awaiting a decision now (:meth:`awaiting`),
+        from one read of the checkpoint; None when the run has none. Raises UnreadableState."""
+
+        def op(conn: psycopg.Connection[DictRow]) -> tuple[RunContext, list[AwaitedCall]] | None:
+            row = self._latest_context(conn, run_id)
+            if row is None:
+                return None
+            snap = decode_snapshot(run_id, row, [])
+            return snap.context, self._still_awaiting(conn, run_id, snap)
+
+        return self._retry(op)
+
     def _latest_context(self, conn: psycopg.Connection[DictRow], run_id: str) -> dict[str, Any] | None:
         """The latest checkpoint row without ``sdk_state`` (its payload references resolved), or None."""
         row = conn.execute(
@@ -1726,11 +1739,15 @@ class Store:
             return []
         # Decoded as every reader decodes a checkpoint: a decision is never accepted on the word
         # of a row this release cannot read (raises UnreadableState, not a traceback).
-        snap = decode_snapshot(run_id, row, [])
+        return self._still_awaiting(conn, run_id, decode_snapshot(run_id, row, []))
+
+    @staticmethod
+    def _still_awaiting(conn: psycopg.Connection[DictRow], run_id: str, snap: StateSnapshot) -> list[AwaitedCall]:
+        """The calls of ``snap``'s paused batch that have no decision yet (none once the run has ended)."""
         pending = snap.pending
         if pending is None or snap.context.status.phase in TERMINAL_PHASES:
             return []
-        decided = self._decisions(conn, run_id, pending.call_ids)
+        decided = Store._decisions(conn, run_id, pending.call_ids)
         return [a for a in pending.awaiting if a.call_id not in decided]
 
     def awaiting(self, run_id: str) -> list[AwaitedCall]:
