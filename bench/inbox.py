@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         copy_runs(dsn, template, args.runs - 1)
         inbox = LocalInbox(store, "bench")
         secret = uuid.uuid4().hex
-        client = TestClient(create_app(Access(shared=inbox, secret=secret), allowed_hosts=["testserver"], store=store))
+        client = TestClient(create_app(Access(shared=inbox, secret=secret), allowed_hosts=["testserver"]))
         client.get(f"/?token={secret}")  # the cookie, as a browser opening the printed address
 
         def index() -> None:

@@ -1345,7 +1345,7 @@ def ui(
     except Refused as e:
         raise _fail(str(e)) from None
     hosts = list(allowed_hosts) or (["*"] if auth == "token" else [*_LOOPBACK_HOSTS, "[::1]"])
-    app_ = create_app(access, allowed_hosts=hosts, store=store if not kube else None)
+    app_ = create_app(access, allowed_hosts=hosts)
     import uvicorn
 
     shown = f"[{host}]" if ":" in host else host

@@ -69,6 +69,9 @@ MAX_LIVE_STREAMS = 64
 #: Per-token inboxes kept (each holds an HTTP connection pool to the API server).
 TOKEN_INBOXES = 64
 
+#: What a bearer token may hold (RFC 6750's b64token is narrower; JWTs and ServiceAccount tokens
+#: fit): printable ASCII, no space, at most 16 KiB, so nothing else rides into the header it goes in.
+BEARER_TOKEN = re.compile(r"[\x21-\x7e]{1,16384}")
 #: A namespace's name (RFC 1123 label, as Kubernetes validates it).
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
@@ -116,9 +119,8 @@ class Access:
             sent = request.cookies.get(self.cookie, "")
             return sent if self.secret and hmac.compare_digest(sent, self.secret) else None
         auth = request.headers.get("authorization", "")
-        if auth[:7].lower() == "bearer " and auth[7:].strip():
-            return auth[7:].strip()
-        return request.cookies.get(TOKEN_COOKIE) or None
+        token = auth[7:].strip() if auth[:7].lower() == "bearer " else request.cookies.get(TOKEN_COOKIE, "")
+        return token if BEARER_TOKEN.fullmatch(token) else None
 
     def inbox(self, request: Request) -> Inbox:
         """The inbox this request acts through. Raises NoCredentials."""
@@ -143,9 +145,8 @@ class Access:
         return hmac.new((self.credential(request) or "").encode(), b"agentfast-ui-csrf", hashlib.sha256).hexdigest()
 
 
-def create_app(access: Access, *, allowed_hosts: list[str], store: Store | None = None) -> Starlette:
-    """The inbox's ASGI app. ``allowed_hosts``: Host header values served (``["*"]``: any);
-    ``store``: for the local inbox's hint whether a runner is alive to go on after a decision."""
+def create_app(access: Access, *, allowed_hosts: list[str]) -> Starlette:
+    """The inbox's ASGI app. ``allowed_hosts``: Host header values served (``["*"]``: any)."""
     live = asyncio.Semaphore(MAX_LIVE_STREAMS)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_PAGES)), autoescape=True)
     env.filters["pretty_json"] = pretty_json
@@ -188,15 +189,12 @@ def create_app(access: Access, *, allowed_hosts: list[str], store: Store | None 
         }
         return templates.TemplateResponse(request, name, context, status_code=status_code)
 
-    def get_inbox(request: Request) -> Inbox:
-        return access.inbox(request)
-
     async def index(request: Request) -> Response:
         entered = entered_with_token(request)
         if entered is not None:
             return entered
         try:
-            inbox = get_inbox(request)
+            inbox = access.inbox(request)
         except NoCredentials:
             return no_credentials(request)
         namespace = request.query_params.get("namespace") or (inbox.namespace if isinstance(inbox, KubeInbox) else None)
@@ -230,7 +228,7 @@ def create_app(access: Access, *, allowed_hosts: list[str], store: Store | None 
         if entered is not None:
             return entered
         try:
-            inbox = get_inbox(request)
+            inbox = access.inbox(request)
         except NoCredentials:
             return no_credentials(request)
         return await _render_run(request, inbox, None, 200)
@@ -254,7 +252,7 @@ def create_app(access: Access, *, allowed_hosts: list[str], store: Store | None 
 
     async def decide(request: Request) -> Response:
         try:
-            inbox = get_inbox(request)
+            inbox = access.inbox(request)
         except NoCredentials:
             return no_credentials(request)
         form = await request.form()
@@ -278,19 +276,21 @@ def create_app(access: Access, *, allowed_hosts: list[str], store: Store | None 
             )
         except Refused as e:
             return await _render_run(request, inbox, (False, str(e)), 409)
-        if store is not None and isinstance(inbox, LocalInbox):
-            said += await run_in_threadpool(_local_next_step, store, run_key)
+        if isinstance(inbox, LocalInbox):
+            said += await run_in_threadpool(_local_next_step, inbox.store, run_key)
         return await _render_run(request, inbox, (True, said), 200)
 
     async def events(request: Request) -> Response:
         """Server-Sent Events: ``changed`` whenever what the page at ``?page=`` shows differs from
         the version ``?since=`` it was rendered at (its ``data-version``)."""
         try:
-            inbox = get_inbox(request)
+            inbox = access.inbox(request)
         except NoCredentials:
             return no_credentials(request)
         target = request.query_params.get("page", "/")
         namespace = request.query_params.get("namespace")
+        if namespace is not None and not DNS_LABEL.fullmatch(namespace):
+            return PlainTextResponse("not a namespace name", status_code=400)
         parts = urlsplit(target).path.strip("/").split("/")
         run_key = format_run_id(parts[1], parts[2]) if len(parts) == 3 and parts[0] == "runs" else None
 
@@ -328,6 +328,8 @@ def create_app(access: Access, *, allowed_hosts: list[str], store: Store | None 
         if refused is not None:
             return refused
         token = str(form.get("token", "")).strip()
+        if token and not BEARER_TOKEN.fullmatch(token):
+            return page(request, "login.html", {"message": "that is not a bearer token (printable characters, no spaces)"}, 401)
         assert access.token_inbox is not None
         try:
             user = await run_in_threadpool(lambda: access.token_inbox(token).user) if token else None  # type: ignore[misc]

@@ -114,7 +114,9 @@ def test_the_deployed_inbox_acts_as_each_person_and_the_policy_holds(release: Ku
             shot(browser, "e2e-03-finished")
     st = status(k, name)
     assert st["phase"] == "Succeeded", st
-    assert [(d["callId"], d["decision"], d["decidedBy"]) for d in st["decisions"]] == [("call-2-0", "deny", f"kubernetes:{approver.user}")]
+    assert [(d["callId"], d["decision"], d["decidedBy"]) for d in st["decisions"]] == [
+        ("call-2-0", "deny", f"kubernetes:{approver.user}")
+    ]
     uid = k.get("agentrun", name)["metadata"]["uid"]
     # Denied: the refund never ran.
     assert sql(k, "SELECT count(*) FROM agentfast_examples.demo_refund_ledger WHERE idempotency_key LIKE %s", f"{uid}:%") == [[0]]
