@@ -189,14 +189,21 @@ def create_app(access: Access, *, allowed_hosts: list[str]) -> Starlette:
         }
         return templates.TemplateResponse(request, name, context, status_code=status_code)
 
-    async def index(request: Request) -> Response:
+    def enter(request: Request) -> Inbox | Response:
+        """The request's inbox, or the response that lets the person in: the printed address's
+        token exchanged for the cookie, the login page, or a 401."""
         entered = entered_with_token(request)
         if entered is not None:
             return entered
         try:
-            inbox = access.inbox(request)
+            return access.inbox(request)
         except NoCredentials:
             return no_credentials(request)
+
+    async def index(request: Request) -> Response:
+        inbox = enter(request)
+        if isinstance(inbox, Response):
+            return inbox
         namespace = request.query_params.get("namespace") or (inbox.namespace if isinstance(inbox, KubeInbox) else None)
         if namespace is not None and not DNS_LABEL.fullmatch(namespace):
             return page(
@@ -224,13 +231,9 @@ def create_app(access: Access, *, allowed_hosts: list[str]) -> Starlette:
         )
 
     async def run_page(request: Request) -> Response:
-        entered = entered_with_token(request)
-        if entered is not None:
-            return entered
-        try:
-            inbox = access.inbox(request)
-        except NoCredentials:
-            return no_credentials(request)
+        inbox = enter(request)
+        if isinstance(inbox, Response):
+            return inbox
         return await _render_run(request, inbox, None, 200)
 
     async def _render_run(request: Request, inbox: Inbox, outcome: tuple[bool, str] | None, status_code: int) -> Response:
