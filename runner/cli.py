@@ -81,7 +81,9 @@ def _fail(message: str, code: int = ExitCode.BAD_INPUT) -> click.exceptions.Exit
     return click.exceptions.Exit(code)
 
 
-def _open_store(dsn: str | None) -> Store:
+def _open_store(dsn: str | None, *, migrate: bool = True) -> Store:
+    """The store of ``dsn`` (default: the embedded server), migrated unless ``migrate`` is False
+    (a reader that leaves the schema to its owner). Raises click's Exit (2, or 3 without Postgres)."""
     from .store import InvalidDsn, Store, StoreUnavailable
 
     if not dsn:
@@ -96,7 +98,8 @@ def _open_store(dsn: str | None) -> Store:
             raise _fail(f"cannot start the embedded Postgres: {e}", ExitCode.NO_POSTGRES) from None
     try:
         store = Store(dsn)
-        store.migrate()
+        if migrate:
+            store.migrate()
     except InvalidDsn as e:  # refused before any connection; the message quotes none of the DSN
         raise _fail(f"--dsn / AGENTFAST_DSN: {e}", ExitCode.BAD_INPUT) from None
     except StoreUnavailable as e:
@@ -1314,7 +1317,11 @@ def ui(
     address it prints, which carries a secret (AGENTFAST_UI_TOKEN fixes it): other accounts of
     the machine reach loopback too. With --auth token (the chart's deployment) each browser logs
     in with its own Kubernetes token instead."""
+    import base64
+    import hashlib
     import secrets
+
+    from cryptography.fernet import Fernet
 
     from .inbox import KubeInbox, LocalInbox, Refused, api_server_configuration, token_client
     from .ui import Access, create_app
@@ -1326,9 +1333,17 @@ def ui(
             f"--host {host}: this inbox decides as you, so it listens only on a loopback address"
             f" ({', '.join(_LOOPBACK_HOSTS)}); to serve others, deploy it with --kube --auth token (each person logs in as themselves)"
         )
-    store = _open_store(dsn) if dsn or not kube else None
+    # A cluster inbox only reads the store (transcripts); the operator migrates it.
+    store = _open_store(dsn, migrate=not kube) if dsn or not kube else None
     # Whoever has the address decides as you: it carries a secret (loopback is not per user).
     secret = os.environ.get("AGENTFAST_UI_TOKEN") or secrets.token_urlsafe(24)
+    if len(secret) < 16:
+        raise _fail(
+            "AGENTFAST_UI_TOKEN: at least 16 characters (it is all that stands between another account and your decisions)"
+        )
+    # The login cookie's key (--auth token): replicas share it, so each gets it from a Secret.
+    configured = os.environ.get("AGENTFAST_UI_COOKIE_KEY", "").encode()
+    cookie_key = base64.urlsafe_b64encode(hashlib.sha256(configured).digest()) if configured else Fernet.generate_key()
     try:
         if not kube:
             assert store is not None
@@ -1340,7 +1355,9 @@ def ui(
         else:
             base = api_server_configuration()
             default_ns = namespace or "default"
-            access = Access(token_inbox=lambda token: KubeInbox(token_client(token, base), default_ns, store))
+            access = Access(
+                token_inbox=lambda token: KubeInbox(token_client(token, base), default_ns, store), cookie_key=cookie_key
+            )
             where = f"the cluster at {base.host}, each person as themselves (namespace {default_ns} first)"
     except Refused as e:
         raise _fail(str(e)) from None

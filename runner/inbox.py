@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import unicodedata
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -94,12 +95,26 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(repr(value).encode()).hexdigest()[:16]
 
 
+def visible(text: str) -> str:
+    """``text`` with every invisible or reordering character (Unicode categories Cc but newline
+    and tab, Cf: bidi overrides and isolates, zero-width spaces and joiners; Co, Cs) shown as
+    ``\\u{XXXX}``, so arguments cannot read differently from what the tool gets ("Trojan
+    Source", CVE-2021-42574). For text a person approves: tool arguments and results."""
+    return "".join(
+        f"\\u{{{ord(c):04X}}}"
+        if (cat := unicodedata.category(c)) in ("Cf", "Co", "Cs") or (cat == "Cc" and c not in "\n\t")
+        else c
+        for c in text
+    )
+
+
 def pretty_json(text: str) -> str:
-    """``text`` indented when it is JSON, else unchanged."""
+    """``text`` indented when it is JSON, else unchanged; then :func:`visible`."""
     try:
-        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+        text = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
     except (ValueError, TypeError):
-        return text
+        pass
+    return visible(text)
 
 
 def _transcript(store: Store, key: str) -> tuple[tuple[Message, ...], tuple[ToolResult, ...]]:

@@ -28,18 +28,22 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import os
 import re
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import jinja2
+from cryptography.fernet import Fernet, InvalidToken
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -49,7 +53,7 @@ from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
 from .errors import AgentfastError
-from .inbox import KubeInbox, LocalInbox, Refused, pretty_json
+from .inbox import KubeInbox, LocalInbox, Refused, pretty_json, visible
 from .names import format_run_id
 
 if TYPE_CHECKING:
@@ -74,6 +78,12 @@ TOKEN_INBOXES = 64
 BEARER_TOKEN = re.compile(r"[\x21-\x7e]{1,16384}")
 #: A namespace's name (RFC 1123 label, as Kubernetes validates it).
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+#: An object's name (RFC 1123 subdomain).
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-.a-z0-9]{0,251}[a-z0-9])?")
+#: The largest form a page posts (bytes): a reason is at most 1 KiB, a result or reply 4 KiB.
+MAX_FORM_BYTES = 64 * 1024
+#: Live pages one person may keep open on one process.
+MAX_LIVE_STREAMS_PER_PERSON = 8
 
 _PAGES = resources.files("agentfast.runner") / "inbox_pages"
 
@@ -102,6 +112,7 @@ class Access:
     shared: Inbox | None = None
     secret: str = ""
     token_inbox: Callable[[str], KubeInbox] | None = None
+    cookie_key: bytes = field(default_factory=Fernet.generate_key)
     _by_token: OrderedDict[str, KubeInbox] = field(default_factory=OrderedDict)
 
     @property
@@ -112,18 +123,36 @@ class Access:
             return TOKEN_COOKIE
         return f"{TOKEN_COOKIE}_{hashlib.sha256(self.secret.encode()).hexdigest()[:12]}"
 
+    def cookie_value(self, token: str) -> str:
+        """The login cookie of ``token``: encrypted and timestamped (Fernet) under
+        :attr:`cookie_key`. Cookies go to every port of a host (a port-forwarded inbox on
+        localhost shares them with any local server): what leaks is good only at this inbox,
+        for :data:`TOKEN_COOKIE_MAX_AGE_S`, never at the API server."""
+        return Fernet(self.cookie_key).encrypt(token.encode()).decode()
+
     def credential(self, request: Request) -> str | None:
-        """The request's credential: for the shared inbox its secret (the cookie), else the bearer
-        token (its Authorization header, else the login cookie). None when it has none."""
+        """The request's credential: for the shared inbox its secret (the cookie), from this
+        machine's user who started it (:func:`_same_user`); else the bearer token (its
+        Authorization header, else the login cookie, decrypted). None when it has none."""
         if self.shared is not None:
             sent = request.cookies.get(self.cookie, "")
-            return sent if self.secret and hmac.compare_digest(sent, self.secret) else None
+            ok = self.secret and hmac.compare_digest(sent.encode(), self.secret.encode()) and _same_user(request)
+            return sent if ok else None
         auth = request.headers.get("authorization", "")
-        token = auth[7:].strip() if auth[:7].lower() == "bearer " else request.cookies.get(TOKEN_COOKIE, "")
+        if auth[:7].lower() == "bearer ":
+            token = auth[7:].strip()
+        else:
+            try:
+                token = (
+                    Fernet(self.cookie_key).decrypt(request.cookies.get(TOKEN_COOKIE, ""), ttl=TOKEN_COOKIE_MAX_AGE_S).decode()
+                )
+            except (InvalidToken, UnicodeDecodeError):
+                return None
         return token if BEARER_TOKEN.fullmatch(token) else None
 
     def inbox(self, request: Request) -> Inbox:
-        """The inbox this request acts through. Raises NoCredentials."""
+        """The inbox this request acts through. Raises NoCredentials, also for a token the API
+        server does not accept (so an expired one leads to the login page)."""
         credential = self.credential(request)
         if not credential:
             raise NoCredentials()
@@ -133,7 +162,12 @@ class Access:
         key = hashlib.sha256(credential.encode()).hexdigest()
         inbox = self._by_token.get(key)
         if inbox is None:
-            inbox = self._by_token[key] = self.token_inbox(credential)
+            inbox = self.token_inbox(credential)
+            try:
+                inbox.user  # noqa: B018 (a SelfSubjectReview: only a token the API server accepts is kept)
+            except Refused:
+                raise NoCredentials() from None
+            self._by_token[key] = inbox
             while len(self._by_token) > TOKEN_INBOXES:
                 self._by_token.popitem(last=False)
         self._by_token.move_to_end(key)
@@ -148,8 +182,10 @@ class Access:
 def create_app(access: Access, *, allowed_hosts: list[str]) -> Starlette:
     """The inbox's ASGI app. ``allowed_hosts``: Host header values served (``["*"]``: any)."""
     live = asyncio.Semaphore(MAX_LIVE_STREAMS)
+    live_by_person: Counter[str] = Counter()
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_PAGES)), autoescape=True)
     env.filters["pretty_json"] = pretty_json
+    env.filters["visible"] = visible
     templates = Jinja2Templates(env=env)
 
     def csrf_token(request: Request) -> str:
@@ -164,7 +200,7 @@ def create_app(access: Access, *, allowed_hosts: list[str]) -> Starlette:
         sent = request.query_params.get("token")
         if access.shared is None or sent is None:
             return None
-        if not hmac.compare_digest(sent, access.secret):
+        if not (hmac.compare_digest(sent.encode(), access.secret.encode()) and _same_user(request)):
             return no_credentials(request)
         response = RedirectResponse(request.url.path, status_code=303)
         response.set_cookie(access.cookie, access.secret, httponly=True, samesite="strict", secure=secure(request))
@@ -237,7 +273,9 @@ def create_app(access: Access, *, allowed_hosts: list[str]) -> Starlette:
         return await _render_run(request, inbox, None, 200)
 
     async def _render_run(request: Request, inbox: Inbox, outcome: tuple[bool, str] | None, status_code: int) -> Response:
-        run_key = format_run_id(request.path_params["namespace"], request.path_params["name"])
+        run_key = _run_key_of(request)
+        if run_key is None:
+            return page(request, "error.html", {"inbox": inbox, "message": "not a run's address"}, 404)
         try:
             version = await run_in_threadpool(inbox.version, run_key)  # first, as on the index
             view = await run_in_threadpool(inbox.run, run_key)
@@ -258,11 +296,13 @@ def create_app(access: Access, *, allowed_hosts: list[str]) -> Starlette:
             inbox = access.inbox(request)
         except NoCredentials:
             return no_credentials(request)
-        form = await request.form()
+        run_key = _run_key_of(request)
+        if run_key is None:
+            return PlainTextResponse("not a run's address", status_code=404)
+        form = await _small_form(request)
         refused = _refuse_forgery(request, str(form.get("csrf", "")), csrf_token(request))
         if refused is not None:
             return refused
-        run_key = format_run_id(request.path_params["namespace"], request.path_params["name"])
         decision = str(form.get("decision", ""))
         text = str(form.get("text", ""))
         reason = text if decision in ("approve", "deny") else None
@@ -295,7 +335,12 @@ def create_app(access: Access, *, allowed_hosts: list[str]) -> Starlette:
         if namespace is not None and not DNS_LABEL.fullmatch(namespace):
             return PlainTextResponse("not a namespace name", status_code=400)
         parts = urlsplit(target).path.strip("/").split("/")
-        run_key = format_run_id(parts[1], parts[2]) if len(parts) == 3 and parts[0] == "runs" else None
+        run_key = None
+        if len(parts) == 3 and parts[0] == "runs":
+            if not (DNS_LABEL.fullmatch(parts[1]) and DNS_SUBDOMAIN.fullmatch(parts[2])):
+                return PlainTextResponse("not a run's address", status_code=400)
+            run_key = format_run_id(parts[1], parts[2])
+        person = hashlib.sha256((access.credential(request) or "").encode()).hexdigest()
 
         def fingerprint() -> str:
             try:
@@ -307,18 +352,24 @@ def create_app(access: Access, *, allowed_hosts: list[str]) -> Starlette:
             # Compared from the version the page was rendered at, not from the first look here:
             # what changed between the render and this connection is a change too.
             last = request.query_params.get("since", "")
-            async with live:
-                while True:
-                    now = await run_in_threadpool(fingerprint)
-                    if now != last:
-                        last = now
-                        yield {"event": "changed", "data": now}
-                    if now.startswith("refused: "):
-                        return  # the page, fetched again, says why; no polling of a refusal
-                    await asyncio.sleep(LIVE_POLL_S)
+            live_by_person[person] += 1
+            try:
+                async with live:
+                    while True:
+                        now = await run_in_threadpool(fingerprint)
+                        if now != last:
+                            last = now
+                            yield {"event": "changed", "data": now}
+                        if now.startswith("refused: "):
+                            return  # the page, fetched again, says why; no polling of a refusal
+                        await asyncio.sleep(LIVE_POLL_S)
+            finally:
+                live_by_person[person] -= 1
 
-        if live.locked():
-            return PlainTextResponse(f"busy: {MAX_LIVE_STREAMS} pages are live already; reload later", status_code=503)
+        if live.locked() or live_by_person[person] >= MAX_LIVE_STREAMS_PER_PERSON:
+            return PlainTextResponse("busy: too many live pages; reload later", status_code=503)
+        if (await run_in_threadpool(fingerprint)).startswith("refused: "):
+            return Response(status_code=204)  # 204 tells EventSource not to reconnect (HTML's SSE spec)
         return EventSourceResponse(stream(), ping=15)
 
     async def login(request: Request) -> Response:
@@ -326,10 +377,13 @@ def create_app(access: Access, *, allowed_hosts: list[str]) -> Starlette:
             return RedirectResponse("/", status_code=303)
         if request.method == "GET":
             return page(request, "login.html", {"message": None})
-        form = await request.form()
+        # Login CSRF (a site logging a person in as itself): a same-origin post only.
+        if request.headers.get("origin") is None and request.headers.get("sec-fetch-site", "same-origin") != "same-origin":
+            return PlainTextResponse("refused: a login posted from another site", status_code=403)
         refused = _refuse_forgery(request, None, None)
         if refused is not None:
             return refused
+        form = await _small_form(request)
         token = str(form.get("token", "")).strip()
         if token and not BEARER_TOKEN.fullmatch(token):
             return page(request, "login.html", {"message": "that is not a bearer token (printable characters, no spaces)"}, 401)
@@ -343,7 +397,7 @@ def create_app(access: Access, *, allowed_hosts: list[str]) -> Starlette:
         response = RedirectResponse("/", status_code=303)
         response.set_cookie(
             TOKEN_COOKIE,
-            token,
+            access.cookie_value(token),
             max_age=TOKEN_COOKIE_MAX_AGE_S,
             httponly=True,
             samesite="strict",
@@ -352,7 +406,9 @@ def create_app(access: Access, *, allowed_hosts: list[str]) -> Starlette:
         return response
 
     async def logout(request: Request) -> Response:
-        form = await request.form()
+        if access.credential(request) is None:
+            return RedirectResponse("/login", status_code=303)
+        form = await _small_form(request)
         refused = _refuse_forgery(request, str(form.get("csrf", "")), csrf_token(request))
         if refused is not None:
             return refused
@@ -367,6 +423,7 @@ def create_app(access: Access, *, allowed_hosts: list[str]) -> Starlette:
         response: Response = await call_next(request)
         response.headers["Content-Security-Policy"] = CSP
         response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["X-Frame-Options"] = "DENY"  # for browsers without CSP frame-ancestors
         response.headers["Referrer-Policy"] = "same-origin"  # not no-referrer: with it Chromium posts forms with Origin: null
         response.headers.setdefault("Cache-Control", "no-store")
         return response
@@ -390,6 +447,47 @@ def create_app(access: Access, *, allowed_hosts: list[str]) -> Starlette:
     )
 
 
+def _same_user(request: Request) -> bool:
+    """Whether the connection comes from a socket of this process's own OS user (Linux: the
+    ``uid`` column of /proc/net/tcp[6] for the client's end). Other accounts of the machine reach
+    loopback too, and a cookie leaks to every port of a host; this makes a leaked one useless to
+    them. True where /proc/net is not there to ask (the secret still holds)."""
+    client, server = request.scope.get("client"), request.scope.get("server")
+    if not client or not server:
+        return False
+    ends = (f"{client[1]:04X}", f"{server[1]:04X}")
+    found = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        found = True
+        for line in lines:
+            cols = line.split()
+            if (cols[1].rsplit(":", 1)[1], cols[2].rsplit(":", 1)[1]) == ends:
+                return int(cols[7]) == os.geteuid()
+    return not found
+
+
+async def _small_form(request: Request) -> Any:
+    """The request's form, refused (HTTPException 413/411) above :data:`MAX_FORM_BYTES` or
+    without a length, before anything is read: forms here are a few fields of text."""
+    length = request.headers.get("content-length")
+    if length is None or not length.isdigit():
+        raise HTTPException(411, "a form needs a Content-Length")
+    if int(length) > MAX_FORM_BYTES:
+        raise HTTPException(413, f"a form here is at most {MAX_FORM_BYTES} bytes")
+    return await request.form(max_files=0, max_fields=8, max_part_size=MAX_FORM_BYTES)
+
+
+def _run_key_of(request: Request) -> str | None:
+    """The run key of a ``/runs/{namespace}/{name}`` path, or None when either part is not a
+    Kubernetes name (so nothing else reaches the API server's paths or the store's keys)."""
+    ns, name = request.path_params["namespace"], request.path_params["name"]
+    return format_run_id(ns, name) if DNS_LABEL.fullmatch(ns) and DNS_SUBDOMAIN.fullmatch(name) else None
+
+
 def _asset(name: str, media_type: str) -> Callable[[Request], Any]:
     """A handler serving the page asset ``static/NAME`` (read once): two fixed files, no file server."""
     body = (_PAGES / "static" / name).read_bytes()
@@ -406,7 +504,7 @@ def _refuse_forgery(request: Request, sent: str | None, expected: str | None) ->
     origin = request.headers.get("origin")
     if origin is not None and urlsplit(origin).netloc != request.headers.get("host", ""):
         return PlainTextResponse(f"refused: a form posted from {origin}, not from this inbox", status_code=403)
-    if expected is not None and not hmac.compare_digest(sent or "", expected):
+    if expected is not None and not hmac.compare_digest((sent or "").encode(), expected.encode()):
         return PlainTextResponse("refused: the form's CSRF token is missing or not yours; reload the page", status_code=403)
     return None
 

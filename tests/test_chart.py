@@ -6,6 +6,7 @@ overrides). A missing helm is a failure, not a skip.
 
 from __future__ import annotations
 
+import base64
 import glob
 import json
 import os
@@ -692,7 +693,8 @@ def test_the_inbox_is_off_by_default_and_acts_only_with_each_persons_own_token(h
     assert not [d for d in render(helm) if d["metadata"]["name"] == "agentfast-ui"]
     docs = render(helm, "ui.enabled=true", "ui.allowedHosts={inbox.example.com}")
     ui = {d["kind"]: d for d in docs if d["metadata"]["name"] == "agentfast-ui"}
-    assert set(ui) == {"ServiceAccount", "Deployment", "Service"}
+    assert set(ui) == {"ServiceAccount", "Deployment", "Service", "Secret"}
+    assert len(base64.b64decode(ui["Secret"]["data"]["cookieKey"])) == 48  # the login cookie's key, random per install
     # No identity of its own: no token mounted, and no Role or ClusterRole binds its account.
     assert ui["ServiceAccount"]["automountServiceAccountToken"] is False
     pod = ui["Deployment"]["spec"]["template"]["spec"]
@@ -710,6 +712,7 @@ def test_the_inbox_is_off_by_default_and_acts_only_with_each_persons_own_token(h
     assert "--namespace=agentfast" in container["command"] and "--allowed-host=inbox.example.com" in container["command"]
     env = {e["name"]: e for e in container["env"]}
     assert env["AGENTFAST_KUBE_CA_FILE"]["value"] == "/etc/agentfast/kube-ca/ca.crt"
+    assert env["AGENTFAST_UI_COOKIE_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "agentfast-ui", "key": "cookieKey"}
     assert env["AGENTFAST_DSN"]["valueFrom"]["secretKeyRef"]["name"]  # transcripts: the operator's DSN Secret
     assert {"name": "kube-ca", "configMap": {"name": "kube-root-ca.crt"}} in pod["volumes"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True

@@ -4,12 +4,17 @@ store. The browser and the cluster are in tests/test_ui.py and tests/e2e/test_ui
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import kubernetes
 import pytest
 from starlette.requests import Request
 
+from agentfast.runner import ui
 from agentfast.runner.inbox import LocalInbox, Refused, api_server_configuration, token_client
 from agentfast.runner.store import Store
 from agentfast.runner.ui import TOKEN_COOKIE, Access
@@ -48,22 +53,65 @@ def test_in_a_pod_the_api_server_comes_from_the_environment_and_no_token_is_read
     assert not cfg.api_key
 
 
-def test_what_a_request_must_hold() -> None:
-    shared = Access(shared=object(), secret="s3cret")  # type: ignore[arg-type]
+def test_what_a_request_must_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ui, "_same_user", lambda request: True)  # its own test is below
+    shared = Access(shared=object(), secret="s3cret-s3cret-s3cret")  # type: ignore[arg-type]
     assert shared.credential(_request()) is None
     assert shared.credential(_request(cookies={shared.cookie: "guess"})) is None
-    assert shared.credential(_request(cookies={shared.cookie: "s3cret"})) == "s3cret"
-    assert shared.credential(_request(cookies={TOKEN_COOKIE: "s3cret"})) is None  # another inbox's cookie name
+    assert shared.credential(_request(cookies={shared.cookie: "\u00e9t\u00e9"})) is None  # not ASCII: no 500
+    assert shared.credential(_request(cookies={shared.cookie: "s3cret-s3cret-s3cret"})) == "s3cret-s3cret-s3cret"
+    assert shared.credential(_request(cookies={TOKEN_COOKIE: "s3cret-s3cret-s3cret"})) is None  # another inbox's cookie name
     assert shared.cookie != Access(shared=object(), secret="other").cookie  # type: ignore[arg-type]
+    monkeypatch.setattr(ui, "_same_user", lambda request: False)
+    assert shared.credential(_request(cookies={shared.cookie: "s3cret-s3cret-s3cret"})) is None  # another account's socket
+
     per_person = Access(token_inbox=lambda t: None)  # type: ignore[arg-type,return-value]
     assert per_person.credential(_request({"Authorization": "Bearer abc.def-ghi"})) == "abc.def-ghi"
-    assert per_person.credential(_request(cookies={TOKEN_COOKIE: "abc"})) == "abc"
     for bad in ("Bearer ", "Basic abc", "Bearer a b"):
         assert per_person.credential(_request({"Authorization": bad})) is None, bad
+    # The login cookie holds the token encrypted: the raw token is no cookie, a leaked cookie is no token.
+    cookie = per_person.cookie_value("abc.def-ghi")
+    assert "abc.def-ghi" not in cookie
+    assert per_person.credential(_request(cookies={TOKEN_COOKIE: cookie})) == "abc.def-ghi"
+    assert per_person.credential(_request(cookies={TOKEN_COOKIE: "abc.def-ghi"})) is None
+    other_install = Access(token_inbox=lambda t: None)  # type: ignore[arg-type,return-value]
+    assert other_install.credential(_request(cookies={TOKEN_COOKIE: cookie})) is None  # another key
     # CSRF tokens: bound to the credential, the same on every replica, different per person.
     a, b = (_request({"Authorization": f"Bearer {t}"}) for t in ("alice-token", "bob-token"))
-    assert per_person.csrf_token(a) == Access(token_inbox=lambda t: None).csrf_token(a)  # type: ignore[arg-type,return-value]
+    assert per_person.csrf_token(a) == other_install.csrf_token(a)
     assert per_person.csrf_token(a) != per_person.csrf_token(b)
+
+
+def test_a_connection_is_known_as_its_accounts() -> None:
+    """The local inbox serves only its own OS user's sockets (/proc/net/tcp's uid column). As root,
+    a connection made by the account ``nobody`` is told apart; as another user, the own one only."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(2)
+        port = listener.getsockname()[1]
+
+        def scope_of(connect: Callable[[], None]) -> Request:
+            connect()
+            conn, (host, client_port) = listener.accept()
+            try:
+                return Request({"type": "http", "headers": [], "client": (host, client_port), "server": ("127.0.0.1", port)})
+            finally:
+                held.append(conn)
+
+        held: list[socket.socket] = []
+        mine = socket.create_connection(("127.0.0.1", port))
+        assert ui._same_user(scope_of(lambda: None))
+        if os.geteuid() == 0:
+            code = f"import socket,time; s=socket.create_connection(('127.0.0.1',{port})); time.sleep(5)"
+            theirs = subprocess.Popen(["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", code])
+            try:
+                assert not ui._same_user(scope_of(lambda: None))
+            finally:
+                theirs.kill()
+                theirs.wait()
+        mine.close()
+        for c in held:
+            c.close()
 
 
 @pytest.mark.process

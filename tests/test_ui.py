@@ -253,6 +253,9 @@ def test_a_forged_or_cross_site_post_decides_nothing_and_a_refusal_says_why(tmp_
         assert wrong_token.status_code == 403
         cross_site = http.post(url, data={**form, "csrf": token}, headers={"Origin": "https://evil.example"})
         assert cross_site.status_code == 403 and "evil.example" in cross_site.text
+        huge = http.post(url, content=b"text=" + b"x" * 70_000, headers={"Content-Type": "application/x-www-form-urlencoded"})
+        assert huge.status_code == 413  # refused before it is read: forms here are a few fields
+        assert http.get("/runs/Not_A_Namespace/x").status_code == 404  # only Kubernetes names reach a store or an API path
         rebound = http.get("/", headers={"Host": "evil.example"})
         assert rebound.status_code == 400  # DNS rebinding onto the loopback inbox
         assert store.decision_log(run_id) == [] and [a.call_id for a in store.awaiting(run_id)] == ["call-2-0"]

@@ -23,7 +23,12 @@
     try {
       const url = page + (live.dataset.namespace ? "?namespace=" + encodeURIComponent(live.dataset.namespace) : "");
       const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "text/html" } });
-      if (!response.ok) return;
+      if (!response.ok || response.redirected) {
+        // Refused or sent to log in (a token expired): stop, and show the server's page, which says why.
+        source.close();
+        window.location.reload();
+        return;
+      }
       const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
       for (const id of ["status", "decisions", "transcript", "waiting", "runs"]) {
         const next = fresh.getElementById(id);
