@@ -432,7 +432,7 @@ class KubeInbox:
         spec = body.get("spec") or {}
         if decision == REPLY:
             assert result is not None
-            return self._reply(ns, name, seen_uid, listed, spec, call_id, result)
+            return self._reply(ns, name, body, listed, call_id, result)
         earlier = (spec.get("approvals") or {}).get(call_id)
         if earlier is not None:
             said = earlier.get("decision", "?") + (f" ({earlier['reason']})" if earlier.get("reason") else "")
@@ -460,9 +460,8 @@ class KubeInbox:
         """Call id -> question, of the AgentRun ``body``'s calls awaiting a reply."""
         return {c.call_id: c.question or "" for c in self._row(body).pending if c.reason == "awaiting_input" and c.call_id}
 
-    def _reply(
-        self, ns: str, name: str, seen_uid: str, listed: dict[str, PendingCall], spec: dict[str, Any], call_id: str, text: str
-    ) -> str:
+    def _reply(self, ns: str, name: str, body: dict[str, Any], listed: dict[str, PendingCall], call_id: str, text: str) -> str:
+        seen_uid, spec = body["metadata"]["uid"], body.get("spec") or {}
         call = listed.get(call_id)
         if call is None or call.reason != "awaiting_input":
             asked = ", ".join(c for c, p in listed.items() if p.reason == "awaiting_input") or "none"
@@ -473,19 +472,15 @@ class KubeInbox:
         if any(r.get("callId") == call_id for r in replies or []):
             raise Refused(f"{call_id} of agentrun {ns}/{name} was already answered; a reply is write-once")
         entry = {"callId": call_id, "text": text, "repliedBy": self.user}
-        add = (
-            {"op": "add", "path": "/spec/replies/-", "value": entry}
-            if replies is not None
-            else {"op": "add", "path": "/spec/replies", "value": [entry]}
-        )
-        self.patch(
-            ns,
-            name,
-            seen_uid,
-            "no reply was sent",
-            [{"op": "test", "path": "/metadata/uid", "value": seen_uid}, add],
-            json_patch=True,
-        )
+        ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": seen_uid}]
+        if replies is not None:
+            ops.append({"op": "add", "path": "/spec/replies/-", "value": entry})
+        else:
+            # The first reply makes the list; "add" on a member that exists replaces it, so another
+            # first reply made meanwhile must fail this one (the object's version moved), not vanish.
+            ops.append({"op": "test", "path": "/metadata/resourceVersion", "value": body["metadata"]["resourceVersion"]})
+            ops.append({"op": "add", "path": "/spec/replies", "value": [entry]})
+        self.patch(ns, name, seen_uid, "no reply was sent", ops, json_patch=True)
         return f"agentrun.agentfast.dev/{name} (uid {seen_uid}) patched: {call_id} answered by {entry['repliedBy']}"
 
     def patch(
@@ -503,6 +498,10 @@ class KubeInbox:
             self.api.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, patch, **kw)
         except ApiException as e:
             detail = _api_error(e)
+            if "test" in detail and "resourceVersion" in detail:  # a first reply's test (see _reply)
+                raise Refused(
+                    f"agentrun {ns}/{name} changed since it was read (a reply came first?): read it again; {nothing_done}"
+                ) from None
             # A merge patch's metadata.uid precondition, or a JSON patch's failed test of it.
             if "metadata.uid" in detail or ("test" in detail and "uid" in detail):
                 raise Refused(
