@@ -231,7 +231,16 @@ class LocalInbox:
 # -- the cluster ---------------------------------------------------------------------------------
 
 
-def _api_error(e: Exception) -> str:
+def _api_failures() -> tuple[type[BaseException], ...]:
+    """What a call to the API server raises when it fails: its answer (ApiException) or no answer
+    (urllib3's errors: unreachable, TLS, timeout). KubeInbox turns both into Refused, never a 500."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    return (ApiException, HTTPError)
+
+
+def _api_error(e: BaseException) -> str:
     """The API server's message in an ApiException (its Status body), else its reason."""
     body = getattr(e, "body", None)
     try:
@@ -284,11 +293,12 @@ class KubeInbox:
         Raises Refused."""
         if self._user is None:
             import kubernetes
-            from kubernetes.client.exceptions import ApiException
+
+            failed = _api_failures()
 
             try:
                 review = self._auth.create_self_subject_review(kubernetes.client.V1SelfSubjectReview())
-            except ApiException as e:
+            except failed as e:
                 raise Refused(f"cannot learn who you are from the API server (kubectl auth whoami): {_api_error(e)}") from None
             info = review.status.user_info if review.status is not None else None
             if info is None or info.username is None:
@@ -303,12 +313,12 @@ class KubeInbox:
         """``(namespace, name, body)`` of the AgentRun ``key`` (``NAME`` or ``NAMESPACE/NAME``).
         Raises Refused when it cannot be read, or when ``uid`` is given and it has another (it was
         re-created since the person reviewed it: ``nothing_done`` says what was not done)."""
-        from kubernetes.client.exceptions import ApiException
+        failed = _api_failures()
 
         ns, name = self._where(key)
         try:
             body: dict[str, Any] = self.api.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)  # type: ignore[assignment]
-        except ApiException as e:
+        except failed as e:
             raise Refused(f"cannot read agentrun {ns}/{name}: {_api_error(e)}") from None
         if uid is not None and uid != body["metadata"]["uid"]:
             raise Refused(
@@ -335,12 +345,12 @@ class KubeInbox:
 
     def runs(self, namespace: str | None = None) -> list[RunRow]:
         """The AgentRuns of ``namespace`` (default: this inbox's), newest first. Raises Refused."""
-        from kubernetes.client.exceptions import ApiException
+        failed = _api_failures()
 
         ns = namespace or self.namespace
         try:
             got: dict[str, Any] = self.api.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)  # type: ignore[assignment]
-        except ApiException as e:
+        except failed as e:
             raise Refused(f"cannot list agentruns in namespace {ns}: {_api_error(e)}") from None
         items = sorted(got.get("items", []), key=lambda b: b["metadata"].get("creationTimestamp") or "", reverse=True)
         return [self._row(b) for b in items]
@@ -349,20 +359,20 @@ class KubeInbox:
         """A digest that changes whenever what :meth:`run` (``key``) or :meth:`runs`
         (``namespace``) shows changes: the AgentRuns' resourceVersions (the operator writes status
         at each checkpoint and decision). Raises Refused."""
-        from kubernetes.client.exceptions import ApiException
+        failed = _api_failures()
 
         try:
             if key is not None:
                 ns, name = self._where(key)
                 try:
                     body: dict[str, Any] = self.api.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)  # type: ignore[assignment]
-                except ApiException as e:
-                    if e.status == 404:
+                except failed as e:
+                    if getattr(e, "status", None) == 404:
                         return _digest(None)
                     raise
                 return _digest(body["metadata"].get("resourceVersion"))
             got: dict[str, Any] = self.api.list_namespaced_custom_object(GROUP, VERSION, namespace or self.namespace, PLURAL)  # type: ignore[assignment]
-        except ApiException as e:
+        except failed as e:
             raise Refused(f"cannot read agentruns: {_api_error(e)}") from None
         return _digest(sorted((b["metadata"]["name"], b["metadata"].get("resourceVersion")) for b in got.get("items", [])))
 
@@ -370,13 +380,13 @@ class KubeInbox:
         """The AgentRun ``key`` in full as status shows it, with its transcript and sibling results
         from the store when this inbox has one and the store's run has the AgentRun's uid. None
         when there is no such AgentRun; raises Refused when the person may not read it."""
-        from kubernetes.client.exceptions import ApiException
+        failed = _api_failures()
 
         ns, name = self._where(key)
         try:
             body: dict[str, Any] = self.api.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)  # type: ignore[assignment]
-        except ApiException as e:
-            if e.status == 404:
+        except failed as e:
+            if getattr(e, "status", None) == 404:
                 return None
             raise Refused(f"cannot read agentrun {ns}/{name}: {_api_error(e)}") from None
         row, uid = self._row(body), body["metadata"]["uid"]
@@ -490,13 +500,13 @@ class KubeInbox:
         ``ns``/``name`` read with uid ``seen_uid``; the patch carries that uid as a precondition.
         ``kw``: patch_namespaced_custom_object's (e.g. field_manager). Raises Refused with the API
         server's word, or saying the AgentRun was re-created (``nothing_done``: what was not done)."""
-        from kubernetes.client.exceptions import ApiException
+        failed = _api_failures()
 
         if json_patch:
             kw["_content_type"] = "application/json-patch+json"
         try:
             self.api.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, patch, **kw)
-        except ApiException as e:
+        except failed as e:
             detail = _api_error(e)
             if "test" in detail and "resourceVersion" in detail:  # a first reply's test (see _reply)
                 raise Refused(

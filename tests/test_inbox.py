@@ -138,3 +138,17 @@ def test_the_local_inbox_lists_decides_and_moves_its_version(tmp_path: Path, dsn
     assert inbox.version("default/refund-demo") != before and inbox.version() != listed
     assert inbox.runs()[0].pending == ()
     assert inbox.run("default/nothing") is None
+
+
+def test_an_api_server_that_does_not_answer_is_a_refusal_not_a_crash() -> None:
+    from agentfast.runner.inbox import KubeInbox
+
+    base = kubernetes.client.Configuration()
+    base.host = "https://127.0.0.1:9"  # nothing listens there
+    inbox = KubeInbox(token_client("a-token", base), "default")
+    with pytest.raises(Refused, match="cannot list agentruns in namespace default"):
+        inbox.runs()
+    with pytest.raises(Refused, match="cannot learn who you are"):
+        inbox.user  # noqa: B018
+    with pytest.raises(Refused, match="cannot read agentrun default/x"):
+        inbox.decide("default/x", "call-1-0", "approve")
