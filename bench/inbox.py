@@ -3,7 +3,7 @@
 ``python -m bench.inbox [--runs 200] [--reps 15]``: starts its own embedded PostgreSQL, makes one
 real refund run (bench/metrics_scrape.py's template: the scripted model over real HTTP, an
 approval, a takeover), copies its rows to ``--runs`` runs, then times, through the real app
-(Starlette's test client: the whole ASGI stack, templates and all, without sockets):
+served by uvicorn on 127.0.0.1 (HTTP, the peer check, templates and all):
 
 * ``index``: ``GET /``, the run list a person opens;
 * ``run_page``: ``GET /runs/default/<one run>``, with its transcript;
@@ -19,11 +19,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
+import threading
+import time
 import uuid
 from typing import Any
 
-from starlette.testclient import TestClient
+import httpx
+import uvicorn
 
 from agentfast.runner.examples import EXAMPLES_DSN_ENV, provision
 from agentfast.runner.inbox import LocalInbox
@@ -37,10 +41,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--dsn", help="an empty database to use instead of a server of its own")
     args = ap.parse_args(argv)
-    server = start_server()
+    server = start_server() if args.dsn is None else None
     try:
-        dsn = server.create_database("inbox")
+        dsn = args.dsn or server.create_database("inbox")  # type: ignore[union-attr]
         os.environ.setdefault(EXAMPLES_DSN_ENV, provision(dsn, password=f"bench-{uuid.uuid4().hex}"))
         store = Store(dsn)
         store.migrate()
@@ -48,7 +53,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         copy_runs(dsn, template, args.runs - 1)
         inbox = LocalInbox(store, "bench")
         secret = uuid.uuid4().hex
-        client = TestClient(create_app(Access(shared=inbox, secret=secret), allowed_hosts=["testserver"]))
+        app = create_app(Access(shared=inbox, secret=secret), allowed_hosts=["127.0.0.1"])
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        web = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        threading.Thread(target=web.run, daemon=True).start()
+        while not web.started:
+            time.sleep(0.05)
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", follow_redirects=True)
         client.get(f"/?token={secret}")  # the cookie, as a browser opening the printed address
 
         def index() -> None:
@@ -74,11 +87,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "ratio_run_page_to_baseline": round(med["run_page"] / med["baseline"], 2),
             "ratio_live_check_to_baseline": round(med["live_check"] / med["baseline"], 3),
         }
+        client.close()
+        web.should_exit = True
         store.close()
         print(json.dumps(result, indent=2))
         return result
     finally:
-        server.close()
+        if server is not None:
+            server.close()
 
 
 if __name__ == "__main__":

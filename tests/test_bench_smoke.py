@@ -219,3 +219,10 @@ def test_the_metrics_scrape_bench_copies_a_real_run_and_measures_both(dsn: str) 
     res = metrics_scrape.main(["--runs", "5", "--reps", "2", "--dsn", dsn])
     assert res["succeeded_runs_reported"] == 5  # the copies are runs the collector reads as the template
     assert res["rows_read"] == 5 * (1 + 3 + 3) and res["scrape_ms_median"] > 0 and res["baseline_ms_median"] > 0
+
+
+def test_the_inbox_bench_serves_the_pages_it_times(dsn: str) -> None:
+    from bench import inbox
+
+    res = inbox.main(["--runs", "3", "--reps", "1", "--dsn", dsn])
+    assert res["runs"] == 3 and res["index_ms_median"] > 0 and res["live_check_ms_median"] > 0
