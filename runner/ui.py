@@ -451,23 +451,27 @@ def _same_user(request: Request) -> bool:
     """Whether the connection comes from a socket of this process's own OS user (Linux: the
     ``uid`` column of /proc/net/tcp[6] for the client's end). Other accounts of the machine reach
     loopback too, and a cookie leaks to every port of a host; this makes a leaked one useless to
-    them. True where /proc/net is not there to ask (the secret still holds)."""
-    client, server = request.scope.get("client"), request.scope.get("server")
+    them. True where /proc/net is not there to ask (the secret still holds). Asked once per
+    request (the kernel writes the table out anew at each read: ~50 us a socket on the host)."""
+    if "agentfast.same_user" not in request.scope:
+        request.scope["agentfast.same_user"] = _socket_uid_is_ours(request.scope.get("client"), request.scope.get("server"))
+    return bool(request.scope["agentfast.same_user"])
+
+
+def _socket_uid_is_ours(client: Any, server: Any) -> bool:
     if not client or not server:
         return False
+    table = "/proc/net/tcp6" if ":" in str(client[0]) else "/proc/net/tcp"
+    try:
+        lines = Path(table).read_text().splitlines()[1:]
+    except OSError:
+        return True
     ends = (f"{client[1]:04X}", f"{server[1]:04X}")
-    found = False
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        found = True
-        for line in lines:
-            cols = line.split()
-            if (cols[1].rsplit(":", 1)[1], cols[2].rsplit(":", 1)[1]) == ends:
-                return int(cols[7]) == os.geteuid()
-    return not found
+    for line in lines:
+        cols = line.split()
+        if (cols[1].rsplit(":", 1)[1], cols[2].rsplit(":", 1)[1]) == ends:
+            return int(cols[7]) == os.geteuid()
+    return False
 
 
 async def _small_form(request: Request) -> Any:
