@@ -618,6 +618,11 @@ class ForkFrom(_Spec):
     iteration: int = Field(ge=0, le=10_000, description="the source's committed iteration to start from")
 
 
+def _repeated(names: list[str]) -> list[str]:
+    """The names that occur more than once in ``names``, sorted."""
+    return sorted({n for n in names if names.count(n) > 1})
+
+
 class AgentRunSpec(_Spec):
     adapter: Literal["vanilla", "langgraph"] = "vanilla"
     model: ModelSpec
@@ -683,8 +688,7 @@ class AgentRunSpec(_Spec):
     @field_validator("replies")
     @classmethod
     def _one_reply_each(cls, replies: list[UserReply]) -> list[UserReply]:
-        ids = [r.callId for r in replies]
-        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        dupes = _repeated([r.callId for r in replies])
         if dupes:
             raise ValueError(f"each question takes one reply; answered twice: {', '.join(dupes)}")
         return replies
@@ -692,8 +696,7 @@ class AgentRunSpec(_Spec):
     @field_validator("tools")
     @classmethod
     def _unique_names(cls, tools: list[ToolSpec]) -> list[ToolSpec]:
-        names = [t.name for t in tools]
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        dupes = _repeated([t.name for t in tools])
         if dupes:
             raise ValueError(f"tool names must be unique, repeated: {', '.join(dupes)}")
         return tools
@@ -701,8 +704,7 @@ class AgentRunSpec(_Spec):
     @field_validator("mcpServers")
     @classmethod
     def _unique_servers(cls, servers: list[McpServerSpec]) -> list[McpServerSpec]:
-        names = [m.name for m in servers]
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        dupes = _repeated([m.name for m in servers])
         if dupes:
             raise ValueError(f"MCP server names must be unique, repeated: {', '.join(dupes)}")
         return servers
