@@ -203,6 +203,79 @@ def python_in_pod(
     return k.run("logs", name, "-n", namespace, namespaced=False).stdout
 
 
+def apply_http_server(
+    k: Kube,
+    name: str,
+    *,
+    labels: dict[str, str],
+    pod_labels: dict[str, str],
+    container: str,
+    command: list[str],
+    env: list[dict[str, Any]],
+    port: int,
+    mounts: list[dict[str, Any]] | None = None,
+    volumes: list[dict[str, Any]] | None = None,
+) -> None:
+    """A test's HTTP server in ``k``'s namespace: a Deployment of one container of the chart's
+    image running ``command`` (``env``: container env entries), serving on ``port`` (ready when it
+    accepts connections), locked down as the restricted Pod Security profile asks (non-root, read-only
+    root filesystem with /tmp an emptyDir, no capabilities, no service account token), and a
+    Service ``name`` in front of it. ``pod_labels`` must hold ``app.kubernetes.io/name: name``
+    (the selector); ``labels`` go on the Deployment and the Service."""
+    k.apply(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name, "namespace": k.namespace, "labels": labels},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
+                "template": {
+                    "metadata": {"labels": pod_labels},
+                    "spec": {
+                        "automountServiceAccountToken": False,
+                        "securityContext": {
+                            "runAsNonRoot": True,
+                            "runAsUser": 10001,
+                            "runAsGroup": 10001,
+                            "seccompProfile": {"type": "RuntimeDefault"},
+                        },
+                        "containers": [
+                            {
+                                "name": container,
+                                "image": k.image,
+                                "imagePullPolicy": "IfNotPresent",
+                                "command": command,
+                                "env": [*env, {"name": "HOME", "value": "/tmp"}],
+                                "ports": [{"name": "http", "containerPort": port}],
+                                "readinessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 2},
+                                "securityContext": {
+                                    "allowPrivilegeEscalation": False,
+                                    "readOnlyRootFilesystem": True,
+                                    "capabilities": {"drop": ["ALL"]},
+                                },
+                                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *(mounts or [])],
+                            }
+                        ],
+                        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "16Mi"}}, *(volumes or [])],
+                    },
+                },
+            },
+        }
+    )
+    k.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": name, "namespace": k.namespace, "labels": labels},
+            "spec": {
+                "selector": {"app.kubernetes.io/name": name},
+                "ports": [{"name": "http", "port": port, "targetPort": "http"}],
+            },
+        }
+    )
+
+
 def give_example_tools(k: Kube, examples_dsn: str) -> None:
     """The Secret agentfast-tools in ``k``'s namespace, as a team gives its tools their settings:
     the example tools' DSN (the operator mounts it for the tool host only)."""

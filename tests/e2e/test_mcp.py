@@ -24,12 +24,18 @@ from typing import Any
 
 import pytest
 
-from .helpers import E2E_LABEL, Kube
+from .helpers import E2E_LABEL, Kube, apply_http_server
 from .test_operator import approve, release, runner_pods, running_runner, sql, status  # noqa: F401 (release is a fixture)
 
 SERVER = "agentfast-test-mcp"  # the chart's mcp.servers.test-mcp points here (hack/lib.sh)
 PORT = 8000
 STDIO = ["python", "-m", "agentfast.testing.mcp_server", "--stdio"]
+#: The mcp_orders script's journal at the end: (call id, tool, state, attempts), each call made once.
+JOURNAL = [
+    ["call-1-0", "orders_lookup_order", "done", 1],
+    ["call-1-1", "orders_add_note", "done", 1],
+    ["call-1-2", "orders_send_message", "done", 1],
+]
 
 
 @pytest.fixture
@@ -38,69 +44,15 @@ def mcp_server(release: Kube) -> Iterator[Kube]:
     namespace; its effects in /tmp/effects.sqlite3 of its pod."""
     k = release
     labels = {"app.kubernetes.io/name": SERVER, E2E_LABEL: "true"}
-    k.apply(
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": SERVER, "namespace": k.namespace, "labels": labels},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": {"app.kubernetes.io/name": SERVER}},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "automountServiceAccountToken": False,
-                        "securityContext": {
-                            "runAsNonRoot": True,
-                            "runAsUser": 10001,
-                            "runAsGroup": 10001,
-                            "seccompProfile": {"type": "RuntimeDefault"},
-                        },
-                        "containers": [
-                            {
-                                "name": "mcp",
-                                "image": k.image,
-                                "imagePullPolicy": "IfNotPresent",
-                                "command": [
-                                    "python",
-                                    "-m",
-                                    "agentfast.testing.mcp_server",
-                                    "--http",
-                                    "--host",
-                                    "0.0.0.0",
-                                    "--port",
-                                    str(PORT),
-                                ],
-                                "env": [
-                                    {"name": "MCP_TEST_EFFECTS", "value": "/tmp/effects.sqlite3"},
-                                    {"name": "HOME", "value": "/tmp"},
-                                ],
-                                "ports": [{"name": "http", "containerPort": PORT}],
-                                "readinessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 2},
-                                "securityContext": {
-                                    "allowPrivilegeEscalation": False,
-                                    "readOnlyRootFilesystem": True,
-                                    "capabilities": {"drop": ["ALL"]},
-                                },
-                                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-                            }
-                        ],
-                        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "16Mi"}}],
-                    },
-                },
-            },
-        }
-    )
-    k.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": SERVER, "namespace": k.namespace, "labels": labels},
-            "spec": {
-                "selector": {"app.kubernetes.io/name": SERVER},
-                "ports": [{"name": "http", "port": PORT, "targetPort": "http"}],
-            },
-        }
+    apply_http_server(
+        k,
+        SERVER,
+        labels=labels,
+        pod_labels=labels,
+        container="mcp",
+        command=["python", "-m", "agentfast.testing.mcp_server", "--http", "--host", "0.0.0.0", "--port", str(PORT)],
+        env=[{"name": "MCP_TEST_EFFECTS", "value": "/tmp/effects.sqlite3"}],
+        port=PORT,
     )
     try:
         k.run("rollout", "status", f"deploy/{SERVER}", "--timeout=180s", timeout=200)
@@ -171,11 +123,7 @@ def test_an_http_mcp_server_the_admin_named_survives_a_lost_runner_pod_each_effe
     assert max(int(p["metadata"]["annotations"]["agentfast.dev/attempt"]) for p in pods) >= 2, pods
     assert status(k, name)["restarts"] >= 1
     journal = _journal(k, name)
-    assert [row[:4] for row in journal] == [
-        ["call-1-0", "orders_lookup_order", "done", 1],
-        ["call-1-1", "orders_add_note", "done", 1],
-        ["call-1-2", "orders_send_message", "done", 1],
-    ], journal
+    assert [row[:4] for row in journal] == JOURNAL, journal
     keys = {row[1]: row[4] for row in journal}
     uid = k.get("agentrun", name)["metadata"]["uid"]  # keys are RUN_UID:ITERATION:POSITION
     ours = [(tool, key) for tool, key, _ in _effects(k) if key.startswith(f"{uid}:")]
@@ -190,11 +138,7 @@ def test_a_stdio_mcp_server_runs_in_the_runner_pod(release: Kube) -> None:
     approve(k, name, "call-1-2")
     _wait_for_success(k, name)
     journal = _journal(k, name)
-    assert [row[:4] for row in journal] == [
-        ["call-1-0", "orders_lookup_order", "done", 1],
-        ["call-1-1", "orders_add_note", "done", 1],
-        ["call-1-2", "orders_send_message", "done", 1],
-    ], journal
+    assert [row[:4] for row in journal] == JOURNAL, journal
     assert journal[1][5] == "note added to A-1" and journal[2][5] == "sent to ann"
 
 

@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .helpers import REPO, Kube
+from .helpers import REPO, Kube, apply_http_server
 from .test_operator import E2E_LABEL, NAMESPACE, approve, release, runner_pods, sql, status  # noqa: F401 (release is a fixture)
 
 KEY_VALUE_PREFIX = "sk-e2e-"
@@ -89,73 +89,29 @@ def serve_scripted_model(k: Kube, script: str | None = None) -> Iterator[dict[st
         script_arg = "/scripts/script.yaml"
         mounts = [{"name": "script", "mountPath": "/scripts", "readOnly": True}]
         volumes = [{"name": "script", "configMap": {"name": name}}]
-    pod_labels = {"app.kubernetes.io/name": name, **_labels(tag)}
-    k.apply(
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": name, "namespace": k.namespace, "labels": _labels(tag)},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
-                "template": {
-                    "metadata": {"labels": pod_labels},
-                    "spec": {
-                        "automountServiceAccountToken": False,
-                        "securityContext": {
-                            "runAsNonRoot": True,
-                            "runAsUser": 10001,
-                            "runAsGroup": 10001,
-                            "seccompProfile": {"type": "RuntimeDefault"},
-                        },
-                        "containers": [
-                            {
-                                "name": "model",
-                                "image": k.image,
-                                "imagePullPolicy": "IfNotPresent",
-                                "command": [
-                                    "python",
-                                    "-m",
-                                    "agentfast.testing.scripted",
-                                    "--script",
-                                    script_arg,
-                                    "--host",
-                                    "0.0.0.0",
-                                    "--port",
-                                    str(SERVER_PORT),
-                                    "--require-key-env",
-                                    "MODEL_KEY",
-                                ],
-                                "env": [
-                                    {"name": "MODEL_KEY", "valueFrom": {"secretKeyRef": {"name": secret, "key": "api-key"}}},
-                                    {"name": "HOME", "value": "/tmp"},
-                                ],
-                                "ports": [{"name": "http", "containerPort": SERVER_PORT}],
-                                "readinessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 2},
-                                "securityContext": {
-                                    "allowPrivilegeEscalation": False,
-                                    "readOnlyRootFilesystem": True,
-                                    "capabilities": {"drop": ["ALL"]},
-                                },
-                                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *mounts],
-                            }
-                        ],
-                        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "16Mi"}}, *volumes],
-                    },
-                },
-            },
-        }
-    )
-    k.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": name, "namespace": k.namespace, "labels": _labels(tag)},
-            "spec": {
-                "selector": {"app.kubernetes.io/name": name},
-                "ports": [{"name": "http", "port": SERVER_PORT, "targetPort": "http"}],
-            },
-        }
+    apply_http_server(
+        k,
+        name,
+        labels=_labels(tag),
+        pod_labels={"app.kubernetes.io/name": name, **_labels(tag)},
+        container="model",
+        command=[
+            "python",
+            "-m",
+            "agentfast.testing.scripted",
+            "--script",
+            script_arg,
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(SERVER_PORT),
+            "--require-key-env",
+            "MODEL_KEY",
+        ],
+        env=[{"name": "MODEL_KEY", "valueFrom": {"secretKeyRef": {"name": secret, "key": "api-key"}}}],
+        port=SERVER_PORT,
+        mounts=mounts,
+        volumes=volumes,
     )
     try:
         k.run("rollout", "status", f"deploy/{name}", "--timeout=180s", timeout=200)
