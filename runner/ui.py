@@ -348,7 +348,7 @@ def create_app(access: Access, *, allowed_hosts: list[str]) -> Starlette:
             except Refused as e:
                 return f"refused: {e}"
 
-        async def stream() -> AsyncIterator[dict[str, str]]:
+        async def stream(now: str) -> AsyncIterator[dict[str, str]]:
             # Compared from the version the page was rendered at, not from the first look here:
             # what changed between the render and this connection is a change too.
             last = request.query_params.get("since", "")
@@ -356,21 +356,22 @@ def create_app(access: Access, *, allowed_hosts: list[str]) -> Starlette:
             try:
                 async with live:
                     while True:
-                        now = await run_in_threadpool(fingerprint)
                         if now != last:
                             last = now
                             yield {"event": "changed", "data": now}
                         if now.startswith("refused: "):
                             return  # the page, fetched again, says why; no polling of a refusal
                         await asyncio.sleep(LIVE_POLL_S)
+                        now = await run_in_threadpool(fingerprint)
             finally:
                 live_by_person[person] -= 1
 
         if live.locked() or live_by_person[person] >= MAX_LIVE_STREAMS_PER_PERSON:
             return PlainTextResponse("busy: too many live pages; reload later", status_code=503)
-        if (await run_in_threadpool(fingerprint)).startswith("refused: "):
+        first = await run_in_threadpool(fingerprint)
+        if first.startswith("refused: "):
             return Response(status_code=204)  # 204 tells EventSource not to reconnect (HTML's SSE spec)
-        return EventSourceResponse(stream(), ping=15)
+        return EventSourceResponse(stream(first), ping=15)
 
     async def login(request: Request) -> Response:
         if access.shared is not None:
