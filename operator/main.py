@@ -1073,7 +1073,9 @@ def _progress_listener() -> None:
                 conn.execute(f"LISTEN {PROGRESS_CHANNEL}")
                 STATE.listening = (STATE.listening[0] + 1, True)  # a new session: what came before it may be missed
                 while not STATE.stop.is_set():
-                    batch = {n.payload for n in conn.notifies(timeout=0.1)}
+                    tokens = {n.payload for n in conn.notifies(timeout=0.1)}
+                    # Payloads are run tokens, not names (a LISTEN is anyone's): one read maps them.
+                    batch = set(STATE.store.runs_for_tokens(tokens).values()) if tokens else set()
                     if batch:
                         notified = time.monotonic()
                         list(workers.map(functools.partial(_publish_run, notified=notified), batch))

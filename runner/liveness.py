@@ -38,9 +38,9 @@ transaction-mode pooler (PgBouncer ``pool_mode=transaction``) session locks do n
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
+import secrets
 import socket
 import threading
 import time
@@ -59,7 +59,6 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 2.0
 STALE_AFTER_S = 30.0
-TAKEOVER_WAIT_S = 5.0
 #: How long a claim looks again at a held lock before calling its holder alive, by default (s).
 EXIT_GRACE_S = 1.0
 #: How often a waiting claim asks whether the holder went stale (s).
@@ -90,8 +89,7 @@ class RunnerInfo:
     """What the store knows about a run's runner.
 
     ``alive``: it holds the run's lock and its heartbeat is fresh (a resume would be refused).
-    ``state``: ``alive``; ``starting`` (lock held, heartbeat not written yet: alive too);
-    ``stale`` (lock held, no heartbeat for ``STALE_AFTER_S``: frozen or unreachable, a resume
+    ``state``: ``alive``; ``stale`` (lock held, no heartbeat for ``STALE_AFTER_S``: frozen or unreachable, a resume
     takes over); ``none`` (no runner). ``heartbeat_age_s``: seconds since the last beat, by the
     Postgres server's clock (None without a heartbeat row). ``runner_id``, ``pid``, ``host``:
     the holder's (or, when none is alive, the last runner's) identity.
@@ -122,27 +120,34 @@ class RunnerInfo:
         return d
 
 
-def lock_key(run_id: str) -> int:
-    """The run's advisory-lock key: a signed 64-bit hash of its id (one key space for all runs)."""
-    digest = hashlib.blake2b(b"agentfast-runner\0" + run_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
+def new_lock_key() -> int:
+    """A fresh advisory-lock key for one claim: a random signed 64-bit integer.
+
+    Not a hash of the run's name: every session may take any advisory lock, so a key another
+    tenant can compute (or saw in ``pg_locks`` while its holder lived) could be squatted. A claim
+    writes its key in the run's heartbeat row (``agentfast_runners.lock_key``: only the run's
+    namespace and the owner read it), and a lock counts only when held by the session that row
+    names (``backend_pid``): whoever holds a key of a dead claim holds nothing (issue 30)."""
+    return int.from_bytes(secrets.token_bytes(8), "big", signed=True)
 
 
-def _lock_parts(run_id: str) -> tuple[int, int]:
-    """``(classid, objid)`` of the key as ``pg_locks`` shows a one-bigint advisory lock."""
-    k = lock_key(run_id) & 0xFFFF_FFFF_FFFF_FFFF
-    return k >> 32, k & 0xFFFF_FFFF
-
-
-_STATE_SQL = """
-SELECT l.pid AS lock_pid, r.runner_id, r.pid, r.host, r.backend_pid,
-       extract(epoch FROM clock_timestamp() - r.beat_at)::float8 AS age
-FROM (SELECT 1) AS one
-LEFT JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+# The run's heartbeat row and, when the session the row names holds the row's key, that lock.
+_HOLDER_JOIN = """LEFT JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.pid = r.backend_pid
      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-     AND l.classid = %(classid)s::oid AND l.objid = %(objid)s::oid
-LEFT JOIN agentfast_runners r ON r.run_id = %(run_id)s
-"""
+     AND l.classid::bigint = (r.lock_key >> 32) & 4294967295 AND l.objid::bigint = r.lock_key & 4294967295"""
+_STATE_SQL = (
+    """SELECT l.pid AS lock_pid, r.runner_id, r.pid, r.host, r.backend_pid, r.lock_key,
+       extract(epoch FROM clock_timestamp() - r.beat_at)::float8 AS age
+FROM agentfast_runners r """
+    + _HOLDER_JOIN
+    + """
+WHERE r.run_id = %(run_id)s"""
+)
+
+
+def _one_bool(row: dict[str, Any] | None) -> bool:
+    assert row is not None  # a SELECT without FROM returns its row
+    return bool(row["ok"])
 
 
 def runs_held(store: Store, run_ids: Sequence[str]) -> set[str]:
@@ -150,24 +155,19 @@ def runs_held(store: Store, run_ids: Sequence[str]) -> set[str]:
     :func:`runner_state` for the story), in one query for all of them. Raises StoreUnavailable."""
     rows = store._retry(
         lambda c: c.execute(
-            """SELECT classid::bigint AS classid, objid::bigint AS objid FROM pg_locks
-           WHERE locktype = 'advisory' AND granted AND objsubid = 1
-             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"""
+            "SELECT r.run_id FROM agentfast_runners r " + _HOLDER_JOIN + " WHERE r.run_id = ANY(%s) AND l.pid IS NOT NULL",
+            (list(run_ids),),
         ).fetchall()
     )
-    held = {(r["classid"], r["objid"]) for r in rows}
-    return {run_id for run_id in run_ids if _lock_parts(run_id) in held}
+    return {r["run_id"] for r in rows}
 
 
 def _info(row: dict[str, Any] | None, stale_after_s: float) -> RunnerInfo:
     if row is None:
         return RunnerInfo(alive=False, state="none")
     ident = {"runner_id": row["runner_id"], "pid": row["pid"], "host": row["host"], "backend_pid": row["backend_pid"]}
-    if row["lock_pid"] is None:  # nobody holds the lock: no runner, whatever the row says
+    if row["lock_pid"] is None:  # the session the row names holds no lock: no runner, whatever the row says
         return RunnerInfo(alive=False, state="none", heartbeat_age_s=row["age"], **ident)
-    if row["runner_id"] is None or row["backend_pid"] != row["lock_pid"]:
-        # The holder took the lock and has not written its row yet (the row, if any, is a predecessor's).
-        return RunnerInfo(alive=True, state="starting", backend_pid=row["lock_pid"])
     if row["age"] is not None and row["age"] > stale_after_s:
         return RunnerInfo(alive=False, state="stale", heartbeat_age_s=row["age"], **ident)
     return RunnerInfo(alive=True, state="alive", heartbeat_age_s=row["age"], **ident)
@@ -175,8 +175,7 @@ def _info(row: dict[str, Any] | None, stale_after_s: float) -> RunnerInfo:
 
 def runner_state(store: Store, run_id: str, *, stale_after_s: float = STALE_AFTER_S) -> RunnerInfo:
     """Whether ``run_id`` has a live runner now, and who it is (one query; no lock is taken)."""
-    classid, objid = _lock_parts(run_id)
-    row = store._retry(lambda c: c.execute(_STATE_SQL, {"classid": classid, "objid": objid, "run_id": run_id}).fetchone())
+    row = store._retry(lambda c: c.execute(_STATE_SQL, {"run_id": run_id}).fetchone())
     return _info(row, stale_after_s)
 
 
@@ -191,7 +190,7 @@ class RunnerClaim:
         self.store, self.run_id = store, run_id
         self.heartbeat_s, self.stale_after_s = heartbeat_s, stale_after_s
         self.runner_id = uuid.uuid4().hex[:12]
-        self.key = lock_key(run_id)
+        self.key = new_lock_key()
         self._conn: psycopg.Connection[DictRow] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -236,34 +235,52 @@ class RunnerClaim:
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
-    def _try_lock(self) -> bool:
+    def _try_lock(self, take_from: str | None = None, *, rejoin: bool = False) -> RunnerInfo | None:
+        """One transaction on the run's heartbeat row (locked FOR UPDATE: claims take turns on
+        it, and row-level security keeps every other namespace off it). When the row names a
+        holder whose session holds its key, and that holder is not ``take_from`` (a runner id
+        being taken over), returns it and changes nothing. Otherwise takes a fresh key, writes
+        this claim's identity and key into the row and returns None: the run is ours.
+        ``rejoin``: this claim held the run and lost its session; unless the row still names it
+        (another runner took the run over, or released it after, or the run is gone) it claims
+        nothing and returns the row's holder."""
         assert self._conn is not None
-        row = self._conn.execute("SELECT pg_try_advisory_lock(%s) AS ok", (self.key,)).fetchone()
-        assert row is not None  # a SELECT without FROM returns its row
-        return bool(row["ok"])
+        with self._conn.transaction():
+            while True:
+                row = self._conn.execute(_STATE_SQL + " FOR UPDATE OF r", {"run_id": self.run_id}).fetchone()
+                holder = _info(row, self.stale_after_s)
+                if (holder.state != "none" and holder.runner_id != take_from) or (rejoin and (row is None or row["runner_id"] != self.runner_id)):
+                    return holder
+                key = new_lock_key()
+                while not _one_bool(self._conn.execute("SELECT pg_try_advisory_lock(%s) AS ok", (key,)).fetchone()):
+                    key = new_lock_key()  # a random key someone holds: take another
+                ident = (self.runner_id, os.getpid(), socket.gethostname()[:255], key)
+                if row is None:
+                    inserted = self._conn.execute(
+                        """INSERT INTO agentfast_runners (run_id, runner_id, pid, host, lock_key, backend_pid, started_at, beat_at)
+                           VALUES (%s, %s, %s, %s, %s, pg_backend_pid(), now(), now()) ON CONFLICT (run_id) DO NOTHING""",
+                        (self.run_id, *ident),
+                    ).rowcount
+                    if not inserted:  # another claim wrote the row meanwhile: look at it
+                        self._conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+                        continue
+                else:
+                    self._conn.execute(
+                        """UPDATE agentfast_runners SET runner_id = %s, pid = %s, host = %s, lock_key = %s,
+                               backend_pid = pg_backend_pid(), started_at = now(), beat_at = now() WHERE run_id = %s""",
+                        (*ident, self.run_id),
+                    )
+                    if row["runner_id"] != self.runner_id and row["lock_key"] is not None:  # one that never released the run
+                        self.left_behind = (row["runner_id"], time.time() - float(row["age"] or 0.0))
+                self.key, self.locked = key, True
+                break
+        self._conn.execute("SELECT agentfast_notify(%s, %s)", (PROGRESS_CHANNEL, self.run_id))  # the operator republishes liveness
+        return None
 
     def _state(self) -> RunnerInfo:
         assert self._conn is not None
-        classid, objid = _lock_parts(self.run_id)
-        row = self._conn.execute(_STATE_SQL, {"classid": classid, "objid": objid, "run_id": self.run_id}).fetchone()
+        row = self._conn.execute(_STATE_SQL, {"run_id": self.run_id}).fetchone()
         return _info(row, self.stale_after_s)
-
-    def _write_row(self) -> None:
-        assert self._conn is not None
-        # The row it replaces, if any, is a runner's that never released the run (a release deletes
-        # it): read in the same statement, for the traces (left_behind).
-        row = self._conn.execute(
-            """WITH old AS (SELECT runner_id, extract(epoch FROM beat_at)::float8 AS beat FROM agentfast_runners WHERE run_id = %s)
-               INSERT INTO agentfast_runners (run_id, runner_id, pid, host, backend_pid, started_at, beat_at)
-               VALUES (%s, %s, %s, %s, pg_backend_pid(), now(), now())
-               ON CONFLICT (run_id) DO UPDATE SET runner_id = excluded.runner_id, pid = excluded.pid, host = excluded.host,
-                   backend_pid = excluded.backend_pid, started_at = excluded.started_at, beat_at = excluded.beat_at
-               RETURNING (SELECT runner_id FROM old) AS old_runner, (SELECT beat FROM old) AS old_beat""",
-            (self.run_id, self.run_id, self.runner_id, os.getpid(), socket.gethostname()[:255]),
-        ).fetchone()
-        if row is not None and row["old_runner"] is not None and row["old_runner"] != self.runner_id:
-            self.left_behind = (row["old_runner"], float(row["old_beat"]))
-        self._conn.execute("SELECT pg_notify(%s, %s)", (PROGRESS_CHANNEL, self.run_id))  # the operator republishes liveness
 
     # -- acquire / release ----------------------------------------------------------------------
 
@@ -283,9 +300,9 @@ class RunnerClaim:
         A held lock is looked at again for ``wait_s`` seconds (a holder that was killed, or got
         SIGTERM, lets go meanwhile). A holder still alive then (lock held, heartbeat fresh) makes
         this raise :class:`RunnerAlive` unless ``force``. A stale holder (or any holder, with
-        ``force``) has its session ended first; if the lock still cannot be taken within
-        ``TAKEOVER_WAIT_S`` (no privilege to end it), the claim goes on without it and keeps
-        trying at each heartbeat: the fencing epoch keeps the old holder from committing.
+        ``force``) has its session ended (when this role may) and the run is taken over with a
+        fresh key: the row names this claim, the old holder stops beating when it sees that, and
+        the fencing epoch keeps it from committing.
         ``stop`` set while waiting raises :class:`ClaimStopped`. Raises StoreUnavailable.
         """
         claim = cls(store, run_id, **kw)
@@ -317,23 +334,19 @@ class RunnerClaim:
         return claim
 
     def _wait_for_holder(self, wait_s: float, stop: threading.Event | None) -> RunnerInfo | None:
-        """Try the lock until it is ours or ``wait_s`` has passed; returns None once locked, else
-        the holder as last seen. Stops early, holder returned, when the holder's heartbeat went
-        stale (the caller takes it over). Raises ClaimStopped when ``stop`` is set."""
+        """Try to claim until the run is ours or ``wait_s`` has passed; returns None once claimed,
+        else the holder as last seen. Stops early, holder returned, when the holder's heartbeat
+        went stale (the caller takes it over). Raises ClaimStopped when ``stop`` is set."""
         start = time.monotonic()
-        until, look_at = start + wait_s, start + min(EXIT_GRACE_S, wait_s)
+        until = start + wait_s
         while True:
-            self.locked = self._try_lock()
-            if self.locked:
+            holder = self._try_lock()
+            if holder is None:
                 return None
             now = time.monotonic()
-            if now >= until:
-                return self._state()
-            if now >= look_at:  # after the first second: a holder gone stale is taken over now, not at the end
-                holder = self._state()
-                if holder.state == "stale":
-                    return holder
-                look_at = now + STALE_CHECK_S
+            # After the first second a holder gone stale is taken over now, not at the end.
+            if now >= until or (holder.state == "stale" and now - start >= min(EXIT_GRACE_S, wait_s)):
+                return holder
             # Every 50 ms at first (a killed holder's socket closes within milliseconds), then every 200 ms.
             pause = 0.05 if now - start < EXIT_GRACE_S else 0.2
             if stop is not None:
@@ -344,41 +357,36 @@ class RunnerClaim:
 
     def _claim(self, force: bool, wait_s: float = EXIT_GRACE_S, stop: threading.Event | None = None) -> None:
         holder = self._wait_for_holder(wait_s, stop)
-        if holder is not None:
+        while holder is not None:
             if holder.alive and not force:
                 raise RunnerAlive(self.run_id, holder)
-            if holder.state != "none":  # stale, or alive and --force (none: it let go just now, nothing to end)
-                why = "--force" if holder.alive else f"its heartbeat is stale ({holder.describe()})"
-                log.warning("taking run %s over from %s: %s", self.run_id, holder.describe(), why)
-                if holder.backend_pid is not None:
-                    try:
-                        assert self._conn is not None
-                        self._conn.execute("SELECT pg_terminate_backend(%s)", (holder.backend_pid,))
-                    except psycopg.Error as err:  # not permitted: the epoch still fences the old holder
-                        log.warning("could not end the old runner's session (backend %s): %s", holder.backend_pid, err)
-            deadline = time.monotonic() + TAKEOVER_WAIT_S
-            while not self.locked and time.monotonic() < deadline:
-                time.sleep(0.1)
-                self.locked = self._try_lock()
-            if not self.locked:
-                log.warning(
-                    "run %s: the old runner's lock is still held; continuing without it (fenced by the epoch)", self.run_id
-                )
-        self._write_row()
+            why = "--force" if holder.alive else f"its heartbeat is stale ({holder.describe()})"
+            log.warning("taking run %s over from %s: %s", self.run_id, holder.describe(), why)
+            if holder.backend_pid is not None:
+                try:
+                    assert self._conn is not None
+                    self._conn.execute("SELECT pg_terminate_backend(%s)", (holder.backend_pid,))
+                except psycopg.Error as err:  # not permitted: the epoch still fences the old holder
+                    log.warning("could not end the old runner's session (backend %s): %s", holder.backend_pid, err)
+            # The row then names this claim: the old holder stops beating when it sees so. Another
+            # holder that came meanwhile is looked at afresh.
+            holder = self._try_lock(take_from=holder.runner_id)
 
     def _beat(self) -> None:
-        """Heartbeat thread: beat every ``heartbeat_s``; on a lost connection, reconnect and re-lock."""
+        """Heartbeat thread: beat every ``heartbeat_s``; on a lost connection, reconnect and claim
+        again with a fresh key (the row must name the session that holds its key)."""
         while not self._stop.wait(self.heartbeat_s):
             try:
                 if self._conn is None or self._conn.closed:
                     self._conn = self._connect()
                     self.locked = False
                 if not self.locked:
-                    self.locked = self._try_lock()
-                    if not self.locked:
-                        log.warning("run %s: another session holds the runner lock", self.run_id)
+                    if self._try_lock(take_from=self.runner_id, rejoin=True) is not None:
+                        log.warning("run %s: another runner took the run over; this one stops beating", self.run_id)
+                        return
+                    continue
                 cur = self._conn.execute(
-                    "UPDATE agentfast_runners SET beat_at = now(), backend_pid = pg_backend_pid() WHERE run_id = %s AND runner_id = %s",
+                    "UPDATE agentfast_runners SET beat_at = now() WHERE run_id = %s AND runner_id = %s",
                     (self.run_id, self.runner_id),
                 )
                 if cur.rowcount == 0:  # another runner took the run over (--force) or it was deleted
@@ -394,7 +402,7 @@ class RunnerClaim:
                 self._conn = None
 
     def release(self) -> None:
-        """Stop beating, delete the heartbeat row, free the lock and close the connection. Idempotent."""
+        """Stop beating, clear the heartbeat row's key, free the lock and close the connection. Idempotent."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
@@ -403,10 +411,13 @@ class RunnerClaim:
         if conn is None or conn.closed:
             return
         try:
-            conn.execute("DELETE FROM agentfast_runners WHERE run_id = %s AND runner_id = %s", (self.run_id, self.runner_id))
-            conn.execute("SELECT pg_advisory_unlock_all(), pg_notify(%s, %s)", (PROGRESS_CHANNEL, self.run_id))
+            # The row stays, naming the last runner, with no key: nobody holds the run.
+            conn.execute(
+                "UPDATE agentfast_runners SET lock_key = NULL WHERE run_id = %s AND runner_id = %s", (self.run_id, self.runner_id)
+            )
+            conn.execute("SELECT pg_advisory_unlock_all(), agentfast_notify(%s, %s)", (PROGRESS_CHANNEL, self.run_id))
         except psycopg.Error as err:
-            log.warning("run %s: could not delete the heartbeat row: %s", self.run_id, err)
+            log.warning("run %s: could not clear the heartbeat row: %s", self.run_id, err)
         finally:
             conn.close()  # ends the session: the lock goes with it
 

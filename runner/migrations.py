@@ -551,4 +551,162 @@ MIGRATIONS: list[str] = [
     CREATE INDEX agentfast_notifications_due ON agentfast_notifications (next_attempt_at) WHERE state = 'pending';
     ALTER TABLE agentfast_notifications ENABLE ROW LEVEL SECURITY;
     """,
+    # 16: trust held by Postgres (issue 30 item 1). A runner role is a hostile tenant's, not a
+    # friend's: it may run any SQL its grants allow.
+    # - Name resolution: every function of the store gets a pinned search_path (the store's schema,
+    #   then pg_temp last: pg_catalog is searched first when unlisted), and the two that act for
+    #   other roles (agentfast_tenant, SECURITY DEFINER, which every row-level-security policy
+    #   calls; agentfast_fence, the trigger on every runner write) name their tables with the
+    #   schema. Before, a runner's TEMP TABLE agentfast_tenants answered another namespace to the
+    #   policy (pg_temp came first in the path) and a TEMP TABLE agentfast_runs could fool the fence.
+    #   No role but the store's owner may create temporary tables in this database or objects in
+    #   this schema (REVOKE from PUBLIC; a store owner who does not own the database gets a
+    #   WARNING and keeps only the pinned paths). tests/test_hostile_tenant.py lists every function
+    #   in the catalog and fails on any without a pinned search_path.
+    # - Locks a tenant cannot squat: advisory locks are one key space every session may take, so
+    #   the owner's own serializations (registering a uid, creating or re-keying a namespace's
+    #   role) lock a row of agentfast_locks, on which runner roles have no right at all; schema
+    #   migrations lock agentfast_migrations in a mode a reader cannot hold (Store.migrate). A
+    #   runner's liveness lock gets a fresh random key at each claim, kept in its heartbeat row
+    #   (lock_key: its namespace reads it, no other) and counted only when held by the session that
+    #   row names (runner/liveness.py): a key seen in pg_locks and taken after its holder died
+    #   stalls nothing.
+    # - NOTIFY payloads name no run: every run has a random notify_token (readable only by its
+    #   namespace and the owner), and agentfast_notify(channel, run_id) sends that instead of the
+    #   run id, so a LISTEN on agentfast_progress or agentfast_approval learns no other tenant's
+    #   run names (any session may LISTEN on any channel).
+    """
+    CREATE TABLE agentfast_locks (name text PRIMARY KEY);
+    INSERT INTO agentfast_locks VALUES ('tenants'), ('run_uid');
+    ALTER TABLE agentfast_locks ENABLE ROW LEVEL SECURITY;
+
+    ALTER TABLE agentfast_runners ADD COLUMN lock_key bigint;
+    ALTER TABLE agentfast_runs ADD COLUMN notify_token text NOT NULL DEFAULT md5(gen_random_uuid()::text);
+    CREATE INDEX agentfast_runs_notify_token ON agentfast_runs (notify_token);
+
+    CREATE FUNCTION agentfast_notify(p_channel text, p_run text) RETURNS void LANGUAGE sql AS $$
+        SELECT pg_notify(p_channel, coalesce((SELECT r.notify_token FROM agentfast_runs r WHERE r.run_id = p_run), ''))
+    $$;
+    GRANT EXECUTE ON FUNCTION agentfast_notify(text, text) TO agentfast_runner;
+
+    -- Locks: LOCK TABLE in a mode stronger than ROW EXCLUSIVE needs a table-level UPDATE or
+    -- DELETE right (column rights do not count), and with it one tenant could lock a table every
+    -- tenant's runners use (ACCESS EXCLUSIVE stops them all). So runner roles get column-level
+    -- UPDATE only and no DELETE: retention runs in a trigger as the owner, for the run whose
+    -- checkpoint the caller was just allowed to insert; a released runner clears its lock_key.
+    REVOKE UPDATE, DELETE ON agentfast_tool_calls, agentfast_runners, agentfast_checkpoints FROM agentfast_runner;
+    GRANT UPDATE (state, attempts, result, started_at, finished_at, epoch) ON agentfast_tool_calls TO agentfast_runner;
+    GRANT UPDATE (runner_id, pid, host, backend_pid, lock_key, started_at, beat_at) ON agentfast_runners TO agentfast_runner;
+
+    -- Retention: the latest agentfast.keep checkpoints of the inserted row's run stay (set by
+    -- agentfast_commit_checkpoint in its transaction; unset: no pruning). checkpoint_id is one
+    -- sequence for all runs, so "the last K" is counted per run.
+
+    CREATE OR REPLACE FUNCTION agentfast_commit_checkpoint(
+        p_run text, p_epoch bigint, p_uid text, p_key uuid, p_iteration integer, p_first_seq integer, p_messages jsonb,
+        p_sdk_keys text[], p_sdk_types text[], p_sdk_values bytea[], p_message_count integer, p_phase text,
+        p_schema_version integer, p_context jsonb, p_pending jsonb, p_sdk_state jsonb, p_saved_at bigint, p_keep integer,
+        p_read_ends boolean)
+    RETURNS TABLE (cid bigint, run_found boolean, age_s float8, cancel_by text, cancel_at timestamptz)
+    LANGUAGE plpgsql AS $$
+    DECLARE
+        new_id bigint;
+    BEGIN
+        PERFORM agentfast_name_lease(p_epoch, p_uid);
+        PERFORM set_config('agentfast.keep', p_keep::text, true);  -- retention: agentfast_prune, after the insert
+        IF p_messages IS NOT NULL THEN
+            INSERT INTO agentfast_messages (run_id, seq, iteration, message, epoch)
+                SELECT p_run, p_first_seq + m.i - 1, p_iteration, m.message, 0
+                FROM jsonb_array_elements(p_messages) WITH ORDINALITY AS m(message, i)
+                ON CONFLICT (run_id, seq) DO NOTHING;
+        END IF;
+        IF cardinality(p_sdk_keys) > 0 THEN
+            INSERT INTO agentfast_sdk_blobs (run_id, key, type, value, epoch)
+                SELECT p_run, b.key, b.type, b.value, 0 FROM unnest(p_sdk_keys, p_sdk_types, p_sdk_values) AS b(key, type, value)
+                ON CONFLICT (run_id, key) DO NOTHING;
+        END IF;
+        INSERT INTO agentfast_checkpoints (run_id, checkpoint_key, iteration, message_count, phase, schema_version,
+                                           context, pending, sdk_state, saved_at, epoch)
+            VALUES (p_run, p_key, p_iteration, p_message_count, p_phase, p_schema_version, p_context, p_pending,
+                    p_sdk_state, p_saved_at, 0)
+            ON CONFLICT (run_id, checkpoint_key) DO NOTHING
+            RETURNING checkpoint_id INTO new_id;
+        IF new_id IS NULL THEN  -- a retry after a commit whose acknowledgement was lost
+            SELECT c.checkpoint_id INTO new_id FROM agentfast_checkpoints c WHERE c.run_id = p_run AND c.checkpoint_key = p_key;
+        END IF;
+        IF NOT p_read_ends THEN
+            RETURN QUERY SELECT new_id, NULL::boolean, NULL::float8, NULL::text, NULL::timestamptz;
+            RETURN;
+        END IF;
+        RETURN QUERY SELECT new_id, r.run_id IS NOT NULL, extract(epoch FROM clock_timestamp() - r.created_at)::float8,
+                            q.requested_by, q.requested_at
+            FROM (SELECT 1) one LEFT JOIN agentfast_runs r ON r.run_id = p_run
+                 LEFT JOIN agentfast_cancel_requests q ON q.run_id = p_run;
+    END $$;
+
+    DO $migration$
+    DECLARE
+        s text := current_schema();
+        f regprocedure;
+    BEGIN
+        EXECUTE format($f$
+            CREATE OR REPLACE FUNCTION %1$I.agentfast_tenant() RETURNS text LANGUAGE sql STABLE SECURITY DEFINER
+                SET search_path = %1$I, pg_temp
+                AS $body$ SELECT t.namespace FROM %1$I.agentfast_tenants t WHERE t.role_name = session_user $body$
+        $f$, s);
+        EXECUTE format($f$
+            CREATE OR REPLACE FUNCTION %1$I.agentfast_fence() RETURNS trigger LANGUAGE plpgsql
+                SET search_path = %1$I, pg_temp
+                AS $body$
+            DECLARE
+                mine text := current_setting('agentfast.epoch', true);
+                mine_uid text := current_setting('agentfast.run_uid', true);
+                cur bigint;
+                cur_uid text;
+            BEGIN
+                SELECT r.epoch, r.run_uid INTO cur, cur_uid FROM %1$I.agentfast_runs r WHERE r.run_id = NEW.run_id FOR SHARE;
+                IF mine IS NULL OR mine = '' THEN
+                    RAISE EXCEPTION 'agentfast: write to %% for run %% without a lease (agentfast.epoch unset)', TG_TABLE_NAME, NEW.run_id
+                        USING ERRCODE = 'AF001';
+                END IF;
+                IF cur IS NULL OR mine::bigint <> cur THEN
+                    RAISE EXCEPTION 'agentfast: run %% lease lost: epoch %% is stale (current %%)', NEW.run_id, mine, cur
+                        USING ERRCODE = 'AF001';
+                END IF;
+                IF coalesce(mine_uid, '') <> '' AND mine_uid <> cur_uid THEN
+                    RAISE EXCEPTION 'agentfast: run %% lease lost: the run was replaced: uid mismatch (lease uid %%, run uid %%)',
+                        NEW.run_id, mine_uid, cur_uid
+                        USING ERRCODE = 'AF001';
+                END IF;
+                NEW.epoch := cur;
+                RETURN NEW;
+            END $body$
+        $f$, s);
+        EXECUTE format($f$
+            CREATE FUNCTION %1$I.agentfast_prune() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+                SET search_path = %1$I, pg_temp
+                AS $body$
+            DECLARE
+                keep integer := nullif(current_setting('agentfast.keep', true), '')::integer;
+            BEGIN
+                IF keep IS NOT NULL THEN
+                    DELETE FROM %1$I.agentfast_checkpoints d WHERE d.run_id = NEW.run_id AND d.checkpoint_id <
+                        (SELECT c.checkpoint_id FROM %1$I.agentfast_checkpoints c WHERE c.run_id = NEW.run_id
+                         ORDER BY c.checkpoint_id DESC OFFSET keep - 1 LIMIT 1);
+                END IF;
+                RETURN NULL;
+            END $body$
+        $f$, s);
+        EXECUTE format('CREATE TRIGGER agentfast_prune AFTER INSERT ON %I.agentfast_checkpoints'
+                       ' FOR EACH ROW EXECUTE FUNCTION %I.agentfast_prune()', s, s);
+        FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
+                 WHERE p.pronamespace = s::regnamespace AND p.proname LIKE 'agentfast\\_%' LOOP
+            EXECUTE format('ALTER FUNCTION %s SET search_path = %I, pg_temp', f, s);
+        END LOOP;
+        -- Only the owner creates temporary tables here, or objects in the schema.
+        EXECUTE format('REVOKE TEMPORARY ON DATABASE %I FROM PUBLIC', current_database());
+        EXECUTE format('GRANT TEMPORARY ON DATABASE %I TO %I', current_database(), current_user);
+        EXECUTE format('REVOKE CREATE ON SCHEMA %I FROM PUBLIC', s);
+    END $migration$;
+    """,
 ]

@@ -16,8 +16,9 @@ fails on what a model, a tool or a user wrote. The write methods whose values th
 using (:meth:`Store.save_turn`, :meth:`Store.record_result`, :meth:`Store.commit_checkpoint`)
 hand back the stored form, so memory and a later resume agree.
 
-Notifications (LISTEN/NOTIFY): ``agentfast_progress`` (payload: run_id) after every checkpoint,
-``agentfast_approval`` (payload: run_id) after every decision and cancel request. A notification is only a wake-up:
+Notifications (LISTEN/NOTIFY): ``agentfast_progress`` after every checkpoint, ``agentfast_approval``
+after every decision and cancel request; the payload is the run's ``notify_token``, never its id
+(:meth:`Store.notify_token`, :meth:`Store.runs_for_tokens`): any session may LISTEN. A notification is only a wake-up:
 listeners always re-read the tables, since one sent while a listener was disconnected is lost.
 """
 
@@ -30,7 +31,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, LiteralString, TypeVar, get_args, overload
@@ -74,8 +75,10 @@ _MIGRATION_LOCK = 0x61_66_5F_6D_69_67  # "af_mig": the advisory-lock key of sche
 # Joined to agentfast_runs r: c is each run's latest checkpoint (all NULL for a run without one).
 _LATEST_CHECKPOINT = """LEFT JOIN LATERAL (SELECT * FROM agentfast_checkpoints c WHERE c.run_id = r.run_id
                                   ORDER BY checkpoint_id DESC LIMIT 1) c ON true"""
-_TENANT_LOCK = 0x61_66_5F_74_6E_74  # "af_tnt": creating or re-keying a namespace's runner role
-_UID_LOCK = 0x61_66_5F_75  # "af_u": (with hashtext(uid)) registering a run under a uid
+# The owner's serializations lock a row of agentfast_locks (migration 16), on which runner roles
+# have no right: an advisory lock's key space is every session's, so a tenant could squat one.
+_TENANT_LOCK: LiteralString = "SELECT 1 FROM agentfast_locks WHERE name = 'tenants' FOR UPDATE"  # creating or re-keying a namespace's runner role
+_UID_LOCK: LiteralString = "SELECT 1 FROM agentfast_locks WHERE name = 'run_uid' FOR UPDATE"  # registering a run under a uid
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -596,7 +599,7 @@ class Store:
         def op(conn: psycopg.Connection[DictRow]) -> DictRow | None:
             row = _in_transaction(conn, lease, write) if todo else write(conn)
             if notify is not None:
-                conn.execute("SELECT pg_notify(%s, %s)", (notify, lease.run_id))
+                conn.execute("SELECT agentfast_notify(%s, %s)", (notify, lease.run_id))
             return row
 
         return self._attempt(op)
@@ -640,7 +643,7 @@ class Store:
         return self._retry(op)
 
     def migrate(self) -> int:
-        """Apply missing migrations under an advisory lock; returns the schema version.
+        """Apply missing migrations, one migrator at a time; returns the schema version.
 
         A store already at this release's version is only read (a runner's role, which may not
         change the schema, gets through). Raises SchemaBehind when it is behind and this role may
@@ -650,10 +653,17 @@ class Store:
             return current
 
         def op(conn: psycopg.Connection[DictRow]) -> int:
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS agentfast_migrations (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
-            )
+            # Migrators take turns on the migrations table in a mode its readers (runner roles,
+            # SELECT only) cannot hold, so no tenant can stall a migration by squatting a lock
+            # (issue 30). An empty database has no table yet, and so no tenant: an advisory
+            # lock serializes its first migrators.
+            if _one(conn.execute("SELECT to_regclass('agentfast_migrations') IS NULL AS empty").fetchone())["empty"]:
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+                conn.execute(
+                    "CREATE TABLE IF NOT EXISTS agentfast_migrations (version integer PRIMARY KEY,"
+                    " applied_at timestamptz NOT NULL DEFAULT now())"
+                )
+            conn.execute("LOCK TABLE agentfast_migrations IN SHARE ROW EXCLUSIVE MODE")
             applied = _one(conn.execute("SELECT coalesce(max(version), 0) AS v FROM agentfast_migrations").fetchone())["v"]
             for version, migration in enumerate(MIGRATIONS, start=1):
                 if version > applied:
@@ -706,7 +716,7 @@ class Store:
         new password and LOGIN again. Returns whether there was one."""
 
         def op(conn: psycopg.Connection[DictRow]) -> bool:
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_TENANT_LOCK,))
+            conn.execute(_TENANT_LOCK)
             row = conn.execute("DELETE FROM agentfast_tenants WHERE namespace = %s RETURNING role_name", (namespace,)).fetchone()
             if row is None:
                 return False
@@ -725,7 +735,7 @@ class Store:
         credential_id = uuid.uuid4().hex
 
         def op(conn: psycopg.Connection[DictRow]) -> tuple[str, str]:
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_TENANT_LOCK,))
+            conn.execute(_TENANT_LOCK)
             exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() is not None
             verb = "ALTER ROLE {} LOGIN PASSWORD {}" if exists else "CREATE ROLE {} LOGIN PASSWORD {} IN ROLE agentfast_runner"
             conn.execute(sql.SQL(verb).format(sql.Identifier(role), sql.Literal(password)))
@@ -747,14 +757,14 @@ class Store:
 
         A uid is one run's for good: the idempotency keys its tools get are built from it (G4),
         so a new run whose uid another run (of another id, archived ones included) holds raises
-        UidTaken. The check runs under a transaction advisory lock keyed by the uid, not a
+        UidTaken. The check runs under a lock (a row of ``agentfast_locks``), not a
         constraint: a unique constraint on ``run_uid`` alone could not be kept once the tables
         are distributed by ``run_id`` (migration 7)."""
 
         def op(conn: psycopg.Connection[DictRow]) -> RunRecord:
             row = conn.execute("SELECT run_id, run_uid, spec, epoch FROM agentfast_runs WHERE run_id = %s", (run_id,)).fetchone()
             if row is None:
-                conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_UID_LOCK, run_uid))
+                conn.execute(_UID_LOCK)
                 # Not this id: a concurrent registration of this same run (two reconciles) got here first.
                 other = conn.execute(
                     "SELECT run_id FROM agentfast_runs WHERE run_uid = %s AND run_id <> %s LIMIT 1", (run_uid, run_id)
@@ -898,7 +908,7 @@ class Store:
                     "SELECT requested_by, requested_at FROM agentfast_cancel_requests WHERE run_id = %s", (run_id,)
                 ).fetchone()
                 return CancelRequest(**_one(row)), False
-            conn.execute("SELECT pg_notify(%s, %s)", (APPROVAL_CHANNEL, run_id))
+            conn.execute("SELECT agentfast_notify(%s, %s)", (APPROVAL_CHANNEL, run_id))
             return CancelRequest(**made), True
 
         return self._retry(op)
@@ -1075,7 +1085,7 @@ class Store:
                 )
             if conn.execute("SELECT 1 FROM agentfast_runs WHERE run_id = %s", (new_id,)).fetchone() is not None:
                 raise RunExists(f"a run named {new_id} exists; choose another name (or `agentfast delete {new_id}`)")
-            conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_UID_LOCK, new_uid))
+            conn.execute(_UID_LOCK)
             if conn.execute("SELECT 1 FROM agentfast_runs WHERE run_uid = %s", (new_uid,)).fetchone() is not None:
                 raise UidTaken(f"uid {new_uid} is already another run's: a uid names one run for good")
             conn.execute(
@@ -1157,7 +1167,7 @@ class Store:
                            UNION ALL SELECT context::text FROM agentfast_checkpoints WHERE run_id = %(new)s) s)""",
                 copy,
             )
-            conn.execute("SELECT pg_notify(%s, %s)", (PROGRESS_CHANNEL, new_id))
+            conn.execute("SELECT agentfast_notify(%s, %s)", (PROGRESS_CHANNEL, new_id))
             return RunRecord(new_id, new_uid, spec, 0)
 
         return self._retry(op)
@@ -1669,7 +1679,7 @@ class Store:
             ).fetchone()
             if row is None:  # decided concurrently, between the check above and this insert
                 self._refuse_if_decided(conn, run_id, call_id, decision, reason, result)
-            conn.execute("SELECT pg_notify(%s, %s)", (APPROVAL_CHANNEL, run_id))
+            conn.execute("SELECT agentfast_notify(%s, %s)", (APPROVAL_CHANNEL, run_id))
             return Decision(**_one(row))
 
         try:
@@ -1796,6 +1806,22 @@ class Store:
         """The decisions recorded for any of ``call_ids``, by call id (undecided ones absent)."""
         return self._retry(lambda c: self._decisions(c, run_id, call_ids))
 
+    def notify_token(self, run_id: str) -> str | None:
+        """The payload of ``run_id``'s notifications on ``agentfast_progress`` and
+        ``agentfast_approval`` (32 hex digits, random per run; None: no such run, or not this
+        role's to see). A payload never names a run: any session may LISTEN on any channel, and
+        only the run's namespace and the owner can tell whose token this is (migration 16)."""
+        row = self._read("SELECT notify_token FROM agentfast_runs WHERE run_id = %s", (run_id,))
+        return None if row is None else str(row["notify_token"])
+
+    def runs_for_tokens(self, tokens: Collection[str]) -> dict[str, str]:
+        """The runs that notification payloads ``tokens`` stand for: token -> run id, for the
+        tokens of runs this role can see (unknown ones are left out). One indexed read."""
+        rows = self._read(
+            "SELECT notify_token, run_id FROM agentfast_runs WHERE notify_token = ANY(%s)", (list(tokens),), all=True
+        )
+        return {r["notify_token"]: r["run_id"] for r in rows}
+
     def wait_for_decision(self, run_id: str, call_id: str, stop: threading.Event, *, poll_s: float = 30.0) -> Decision | None:
         """Block until the call is decided or ``stop`` is set (then None)."""
         got = self.wait_for_decisions(run_id, [call_id], stop, poll_s=poll_s)
@@ -1828,6 +1854,8 @@ class Store:
             ends = self._end_requests(conn, run_id)
             return self._decisions(conn, run_id, call_ids), ends is not None and ends.cancel is not None
 
+        token = self.notify_token(run_id)  # what this run's notifications carry (never its id)
+
         while not stop.is_set() and not late():
             try:
                 with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
@@ -1844,7 +1872,7 @@ class Store:
                                 return None
                         woke = False
                         for note in conn.notifies(timeout=0.5, stop_after=1):
-                            woke = note.payload == run_id
+                            woke = note.payload == token
             except psycopg.OperationalError:
                 stop.wait(delay)
                 delay = min(delay * 2, 5.0)

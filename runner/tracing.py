@@ -26,7 +26,7 @@ start, runner id: ``RunContext.trace.attempt``) and the runner that takes over a
 it (and the iteration it was in) with status ERROR, ending when its next heartbeat was due (it died
 before; ``HEARTBEAT_S`` after the last one it wrote) or when the successor started, if earlier.
 It tells a death from an exit by the heartbeat row the dead runner left behind (a runner that exits
-deletes its own: ``RunnerClaim.left_behind``). Iteration span ids derive from the attempt's span id
+clears its key: ``RunnerClaim.left_behind``). Iteration span ids derive from the attempt's span id
 and the iteration number, so the successor can name the same span.
 
 Spans are exported by a BatchSpanProcessor, flushed at every checkpoint commit and after every model

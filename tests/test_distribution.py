@@ -16,7 +16,7 @@ from agentfast.runner.store import Store, UidTaken
 
 from .test_store import TABLES
 
-NOT_DISTRIBUTED = {"agentfast_migrations", "agentfast_tenants"}
+NOT_DISTRIBUTED = {"agentfast_migrations", "agentfast_tenants", "agentfast_locks"}
 
 
 def _unique_keys(dsn: str) -> dict[str, list[tuple[str, list[str]]]]:
@@ -87,7 +87,7 @@ def test_two_registrations_of_one_run_at_once_both_get_it(store: Store) -> None:
 
     uid = "00000000-0000-4000-8000-0000000000d3"
     with psycopg.connect(store.dsn) as other:  # the first registration, between its lock and its commit
-        other.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_UID_LOCK, uid))
+        other.execute(_UID_LOCK)
         got: list[object] = []
         second = threading.Thread(target=lambda: got.append(_outcome(lambda: store.create_run("default/r", uid, {"x": 2}))))
         second.start()

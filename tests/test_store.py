@@ -51,6 +51,7 @@ TABLES = {
     "agentfast_tool_calls",
     "agentfast_approvals",
     "agentfast_migrations",
+    "agentfast_locks",
     "agentfast_runners",
     "agentfast_void_decisions",
     "agentfast_tenants",
