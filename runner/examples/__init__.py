@@ -95,7 +95,7 @@ def _provision(admin_dsn: str, password: str | None) -> None:
             conn.execute(
                 sql.SQL("""
                 CREATE OR REPLACE FUNCTION {}.run_epoch(run text) RETURNS bigint
-                LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+                LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$  -- pg_temp last: unlisted, it comes first
                 BEGIN
                     RETURN (SELECT epoch FROM agentfast_runs WHERE run_id = run);
                 EXCEPTION WHEN undefined_table THEN
