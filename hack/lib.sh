@@ -147,7 +147,8 @@ e2e_helm_install() {
     --set runner.podTTLSecondsAfterFinished="${E2E_POD_TTL_SECONDS:-30}" \
     --set "runner.allowedModules={agentfast.runner.examples,agentfast.testing,$TEAM_TOOLS_MODULE}" "${extra[@]}" \
     --set "mcp.servers.test-mcp.url=http://agentfast-test-mcp.$E2E_NAMESPACE.svc:8000/mcp" \
-    --set "mcp.allowedCommands={python}" \
+    --set "mcp.allowedCommands={python -m agentfast.testing.mcp_server}" \
+    --set "mcp.allowedEnv={MCP_TEST_EFFECTS}" \
     --set ui.enabled=true \
     --wait --timeout 5m
   # An operator of the previous release keeps acting until its pod is gone (it holds the leader

@@ -78,6 +78,7 @@ from agentfast.runner.spec import (
     bundled_scripts,
     check_cluster_policy,
     mcp_commands_from_env,
+    mcp_env_from_env,
     mcp_servers_from_env,
     parse_agentrun,
     parse_modelconfig,
@@ -140,6 +141,8 @@ class Settings:
     # The chart's mcp.servers (name -> URL) and mcp.allowedCommands (docs/mcp.md); never connected to here (G12).
     mcp_servers: dict[str, str] = field(default_factory=lambda: mcp_servers_from_env())  # [AGENTFAST_MCP_SERVERS]
     mcp_commands: tuple[str, ...] = field(default_factory=lambda: mcp_commands_from_env())  # [AGENTFAST_MCP_ALLOWED_COMMANDS]
+    # The chart's mcp.allowedEnv: the variable names a run may give a stdio MCP server (none by default).
+    mcp_env: tuple[str, ...] = field(default_factory=lambda: mcp_env_from_env())  # [AGENTFAST_MCP_ALLOWED_ENV]
     # Copy the runner's own text (the final answer, a model's error) into status.message/result
     # and Events (the chart's operator.statusSummary); off: only our own sentences, ids and counts.
     status_summary: bool = field(default_factory=lambda: os.environ.get("AGENTFAST_STATUS_SUMMARY", "false").lower() == "true")
@@ -326,6 +329,7 @@ def reconcile(body: dict[str, Any]) -> None:
                 bundled_scripts(),
                 mcp_servers=SETTINGS.mcp_servers,
                 mcp_commands=SETTINGS.mcp_commands,
+                mcp_env=SETTINGS.mcp_env,
             )
             runner_settings(doc, SETTINGS.runner)  # spec.runner: an allowed image (by name only), a request within its limit
             doc = _with_model_config(run, doc, run_id, uid)
@@ -818,6 +822,7 @@ def _create_pod(body: dict[str, Any], model_key: dict[str, str] | None, step: St
         model_key=model_key,
         mcp_servers=SETTINGS.mcp_servers,
         mcp_commands=SETTINGS.mcp_commands,
+        mcp_env=SETTINGS.mcp_env,
     )
     kopf.adopt(pod, owner=body)  # type: ignore[arg-type]  # kopf types owner as its Body; it reads any mapping
     try:

@@ -43,6 +43,7 @@ from agentfast.runner.payloads import DEFAULT_MAX_BYTES, DEFAULT_THRESHOLD_BYTES
 from agentfast.runner.spec import (
     DNS1123_SUBDOMAIN,
     MCP_COMMANDS_ENV,
+    MCP_ENV_ENV,
     MCP_SERVERS_ENV,
     MODEL_API_KEY_ENV,
     OPERATOR_TOLERATION_KEYS,
@@ -462,6 +463,7 @@ def build_pod(
     model_key: dict[str, str] | None = None,
     mcp_servers: dict[str, str] | None = None,
     mcp_commands: tuple[str, ...] = (),
+    mcp_env: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The manifest of attempt ``attempt`` of the runner pod of an AgentRun ``body`` (the
     ownerReference is added by kopf.adopt). ``counted_failures`` and ``lost_at`` are carried in
@@ -477,8 +479,10 @@ def build_pod(
 
     ``mcp_servers`` (the chart's ``mcp.servers``, name to URL) reaches the runner as
     ``AGENTFAST_MCP_SERVERS``, cut to the servers the run's ``spec.mcpServers`` name by
-    ``serverRef``; ``mcp_commands`` as ``AGENTFAST_MCP_ALLOWED_COMMANDS``: the runner checks the
-    run against both again before its tool host starts anything (docs/mcp.md).
+    ``serverRef``; ``mcp_commands`` as ``AGENTFAST_MCP_ALLOWED_COMMANDS`` and ``mcp_env`` as
+    ``AGENTFAST_MCP_ALLOWED_ENV``: the runner checks the run against them again before its tool
+    host starts anything (docs/mcp.md). A run's ``spec.mcpServers[].env`` never reaches the pod:
+    the tool host passes it to that server alone, once checked.
 
     Raises ValueError when ``model_key`` is the DSN's Secret key itself, SpecError (a ValueError)
     when ``spec.runner`` is not allowed (:func:`runner_settings`)."""
@@ -494,6 +498,7 @@ def build_pod(
         # The admin's MCP servers this run names (serverRef), and the programs a stdio server may be (docs/mcp.md).
         {"name": MCP_SERVERS_ENV, "value": json.dumps(_run_mcp_servers(body, mcp_servers or {}), sort_keys=True)},
         {"name": MCP_COMMANDS_ENV, "value": ",".join(mcp_commands)},
+        {"name": MCP_ENV_ENV, "value": ",".join(mcp_env)},
         # A run waiting for a human longer than this commits, exits 0 and frees its pod (spec.suspendAfter wins).
         {"name": "AGENTFAST_SUSPEND_AFTER_SECONDS", "value": str(suspend_after_s(body, cfg))},
         # Started while its predecessor is still stopping (operator/lifecycle.py): wait for it to let go.

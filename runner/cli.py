@@ -299,7 +299,14 @@ def _check_admin_policy(run: AgentRun) -> None:
     """Where an admin set ``AGENTFAST_ALLOWED_MODULES`` (the operator does, in every runner pod):
     refs only from those module prefixes, and only bundled model scripts, checked before anything
     is imported (spec.check_cluster_policy). Unset (a local CLI): no list. Raises SpecError."""
-    from .spec import allowed_modules_from_env, bundled_scripts, check_cluster_policy, mcp_commands_from_env, mcp_servers_from_env
+    from .spec import (
+        allowed_modules_from_env,
+        bundled_scripts,
+        check_cluster_policy,
+        mcp_commands_from_env,
+        mcp_env_from_env,
+        mcp_servers_from_env,
+    )
 
     allowed = allowed_modules_from_env()
     if allowed is not None:
@@ -310,6 +317,7 @@ def _check_admin_policy(run: AgentRun) -> None:
             bundled_scripts() if run.spec.model.script is not None else [],
             mcp_servers=mcp_servers_from_env(),  # the admin's, as the operator passed them (docs/mcp.md)
             mcp_commands=mcp_commands_from_env(),
+            mcp_env=mcp_env_from_env(),
         )
 
 

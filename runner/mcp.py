@@ -47,7 +47,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import AgentfastError, CallOutcomeUnknown, SpecError
-from .spec import AgentRun, McpServerSpec, mcp_servers_from_env
+from .launch import env_refusal, env_value_refusal
+from .spec import (
+    AgentRun,
+    McpServerSpec,
+    allowed_modules_from_env,
+    mcp_commands_from_env,
+    mcp_env_from_env,
+    mcp_policy_problems,
+    mcp_servers_from_env,
+)
 from .tools import Tool, ToolArgumentsError, ToolContext, parse_arguments_object
 
 if TYPE_CHECKING:
@@ -206,6 +215,12 @@ def resolve_target(i: int, spec: McpServerSpec, servers: dict[str, str]) -> _Tar
     """Where ``spec.mcpServers[i]`` is: its command, its url, or its serverRef looked up in
     ``servers`` (``AGENTFAST_MCP_SERVERS``). Raises SpecError for an unknown serverRef."""
     if spec.command is not None:
+        # Where the server's environment is made: the built-in refusals once more (runner/launch.py),
+        # whatever path the spec took here.
+        for name, value in spec.env.items():
+            why = env_refusal(name) or env_value_refusal(value)
+            if why is not None:
+                raise SpecError(f"spec.mcpServers[{i}].env.{name[:64]}: {why}")
         return _Target(spec.name, argv=tuple(spec.command), env=tuple(sorted(spec.env.items())))
     if spec.url is not None:
         return _Target(spec.name, url=spec.url)
@@ -361,6 +376,12 @@ def mcp_tools(run: AgentRun, taken: set[str], *, env: dict[str, str] | None = No
         return [], None
     e = dict(os.environ if env is None else env)
     servers = mcp_servers_from_env(e)
+    if allowed_modules_from_env(e) is not None:
+        # An admin's policy applies (every runner pod): checked once more where the programs start,
+        # whoever called (the runner checked it before telling this host what to start).
+        problems = mcp_policy_problems(run, servers, mcp_commands_from_env(e), mcp_env_from_env(e))
+        if problems:
+            raise SpecError("\n".join(problems))
     targets = [resolve_target(i, m, servers) for i, m in enumerate(run.spec.mcpServers)]
     connections = McpConnections(call_timeout_s=_seconds(e, CALL_SECONDS_ENV, DEFAULT_CALL_S))
     try:

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .decisions import DECISIONS, REASON_MAX_CHARS, REPLY_MAX_CHARS, RESULT_MAX_CHARS, InvalidDecision, check_decision  # noqa: F401
 from .errors import SettingError
 from .errors import SpecError as SpecError  # its home is errors.py; raised and imported from here
+from .launch import arg_refusal, command_refusal, env_refusal, env_value_refusal
 from .names import API_VERSION as API_VERSION  # the Literals below must say the same (tests/test_names.py)
 from .names import KIND as KIND
 from .names import MODELCONFIG_KIND
@@ -84,6 +85,8 @@ ALLOWED_MODULES_ENV = "AGENTFAST_ALLOWED_MODULES"
 #: The admin's MCP servers (JSON {name: url}) and the programs a stdio MCP server may be (docs/mcp.md).
 MCP_SERVERS_ENV = "AGENTFAST_MCP_SERVERS"
 MCP_COMMANDS_ENV = "AGENTFAST_MCP_ALLOWED_COMMANDS"
+#: The variable names a run may give a stdio MCP server in a cluster (the chart's mcp.allowedEnv).
+MCP_ENV_ENV = "AGENTFAST_MCP_ALLOWED_ENV"
 
 
 class _Spec(BaseModel):
@@ -234,6 +237,8 @@ MCP_SERVER_NAME_PATTERN = r"^[a-zA-Z0-9][a-zA-Z0-9-]{0,31}$"
 #: Most MCP servers one run may use, and most arguments of a stdio command.
 MAX_MCP_SERVERS = 8
 MAX_MCP_ARGS = 32
+#: Most variables a spec may add to one stdio MCP server's environment.
+MAX_MCP_ENV = 32
 
 
 class McpToolOverride(_Spec):
@@ -250,7 +255,9 @@ class McpToolOverride(_Spec):
 class McpServerSpec(_Spec):
     """``spec.mcpServers[i]``: an MCP server whose tools the agent may call (docs/mcp.md), through
     exactly one of ``command`` (a stdio server: argv of a program in the runner image, started
-    by the tool host; in a cluster argv[0] must be in the chart's ``mcp.allowedCommands``),
+    by the tool host; in a cluster allowed by the chart's ``mcp.allowedCommands``; ``env`` never
+    names a variable that changes what it loads or runs, runner/launch.py, and in a cluster only
+    the chart's ``mcp.allowedEnv``),
     ``serverRef`` (a streamable HTTP server an admin named: the chart's ``mcp.servers``, or
     locally ``AGENTFAST_MCP_SERVERS``) or ``url`` (streamable HTTP, local runs only: a cluster
     refuses it). Its tools are named ``NAME_TOOL`` for the model."""
@@ -260,7 +267,9 @@ class McpServerSpec(_Spec):
         None, min_length=1, max_length=MAX_MCP_ARGS, description="stdio: argv of a program in the runner image"
     )
     env: dict[str, str] = Field(
-        default_factory=dict, max_length=32, description="stdio: variables added to the server's environment"
+        default_factory=dict,
+        max_length=MAX_MCP_ENV,
+        description="stdio: variables added to the server's environment (never one that changes what it loads or runs: docs/mcp.md)",
     )
     serverRef: str | None = Field(
         None, pattern=MCP_SERVER_NAME_PATTERN, description="streamable HTTP: a server the cluster's admin named (mcp.servers)"
@@ -275,19 +284,18 @@ class McpServerSpec(_Spec):
             raise ValueError(f"set exactly one of command (stdio), serverRef or url (streamable HTTP); got {given or 'none'}")
         if self.env and self.command is None:
             raise ValueError("env is for a stdio server (command) only")
-        if self.command is not None and any(not a or len(a) > 1024 for a in self.command):
-            raise ValueError("command: arguments are non-empty strings of at most 1024 characters")
-        if any(len(v) > 1024 for v in self.env.values()) or any(len(k) > 128 for k in self.env):
-            raise ValueError("env: names are at most 128 characters, values at most 1024")
+        for i, arg in enumerate(self.command or []):
+            why = arg_refusal(arg)
+            if why is not None:
+                raise ValueError(f"command[{i}]: {why}")
+        # Built in, whatever an admin allows: no variable that makes the program load or run
+        # other code (runner/launch.py); a cluster also asks for the admin's list (check_cluster_policy).
+        for name, value in self.env.items():
+            why = env_refusal(name) or env_value_refusal(value)
+            if why is not None:
+                raise ValueError(f"env.{name[:64]}: {why}")
         if any(len(k) > 128 for k in self.tools):
             raise ValueError("tools: MCP tool names are at most 128 characters")
-        bad = [
-            k for k in self.env if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k) or k.startswith(("AGENTFAST_", "PYTHON", "LD_"))
-        ]
-        if bad:
-            raise ValueError(
-                f"env: {bad[0][:64]!r} is not a variable an MCP server may be given (names starting with AGENTFAST_, PYTHON or LD_ are not)"
-            )
         if self.url is not None and not re.fullmatch(BASE_URL_PATTERN, self.url):
             raise ValueError(
                 f"url: must be an http or https URL with a host, no user info, query or fragment, not {self.url[:80]!r}"
@@ -1105,31 +1113,29 @@ def mcp_commands_from_env(env: Mapping[str, str] | None = None) -> tuple[str, ..
     (``AGENTFAST_MCP_ALLOWED_COMMANDS``, comma-separated argv[0] values; the chart's
     ``mcp.allowedCommands``); () when unset."""
     value = (os.environ if env is None else env).get(MCP_COMMANDS_ENV, "")
-    return tuple(p.strip() for p in value.split(",") if p.strip())
+    return tuple(" ".join(p.split()) for p in value.split(",") if p.strip())
 
 
-def check_cluster_policy(
-    run: AgentRun,
-    allowed_modules: tuple[str, ...],
-    bundled_scripts: list[str],
-    *,
-    mcp_servers: Mapping[str, str] | None = None,
-    mcp_commands: tuple[str, ...] = (),
-) -> None:
-    """The checks a cluster makes on an AgentRun without importing or reading anything it names (G12).
+def mcp_env_from_env(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The variable names a run may give a stdio MCP server in a cluster
+    (``AGENTFAST_MCP_ALLOWED_ENV``, comma-separated; the chart's ``mcp.allowedEnv``); () when
+    unset: no variable. Raises SettingError naming a listed name no run may ever set
+    (:func:`agentfast.runner.launch.env_refusal`: the built-in list wins over the admin's)."""
+    value = (os.environ if env is None else env).get(MCP_ENV_ENV, "")
+    names = tuple(p.strip() for p in value.split(",") if p.strip())
+    for name in names:
+        why = env_refusal(name)
+        if why is not None:
+            raise SettingError(f"{MCP_ENV_ENV} (mcp.allowedEnv): {name[:64]!r}: {why}")
+    return names
 
-    Every ref (tools, graph, classifier) must already have the ``module:attr`` shape (the model
-    checks that) and its module must be inside ``allowed_modules`` (the chart's
-    ``runner.allowedModules``); ``spec.model.script`` must be one of ``bundled_scripts`` (names,
-    never paths: file paths are a local-CLI feature). Whether a ref resolves is learned only in
-    the runner pod. Each ``spec.mcpServers[i]``: a ``serverRef`` must name one of ``mcp_servers``
-    (the chart's ``mcp.servers``: the URL is the admin's), a ``command``'s argv[0] must be one of
-    ``mcp_commands`` (the chart's ``mcp.allowedCommands``, compared as written), and ``url`` is
-    refused (a run's author never chooses where a runner pod connects). Raises SpecError, one
-    line per problem.
-    """
+
+def mcp_policy_problems(
+    run: AgentRun, servers: Mapping[str, str], mcp_commands: tuple[str, ...], mcp_env: tuple[str, ...]
+) -> list[str]:
+    """The ``spec.mcpServers`` part of :func:`check_cluster_policy`, one line per problem ([] when
+    none): also checked by the tool host itself before it starts any server (runner/mcp.py)."""
     problems = []
-    servers = mcp_servers or {}
     for i, m in enumerate(run.spec.mcpServers):
         where = f"spec.mcpServers[{i}]"
         if m.url is not None:
@@ -1142,11 +1148,45 @@ def check_cluster_policy(
                 f"{where}.serverRef: {m.serverRef!r} is not an MCP server this cluster names (mcp.servers:"
                 f" {', '.join(sorted(servers)) or 'none'})"
             )
-        if m.command is not None and m.command[0] not in mcp_commands:
-            problems.append(
-                f"{where}.command: {m.command[0][:128]!r} is not a program this cluster allows for MCP servers"
-                f" (mcp.allowedCommands: {', '.join(mcp_commands) or 'none'})"
-            )
+        why = command_refusal(m.command, mcp_commands) if m.command is not None else None
+        if why is not None:
+            problems.append(f"{where}.command: {why}")
+        for name, value in m.env.items():
+            # The built-in refusals again (a run built without validation), then the admin's list.
+            why = env_refusal(name) or env_value_refusal(value)
+            if why is None and name not in mcp_env:
+                why = f"not a variable this cluster lets a run set (mcp.allowedEnv: {', '.join(mcp_env) or 'none'})"
+            if why is not None:
+                problems.append(f"{where}.env.{name[:64]}: {why}")
+    return problems
+
+
+def check_cluster_policy(
+    run: AgentRun,
+    allowed_modules: tuple[str, ...],
+    bundled_scripts: list[str],
+    *,
+    mcp_servers: Mapping[str, str] | None = None,
+    mcp_commands: tuple[str, ...] = (),
+    mcp_env: tuple[str, ...] = (),
+) -> None:
+    """The checks a cluster makes on an AgentRun without importing or reading anything it names (G12).
+
+    Every ref (tools, graph, classifier) must already have the ``module:attr`` shape (the model
+    checks that) and its module must be inside ``allowed_modules`` (the chart's
+    ``runner.allowedModules``); ``spec.model.script`` must be one of ``bundled_scripts`` (names,
+    never paths: file paths are a local-CLI feature). Whether a ref resolves is learned only in
+    the runner pod. Each ``spec.mcpServers[i]``: a ``serverRef`` must name one of ``mcp_servers``
+    (the chart's ``mcp.servers``: the URL is the admin's), a ``command`` must be allowed by one
+    of ``mcp_commands`` (the chart's ``mcp.allowedCommands``: a program, or a program with its
+    leading arguments, compared word by word as written; an interpreter only with the script its
+    entry names, a launcher only exactly as written: :func:`agentfast.runner.launch.command_refusal`),
+    each name of its ``env`` must be one of ``mcp_env`` (the chart's ``mcp.allowedEnv``; the
+    built-in refusals of runner/launch.py were applied when the spec was read), and ``url`` is
+    refused (a run's author never chooses where a runner pod connects). Raises SpecError, one
+    line per problem.
+    """
+    problems = mcp_policy_problems(run, mcp_servers or {}, mcp_commands, mcp_env)
     refs = [(f"spec.tools[{i}].ref", t.ref) for i, t in enumerate(run.spec.tools)]
     if run.spec.graph is not None:
         refs.append(("spec.graph.ref", run.spec.graph.ref))

@@ -727,3 +727,30 @@ def test_the_inbox_is_off_by_default_and_acts_only_with_each_persons_own_token(h
     assert "AGENTFAST_DSN" not in {e["name"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     [policy] = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "agentfast-postgresql"]
     assert len(policy["spec"]["ingress"][0]["from"]) == 2
+
+
+@pytest.mark.process
+def test_mcp_values_reach_the_operator_and_a_runner_pod_as_the_checks_read_them(helm: str) -> None:
+    from agentfast.operator.workload import RunnerConfig, build_pod
+    from agentfast.runner.errors import SettingError
+    from agentfast.runner.spec import mcp_commands_from_env, mcp_env_from_env
+
+    default = _operator_env(render(helm))
+    assert mcp_commands_from_env(default) == () and mcp_env_from_env(default) == ()  # nothing unless the admin says
+    values = {"mcp": {"allowedCommands": ["python -m orders_mcp", "orders-mcp --stdio"], "allowedEnv": ["ORDERS_REGION", "LANG"]}}
+    proc = _render_values(helm, values)
+    assert proc.returncode == 0, proc.stderr
+    env = _operator_env([d for d in yaml.safe_load_all(proc.stdout) if d])
+    commands, names = mcp_commands_from_env(env), mcp_env_from_env(env)
+    assert commands == ("python -m orders_mcp", "orders-mcp --stdio") and names == ("ORDERS_REGION", "LANG")
+    body = {"apiVersion": "agentfast.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": "r", "namespace": "a", "uid": "u"}}
+    pod = build_pod(body, RunnerConfig.from_env(env), mcp_commands=commands, mcp_env=names)
+    pod_env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert mcp_commands_from_env(pod_env) == commands and mcp_env_from_env(pod_env) == names
+    # A name that changes what a program loads renders (the schema checks the shape only), and the
+    # operator refuses to start with it, naming it.
+    proc = _render_values(helm, {"mcp": {"allowedEnv": ["LD_PRELOAD"]}})
+    assert proc.returncode == 0, proc.stderr
+    with pytest.raises(SettingError, match="mcp.allowedEnv.*'LD_PRELOAD'"):
+        mcp_env_from_env(_operator_env([d for d in yaml.safe_load_all(proc.stdout) if d]))
+    assert _render_values(helm, {"mcp": {"allowedEnv": ["A-B"]}}).returncode != 0  # not a name: the schema refuses it

@@ -157,6 +157,22 @@ def test_patterns_and_limits_are_the_runners() -> None:
     assert not any("matches(" in r for r in rules), "a regex over map keys has an unbounded estimated cost"
 
 
+def test_the_mcp_env_rule_refuses_the_runners_deny_list_at_a_bounded_cost() -> None:
+    import re
+
+    from agentfast.runner.launch import ENV_DENIED, MAX_ENV_VALUE
+    from agentfast.runner.spec import MAX_MCP_ENV
+
+    env = spec_schema()["properties"]["mcpServers"]["items"]["properties"]["env"]
+    assert env["maxProperties"] == MAX_MCP_ENV and env["additionalProperties"]["maxLength"] == MAX_ENV_VALUE
+    rules = [r["rule"] for r in env["x-kubernetes-validations"]]
+    assert not any("matches(" in r for r in rules), "a regex over map keys has an unbounded estimated cost"
+    [rule] = [r for r in rules if "startsWith" in r]
+    names, prefixes = (re.findall(r"'([^']*)'", part) for part in rule.split(".exists(")[0].split("]) && !["))
+    assert names == [n for ns, _ in ENV_DENIED for n in ns if not n.endswith("*")]
+    assert prefixes == [n[:-1] for ns, _ in ENV_DENIED for n in ns if n.endswith("*")]
+
+
 def test_modelconfig_crd_mirrors_the_runners_model() -> None:
     doc = crd(MC_CRD)
     assert doc["spec"]["scope"] == "Namespaced"  # the Secret it names must be in the run's namespace to be mounted

@@ -335,7 +335,7 @@ def test_a_cluster_takes_urls_from_its_admin_and_commands_from_its_allow_list() 
     from agentfast.runner.spec import check_cluster_policy
 
     run = _agentrun([_stdio(), {"name": "crm", "serverRef": "crm"}])
-    check_cluster_policy(run, (), ["refund"], mcp_servers={"crm": "http://crm:8000/mcp"}, mcp_commands=(sys.executable,))
+    check_cluster_policy(run, (), ["refund"], mcp_servers={"crm": "http://crm:8000/mcp"}, mcp_commands=(" ".join(STDIO[:3]),))
     bad = _agentrun([_stdio(), {"name": "crm", "serverRef": "crmx"}, {"name": "web", "url": "http://evil.example/mcp"}])
     with pytest.raises(SpecError) as err:
         check_cluster_policy(bad, (), ["refund"], mcp_servers={"crm": "http://crm:8000/mcp"}, mcp_commands=("python",))

@@ -134,6 +134,17 @@ BAD = [
         lambda s: s.update(approvals={f"call-{i}-0": {"decision": "approve", "decidedBy": "u"} for i in range(129)}),
         "spec.approvals: Too many",
     ),
+    # issue 30 item 3: an MCP server's env never holds a variable that changes what it loads or runs
+    (
+        "mcp env LD_PRELOAD",
+        lambda s: s.update(mcpServers=[{"name": "o", "command": ["orders-mcp"], "env": {"LD_PRELOAD": "/tmp/x.so"}}]),
+        "no run may set a variable that changes what the MCP server loads or runs",
+    ),
+    (
+        "mcp env PATH",
+        lambda s: s.update(mcpServers=[{"name": "o", "command": ["orders-mcp"], "env": {"PATH": "/tmp"}}]),
+        "no run may set a variable that changes what the MCP server loads or runs",
+    ),
     # issue 14 item 7: spec.runner sizes and places the pod, nothing else of it, and is bounded
     (
         "runner securityContext",
