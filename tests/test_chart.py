@@ -81,7 +81,7 @@ def test_default_render_installs_everything(helm: str) -> None:
     role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "agentfast-operator")
     granted = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
     # Runner pods: the operator creates and prunes them (operator/lifecycle.py); no Jobs any more.
-    assert next(r["verbs"] for r in role["rules"] if "pods" in r["resources"]) == ["get", "list", "watch", "create", "delete"]
+    assert next(r["verbs"] for r in role["rules"] if "pods" in r["resources"]) == ["list", "watch", "create", "delete"]
     assert ("batch", "jobs") not in granted
     # Secrets: only to keep the runners' own credential; never list, watch, patch or delete them.
     secret_verbs = {v for rule in role["rules"] if "secrets" in rule["resources"] for v in rule["verbs"]}
@@ -199,7 +199,7 @@ def test_model_config_rights_teams_read_admins_write(helm: str) -> None:
     ]
     operator = roles["agentfast-operator"]
     mc = [r for r in operator["rules"] if "modelconfigs" in r["resources"]]
-    assert len(mc) == 1 and sorted(mc[0]["verbs"]) == ["get", "list", "watch"]
+    assert len(mc) == 1 and mc[0]["verbs"] == ["get"]  # one read by name when a run is registered
     writers = [
         n
         for n, role in roles.items()
@@ -582,9 +582,9 @@ def test_the_runner_pod_ttl_reaches_the_operator_and_keep_is_minus_one_or_null(h
 def test_the_operator_may_delete_network_policies_only_when_it_makes_them(helm: str) -> None:
     def np_verbs(docs: list[dict]) -> list[str]:
         role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "agentfast-operator")
-        return next(r["verbs"] for r in role["rules"] if "networkpolicies" in r["resources"])
+        return next((r["verbs"] for r in role["rules"] if "networkpolicies" in r["resources"]), [])
 
-    assert np_verbs(render(helm)) == ["get", "create"]
+    assert np_verbs(render(helm)) == []  # it makes none, so it may touch none
     assert np_verbs(render(helm, "networkPolicy.enabled=true")) == ["get", "create", "delete"]
 
 
@@ -727,3 +727,152 @@ def test_the_inbox_is_off_by_default_and_acts_only_with_each_persons_own_token(h
     assert "AGENTFAST_DSN" not in {e["name"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     [policy] = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "agentfast-postgresql"]
     assert len(policy["spec"]["ingress"][0]["from"]) == 2
+
+
+# -- the operator's rights (issue 30 item 5) ---------------------------------------------------------
+
+#: The kubernetes client classes the operator calls, and the API group of each.
+_API_GROUPS = {
+    "CoreV1Api": "",
+    "NetworkingV1Api": "networking.k8s.io",
+    "AdmissionregistrationV1Api": "admissionregistration.k8s.io",
+    "CoordinationV1Api": "coordination.k8s.io",
+    "CustomObjectsApi": "agentfast.dev",
+}
+_VERBS = {
+    "read": "get",
+    "get": "get",
+    "create": "create",
+    "replace": "update",
+    "patch": "patch",
+    "delete": "delete",
+    "list": "list",
+}
+_SCOPED = ("pods", "secrets", "events", "serviceaccounts", "networkpolicies", "agentruns", "agentruns/status", "modelconfigs")
+
+
+def _operator_calls() -> set[tuple[str, str, str]]:
+    """(API group, resource, verb) of every kubernetes client call in operator/*.py, read from
+    the source (``.read_namespaced_secret(`` is get on secrets; a custom object call names its
+    plural), and of kopf as the operator's handlers use it: it lists and watches the resources of
+    its handlers, patches (annotations, finalizer) those of its change handlers, posts Events."""
+    import re
+
+    import kubernetes.client
+
+    calls: set[tuple[str, str, str]] = set()
+    plurals = {"PLURAL": "agentruns", "MODELCONFIG_PLURAL": "modelconfigs"}
+    for path in sorted((REPO / "operator").glob("*.py")):
+        text = path.read_text()
+        for m in re.finditer(
+            r"\.((read|get|create|replace|patch|delete|list)_(?:namespaced_|cluster_)?(\w+?)(_status)?)[(,]", text
+        ):
+            name, verb, kind, status = m.groups()
+            api = next((a for a in _API_GROUPS if hasattr(getattr(kubernetes.client, a), name)), None)
+            if api is None:
+                continue  # not a kubernetes call (the store's get_run, ...)
+            if kind == "custom_object":
+                resource = plurals[re.match(r"[(,]\s*GROUP, VERSION, (?:[^,]+, )?(\w*PLURAL)\b", text[m.end(1) :]).group(1)]
+            else:
+                resource = kind.replace("_", "")
+                resource = resource[:-1] + "ies" if resource.endswith("y") else resource + "s"
+            calls.add((_API_GROUPS[api], resource + ("/status" if status else ""), _VERBS[verb]))
+        for m in re.finditer(r"@kopf\.on\.(\w+)\((GROUP, VERSION, PLURAL|\"\", \"v1\", \"(\w+)\")", text):
+            handler, _, core = m.groups()
+            group, resource = ("", core) if core else ("agentfast.dev", "agentruns")
+            calls |= {(group, resource, "list"), (group, resource, "watch")}
+            if handler in ("create", "update", "resume", "delete"):
+                calls.add((group, resource, "patch"))
+            calls.add(("", "events", "create"))
+    return calls
+
+
+def _rules(doc: dict) -> set[tuple[str, str, str]]:
+    return {
+        (g, r, v) for rule in doc.get("rules") or [] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+    }
+
+
+def _operator_roles(docs: list[dict]) -> tuple[set, dict[str, set]]:
+    """The operator's ClusterRole rules and its Roles' rules by namespace, each checked bound to
+    its ServiceAccount (and only to it)."""
+    sa = [{"kind": "ServiceAccount", "name": "agentfast-operator", "namespace": "agentfast"}]
+    cluster = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "agentfast-operator")
+    roles = {}
+    for d in docs:
+        if d["kind"] == "Role" and d["metadata"]["name"].startswith("agentfast-operator"):
+            roles[d["metadata"]["namespace"]] = roles.get(d["metadata"]["namespace"], set()) | _rules(d)
+            binding = next(
+                b
+                for b in docs
+                if b["kind"] == "RoleBinding"
+                and b["metadata"]["namespace"] == d["metadata"]["namespace"]
+                and b["roleRef"]["name"] == d["metadata"]["name"]
+            )
+            assert binding["subjects"] == sa and binding["roleRef"]["kind"] == "Role"
+    binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"] == "agentfast-operator")
+    assert binding["subjects"] == sa
+    return _rules(cluster), roles
+
+
+CRD_WATCH = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}
+
+
+@pytest.mark.process
+def test_the_operator_is_granted_exactly_the_calls_it_makes_when_it_watches_every_namespace(helm: str) -> None:
+    calls = _operator_calls()
+    # The reading of the source found the calls it must (a broken reading would pass anything).
+    assert {("", "secrets", "delete"), ("", "pods", "create"), ("agentfast.dev", "agentruns/status", "patch")} <= calls
+    assert {("agentfast.dev", "modelconfigs", "get"), ("coordination.k8s.io", "leases", "update")} <= calls
+    assert ("", "pods", "watch") in calls and ("agentfast.dev", "agentruns", "patch") in calls
+    docs = render(helm, "networkPolicy.enabled=true", "runner.serviceAccount.create=true")
+    cluster, roles = _operator_roles(docs)
+    assert set(roles) == {"agentfast"}  # the leader's Lease only, in the release namespace
+    assert roles["agentfast"] == {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
+    # Every verb granted is one a call makes, and every call is granted; kopf observes CRDs.
+    assert cluster | roles["agentfast"] == calls | CRD_WATCH
+    # Without the options that make them, no NetworkPolicy or ServiceAccount rights at all.
+    cluster, _ = _operator_roles(render(helm))
+    assert cluster == {c for c in calls | CRD_WATCH if c[1] not in ("networkpolicies", "serviceaccounts") and c[1] != "leases"}
+
+
+@pytest.mark.process
+def test_with_watch_namespaces_the_operator_has_rights_there_only(helm: str) -> None:
+    """operator.watchNamespaces: the rights on namespaced resources are a Role in each watched
+    namespace; cluster-wide, only reading the approval admission policy (cluster-scoped). No
+    Secret, Pod, AgentRun or Event right anywhere else, and no CRD or namespace listing (the
+    operator turns kopf's cluster observation off, operator/main.py startup)."""
+    calls = _operator_calls()
+    docs = render(
+        helm, "operator.watchNamespaces={team-a,team-b}", "networkPolicy.enabled=true", "runner.serviceAccount.create=true"
+    )
+    cluster, roles = _operator_roles(docs)
+    assert cluster == {c for c in calls if c[0] == "admissionregistration.k8s.io"}
+    assert cluster == {
+        ("admissionregistration.k8s.io", "validatingadmissionpolicies", "get"),
+        ("admissionregistration.k8s.io", "validatingadmissionpolicybindings", "list"),
+    }
+    assert not {c for c in cluster if c[1] in _SCOPED or c[1] in ("namespaces", "customresourcedefinitions")}
+    assert set(roles) == {"team-a", "team-b", "agentfast"}  # the release namespace: its Lease only
+    scoped = {c for c in calls if c[1] in _SCOPED}
+    assert roles["team-a"] == roles["team-b"] == scoped
+    assert {("", "secrets", v) for v in ("get", "create", "update", "delete")} <= scoped
+    assert roles["agentfast"] == {c for c in calls if c[1] == "leases"}
+    # Together: exactly the calls, nothing more (no CRD watch: scanning is off).
+    assert cluster | roles["team-a"] | roles["agentfast"] == calls
+    env = _operator_env(docs)
+    assert env["AGENTFAST_WATCH_NAMESPACES"] == "team-a,team-b"
+    op = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "agentfast-operator")
+    command = op["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--namespace=team-a" in command and "--namespace=team-b" in command and "--all-namespaces" not in command
+    # Defaults (no NetworkPolicies, no runner ServiceAccount): the Roles carry neither.
+    _, roles = _operator_roles(render(helm, "operator.watchNamespaces={team-a}"))
+    assert {c[1] for c in roles["team-a"]} == {"pods", "secrets", "events", "agentruns", "agentruns/status", "modelconfigs"}
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("namespaces", [["team-*"], ["team-a", "team-a"], ["Team-A"], ["a" * 64]])
+def test_watch_namespaces_are_exact_names(helm: str, namespaces: list[str]) -> None:
+    """A Role is made in each: a glob (kopf would take it as a pattern), a repeated or invalid name is refused."""
+    proc = _render_values(helm, {"operator": {"watchNamespaces": namespaces}})
+    assert proc.returncode != 0 and "watchNamespaces" in proc.stderr, proc.stdout[-500:]

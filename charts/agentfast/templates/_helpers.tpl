@@ -70,3 +70,52 @@ capabilities:
 {{- end -}}
 {{- index .Values "agentfastGeneratedCredentials" | toJson -}}
 {{- end -}}
+
+{{/*
+The operator's rights in a namespace it serves (templates/rbac.yaml: in the ClusterRole when it
+watches every namespace, else in a Role in each of operator.watchNamespaces). Each verb is one
+a call makes; tests/test_chart.py lists the calls.
+*/}}
+{{- define "agentfast.operatorRules" -}}
+# AgentRuns: kopf lists and watches them and patches its annotations and finalizer on them; the
+# resync lists them, a runner pod's event reads its run by name (operator/main.py).
+- apiGroups: [agentfast.dev]
+  resources: [agentruns]
+  verbs: [get, list, watch, patch]
+- apiGroups: [agentfast.dev]
+  resources: [agentruns/status]
+  verbs: [patch]
+# ModelConfigs: one read by name when a run is registered; never written. The Secrets they name
+# are mounted by the runner pod, never read by the operator.
+- apiGroups: [agentfast.dev]
+  resources: [modelconfigs]
+  verbs: [get]
+# Runner pods: kopf watches them (label-selected), the reconcile lists a run's, creates one per
+# attempt (operator/lifecycle.py) and deletes stopped ones.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list, watch, create, delete]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+# The runner credential: one Secret, agentfast-runner, per namespace that runs AgentRuns
+# (operator/credentials.py). RBAC cannot limit create to a name; the operator only ever reads,
+# creates, replaces and (when no run is left there) deletes that one.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create, update, delete]
+{{- if .Values.networkPolicy.enabled }}
+# networkPolicy.enabled: one egress NetworkPolicy per runner pod, owned by its AgentRun, read and
+# deleted (with a uid precondition, only one the run owns) with an ended run's pods.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create, delete]
+{{- end }}
+{{- if .Values.runner.serviceAccount.create }}
+# runner.serviceAccount.create: the runner pods' ServiceAccount, with the chart's annotations
+# (operator/identity.py). Nothing is bound to it; it never patches one it did not make.
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  verbs: [get, create, patch]
+{{- end }}
+{{- end }}
