@@ -64,7 +64,13 @@ def test_default_render_installs_everything(helm: str) -> None:
     assert pdb["spec"]["minAvailable"] == 1
     leader = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "agentfast-operator-leader")
     assert leader["rules"] == [
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["agentfast-operator"],  # AGENTFAST_LEADER_LEASE
+            "verbs": ["get", "update"],
+        },
     ]
     single = next(
         d
@@ -83,9 +89,10 @@ def test_default_render_installs_everything(helm: str) -> None:
     # Runner pods: the operator creates and prunes them (operator/lifecycle.py); no Jobs any more.
     assert next(r["verbs"] for r in role["rules"] if "pods" in r["resources"]) == ["list", "watch", "create", "delete"]
     assert ("batch", "jobs") not in granted
-    # Secrets: only to keep the runners' own credential; never list, watch, patch or delete them.
-    secret_verbs = {v for rule in role["rules"] if "secrets" in rule["resources"] for v in rule["verbs"]}
-    assert secret_verbs == {"get", "create", "update", "delete"}
+    # Secrets: only to keep the runners' own credential; never list, watch or patch them, and read,
+    # replace or delete only that one by name (no ModelConfig key or tools' Secret is readable).
+    secret_rules = [(r.get("resourceNames"), r["verbs"]) for r in role["rules"] if "secrets" in r["resources"]]
+    assert secret_rules == [(None, ["create"]), (["agentfast-runner"], ["get", "update", "delete"])]
 
 
 def _images(docs: list[dict]) -> set[str]:
@@ -482,11 +489,18 @@ def test_runner_values_reach_the_operator_and_its_parser_accepts_them(helm: str)
     assert pod["containers"][0]["resources"]["limits"] == {"memory": "2Gi"} and pod["nodeSelector"] == {"pool": "agents"}
 
     # the operator may manage ServiceAccounts only when asked to make them
-    def sa_verbs(docs: list[dict]) -> set[str]:
+    def sa_rules(docs: list[dict]) -> list:
         role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-operator"))
-        return {v for rule in role["rules"] if "serviceaccounts" in rule["resources"] for v in rule["verbs"]}
+        return [(r.get("resourceNames"), r["verbs"]) for r in role["rules"] if "serviceaccounts" in r["resources"]]
 
-    assert sa_verbs(docs) == {"get", "create", "patch"} and sa_verbs(render(helm)) == set()
+    # create, then get and patch the one it makes only (RBAC cannot name what is created)
+    assert sa_rules(docs) == [(None, ["create"]), ([cfg.service_account], ["get", "patch"])] and sa_rules(render(helm)) == []
+    named = [
+        d
+        for d in yaml.safe_load_all(_render_values(helm, {"runner": {"serviceAccount": {"create": True, "name": "r"}}}).stdout)
+        if d
+    ]
+    assert sa_rules(named) == [(None, ["create"]), (["r"], ["get", "patch"])]
 
 
 @pytest.mark.process
@@ -787,10 +801,26 @@ def _operator_calls() -> set[tuple[str, str, str]]:
     return calls
 
 
-def _rules(doc: dict) -> set[tuple[str, str, str]]:
+def _rules(doc: dict) -> set[tuple[str, str, str, str | None]]:
+    """(group, resource, verb, the one name it is held to or None) of each right a role grants."""
     return {
-        (g, r, v) for rule in doc.get("rules") or [] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+        (g, r, v, n)
+        for rule in doc.get("rules") or []
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+        for n in rule.get("resourceNames") or [None]
     }
+
+
+def _named(calls: set[tuple[str, str, str]], lease: str = "agentfast-operator") -> set[tuple[str, str, str, str | None]]:
+    """``calls`` as rights: those on the objects the operator names itself (its Secret, its
+    runners' ServiceAccount, its Lease) held to that name, but create (RBAC cannot name what does
+    not exist yet)."""
+    from agentfast.operator.workload import DEFAULT_RUNNER_SERVICE_ACCOUNT, RUNNER_SECRET
+
+    names = {"secrets": RUNNER_SECRET, "serviceaccounts": DEFAULT_RUNNER_SERVICE_ACCOUNT, "leases": lease}
+    return {(g, r, v, None if v == "create" else names.get(r)) for g, r, v in calls}
 
 
 def _operator_roles(docs: list[dict]) -> tuple[set, dict[str, set]]:
@@ -828,12 +858,14 @@ def test_the_operator_is_granted_exactly_the_calls_it_makes_when_it_watches_ever
     docs = render(helm, "networkPolicy.enabled=true", "runner.serviceAccount.create=true")
     cluster, roles = _operator_roles(docs)
     assert set(roles) == {"agentfast"}  # the leader's Lease only, in the release namespace
-    assert roles["agentfast"] == {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
-    # Every verb granted is one a call makes, and every call is granted; kopf observes CRDs.
-    assert cluster | roles["agentfast"] == calls | CRD_WATCH
+    assert roles["agentfast"] == _named({c for c in calls if c[1] == "leases"})
+    # Every right granted is a call the code makes (held to the name it uses), and every call is
+    # granted; kopf observes CRDs.
+    assert cluster | roles["agentfast"] == _named(calls | CRD_WATCH)
+    assert ("", "secrets", "get", "agentfast-runner") in cluster and ("", "secrets", "get", None) not in cluster
     # Without the options that make them, no NetworkPolicy or ServiceAccount rights at all.
     cluster, _ = _operator_roles(render(helm))
-    assert cluster == {c for c in calls | CRD_WATCH if c[1] not in ("networkpolicies", "serviceaccounts") and c[1] != "leases"}
+    assert cluster == _named({c for c in calls | CRD_WATCH if c[1] not in ("networkpolicies", "serviceaccounts", "leases")})
 
 
 @pytest.mark.process
@@ -841,25 +873,27 @@ def test_with_watch_namespaces_the_operator_has_rights_there_only(helm: str) -> 
     """operator.watchNamespaces: the rights on namespaced resources are a Role in each watched
     namespace; cluster-wide, only reading the approval admission policy (cluster-scoped). No
     Secret, Pod, AgentRun or Event right anywhere else, and no CRD or namespace listing (the
-    operator turns kopf's cluster observation off, operator/main.py startup)."""
+    operator turns kopf's cluster observation off, operator/main.py configure_kopf)."""
     calls = _operator_calls()
     docs = render(
         helm, "operator.watchNamespaces={team-a,team-b}", "networkPolicy.enabled=true", "runner.serviceAccount.create=true"
     )
     cluster, roles = _operator_roles(docs)
-    assert cluster == {c for c in calls if c[0] == "admissionregistration.k8s.io"}
+    assert cluster == _named({c for c in calls if c[0] == "admissionregistration.k8s.io"})
     assert cluster == {
-        ("admissionregistration.k8s.io", "validatingadmissionpolicies", "get"),
-        ("admissionregistration.k8s.io", "validatingadmissionpolicybindings", "list"),
+        ("admissionregistration.k8s.io", "validatingadmissionpolicies", "get", None),
+        ("admissionregistration.k8s.io", "validatingadmissionpolicybindings", "list", None),
     }
     assert not {c for c in cluster if c[1] in _SCOPED or c[1] in ("namespaces", "customresourcedefinitions")}
     assert set(roles) == {"team-a", "team-b", "agentfast"}  # the release namespace: its Lease only
-    scoped = {c for c in calls if c[1] in _SCOPED}
+    scoped = _named({c for c in calls if c[1] in _SCOPED})
     assert roles["team-a"] == roles["team-b"] == scoped
-    assert {("", "secrets", v) for v in ("get", "create", "update", "delete")} <= scoped
-    assert roles["agentfast"] == {c for c in calls if c[1] == "leases"}
+    assert {("", "secrets", v, "agentfast-runner") for v in ("get", "update", "delete")} | {
+        ("", "secrets", "create", None)
+    } <= scoped
+    assert roles["agentfast"] == _named({c for c in calls if c[1] == "leases"})
     # Together: exactly the calls, nothing more (no CRD watch: scanning is off).
-    assert cluster | roles["team-a"] | roles["agentfast"] == calls
+    assert cluster | roles["team-a"] | roles["agentfast"] == _named(calls)
     env = _operator_env(docs)
     assert env["AGENTFAST_WATCH_NAMESPACES"] == "team-a,team-b"
     op = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "agentfast-operator")

@@ -73,35 +73,37 @@ def test_with_watch_namespaces_the_operator_account_may_act_in_those_only(kube: 
     try:
         who = f"--as=system:serviceaccount:{k.namespace}:{operator}"
 
-        def can(verb: str, resource: str, *where: str) -> bool:
-            """``resource``: as kubectl names it (``pods``, ``agentruns.agentfast.dev``, ``.../status``)."""
-            name, _, sub = resource.partition("/")
-            args = [verb, name, *(["--subresource", sub] if sub else []), who, *where]
+        def can(verb: str, resource: str, *where: str, sub: str = "") -> bool:
+            """``resource``: as kubectl names it (``pods``, ``agentruns.agentfast.dev``, ``secrets/NAME``)."""
+            args = [verb, resource, *(["--subresource", sub] if sub else []), who, *where]
             return k.run("auth", "can-i", *args, namespaced=False, check=False).stdout.strip() == "yes"
 
         here = ("-n", k.namespace)
         role = next(d for d in mine if d["kind"] == "Role" and d["metadata"]["name"] == operator)
-        granted = [
-            (verb, f"{r.partition('/')[0]}{'.' + g if g else ''}{'/' + r.partition('/')[2] if '/' in r else ''}")
+        granted = [  # (verb, TYPE[/NAME], subresource)
+            (verb, r.partition("/")[0] + (f".{g}" if g else "") + (f"/{n}" if n else ""), r.partition("/")[2])
             for rule in role["rules"]
             for g in rule["apiGroups"]
             for r in rule["resources"]
             for verb in rule["verbs"]
+            for n in rule.get("resourceNames") or [""]
         ]
-        assert ("patch", "agentruns.agentfast.dev/status") in granted and (
-            "delete",
-            "networkpolicies.networking.k8s.io",
-        ) in granted
+        assert ("patch", "agentruns.agentfast.dev", "status") in granted
+        assert ("delete", "networkpolicies.networking.k8s.io", "") in granted
+        assert ("get", "secrets/agentfast-runner", "") in granted
         k.wait_for("the Role to take effect", lambda: can("create", "pods", *here), timeout=30, interval=1)
-        assert all(can(v, r, *here) for v, r in granted), [(v, r) for v, r in granted if not can(v, r, *here)]
-        assert can("get", "secrets", *here) and can("delete", "secrets", *here)
-        assert not can("list", "secrets", *here) and not can("patch", "pods", *here)  # verbs it never uses
+        refused_here = [(v, r, sub) for v, r, sub in granted if not can(v, r, *here, sub=sub)]
+        assert not refused_here, refused_here
+        # Its own Secret by name; no other Secret (a ModelConfig's key, the tools'), no verb it never uses.
+        assert can("get", "secrets/agentfast-runner", *here) and can("delete", "secrets/agentfast-runner", *here)
+        assert not can("get", "secrets/model-key", *here) and not can("get", "secrets", *here)
+        assert not can("list", "secrets", *here) and not can("patch", "pods", *here)
         elsewhere = ("-n", other_namespace)
         for verb, resource in [
-            ("get", "secrets"),
+            ("get", "secrets/agentfast-runner"),
             ("create", "secrets"),
-            ("update", "secrets"),
-            ("delete", "secrets"),
+            ("update", "secrets/agentfast-runner"),
+            ("delete", "secrets/agentfast-runner"),
             ("create", "pods"),
             ("delete", "pods"),
             ("list", "pods"),

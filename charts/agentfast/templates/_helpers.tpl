@@ -99,11 +99,16 @@ a call makes; tests/test_chart.py lists the calls.
   resources: [events]
   verbs: [create]
 # The runner credential: one Secret, agentfast-runner, per namespace that runs AgentRuns
-# (operator/credentials.py). RBAC cannot limit create to a name; the operator only ever reads,
-# creates, replaces and (when no run is left there) deletes that one.
+# (operator/credentials.py, workload.RUNNER_SECRET). The operator reads, replaces and (when no
+# run is left there) deletes that one only, and RBAC holds it to that name; it cannot limit
+# create to a name. No other Secret (a ModelConfig's key, a team's tools') can be read.
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [get, create, update, delete]
+  verbs: [create]
+- apiGroups: [""]
+  resources: [secrets]
+  resourceNames: [agentfast-runner]
+  verbs: [get, update, delete]
 {{- if .Values.networkPolicy.enabled }}
 # networkPolicy.enabled: one egress NetworkPolicy per runner pod, owned by its AgentRun, read and
 # deleted (with a uid precondition, only one the run owns) with an ended run's pods.
@@ -113,9 +118,14 @@ a call makes; tests/test_chart.py lists the calls.
 {{- end }}
 {{- if .Values.runner.serviceAccount.create }}
 # runner.serviceAccount.create: the runner pods' ServiceAccount, with the chart's annotations
-# (operator/identity.py). Nothing is bound to it; it never patches one it did not make.
+# (operator/identity.py), and that one only (workload.DEFAULT_RUNNER_SERVICE_ACCOUNT when no
+# name is given). Nothing is bound to it; it never patches one it did not make.
 - apiGroups: [""]
   resources: [serviceaccounts]
-  verbs: [get, create, patch]
+  verbs: [create]
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  resourceNames: [{{ .Values.runner.serviceAccount.name | default "agentfast-runner" | quote }}]
+  verbs: [get, patch]
 {{- end }}
 {{- end }}
