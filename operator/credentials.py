@@ -18,6 +18,7 @@ password (a pod started from the old one fails to log in, and the operator start
 from __future__ import annotations
 
 import base64
+import logging
 import secrets
 import threading
 import time
@@ -30,6 +31,8 @@ from .workload import API_TIMEOUT_S, RUNNER_SECRET, RUNNER_SECRET_KEY, read_or_n
 
 CREDENTIAL_ANNOTATION = "agentfast.dev/credential-id"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "agentfast", "app.kubernetes.io/component": "runner-credentials"}
+
+log = logging.getLogger("agentfast.operator")
 
 RECHECK_S = 60.0  # how long a namespace's Secret is trusted to still hold its credential
 _verified: dict[str, tuple[str, float]] = {}  # namespace -> (credential id in its Secret, when seen)
@@ -98,8 +101,10 @@ def revoke_unused(store: Any, core: Any, in_use: set[str], rotate_after_s: float
     AgentRuns the operator serves now: none left there, or no longer watched) and older than
     :data:`REVOKE_GRACE_S`, deleting its Secret; returns those namespaces. A run created there later gets a fresh credential. Also
     marks for re-keying (at their next :func:`ensure_runner_secret`) the credentials of
-    namespaces in use older than ``rotate_after_s`` (0: never). Raises StoreUnavailable,
-    kubernetes ApiException (other than 404 for a Secret already gone)."""
+    namespaces in use older than ``rotate_after_s`` (0: never). A Secret the operator may not
+    delete (403: a namespace no longer watched, where the chart grants it nothing) is left,
+    logged, holding a password that no longer logs in. Raises StoreUnavailable, kubernetes
+    ApiException (other than 404 for a Secret already gone, and 403)."""
     revoked = []
     with _lock:
         for namespace, age_s in store.tenants().items():
@@ -115,7 +120,14 @@ def revoke_unused(store: Any, core: Any, in_use: set[str], rotate_after_s: float
             try:
                 core.delete_namespaced_secret(RUNNER_SECRET, namespace, _request_timeout=API_TIMEOUT_S)
             except ApiException as err:
-                if err.status != 404:
+                if err.status == 403:
+                    log.warning(
+                        "revoked the runner credential of namespace %s; its Secret %s stays (the operator may not delete"
+                        " it there: not a watched namespace), its password no longer logs in",
+                        namespace,
+                        RUNNER_SECRET,
+                    )
+                elif err.status != 404:
                     raise
             revoked.append(namespace)
     return revoked

@@ -193,9 +193,10 @@ STATE = _State()
 # -- wiring ------------------------------------------------------------------------------------
 
 
-@kopf.on.startup()
-def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-    logs.reformat_handlers()  # kopf's own log handler, with our JSON or console lines (runner/logs.py)
+def configure_kopf(settings: kopf.OperatorSettings) -> None:
+    """kopf's settings for this operator: where it keeps its progress (annotations), how it
+    watches (timeouts, runner pods only) and whether it observes the cluster (not when it serves
+    named namespaces: ``AGENTFAST_WATCH_NAMESPACES``)."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="agentfast.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="agentfast.dev", key="last-handled-configuration"
@@ -208,8 +209,18 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
     settings.watching.inactivity_timeout = 300  # re-open a silently stalled watch
+    # Named namespaces (operator.watchNamespaces): the chart grants a Role in each and nothing
+    # cluster-wide to list namespaces or CRDs, so kopf serves exactly those names and the
+    # resources present at start, without trying (and warning) to observe the cluster.
+    settings.scanning.disabled = bool(SETTINGS.namespaces)
     # Watch runner pods only, filtered by the API server, not every pod of the cluster.
     settings.watching.label_selectors[lambda r: r.group == "" and r.plural == "pods"] = f"{LABEL_RUN_UID},{LABEL_RUN}"
+
+
+@kopf.on.startup()
+def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    logs.reformat_handlers()  # kopf's own log handler, with our JSON or console lines (runner/logs.py)
+    configure_kopf(settings)
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:

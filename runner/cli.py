@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from .loop import Outcome, ProgressEvent
     from .model import ChatModel
     from .snapshot import AwaitedCall, PendingToolCall, RunContext, StateSnapshot
-    from .spec import AgentRun, ResolvedRun
+    from .spec import AgentRun, ModelConfig, ResolvedRun
     from .store import CheckpointInfo, JournalEntry, Store
     from .toolhost import ToolHost
     from .tools import ToolRegistry
@@ -573,25 +573,37 @@ def _merge_patch(target: Any, patch: Any) -> Any:
     return out
 
 
-def _fork_overrides(path: str) -> dict[str, Any]:
+def _fork_overrides(path: str) -> tuple[dict[str, Any], list[ModelConfig]]:
     """The ``spec`` fields of an overrides file (``spec: {model: ...}``), checked against
-    :data:`FORK_OVERRIDABLE`. Raises click's Exit (2) with one line."""
+    :data:`FORK_OVERRIDABLE`, and the ModelConfig documents beside it (the fork's model's, as
+    ``agentfast run FILE`` takes them). Raises click's Exit (2) with one line."""
+    from .names import MODELCONFIG_KIND
     from .safeyaml import UnsafeYaml, load_all, read_text
+    from .spec import SpecError, parse_modelconfig
 
     try:
         docs = load_all(read_text(path), path)
     except UnsafeYaml as e:
         raise _fail(str(e)) from None
-    if len(docs) != 1 or not isinstance(docs[0], dict) or set(docs[0]) != {"spec"} or not isinstance(docs[0]["spec"], dict):
-        raise _fail(f"{path}: expected one document holding only spec: {{...}} (the fields to change)")
-    spec: dict[str, Any] = docs[0]["spec"]
+    is_config = [isinstance(d, dict) and d.get("kind") == MODELCONFIG_KIND for d in docs]
+    rest = [d for d, c in zip(docs, is_config) if not c]
+    if len(rest) != 1 or not isinstance(rest[0], dict) or set(rest[0]) != {"spec"} or not isinstance(rest[0]["spec"], dict):
+        raise _fail(
+            f"{path}: expected one document holding only spec: {{...}} (the fields to change),"
+            " and beside it only the ModelConfig the fork's model names"
+        )
+    try:
+        configs = [parse_modelconfig(d) for d, c in zip(docs, is_config) if c]
+    except SpecError as e:
+        raise _fail(f"{path}: {e}") from None
+    spec: dict[str, Any] = rest[0]["spec"]
     refused = sorted(set(spec) - set(FORK_OVERRIDABLE))
     if refused:
         raise _fail(
             f"{path}: a fork cannot change spec.{', spec.'.join(refused)} (the copied state was made with it);"
             f" it may change {', '.join(FORK_OVERRIDABLE)}"
         )
-    return spec
+    return spec, configs
 
 
 @app.command()
@@ -604,7 +616,8 @@ def _fork_overrides(path: str) -> dict[str, Any]:
     "--overrides",
     "overrides",
     metavar="FILE",
-    help=f"YAML 'spec: {{...}}' merged into the source's spec (JSON merge patch); may change {', '.join(FORK_OVERRIDABLE)}",
+    help=f"YAML 'spec: {{...}}' merged into the source's spec (JSON merge patch); may change {', '.join(FORK_OVERRIDABLE)};"
+    " beside it, the ModelConfig the fork's model names (its endpoint and prices)",
 )
 @dsn_option
 def fork(run: str, iteration: int, new_name: str | None, model_name: str | None, overrides: str | None, dsn: str | None) -> None:
@@ -612,13 +625,15 @@ def fork(run: str, iteration: int, new_name: str | None, model_name: str | None,
 
     Tool results up to N are reused, never re-executed; `agentfast resume NEW` continues it at
     iteration N+1, asking its own model (--model, or -f for other fields) and running its own
-    tools with idempotency keys of the new run. The source is unchanged.
+    tools with idempotency keys of the new run. Its cost is counted at its own model's prices:
+    those of the ModelConfig it names (given in -f FILE, else the source's registered one when
+    it names that) or of its scripted model. The source is unchanged.
     """
     from .loop import run_id_of
-    from .spec import SpecError, parse_agentrun, resolve
+    from .spec import SpecError, parse_agentrun, resolve, resolve_from_file
     from .store import ForkRefused, RunExists, UidTaken
 
-    patch = _fork_overrides(overrides) if overrides else {}
+    patch, configs = _fork_overrides(overrides) if overrides else ({}, [])
     store = _open_store(dsn)
     source = _run_key(run)
     record = store.get_run(source)
@@ -637,10 +652,20 @@ def fork(run: str, iteration: int, new_name: str | None, model_name: str | None,
     doc["spec"] = _merge_patch(doc.get("spec", {}), patch)
     if model_name:
         doc["spec"]["model"] = {**doc["spec"].get("model", {}), "name": model_name}
-    if not (doc["spec"].get("model") or {}).get("config"):
-        doc.pop("modelConfig", None)  # a fork on the scripted model uses no ModelConfig
+    wanted = (doc["spec"].get("model") or {}).get("config")
+    theirs = (doc.get("modelConfig") or {}).get("name")
+    if not wanted or configs:
+        # No ModelConfig (the scripted model), or the one -f gives: the fork's own, never the source's.
+        doc.pop("modelConfig", None)
+    elif wanted != theirs:
+        raise _fail(
+            f"the fork names ModelConfig {wanted!r}, the source {theirs!r}: put the ModelConfig {wanted!r}"
+            " document in the -f file, beside spec: (its endpoint and prices are the fork's)"
+        )
     try:
         agentrun = parse_agentrun(doc, check_imports=False)
+        if configs:
+            agentrun = resolve_from_file(agentrun, configs, str(overrides))
         resolve(agentrun)  # a model script that does not load fails now, not at resume
     except SpecError as e:
         raise _fail(f"the fork's spec is not valid:\n{e}") from None
@@ -650,7 +675,8 @@ def fork(run: str, iteration: int, new_name: str | None, model_name: str | None,
     doc = agentrun.model_dump(mode="json", exclude_none=True, exclude={"status": True, "spec": {"cancel", "replies"}})
     new_id = run_id_of(agentrun)
     try:
-        made = store.fork_run(source, iteration, new_id, str(uuid.uuid4()), doc, sdk_refs=refs)
+        # Its own model's prices (its ModelConfig's or the scripted model's), never the source's.
+        made = store.fork_run(source, iteration, new_id, str(uuid.uuid4()), doc, prices=agentrun.prices(), sdk_refs=refs)
     except (ForkRefused, RunExists, UidTaken) as e:
         raise _fail(str(e)) from None
     out.print(

@@ -298,8 +298,9 @@ class RunnerBase(ABC):
                 if snap.context.status.phase in TERMINAL_PHASES:
                     return self._outcome_of_terminal()
                 snap.context.counters.resumes += 1
-                if snap.context.prices is None:  # a checkpoint of a release that did not keep them
-                    snap.context.prices = self._prices()
+                # Always the registered document's (its ModelConfig's, or the scripted model's):
+                # whatever a copied or older checkpoint held, e.g. a fork of a source priced at 0.
+                snap.context.prices = self._prices()
                 self._trace_attempt()
                 self.commit()  # the takeover is visible at once (status.restarts), not at the next step
             warm = getattr(self.model, "warm", None)  # the model client's imports, off the takeover's path
@@ -676,6 +677,11 @@ class RunnerBase(ABC):
                     f"spec.budget.classifier: calling {self.spec.budget.classifier} raised {type(err).__name__}"
                 ) from None
             budget = keep_cost_limit(classification.applied, declared)
+            if budget.max_cost is not None and self._prices() is None:  # a declared one was refused with the spec
+                raise SpecError(
+                    f"spec.budget.classifier: {self.spec.budget.classifier} set max_cost {budget.max_cost:g}, but the run's"
+                    " model has no prices, so its cost cannot be counted"
+                )
         ctx = RunContext(
             session=Session(run_uid=run_uid, adapter=self.adapter, model=self.spec.model.name),
             budget=budget,

@@ -110,7 +110,8 @@ class Prices(_Model):
     """What a model's tokens cost, per million, in ``currency`` (an ISO 4217 code such as USD).
 
     A ModelConfig's ``spec.prices`` (``spec.ModelPrices``, the same fields with bounds) or, for the
-    scripted model, ``spec.model.prices``. Copied into ``RunContext.prices`` when a run starts.
+    scripted model, ``spec.model.prices``. Copied into ``RunContext.prices`` when a run starts (and
+    at each takeover, from the run's registered document).
     """
 
     promptPerMillionTokens: float = Field(ge=0)
@@ -210,8 +211,9 @@ class TraceContext(_Model):
 class RunContext(_Model):
     """Counters, budget, usage and session (the seed's ``RunContext``), plus the run's status.
 
-    ``prices``: what the run's model charges, copied from the run's document when it starts (its
-    ModelConfig's ``spec.prices``, or the scripted model's ``spec.model.prices``); None when the
+    ``prices``: what the run's model charges, copied from the run's document when it starts and
+    at every takeover (its ModelConfig's ``spec.prices``, or the scripted model's
+    ``spec.model.prices``; a fork's are its own model's, never its source's); None when the
     model has none. Kept here so the checkpoint alone says what the run has cost (:meth:`cost`)
     to every reader: the budget check, the operator's ``status.cost``, ``agentfast status``.
     The cost itself is not stored: it is ``usage`` times ``prices``, computed when read.

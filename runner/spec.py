@@ -1028,10 +1028,20 @@ def load_agentrun(path: str | Path, *, check_imports: bool = True) -> AgentRun:
             "modelConfig: not a field of an AgentRun file: agentfast copies it from the ModelConfig spec.model.config names"
         )
     run = parse_agentrun(doc, check_imports=check_imports)
+    if run.spec.model.config is None:
+        return run
+    configs = [parse_modelconfig(d) for d, k in zip(docs, kinds) if k == MODELCONFIG_KIND]
+    return resolve_from_file(run, configs, str(path))
+
+
+def resolve_from_file(run: AgentRun, configs: list[ModelConfig], path: str) -> AgentRun:
+    """``run`` with ``modelConfig`` resolved (:func:`resolve_model_config`) from the one of
+    ``configs`` (the ModelConfig documents of the file ``path``) its ``spec.model.config`` names
+    in its namespace; ``run`` itself for the scripted model. Raises SpecError when the file holds
+    none or several of that name, and as :func:`resolve_model_config` does."""
     wanted = run.spec.model.config
     if wanted is None:
         return run
-    configs = [parse_modelconfig(d) for d, k in zip(docs, kinds) if k == MODELCONFIG_KIND]
     found = [c for c in configs if c.metadata.name == wanted and c.metadata.namespace == run.metadata.namespace]
     if not found:
         have = ", ".join(repr(c.metadata.name) for c in configs) or "none"

@@ -58,6 +58,7 @@ from .snapshot import (
     Message,
     PendingToolCall,
     Phase,
+    Prices,
     RunContext,
     RunStatus,
     Session,
@@ -366,6 +367,30 @@ def _one(row: T | None) -> T:
     this transaction saw or wrote): None there is a broken query or schema, not a state."""
     assert row is not None, "the statement returned no row"
     return row
+
+
+def _check_fork_prices(context: dict[str, Any], prices: Prices | None, source_id: str) -> None:
+    """Raise ForkRefused when a fork of ``source_id`` whose copied checkpoint context is
+    ``context`` (as stored) and whose own model charges ``prices`` would have a cost limit that
+    cannot hold: the budget it goes on with (the source's) has ``max_cost`` and the fork's model
+    has no prices (its cost could not be counted), or its prices are in another currency than the
+    source's (``max_cost`` is an amount in that one). The rule a run's spec has (runner/spec.py
+    ``check_cost_budget``), for the budget a fork copies rather than declares."""
+    limit = (context.get("budget") or {}).get("max_cost")
+    if limit is None:
+        return
+    if prices is None:
+        raise ForkRefused(
+            f"the fork's model has no prices, but the budget it goes on with ({source_id}'s) has max_cost {limit:g}:"
+            " its cost could not be counted; fork onto a model with prices (its ModelConfig's spec.prices, or"
+            " spec.model.prices for the scripted model)"
+        )
+    theirs = (context.get("prices") or {}).get("currency")
+    if theirs is not None and theirs != prices.currency:
+        raise ForkRefused(
+            f"the fork's prices are in {prices.currency}, but the max_cost {limit:g} it goes on with ({source_id}'s budget)"
+            f" is in {theirs}: fork onto a model priced in {theirs}"
+        )
 
 
 def _name_the_lease(conn: psycopg.Connection[DictRow], epoch: int, run_uid: str) -> None:
@@ -1019,6 +1044,7 @@ class Store:
         new_uid: str,
         spec: dict[str, Any],
         *,
+        prices: Prices | None,
         sdk_refs: Callable[[dict[str, Any]], tuple[Sequence[str], Sequence[tuple[str, str]]]] | None = None,
     ) -> RunRecord:
         """Make the run ``new_id`` (uid ``new_uid``, registered document ``spec``) whose state is
@@ -1032,9 +1058,16 @@ class Store:
         LangGraph run also checkpoints after the model's superstep, before the tools ran: not a
         boundary). Iteration 0 is the run's first checkpoint (its input, nothing done yet).
 
+        ``prices``: what the fork's model charges (``AgentRun.prices()`` of ``spec``: its
+        ModelConfig's ``spec.prices`` or the scripted model's ``spec.model.prices``; None: none).
+        They replace the source's in the copied context, never the other way round: a fork onto a
+        dearer model counts all its tokens at its own prices. Refused when the budget the fork goes
+        on with (the source's, copied) has ``max_cost`` and ``prices`` is None (the limit could
+        never be checked) or is in another currency than the source's prices (the limit's).
+
         Copied, as rows, into the new run: that checkpoint (context: counters, usage, budget and
-        classification, prices; its ``sdk_state`` unchanged), with a fresh session (``run_uid``
-        = ``new_uid``, started now), phase ``Running`` (reason ``Forked``), no pending call and
+        classification; its ``sdk_state`` unchanged), with ``prices`` as its prices, a fresh session
+        (``run_uid`` = ``new_uid``, started now), phase ``Running`` (reason ``Forked``), no pending call and
         epoch 0 (the first runner's lease is 1); the transcript up to that checkpoint; the model
         turns and the journal entries of iterations <= ``iteration`` with their results (done:
         never run again, G3), each keeping its idempotency key (the key names the effect that
@@ -1047,7 +1080,7 @@ class Store:
         records the provenance (``forked_from``, ``forked_at``: :meth:`fork_origin`).
 
         Raises ForkRefused (one line: no such source, no such iteration, pruned by retention, not a
-        boundary), RunExists (``new_id`` is taken), UidTaken (``new_uid`` is another run's),
+        boundary, a cost limit without prices or in another currency), RunExists (``new_id`` is taken), UidTaken (``new_uid`` is another run's),
         StoreUnavailable.
         """
 
@@ -1083,6 +1116,7 @@ class Store:
                 raise ForkRefused(
                     f"iteration {iteration} of {source_id} is the model's final answer: nothing follows it; fork at an earlier iteration"
                 )
+            _check_fork_prices(cp["context"], prices, source_id)
             if conn.execute("SELECT 1 FROM agentfast_runs WHERE run_id = %s", (new_id,)).fetchone() is not None:
                 raise RunExists(f"a run named {new_id} exists; choose another name (or `agentfast delete {new_id}`)")
             conn.execute(_UID_LOCK)
@@ -1121,6 +1155,8 @@ class Store:
             if model:  # the model the fork asks from here on (its spec's)
                 session["model"] = model
             context["session"] = session
+            # The fork's own prices, never the source's (a source at 0 would make a paid fork free).
+            context["prices"] = None if prices is None else prices.model_dump(mode="json")
             context["status"] = {
                 "phase": names.Phase.RUNNING.value,
                 "reason": "Forked",

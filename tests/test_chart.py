@@ -64,7 +64,13 @@ def test_default_render_installs_everything(helm: str) -> None:
     assert pdb["spec"]["minAvailable"] == 1
     leader = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "agentfast-operator-leader")
     assert leader["rules"] == [
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["agentfast-operator"],  # AGENTFAST_LEADER_LEASE
+            "verbs": ["get", "update"],
+        },
     ]
     single = next(
         d
@@ -81,11 +87,12 @@ def test_default_render_installs_everything(helm: str) -> None:
     role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "agentfast-operator")
     granted = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
     # Runner pods: the operator creates and prunes them (operator/lifecycle.py); no Jobs any more.
-    assert next(r["verbs"] for r in role["rules"] if "pods" in r["resources"]) == ["get", "list", "watch", "create", "delete"]
+    assert next(r["verbs"] for r in role["rules"] if "pods" in r["resources"]) == ["list", "watch", "create", "delete"]
     assert ("batch", "jobs") not in granted
-    # Secrets: only to keep the runners' own credential; never list, watch, patch or delete them.
-    secret_verbs = {v for rule in role["rules"] if "secrets" in rule["resources"] for v in rule["verbs"]}
-    assert secret_verbs == {"get", "create", "update", "delete"}
+    # Secrets: only to keep the runners' own credential; never list, watch or patch them, and read,
+    # replace or delete only that one by name (no ModelConfig key or tools' Secret is readable).
+    secret_rules = [(r.get("resourceNames"), r["verbs"]) for r in role["rules"] if "secrets" in r["resources"]]
+    assert secret_rules == [(None, ["create"]), (["agentfast-runner"], ["get", "update", "delete"])]
 
 
 def _images(docs: list[dict]) -> set[str]:
@@ -199,7 +206,7 @@ def test_model_config_rights_teams_read_admins_write(helm: str) -> None:
     ]
     operator = roles["agentfast-operator"]
     mc = [r for r in operator["rules"] if "modelconfigs" in r["resources"]]
-    assert len(mc) == 1 and sorted(mc[0]["verbs"]) == ["get", "list", "watch"]
+    assert len(mc) == 1 and mc[0]["verbs"] == ["get"]  # one read by name when a run is registered
     writers = [
         n
         for n, role in roles.items()
@@ -482,11 +489,18 @@ def test_runner_values_reach_the_operator_and_its_parser_accepts_them(helm: str)
     assert pod["containers"][0]["resources"]["limits"] == {"memory": "2Gi"} and pod["nodeSelector"] == {"pool": "agents"}
 
     # the operator may manage ServiceAccounts only when asked to make them
-    def sa_verbs(docs: list[dict]) -> set[str]:
+    def sa_rules(docs: list[dict]) -> list:
         role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-operator"))
-        return {v for rule in role["rules"] if "serviceaccounts" in rule["resources"] for v in rule["verbs"]}
+        return [(r.get("resourceNames"), r["verbs"]) for r in role["rules"] if "serviceaccounts" in r["resources"]]
 
-    assert sa_verbs(docs) == {"get", "create", "patch"} and sa_verbs(render(helm)) == set()
+    # create, then get and patch the one it makes only (RBAC cannot name what is created)
+    assert sa_rules(docs) == [(None, ["create"]), ([cfg.service_account], ["get", "patch"])] and sa_rules(render(helm)) == []
+    named = [
+        d
+        for d in yaml.safe_load_all(_render_values(helm, {"runner": {"serviceAccount": {"create": True, "name": "r"}}}).stdout)
+        if d
+    ]
+    assert sa_rules(named) == [(None, ["create"]), (["r"], ["get", "patch"])]
 
 
 @pytest.mark.process
@@ -582,9 +596,9 @@ def test_the_runner_pod_ttl_reaches_the_operator_and_keep_is_minus_one_or_null(h
 def test_the_operator_may_delete_network_policies_only_when_it_makes_them(helm: str) -> None:
     def np_verbs(docs: list[dict]) -> list[str]:
         role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "agentfast-operator")
-        return next(r["verbs"] for r in role["rules"] if "networkpolicies" in r["resources"])
+        return next((r["verbs"] for r in role["rules"] if "networkpolicies" in r["resources"]), [])
 
-    assert np_verbs(render(helm)) == ["get", "create"]
+    assert np_verbs(render(helm)) == []  # it makes none, so it may touch none
     assert np_verbs(render(helm, "networkPolicy.enabled=true")) == ["get", "create", "delete"]
 
 
@@ -754,3 +768,172 @@ def test_mcp_values_reach_the_operator_and_a_runner_pod_as_the_checks_read_them(
     with pytest.raises(SettingError, match="mcp.allowedEnv.*'LD_PRELOAD'"):
         mcp_env_from_env(_operator_env([d for d in yaml.safe_load_all(proc.stdout) if d]))
     assert _render_values(helm, {"mcp": {"allowedEnv": ["A-B"]}}).returncode != 0  # not a name: the schema refuses it
+
+
+# -- the operator's rights (issue 30 item 5) ---------------------------------------------------------
+
+#: The kubernetes client classes the operator calls, and the API group of each.
+_API_GROUPS = {
+    "CoreV1Api": "",
+    "NetworkingV1Api": "networking.k8s.io",
+    "AdmissionregistrationV1Api": "admissionregistration.k8s.io",
+    "CoordinationV1Api": "coordination.k8s.io",
+    "CustomObjectsApi": "agentfast.dev",
+}
+_VERBS = {
+    "read": "get",
+    "get": "get",
+    "create": "create",
+    "replace": "update",
+    "patch": "patch",
+    "delete": "delete",
+    "list": "list",
+}
+_SCOPED = ("pods", "secrets", "events", "serviceaccounts", "networkpolicies", "agentruns", "agentruns/status", "modelconfigs")
+
+
+def _operator_calls() -> set[tuple[str, str, str]]:
+    """(API group, resource, verb) of every kubernetes client call in operator/*.py, read from
+    the source (``.read_namespaced_secret(`` is get on secrets; a custom object call names its
+    plural), and of kopf as the operator's handlers use it: it lists and watches the resources of
+    its handlers, patches (annotations, finalizer) those of its change handlers, posts Events."""
+    import re
+
+    import kubernetes.client
+
+    calls: set[tuple[str, str, str]] = set()
+    plurals = {"PLURAL": "agentruns", "MODELCONFIG_PLURAL": "modelconfigs"}
+    for path in sorted((REPO / "operator").glob("*.py")):
+        text = path.read_text()
+        for m in re.finditer(
+            r"\.((read|get|create|replace|patch|delete|list)_(?:namespaced_|cluster_)?(\w+?)(_status)?)[(,]", text
+        ):
+            name, verb, kind, status = m.groups()
+            api = next((a for a in _API_GROUPS if hasattr(getattr(kubernetes.client, a), name)), None)
+            if api is None:
+                continue  # not a kubernetes call (the store's get_run, ...)
+            if kind == "custom_object":
+                resource = plurals[re.match(r"[(,]\s*GROUP, VERSION, (?:[^,]+, )?(\w*PLURAL)\b", text[m.end(1) :]).group(1)]
+            else:
+                resource = kind.replace("_", "")
+                resource = resource[:-1] + "ies" if resource.endswith("y") else resource + "s"
+            calls.add((_API_GROUPS[api], resource + ("/status" if status else ""), _VERBS[verb]))
+        for m in re.finditer(r"@kopf\.on\.(\w+)\((GROUP, VERSION, PLURAL|\"\", \"v1\", \"(\w+)\")", text):
+            handler, _, core = m.groups()
+            group, resource = ("", core) if core else ("agentfast.dev", "agentruns")
+            calls |= {(group, resource, "list"), (group, resource, "watch")}
+            if handler in ("create", "update", "resume", "delete"):
+                calls.add((group, resource, "patch"))
+            calls.add(("", "events", "create"))
+    return calls
+
+
+def _rules(doc: dict) -> set[tuple[str, str, str, str | None]]:
+    """(group, resource, verb, the one name it is held to or None) of each right a role grants."""
+    return {
+        (g, r, v, n)
+        for rule in doc.get("rules") or []
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+        for n in rule.get("resourceNames") or [None]
+    }
+
+
+def _named(calls: set[tuple[str, str, str]], lease: str = "agentfast-operator") -> set[tuple[str, str, str, str | None]]:
+    """``calls`` as rights: those on the objects the operator names itself (its Secret, its
+    runners' ServiceAccount, its Lease) held to that name, but create (RBAC cannot name what does
+    not exist yet)."""
+    from agentfast.operator.workload import DEFAULT_RUNNER_SERVICE_ACCOUNT, RUNNER_SECRET
+
+    names = {"secrets": RUNNER_SECRET, "serviceaccounts": DEFAULT_RUNNER_SERVICE_ACCOUNT, "leases": lease}
+    return {(g, r, v, None if v == "create" else names.get(r)) for g, r, v in calls}
+
+
+def _operator_roles(docs: list[dict]) -> tuple[set, dict[str, set]]:
+    """The operator's ClusterRole rules and its Roles' rules by namespace, each checked bound to
+    its ServiceAccount (and only to it)."""
+    sa = [{"kind": "ServiceAccount", "name": "agentfast-operator", "namespace": "agentfast"}]
+    cluster = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "agentfast-operator")
+    roles = {}
+    for d in docs:
+        if d["kind"] == "Role" and d["metadata"]["name"].startswith("agentfast-operator"):
+            roles[d["metadata"]["namespace"]] = roles.get(d["metadata"]["namespace"], set()) | _rules(d)
+            binding = next(
+                b
+                for b in docs
+                if b["kind"] == "RoleBinding"
+                and b["metadata"]["namespace"] == d["metadata"]["namespace"]
+                and b["roleRef"]["name"] == d["metadata"]["name"]
+            )
+            assert binding["subjects"] == sa and binding["roleRef"]["kind"] == "Role"
+    binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"] == "agentfast-operator")
+    assert binding["subjects"] == sa
+    return _rules(cluster), roles
+
+
+CRD_WATCH = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}
+
+
+@pytest.mark.process
+def test_the_operator_is_granted_exactly_the_calls_it_makes_when_it_watches_every_namespace(helm: str) -> None:
+    calls = _operator_calls()
+    # The reading of the source found the calls it must (a broken reading would pass anything).
+    assert {("", "secrets", "delete"), ("", "pods", "create"), ("agentfast.dev", "agentruns/status", "patch")} <= calls
+    assert {("agentfast.dev", "modelconfigs", "get"), ("coordination.k8s.io", "leases", "update")} <= calls
+    assert ("", "pods", "watch") in calls and ("agentfast.dev", "agentruns", "patch") in calls
+    docs = render(helm, "networkPolicy.enabled=true", "runner.serviceAccount.create=true")
+    cluster, roles = _operator_roles(docs)
+    assert set(roles) == {"agentfast"}  # the leader's Lease only, in the release namespace
+    assert roles["agentfast"] == _named({c for c in calls if c[1] == "leases"})
+    # Every right granted is a call the code makes (held to the name it uses), and every call is
+    # granted; kopf observes CRDs.
+    assert cluster | roles["agentfast"] == _named(calls | CRD_WATCH)
+    assert ("", "secrets", "get", "agentfast-runner") in cluster and ("", "secrets", "get", None) not in cluster
+    # Without the options that make them, no NetworkPolicy or ServiceAccount rights at all.
+    cluster, _ = _operator_roles(render(helm))
+    assert cluster == _named({c for c in calls | CRD_WATCH if c[1] not in ("networkpolicies", "serviceaccounts", "leases")})
+
+
+@pytest.mark.process
+def test_with_watch_namespaces_the_operator_has_rights_there_only(helm: str) -> None:
+    """operator.watchNamespaces: the rights on namespaced resources are a Role in each watched
+    namespace; cluster-wide, only reading the approval admission policy (cluster-scoped). No
+    Secret, Pod, AgentRun or Event right anywhere else, and no CRD or namespace listing (the
+    operator turns kopf's cluster observation off, operator/main.py configure_kopf)."""
+    calls = _operator_calls()
+    docs = render(
+        helm, "operator.watchNamespaces={team-a,team-b}", "networkPolicy.enabled=true", "runner.serviceAccount.create=true"
+    )
+    cluster, roles = _operator_roles(docs)
+    assert cluster == _named({c for c in calls if c[0] == "admissionregistration.k8s.io"})
+    assert cluster == {
+        ("admissionregistration.k8s.io", "validatingadmissionpolicies", "get", None),
+        ("admissionregistration.k8s.io", "validatingadmissionpolicybindings", "list", None),
+    }
+    assert not {c for c in cluster if c[1] in _SCOPED or c[1] in ("namespaces", "customresourcedefinitions")}
+    assert set(roles) == {"team-a", "team-b", "agentfast"}  # the release namespace: its Lease only
+    scoped = _named({c for c in calls if c[1] in _SCOPED})
+    assert roles["team-a"] == roles["team-b"] == scoped
+    assert {("", "secrets", v, "agentfast-runner") for v in ("get", "update", "delete")} | {
+        ("", "secrets", "create", None)
+    } <= scoped
+    assert roles["agentfast"] == _named({c for c in calls if c[1] == "leases"})
+    # Together: exactly the calls, nothing more (no CRD watch: scanning is off).
+    assert cluster | roles["team-a"] | roles["agentfast"] == _named(calls)
+    env = _operator_env(docs)
+    assert env["AGENTFAST_WATCH_NAMESPACES"] == "team-a,team-b"
+    op = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "agentfast-operator")
+    command = op["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--namespace=team-a" in command and "--namespace=team-b" in command and "--all-namespaces" not in command
+    # Defaults (no NetworkPolicies, no runner ServiceAccount): the Roles carry neither.
+    _, roles = _operator_roles(render(helm, "operator.watchNamespaces={team-a}"))
+    assert {c[1] for c in roles["team-a"]} == {"pods", "secrets", "events", "agentruns", "agentruns/status", "modelconfigs"}
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("namespaces", [["team-*"], ["team-a", "team-a"], ["Team-A"], ["a" * 64]])
+def test_watch_namespaces_are_exact_names(helm: str, namespaces: list[str]) -> None:
+    """A Role is made in each: a glob (kopf would take it as a pattern), a repeated or invalid name is refused."""
+    proc = _render_values(helm, {"operator": {"watchNamespaces": namespaces}})
+    assert proc.returncode != 0 and "watchNamespaces" in proc.stderr, proc.stdout[-500:]

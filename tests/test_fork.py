@@ -186,7 +186,7 @@ def test_refusals_are_one_line_exit_2(tmp_path: Path, dsn: str, store: Store) ->
         conn.execute("DELETE FROM agentfast_checkpoints WHERE run_id = %s AND iteration <= 1", (adapter.run_id,))
     assert "iteration 1 of default/refund-demo was pruned" in refused(adapter.run_id, "--at", "1")
     with pytest.raises(ForkRefused, match="was pruned"):
-        store.fork_run(adapter.run_id, 0, "default/zero", str(uuid.uuid4()), {})
+        store.fork_run(adapter.run_id, 0, "default/zero", str(uuid.uuid4()), {}, prices=None)
 
 
 def test_payload_references_are_copied_with_the_rows_that_name_them(tmp_path: Path, dsn: str, store: Store) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -1548,3 +1549,66 @@ def test_a_cost_limit_without_prices_is_refused_as_invalid_spec_reading_nothing(
     api.objects[("team-a", "llm")] = MODELCONFIG
     doc = main._with_model_config(run, _doc(capped), "team-a/capped", "u6")
     assert parse_agentrun(doc, check_imports=False).prices().promptPerMillionTokens == 0.5
+
+
+def test_revoking_a_credential_where_the_operator_has_no_rights_goes_on(store, monkeypatch) -> None:
+    """With operator.watchNamespaces the operator has rights in the watched namespaces only
+    (issue 30 item 5): a namespace no longer watched answers its Secret's delete with 403. Its
+    credential is revoked all the same (the role logs in no more: a real login is tried), the
+    Secret left holding a dead password, and the other namespaces are revoked in the same pass."""
+    import psycopg
+    from kubernetes.client.rest import ApiException
+
+    from agentfast.operator import credentials
+
+    class Core:
+        """The API server as the chart's Roles make it: rights in team-a and team-c only."""
+
+        def __init__(self) -> None:
+            self.secrets: dict[str, dict] = {}
+
+        def _allowed(self, namespace: str) -> None:
+            if namespace == "team-b":
+                raise ApiException(status=403, reason="Forbidden")
+
+        def read_namespaced_secret(self, name, namespace, **kw):
+            raise ApiException(status=404)
+
+        def create_namespaced_secret(self, namespace, body, **kw):
+            self.secrets[namespace] = body
+
+        def delete_namespaced_secret(self, name, namespace, **kw):
+            self._allowed(namespace)
+            del self.secrets[namespace]
+
+    core = Core()
+    credentials.forget()
+    for ns in ("team-a", "team-b", "team-c"):  # team-b was watched when its credential was made
+        credentials.ensure_runner_secret(ns, store, core, store.dsn)
+    dsn = {ns: base64.b64decode(core.secrets[ns]["data"][credentials.RUNNER_SECRET_KEY]).decode() for ns in core.secrets}
+    psycopg.connect(dsn["team-b"]).close()  # it logs in now
+    monkeypatch.setattr(credentials, "REVOKE_GRACE_S", 0.0)
+    assert sorted(credentials.revoke_unused(store, core, {"team-a"}, 0)) == ["team-b", "team-c"]
+    assert sorted(core.secrets) == ["team-a", "team-b"]  # team-b's could not be deleted
+    assert set(store.tenants()) == {"team-a"}
+    for ns in ("team-b", "team-c"):
+        with pytest.raises(psycopg.OperationalError, match="not permitted to log in"):
+            psycopg.connect(dsn[ns]).close()
+    psycopg.connect(dsn["team-a"]).close()
+    credentials.forget()
+
+
+def test_serving_named_namespaces_kopf_does_not_observe_the_cluster(monkeypatch) -> None:
+    """With operator.watchNamespaces the chart grants no right to list namespaces or CRDs (issue
+    30 item 5): kopf's cluster observation is off, so it serves exactly the named namespaces and
+    never asks (a 403 and a warning at every start); watching every namespace, it stays on."""
+    import kopf
+
+    from agentfast.operator import main
+
+    for namespaces, disabled in ((["team-a", "team-b"], True), ([], False)):
+        monkeypatch.setattr(main.SETTINGS, "namespaces", namespaces)
+        settings = kopf.OperatorSettings()
+        main.configure_kopf(settings)
+        assert settings.scanning.disabled is disabled
+        assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)

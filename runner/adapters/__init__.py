@@ -54,7 +54,11 @@ def register_fork(store: Store, run: AgentRun, run_id: str, uid: str | None, doc
     document ``doc``) as a fork of its source: ``Store.fork_run`` at ``spec.forkFrom.iteration``.
     Idempotent: a run already registered under ``run_id`` is returned as it is (the caller
     compares uids). The source must have this run's adapter and graph (the copied state's
-    shape). Raises ForkRefused (also for that), RunExists, UidTaken, StoreUnavailable."""
+    shape) and declare its budget (a fork goes on with the source's, copied: a cost limit only
+    this run declared would never be checked). Its prices are its own model's
+    (``run.prices()``: its ModelConfig's, or the scripted model's), never the source's
+    (``Store.fork_run``). Raises ForkRefused (also for those), RunExists, UidTaken,
+    StoreUnavailable."""
     from ..store import ForkRefused
 
     existing = store.get_run(run_id)
@@ -72,4 +76,18 @@ def register_fork(store: Store, run: AgentRun, run_id: str, uid: str | None, doc
         theirs = src.get(field) or ({} if field == "graph" else "vanilla")
         if mine != theirs:
             raise ForkRefused(f"spec.{field} differs from the source's ({source}): a fork goes on with the state its source made")
-    return store.fork_run(source, fork.iteration, run_id, uid or str(uuid.uuid4()), doc, sdk_refs=sdk_row_refs(run.spec.adapter))
+    # Compared as parsed: a document registered by `agentfast run` holds the defaults, one from the API server the CRD's.
+    if type(run.spec.budget).model_validate(src.get("budget") or {}) != run.spec.budget:
+        raise ForkRefused(
+            f"spec.budget differs from the source's ({source}): a fork goes on with the budget its source was given"
+            " (its copied context); declare the source's"
+        )
+    return store.fork_run(
+        source,
+        fork.iteration,
+        run_id,
+        uid or str(uuid.uuid4()),
+        doc,
+        prices=run.prices(),
+        sdk_refs=sdk_row_refs(run.spec.adapter),
+    )

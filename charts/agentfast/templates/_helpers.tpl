@@ -70,3 +70,62 @@ capabilities:
 {{- end -}}
 {{- index .Values "agentfastGeneratedCredentials" | toJson -}}
 {{- end -}}
+
+{{/*
+The operator's rights in a namespace it serves (templates/rbac.yaml: in the ClusterRole when it
+watches every namespace, else in a Role in each of operator.watchNamespaces). Each verb is one
+a call makes; tests/test_chart.py lists the calls.
+*/}}
+{{- define "agentfast.operatorRules" -}}
+# AgentRuns: kopf lists and watches them and patches its annotations and finalizer on them; the
+# resync lists them, a runner pod's event reads its run by name (operator/main.py).
+- apiGroups: [agentfast.dev]
+  resources: [agentruns]
+  verbs: [get, list, watch, patch]
+- apiGroups: [agentfast.dev]
+  resources: [agentruns/status]
+  verbs: [patch]
+# ModelConfigs: one read by name when a run is registered; never written. The Secrets they name
+# are mounted by the runner pod, never read by the operator.
+- apiGroups: [agentfast.dev]
+  resources: [modelconfigs]
+  verbs: [get]
+# Runner pods: kopf watches them (label-selected), the reconcile lists a run's, creates one per
+# attempt (operator/lifecycle.py) and deletes stopped ones.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list, watch, create, delete]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+# The runner credential: one Secret, agentfast-runner, per namespace that runs AgentRuns
+# (operator/credentials.py, workload.RUNNER_SECRET). The operator reads, replaces and (when no
+# run is left there) deletes that one only, and RBAC holds it to that name; it cannot limit
+# create to a name. No other Secret (a ModelConfig's key, a team's tools') can be read.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [create]
+- apiGroups: [""]
+  resources: [secrets]
+  resourceNames: [agentfast-runner]
+  verbs: [get, update, delete]
+{{- if .Values.networkPolicy.enabled }}
+# networkPolicy.enabled: one egress NetworkPolicy per runner pod, owned by its AgentRun, read and
+# deleted (with a uid precondition, only one the run owns) with an ended run's pods.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create, delete]
+{{- end }}
+{{- if .Values.runner.serviceAccount.create }}
+# runner.serviceAccount.create: the runner pods' ServiceAccount, with the chart's annotations
+# (operator/identity.py), and that one only (workload.DEFAULT_RUNNER_SERVICE_ACCOUNT when no
+# name is given). Nothing is bound to it; it never patches one it did not make.
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  verbs: [create]
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  resourceNames: [{{ .Values.runner.serviceAccount.name | default "agentfast-runner" | quote }}]
+  verbs: [get, patch]
+{{- end }}
+{{- end }}
