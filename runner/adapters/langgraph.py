@@ -32,6 +32,7 @@ from __future__ import annotations
 import base64
 import builtins
 import json
+import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -71,8 +72,11 @@ from ..snapshot import Message, ToolCall, ToolResult
 from ..spec import SpecError, resolve_ref
 from ..storable import storable
 from ..store import SdkRow
+from .langgraph_serde import AllowListSerializer, StateRefused, graph_state_types
 from .langgraph_state import SDK_STATE_FORMAT, state_row_refs
 from .langgraph_state import item_key as _item_key
+
+log = logging.getLogger(__name__)
 
 _FORMAT_V1 = "agentfast.langgraph-saver/1"  # the whole channel state inline; still loaded (runs checkpointed before /2)
 
@@ -158,11 +162,18 @@ class SnapshotSaver(InMemorySaver):
     objects LangGraph handed over (lists copied): a node that mutates a message in place after
     returning it changes what this process sees, not what was stored.
 
+    Values are encoded by LangGraph's serializer and decoded only if every type they name is on
+    the allow-list of ``types`` (:class:`~.langgraph_serde.AllowListSerializer`: LangGraph's safe
+    types plus what ``types.allow`` adds; :func:`build_graph` adds the graph's declared types):
+    any read of stored state or write of a new value raises StateRefused otherwise, naming the
+    type and where it is.
+
     Thread-safe: LangGraph may call ``put_writes`` from its executor threads.
     """
 
     def __init__(self) -> None:
-        super().__init__()
+        self.types = AllowListSerializer()
+        super().__init__(serde=self.types)
         self._lock = threading.RLock()
         self._thread: str | None = None
         self._latest: dict[str, dict[str, Any]] = {}  # ns -> its latest checkpoint (see put)
@@ -186,20 +197,23 @@ class SnapshotSaver(InMemorySaver):
             cid = get_checkpoint_id(config)
             if cid and cid != latest["id"]:
                 return None
-            checkpoint: Checkpoint = self.serde.loads_typed(latest["checkpoint"])
+            checkpoint: Checkpoint = self._load(latest["checkpoint"], f"the checkpoint of namespace {ns!r}")
             values: dict[str, Any] = {}
             for ch, ver in checkpoint["channel_versions"].items():
                 kept = self._values.get((ns, ch))
                 if kept is not None and kept.version == ver:
-                    values[ch] = list(kept.items) if kept.items is not None else self.serde.loads_typed(kept.typed)  # type: ignore[arg-type]
+                    values[ch] = list(kept.items) if kept.items is not None else self._load_kept(ns, ch, kept)
             stored = latest["writes"]
             order = sorted(stored, key=lambda k: writes_sort_key(stored[k][3], *k))
-            writes = [(stored[k][0], stored[k][1], self.serde.loads_typed(stored[k][2])) for k in order]
+            writes = [
+                (stored[k][0], stored[k][1], self._load(stored[k][2], f"a pending write of task {k[0]} in namespace {ns!r}"))
+                for k in order
+            ]
             parent = latest["parent"]
             return CheckpointTuple(
                 config={"configurable": {"thread_id": self._thread, "checkpoint_ns": ns, "checkpoint_id": latest["id"]}},
                 checkpoint={**checkpoint, "channel_values": values},
-                metadata=self.serde.loads_typed(latest["metadata"]),
+                metadata=self._load(latest["metadata"], f"the checkpoint metadata of namespace {ns!r}"),
                 pending_writes=writes,
                 parent_config={"configurable": {"thread_id": self._thread, "checkpoint_ns": ns, "checkpoint_id": parent}}
                 if parent
@@ -239,8 +253,8 @@ class SnapshotSaver(InMemorySaver):
             self._latest[ns] = {
                 "id": checkpoint["id"],
                 "parent": conf.get("checkpoint_id"),
-                "checkpoint": self.serde.dumps_typed(c),
-                "metadata": self.serde.dumps_typed(get_checkpoint_metadata(config, metadata)),
+                "checkpoint": self._dump(c, "the checkpoint"),
+                "metadata": self._dump(get_checkpoint_metadata(config, metadata), "the checkpoint metadata"),
                 "versions": dict(checkpoint["channel_versions"]),
                 "writes": {},
                 "written": set(),  # keys of the writes already made rows
@@ -261,7 +275,8 @@ class SnapshotSaver(InMemorySaver):
                 inner = (task_id, WRITES_IDX_MAP.get(channel, idx))
                 if inner[1] >= 0 and inner in latest["writes"]:
                     continue
-                latest["writes"][inner] = (task_id, channel, self.serde.dumps_typed(value), task_path)
+                typed = self._dump(value, f"a write of task {task_id} to channel {channel!r}")
+                latest["writes"][inner] = (task_id, channel, typed, task_path)
 
     def settled(self, channel: str) -> Any:
         """The root graph's ``channel`` value at its latest checkpoint if that superstep is
@@ -275,7 +290,7 @@ class SnapshotSaver(InMemorySaver):
             kept = self._values.get(("", channel))
             if kept is None or kept.version != latest["versions"].get(channel):
                 return None
-            return kept.items if kept.items is not None else self.serde.loads_typed(kept.typed)  # type: ignore[arg-type]
+            return kept.items if kept.items is not None else self._load_kept("", channel, kept)
 
     def extends(self, items: Any, base: Any) -> bool:
         """Whether ``items``, a list :meth:`settled` returned, is known to be ``base``, one it
@@ -319,7 +334,7 @@ class SnapshotSaver(InMemorySaver):
                 seq = self._next_item
                 self._next_item += len(tail)
                 key = _item_key(seq)
-                self._pending[key] = SdkRow(key, *self.serde.dumps_typed(tail))
+                self._pending[key] = SdkRow(key, *self._dump(tail, f"channel {channel!r}"))
                 if ranges and ranges[-1][1] == seq:
                     ranges[-1] = (ranges[-1][0], seq + len(tail))
                 else:
@@ -331,12 +346,31 @@ class SnapshotSaver(InMemorySaver):
             else:
                 items += tail
             return _Kept(version, items=items, ranges=ranges, base=base)
-        typed = self.serde.dumps_typed(value)
+        typed = self._dump(value, f"channel {channel!r}")
         if len(typed[1]) <= _INLINE_BYTES:  # a small value rides in sdk_state: no row, no fence trigger
             return _Kept(version, typed=typed)
         key = json.dumps(["v", ns, channel, str(version)])
         self._pending[key] = SdkRow(key, *typed)
         return _Kept(version, typed=typed, key=key)
+
+    def _load(self, typed: tuple[str, bytes], where: str) -> Any:
+        """``typed`` decoded; raises StateRefused naming ``where`` (the part of the state it is)."""
+        try:
+            return self.serde.loads_typed(typed)
+        except StateRefused as err:
+            raise err.at(where) from None
+
+    def _load_kept(self, ns: str, channel: str, kept: _Kept) -> Any:
+        where = f"row {kept.key!r} of agentfast_sdk_blobs" if kept.key else f"channel {channel!r} in the checkpoint's sdk_state"
+        return self._load(kept.typed, f"{where} (namespace {ns!r})")  # type: ignore[arg-type]
+
+    def _dump(self, value: Any, where: str) -> tuple[str, bytes]:
+        """``value`` encoded; raises StateRefused (naming ``where``) for a type the saver would
+        not read back."""
+        try:
+            return self.serde.dumps_typed(value)
+        except StateRefused as err:
+            raise err.at(where) from None
 
     # the runtime's side -----------------------------------------------------------------
 
@@ -400,36 +434,45 @@ class SnapshotSaver(InMemorySaver):
         """Seed this saver with what :meth:`export_state` returned; ``load(keys, ranges)`` reads
         the rows it names (``Store.sdk_rows`` of the run). A state of format /1 (the whole
         channel state inline) is loaded too, and its values become rows at the next export.
-        Raises ValueError for a foreign format or a named row that is not stored."""
+        Raises StateRefused (a ValueError) for a foreign format, a named row that is not stored,
+        a state or row that does not decode, or a type the allow-list does not name."""
         if not state:
             return
         fmt = state.get("format")
         with self._lock:
             self._thread = thread_id
-            if fmt == _FORMAT_V1:
-                self._import_v1(state)
-            elif fmt == SDK_STATE_FORMAT:
-                self._import_v2(state, load)
-            else:
-                raise ValueError(f"sdk_state format {fmt!r} is neither {SDK_STATE_FORMAT} nor {_FORMAT_V1}")
+            try:
+                if fmt == _FORMAT_V1:
+                    self._import_v1(state)
+                elif fmt == SDK_STATE_FORMAT:
+                    self._import_v2(state, load)
+                else:
+                    raise StateRefused(f"sdk_state format {fmt!r} is neither {SDK_STATE_FORMAT} nor {_FORMAT_V1}", "format")
+            except AgentfastError:  # a refusal, the store's own errors: as they are
+                raise
+            except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:  # binascii.Error is a ValueError
+                # State is data whoever wrote it: a malformed one ends the run with a reason, not a traceback.
+                raise StateRefused(f"the stored sdk_state is malformed ({type(err).__name__})", "malformed sdk_state") from None
 
-    def _latest_from(self, entry: dict[str, Any], checkpoint: tuple[str, bytes]) -> dict[str, Any]:
+    def _latest_from(self, ns: str, entry: dict[str, Any], checkpoint: tuple[str, bytes]) -> dict[str, Any]:
         return {
             "id": entry["checkpoint_id"],
             "parent": entry["parent_id"],
             "checkpoint": checkpoint,
             "metadata": _dec(entry["metadata"]),
-            "versions": dict(self.serde.loads_typed(checkpoint)["channel_versions"]),
+            "versions": dict(self._load(checkpoint, f"the checkpoint of namespace {ns!r}")["channel_versions"]),
             "writes": {},
             "written": set(),
         }
 
     def _import_v1(self, state: dict[str, Any]) -> None:
         for ns, entry in state["namespaces"].items():
-            latest = self._latest[ns] = self._latest_from(entry, _dec(entry["checkpoint"]))
+            latest = self._latest[ns] = self._latest_from(ns, entry, _dec(entry["checkpoint"]))
             for ch, ver, t, b in entry["blobs"]:
                 if t != "empty" and latest["versions"].get(ch) == ver:
-                    self._values[(ns, ch)] = self._keep(ns, ch, ver, self.serde.loads_typed(_dec([t, b])))
+                    self._values[(ns, ch)] = self._keep(
+                        ns, ch, ver, self._load(_dec([t, b]), f"channel {ch!r} (namespace {ns!r})")
+                    )
             for task_id, idx, channel, t, b, task_path in entry["writes"]:
                 latest["writes"][(task_id, idx)] = (task_id, channel, _dec([t, b]), task_path)
 
@@ -438,14 +481,14 @@ class SnapshotSaver(InMemorySaver):
         rows = load(keys, ranges) if load is not None and (keys or ranges) else {}
         missing = [k for k in keys if k not in rows]
         if missing:
-            raise ValueError(f"sdk_state names {len(missing)} row(s) that are not stored, e.g. {missing[0]!r}")
+            raise StateRefused(f"sdk_state names {len(missing)} row(s) that are not stored, e.g. {missing[0]!r}", "missing row")
         row = rows.__getitem__
 
         elements: dict[int, Any] = {}  # one object per element, shared by every list naming it
         for key, typed in rows.items():
             if key.startswith("i"):
                 first = int(key[1:])
-                for j, element in enumerate(self.serde.loads_typed(typed)):
+                for j, element in enumerate(self._load(typed, f"row {key!r} of agentfast_sdk_blobs")):
                     elements[first + j] = element
         lacking = [
             seq
@@ -456,10 +499,12 @@ class SnapshotSaver(InMemorySaver):
             if seq not in elements
         ]
         if lacking:
-            raise ValueError(f"sdk_state names {len(lacking)} list element(s) that are not stored, e.g. {lacking[0]}")
+            raise StateRefused(
+                f"sdk_state names {len(lacking)} list element(s) that are not stored, e.g. {lacking[0]}", "missing row"
+            )
         self._next_item = state["next_item"]
         for ns, entry in state["namespaces"].items():
-            latest = self._latest[ns] = self._latest_from(entry, _dec(entry["checkpoint"]))
+            latest = self._latest[ns] = self._latest_from(ns, entry, _dec(entry["checkpoint"]))
             for ch, ref in entry["channels"].items():
                 ver = latest["versions"][ch]
                 if "key" in ref:
@@ -687,6 +732,19 @@ class GraphRuntime:
         self._runner = runner
         self.model = RuntimeChatModel(runner=runner)
         self.tool_schemas = runner.tools.schemas
+        self.state_types: list[type] = []
+
+    def allow_state_types(self, *types: type) -> None:
+        """Let the run's stored state hold values of ``types`` (classes: pydantic models,
+        dataclasses, enums, ...) besides LangGraph's safe types and those the graph's state
+        schemas declare (allowed already: :func:`build_graph`). For a type the schemas do not
+        reach, e.g. one held under ``Any`` or in an ``interrupt()`` value. Only these exact
+        classes are rebuilt from stored state (docs/architecture.md, "LangGraph adapter").
+        Raises TypeError for anything but a class."""
+        for t in types:
+            if not isinstance(t, type):
+                raise TypeError(f"allow_state_types takes classes, not {type(t).__name__}")
+        self.state_types += types
 
     def route_tools(self, state: dict[str, Any]) -> list[Send] | str:
         """Conditional edge after the model: one ``Send("tools", ...)`` per call, else END."""
@@ -741,6 +799,9 @@ class GraphRuntime:
 def build_graph(ref: str, rt: GraphRuntime, checkpointer: SnapshotSaver) -> Any:
     """Import the factory ``ref``, call it with ``rt`` and compile with ``checkpointer``.
 
+    The checkpointer's allow-list gets the types the graph's schemas declare
+    (:func:`~.langgraph_serde.graph_state_types`) and those the factory passed to
+    ``rt.allow_state_types``: the only types besides LangGraph's safe ones its state may hold.
     Raises SpecError when the ref does not give a StateGraph (or a compiled one).
     """
     try:
@@ -757,6 +818,8 @@ def build_graph(ref: str, rt: GraphRuntime, checkpointer: SnapshotSaver) -> Any:
     if not hasattr(builder, "compile"):
         raise SpecError(f"spec.graph.ref: {ref} returned {type(graph).__name__}, not a LangGraph StateGraph")
     compiled = speed_up_reducers(builder.compile(checkpointer=checkpointer))
+    checkpointer.types.allow(graph_state_types(compiled))
+    checkpointer.types.allow(getattr(rt, "state_types", ()))
     if DeltaChannel is not None:
         delta = sorted(name for name, ch in compiled.channels.items() if isinstance(ch, DeltaChannel))
         if delta:
@@ -780,12 +843,22 @@ class LangGraphRunner(RunnerBase):
     _count_lock = threading.Lock()  # tool nodes run on LangGraph's executor threads (one runner per process)
 
     def drive(self) -> Outcome:
+        try:
+            return self._drive()
+        except StateRefused as err:
+            # The stored state (or a value the graph would store) names a type off the
+            # allow-list, or does not decode: nothing of it ran, and a retry reads the same bytes.
+            log.error("LangGraph state refused: %s", err)
+            return self.finish(Phase.FAILED, "StateRefused", f"LangGraph state refused: {err}")
+
+    def _drive(self) -> Outcome:
         thread_id = self.snap.context.session.run_uid
         self.saver = SnapshotSaver()
+        # The graph first: its declared state types are the allow-list the stored state is read with.
+        self.graph = build_graph(self.spec.graph.ref, GraphRuntime(self), self.saver)  # type: ignore[union-attr]
         self.saver.import_state(
             thread_id, self.snap.sdk_state, lambda keys, ranges: self.store.sdk_rows(self.run_id, keys, ranges)
         )
-        self.graph = build_graph(self.spec.graph.ref, GraphRuntime(self), self.saver)  # type: ignore[union-attr]
         config = {"configurable": {"thread_id": thread_id}, "recursion_limit": 10_000}
         graph_input: Any = None
         if not self.snap.sdk_state:  # a fresh run: the transcript so far is the graph's input
