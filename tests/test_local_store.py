@@ -283,3 +283,15 @@ def test_a_trust_store_of_an_earlier_release_is_converted_at_its_next_start_and_
             resumed.kill()
             resumed.communicate()
     assert _phase(env, RUN)[0] == "Succeeded"  # the example tools' role got its password too: the refund ran
+
+
+def test_a_password_file_others_may_read_is_refused_and_its_password_never_shown(home: Path) -> None:
+    env = _env(home)
+    assert _cli(env, "list").returncode == 0  # the first start makes it
+    password = _password(home)
+    (home / PASSWORD_FILE).chmod(0o644)
+    res = _cli(env, "list")
+    assert res.returncode == 3 and "chmod 600" in res.stdout and password not in res.stdout, res.stdout
+    (home / PASSWORD_FILE).chmod(0o600)
+    assert _cli(env, "list").returncode == 0
+    assert _password(home) == password  # kept: the refusal changed nothing
