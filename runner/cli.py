@@ -87,13 +87,13 @@ def _open_store(dsn: str | None, *, migrate: bool = True) -> Store:
     from .store import InvalidDsn, Store, StoreUnavailable
 
     if not dsn:
-        from .embedded import embedded_dsn
-        from .examples import EXAMPLES_DSN_ENV, provision
+        from .embedded import embedded_dsn, role_password
+        from .examples import EXAMPLES_DSN_ENV, EXAMPLES_ROLE, provision
 
         try:
             dsn = embedded_dsn()
             if not os.environ.get(EXAMPLES_DSN_ENV):  # the trial server also gives the example tools their own role
-                os.environ[EXAMPLES_DSN_ENV] = provision(dsn)
+                os.environ[EXAMPLES_DSN_ENV] = provision(dsn, password=role_password(dsn, EXAMPLES_ROLE))
         except Exception as e:  # initdb or pg_ctl failed: show why
             raise _fail(f"cannot start the embedded Postgres: {e}", ExitCode.NO_POSTGRES) from None
     try:
@@ -381,12 +381,18 @@ def _suspend_after_s() -> float | None:
         return None
 
 
-def _credentials(dsn: str) -> tuple[str, str]:
-    """What no tool may see: the password of ``dsn`` (the store's) and the model key (either may be empty)."""
+def _credentials(dsn: str) -> tuple[str, str, str]:
+    """What no tool may see: the password of ``dsn`` (the store's), the model key (either may be
+    empty), and the path of the local store's password file (a variable naming it points a tool at it)."""
+    from .embedded import default_password_file
     from .spec import MODEL_API_KEY_ENV
     from .store import parse_dsn
 
-    return (parse_dsn(dsn).get("password", ""), os.environ.get(MODEL_API_KEY_ENV, ""))
+    return (
+        parse_dsn(dsn).get("password", ""),
+        os.environ.get(MODEL_API_KEY_ENV, ""),
+        str(default_password_file()),
+    )
 
 
 def _collect_from_now_on() -> None:

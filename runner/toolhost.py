@@ -55,12 +55,14 @@ log = logging.getLogger("agentfast.toolhost")
 #: Where a runner pod finds its tools' own settings, one variable per file (the operator mounts the
 #: namespace's Secret ``agentfast-tools`` there); unset or missing: none.
 TOOL_ENV_DIR_ENV = "AGENTFAST_TOOL_ENV_DIR"
-#: Variables the host never receives: the runner's credentials and libpq's own sources of one.
+#: Variables the host never receives: the runner's credentials, and where the local store keeps
+#: its password (``AGENTFAST_HOME``: runner/embedded.py). Nor any of libpq's (:data:`LIBPQ_ENV_PREFIX`).
 CREDENTIAL_ENV = frozenset(
     {
         "AGENTFAST_DSN",
         MODEL_API_KEY_ENV,
         "AGENTFAST_TEST_DSN",
+        "AGENTFAST_HOME",
         "DATABASE_URL",
         "PGPASSWORD",
         "PGPASSFILE",
@@ -68,6 +70,10 @@ CREDENTIAL_ENV = frozenset(
         "PGSERVICE",
     }
 )
+#: libpq reads its defaults from ``PG*`` variables (PGHOST names a server or a socket directory,
+#: PGPASSWORD/PGPASSFILE a credential, PGSERVICEFILE a file of both): none reaches a tool, so a
+#: tool's connection without settings of its own goes to no server of ours.
+LIBPQ_ENV_PREFIX = "PG"
 #: Names a tool setting may not take: they would change how the host's Python itself starts.
 _RESERVED_PREFIXES = ("AGENTFAST_", "PYTHON", "LD_")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -90,9 +96,11 @@ class ToolRaised(AgentfastError):
 
 
 def tool_environment(env: dict[str, str], *, secrets: tuple[str, ...] = (), tool_env_dir: str | None = None) -> dict[str, str]:
-    """The host's environment: ``env`` without :data:`CREDENTIAL_ENV` and without any variable
-    whose value contains one of ``secrets`` (non-empty strings: the store password, the model key),
-    plus one variable per regular file of ``tool_env_dir`` (default: ``env[AGENTFAST_TOOL_ENV_DIR]``).
+    """The host's environment: ``env`` without :data:`CREDENTIAL_ENV`, without libpq's
+    variables (names starting :data:`LIBPQ_ENV_PREFIX`) and without any variable whose value
+    contains one of ``secrets`` (non-empty strings: the store password, the model key, the local
+    store's password file), plus one variable per regular file of ``tool_env_dir`` (default:
+    ``env[AGENTFAST_TOOL_ENV_DIR]``). MCP servers the host starts inherit it.
 
     A file is skipped, with a warning, when its name is not an environment variable name, starts
     with AGENTFAST_, PYTHON or LD_, or its content holds one of ``secrets``.
@@ -102,7 +110,7 @@ def tool_environment(env: dict[str, str], *, secrets: tuple[str, ...] = (), tool
     def leaks(value: str) -> bool:
         return any(s in value for s in secrets)
 
-    out = {k: v for k, v in env.items() if k not in CREDENTIAL_ENV and not leaks(v)}
+    out = {k: v for k, v in env.items() if k not in CREDENTIAL_ENV and not k.startswith(LIBPQ_ENV_PREFIX) and not leaks(v)}
     directory = tool_env_dir if tool_env_dir is not None else env.get(TOOL_ENV_DIR_ENV, "")
     if directory and os.path.isdir(directory):
         for path in sorted(Path(directory).iterdir()):

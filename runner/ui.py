@@ -28,8 +28,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import ipaddress
 import os
 import re
+import sys
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -450,29 +452,70 @@ def create_app(access: Access, *, allowed_hosts: list[str]) -> Starlette:
 
 def _same_user(request: Request) -> bool:
     """Whether the connection comes from a socket of this process's own OS user (Linux: the
-    ``uid`` column of /proc/net/tcp[6] for the client's end). Other accounts of the machine reach
-    loopback too, and a cookie leaks to every port of a host; this makes a leaked one useless to
-    them. True where /proc/net is not there to ask (the secret still holds). Asked once per
-    request (the kernel writes the table out anew at each read: ~50 us a socket on the host)."""
+    ``uid`` column of /proc/net/tcp[6] for the client's end, :func:`_socket_uid_is_ours`). Other
+    accounts of the machine reach loopback too, and a cookie leaks to every port of a host; this
+    makes a leaked one useless to them. True where /proc/net is not there to ask (the secret still
+    holds). Asked once per request (the kernel writes the table out anew at each read: ~50 us a
+    socket on the host)."""
     if "agentfast.same_user" not in request.scope:
         request.scope["agentfast.same_user"] = _socket_uid_is_ours(request.scope.get("client"), request.scope.get("server"))
     return bool(request.scope["agentfast.same_user"])
 
 
+_TIME_WAIT = "06"  # include/net/tcp_states.h: a closed socket's leftover, owned by no one (uid 0)
+
+
 def _socket_uid_is_ours(client: Any, server: Any) -> bool:
+    """Whether the client's socket of the connection ``client`` -> ``server`` (each ``(host,
+    port)`` as the ASGI scope has them) belongs to this process's effective uid.
+
+    The client's socket is the one row whose local end is ``client`` and whose remote end is
+    ``server``: the whole 4-tuple, addresses and ports. Ports alone are not one connection:
+    another account can bind 127.0.0.2 (all of 127/8 is loopback) to the port of our own
+    connection, and its row then matched ours. An IPv4 client of a dual-stack listener is
+    ``::ffff:a.b.c.d`` in the scope and may be a plain IPv4 row: ends are compared unmapped, in
+    /proc/net/tcp, then /proc/net/tcp6. False when no live row matches; True when neither table
+    can be read (not Linux)."""
     if not client or not server:
         return False
-    table = "/proc/net/tcp6" if ":" in str(client[0]) else "/proc/net/tcp"
     try:
-        lines = Path(table).read_text().splitlines()[1:]
-    except OSError:
-        return True
-    ends = (f"{client[1]:04X}", f"{server[1]:04X}")
-    for line in lines:
-        cols = line.split()
-        if (cols[1].rsplit(":", 1)[1], cols[2].rsplit(":", 1)[1]) == ends:
-            return int(cols[7]) == os.geteuid()
-    return False
+        want = (_end(str(client[0]), int(client[1])), _end(str(server[0]), int(server[1])))
+    except ValueError:
+        return False
+    tables = ("/proc/net/tcp6",) if want[0][0].version == 6 else ("/proc/net/tcp", "/proc/net/tcp6")
+    asked = False
+    for table in tables:
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        asked = True
+        for line in lines:
+            cols = line.split()
+            if cols[3] == _TIME_WAIT:
+                continue
+            if (_proc_end(cols[1]), _proc_end(cols[2])) == want:
+                return int(cols[7]) == os.geteuid()
+    return not asked
+
+
+def _end(host: str | bytes, port: int) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
+    """``(address, port)``, the address text or packed bytes, an IPv4-mapped IPv6 one as its
+    IPv4 address. Raises ValueError."""
+    address = ipaddress.ip_address(host)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address, port
+
+
+def _proc_end(text: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
+    """An end as /proc/net/tcp[6] writes it (``0100007F:1F90``: the address's 32-bit words in
+    the host's byte order, then the port, in hex) as :func:`_end` returns one."""
+    address, port = text.split(":")
+    raw = bytes.fromhex(address)
+    if sys.byteorder == "little":
+        raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return _end(raw, int(port, 16))
 
 
 async def _small_form(request: Request) -> Any:

@@ -114,6 +114,77 @@ def test_a_connection_is_known_as_its_accounts() -> None:
             c.close()
 
 
+def _scope(client: tuple[str, int], server: tuple[str, int]) -> Request:
+    return Request({"type": "http", "headers": [], "client": client, "server": server})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="binding a socket as another OS user needs root")
+@pytest.mark.parametrize("family", ["ipv4", "dual-stack"])
+def test_another_accounts_socket_on_127_0_0_2_with_our_port_is_not_ours(family: str) -> None:
+    """The attack of issue 30 item 7, on real sockets and the real /proc/net/tcp: our own
+    connection 127.0.0.1:P -> inbox, and one of the account ``nobody`` bound to 127.0.0.2:P, the
+    same port, to the same inbox. Matching ports alone took the second for ours; the whole
+    4-tuple tells them apart. ``dual-stack``: the inbox listens on ``::``, so the scope shows
+    both clients as ``::ffff:127.0.0.x`` while their rows are plain IPv4."""
+    six = family == "dual-stack"
+    listener = socket.socket(socket.AF_INET6 if six else socket.AF_INET)
+    held: list[socket.socket] = [listener]
+    theirs: subprocess.Popen[bytes] | None = None
+    try:
+        if six:
+            listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        listener.bind(("::" if six else "127.0.0.1", 0))
+        listener.listen(4)
+        port = listener.getsockname()[1]
+        server = ("::ffff:127.0.0.1" if six else "127.0.0.1", port)
+
+        mine = socket.create_connection(("127.0.0.1", port))
+        held.append(mine)
+        conn, ours_seen = listener.accept()
+        held.append(conn)
+        victim_port = mine.getsockname()[1]
+        assert ours_seen[1] == victim_port
+        code = (
+            "import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.2', int(sys.argv[1])));"
+            " s.connect(('127.0.0.1', int(sys.argv[2]))); print('connected', flush=True); time.sleep(30)"
+        )
+        theirs = subprocess.Popen(
+            ["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", code, str(victim_port), str(port)],
+            stdout=subprocess.PIPE,
+        )
+        assert theirs.stdout is not None and theirs.stdout.readline().strip() == b"connected"
+        conn2, theirs_seen = listener.accept()
+        held.append(conn2)
+        assert theirs_seen[1] == victim_port and theirs_seen[0].endswith("127.0.0.2")  # the port is the victim's
+
+        assert not ui._same_user(_scope(theirs_seen[:2], server))  # refused: only the address differs
+        assert ui._same_user(_scope(ours_seen[:2], server))  # (with ports alone, one of the two was wrong)
+        # A tuple no socket has is nobody's; a port that is ours on another address is not ours.
+        assert not ui._same_user(_scope((ours_seen[0], victim_port ^ 1), server))
+        assert not ui._same_user(_scope(("127.0.0.3", victim_port), server))
+    finally:
+        if theirs is not None:
+            theirs.kill()
+            theirs.wait()
+        for s in held:
+            s.close()
+
+
+def test_proc_net_ends_are_read_as_the_kernel_writes_them() -> None:
+    """/proc/net/tcp6 writes an address as four 32-bit words in host order; a v4-mapped one
+    compares as its IPv4 address."""
+    import ipaddress
+    import sys
+
+    if sys.byteorder != "little":
+        pytest.skip("the hex below is a little-endian host's")
+    assert ui._proc_end("0100007F:1F90") == (ipaddress.ip_address("127.0.0.1"), 8080)
+    assert ui._proc_end("0200007F:0050") == (ipaddress.ip_address("127.0.0.2"), 80)
+    assert ui._proc_end("00000000000000000000000001000000:1F90") == (ipaddress.ip_address("::1"), 8080)
+    assert ui._proc_end("0000000000000000FFFF00000100007F:0016") == (ipaddress.ip_address("127.0.0.1"), 22)
+    assert ui._end("::ffff:127.0.0.1", 1) == ui._end("127.0.0.1", 1)
+
+
 @pytest.mark.process
 def test_the_local_inbox_lists_decides_and_moves_its_version(tmp_path: Path, dsn: str, store: Store) -> None:
     from .helpers import agentrun_file

@@ -132,11 +132,15 @@ def test_tool_environment_drops_credentials_and_adds_the_tools_own_settings(tmp_
         "AGENTFAST_DSN": "postgresql://r:s3cret-pw@db/af",
         "AGENTFAST_MODEL_API_KEY": "sk-1",
         "PGPASSWORD": "p",
+        "PGHOST": "/home/me/.local/share/agentfast/pgdata",  # libpq's: names the local store's socket
+        "PGSSLKEY": "/home/me/.postgresql/key",
+        "AGENTFAST_HOME": "/home/me/af",  # where the local store's password file is
+        "WHERE": "/home/me/af/postgres.password",
         "HOME": "/tmp",
         "COPY": "s3cret-pw",
         "AGENTFAST_TOOL_ENV_DIR": str(settings),
     }
-    got = tool_environment(env, secrets=("s3cret-pw", "sk-1", ""))
+    got = tool_environment(env, secrets=("s3cret-pw", "sk-1", "", "/home/me/af/postgres.password"))
     assert got == {
         "HOME": "/tmp",
         "AGENTFAST_TOOL_ENV_DIR": str(settings),

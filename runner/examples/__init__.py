@@ -50,7 +50,7 @@ def provision(admin_dsn: str, *, password: str | None = None) -> str:
     """Make the examples' role (LOGIN, no other attribute) and its schema in ``admin_dsn``'s
     database, idempotently, and return the examples' DSN: ``admin_dsn``'s host, port and database
     with the role as user and ``password`` (None: none is set, for a server that trusts local
-    sockets, as the embedded one does; a role made earlier keeps its password). ``admin_dsn`` must
+    sockets, as the tests' one does; a role made earlier keeps its password). ``admin_dsn`` must
     be able to create roles (a superuser, or a CREATEROLE owner of the database).
 
     Concurrent calls in one database are serialized by an advisory lock (CREATE ROLE has no IF NOT
@@ -82,8 +82,9 @@ def _provision(admin_dsn: str, password: str | None) -> None:
             role = sql.Identifier(EXAMPLES_ROLE)
             if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (EXAMPLES_ROLE,)).fetchone() is None:
                 conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(role))
-            if password is not None:
-                conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(role, sql.Literal(password)))
+            if password is not None:  # as a verifier libpq computes: the text never reaches the server or its log
+                verifier = conn.pgconn.encrypt_password(password.encode(), EXAMPLES_ROLE.encode(), b"scram-sha-256").decode()
+                conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(role, sql.Literal(verifier)))
             me = conn.execute("SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
             if me is not None and not me[1]:
                 conn.execute(sql.SQL("GRANT {} TO {}").format(role, sql.Identifier(me[0])))  # to give it a schema
