@@ -249,7 +249,9 @@ class RunnerClaim:
             while True:
                 row = self._conn.execute(_STATE_SQL + " FOR UPDATE OF r", {"run_id": self.run_id}).fetchone()
                 holder = _info(row, self.stale_after_s)
-                if (holder.state != "none" and holder.runner_id != take_from) or (rejoin and (row is None or row["runner_id"] != self.runner_id)):
+                if (holder.state != "none" and holder.runner_id != take_from) or (
+                    rejoin and (row is None or row["runner_id"] != self.runner_id)
+                ):
                     return holder
                 key = new_lock_key()
                 while not _one_bool(self._conn.execute("SELECT pg_try_advisory_lock(%s) AS ok", (key,)).fetchone()):
@@ -274,7 +276,9 @@ class RunnerClaim:
                         self.left_behind = (row["runner_id"], time.time() - float(row["age"] or 0.0))
                 self.key, self.locked = key, True
                 break
-        self._conn.execute("SELECT agentfast_notify(%s, %s)", (PROGRESS_CHANNEL, self.run_id))  # the operator republishes liveness
+        self._conn.execute(
+            "SELECT agentfast_notify(%s, %s)", (PROGRESS_CHANNEL, self.run_id)
+        )  # the operator republishes liveness
         return None
 
     def _state(self) -> RunnerInfo:

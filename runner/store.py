@@ -78,7 +78,9 @@ _LATEST_CHECKPOINT = """LEFT JOIN LATERAL (SELECT * FROM agentfast_checkpoints c
                                   ORDER BY checkpoint_id DESC LIMIT 1) c ON true"""
 # The owner's serializations lock a row of agentfast_locks (migration 16), on which runner roles
 # have no right: an advisory lock's key space is every session's, so a tenant could squat one.
-_TENANT_LOCK: LiteralString = "SELECT 1 FROM agentfast_locks WHERE name = 'tenants' FOR UPDATE"  # creating or re-keying a namespace's runner role
+_TENANT_LOCK: LiteralString = (
+    "SELECT 1 FROM agentfast_locks WHERE name = 'tenants' FOR UPDATE"  # creating or re-keying a namespace's runner role
+)
 _UID_LOCK: LiteralString = "SELECT 1 FROM agentfast_locks WHERE name = 'run_uid' FOR UPDATE"  # registering a run under a uid
 
 T = TypeVar("T")
