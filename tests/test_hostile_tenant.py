@@ -35,7 +35,16 @@ SLOW_TOOLS = QUIET_TOOLS.replace(
 # Lock modes a tenant may hold on a table without stopping another tenant's runner: the ones every
 # runner statement takes anyway (reads, inserts, column updates) conflict only with DDL.
 HARMLESS_LOCKS = {"ACCESS SHARE", "ROW SHARE", "ROW EXCLUSIVE"}
-ALL_LOCKS = ["ACCESS SHARE", "ROW SHARE", "ROW EXCLUSIVE", "SHARE UPDATE EXCLUSIVE", "SHARE", "SHARE ROW EXCLUSIVE", "EXCLUSIVE", "ACCESS EXCLUSIVE"]
+ALL_LOCKS = [
+    "ACCESS SHARE",
+    "ROW SHARE",
+    "ROW EXCLUSIVE",
+    "SHARE UPDATE EXCLUSIVE",
+    "SHARE",
+    "SHARE ROW EXCLUSIVE",
+    "EXCLUSIVE",
+    "ACCESS EXCLUSIVE",
+]
 # What a hostile statement may be answered with: no right (42501, also a row-level-security
 # check), the fence (AF001), or a statement the role may not make at all.
 REFUSED = {"42501", "AF001", "428C9", "0A000"}
@@ -115,7 +124,15 @@ def test_no_role_but_the_owner_may_create_temporary_tables_or_objects_in_the_sch
     with psycopg.connect(a_dsn, autocommit=True) as a:
         assert _sqlstate(a, "CREATE TEMP TABLE agentfast_tenants (namespace text, role_name text)") == "42501"
         assert _sqlstate(a, sql.SQL("CREATE TABLE {}.agentfast_mine (x int)").format(sql.Identifier(schema))) == "42501"
-        assert _sqlstate(a, sql.SQL("CREATE FUNCTION {}.split_part(text, text, int) RETURNS text LANGUAGE sql AS 'SELECT 1::text'").format(sql.Identifier(schema))) == "42501"
+        assert (
+            _sqlstate(
+                a,
+                sql.SQL("CREATE FUNCTION {}.split_part(text, text, int) RETURNS text LANGUAGE sql AS 'SELECT 1::text'").format(
+                    sql.Identifier(schema)
+                ),
+            )
+            == "42501"
+        )
     # The owner still may (a temporary table of its own is its business).
     with psycopg.connect(store.dsn, autocommit=True) as owner:
         owner.execute("CREATE TEMP TABLE agentfast_scratch (x int)")
@@ -147,12 +164,20 @@ def test_a_temporary_table_never_makes_a_runner_role_another_namespace(
             assert seen == (0,), table
         rewrite = sql.SQL("UPDATE {} SET arguments = %s WHERE run_id = %s").format(real("agentfast_tool_calls"))
         assert _sqlstate(a, rewrite, (json.dumps({"order_id": "A-1042", "amount_cents": 999999}), theirs)) in (0, "42501")
-        assert _sqlstate(a, sql.SQL("UPDATE {} SET epoch = epoch + 1 WHERE run_id = %s").format(real("agentfast_runs")), (theirs,)) == 0
+        assert (
+            _sqlstate(a, sql.SQL("UPDATE {} SET epoch = epoch + 1 WHERE run_id = %s").format(real("agentfast_runs")), (theirs,))
+            == 0
+        )
         # The fence reads the real run row, not A's forged one: epoch 7 is no lease of A's own run.
         with pytest.raises(psycopg.Error) as err:
             with a.transaction():
                 a.execute("SELECT agentfast_name_lease(7, 'forged')")
-                a.execute(sql.SQL("INSERT INTO {} (run_id, seq, iteration, message, epoch) VALUES (%s, 0, 0, '{{}}', 0)").format(real("agentfast_messages")), (mine,))
+                a.execute(
+                    sql.SQL("INSERT INTO {} (run_id, seq, iteration, message, epoch) VALUES (%s, 0, 0, '{{}}', 0)").format(
+                        real("agentfast_messages")
+                    ),
+                    (mine,),
+                )
         assert err.value.sqlstate == "AF001", err.value
     assert [e.tool_call.arguments for e in store.journal(theirs) if e.call_id == "call-2-0"] == [before]
     assert store.get_run(theirs).epoch == epoch_b and "999999" not in before
@@ -169,12 +194,29 @@ def _row_of(store: Store, table: str, run_id: str) -> dict | None:
     return None if row is None else row["r"]
 
 
+def _contents(store: Store, tables: list[str]) -> dict[str, dict]:
+    """table -> its row count and a digest of all its rows, to tell that nothing changed."""
+    query = "SELECT count(*) AS n, md5(string_agg(to_jsonb(x)::text, '' ORDER BY to_jsonb(x)::text)) AS h FROM {} x"
+    return {t: store._read(sql.SQL(query).format(sql.Identifier(t)), None) for t in tables}  # type: ignore[arg-type]
+
+
+def _writable_columns(store: Store, table: str) -> list[str]:
+    """The columns of ``table`` an INSERT may name (not dropped, not generated, not GENERATED ALWAYS)."""
+    rows = store._read(
+        """SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped
+           AND attgenerated = '' AND attidentity <> 'a' ORDER BY attnum""",
+        (table,),
+        all=True,
+    )
+    return [r["attname"] for r in rows]
+
+
 @pytest.mark.process
 def test_a_runner_credential_reaches_no_table_function_or_sequence_of_another_namespace(
     dsn: str, store: Store, schema: str, slow_tools: dict[str, str], tenant_a: tuple[str, str]
 ) -> None:
     theirs = _paused_run_of_b(dsn, store, slow_tools)
-    mine, a_dsn = tenant_a
+    _, a_dsn = tenant_a
     store.decide(theirs, "call-2-0", "approve", decided_by="kubernetes:alice")
     store.void_decision(theirs, "call-9-9", "test")
     store.request_cancel(theirs, "kubernetes:alice")
@@ -183,10 +225,16 @@ def test_a_runner_credential_reaches_no_table_function_or_sequence_of_another_na
         run = store.get_run(theirs)
         with owner.transaction():
             owner.execute("SELECT agentfast_name_lease(%s, %s)", (run.epoch, run.run_uid))
-            owner.execute("INSERT INTO agentfast_payloads (run_id, digest, size_bytes, content, epoch) VALUES (%s, 'd', 1, 'x', 0)", (theirs,))
-            owner.execute("INSERT INTO agentfast_sdk_blobs (run_id, key, type, value, epoch) VALUES (%s, 'k', 't', 'v', 0)", (theirs,))
+            owner.execute(
+                "INSERT INTO agentfast_payloads (run_id, digest, size_bytes, content, epoch) VALUES (%s, 'd', 1, 'x', 0)",
+                (theirs,),
+            )
+            owner.execute(
+                "INSERT INTO agentfast_sdk_blobs (run_id, key, type, value, epoch) VALUES (%s, 'k', 't', 'v', 0)", (theirs,)
+            )
         owner.execute(
-            "INSERT INTO agentfast_notifications (run_id, call_id, idempotency_key, event) VALUES (%s, 'call-2-0', 'k', '{}')", (theirs,)
+            "INSERT INTO agentfast_notifications (run_id, call_id, idempotency_key, event) VALUES (%s, 'call-2-0', 'k', '{}')",
+            (theirs,),
         )
     tables = [
         r["relname"]
@@ -198,31 +246,35 @@ def test_a_runner_credential_reaches_no_table_function_or_sequence_of_another_na
         )
     ]
     assert "agentfast_runs" in tables and "agentfast_locks" in tables
-    before = {t: store._read(sql.SQL("SELECT count(*) AS n, md5(string_agg(to_jsonb(x)::text, '' ORDER BY to_jsonb(x)::text)) AS h FROM {} x").format(sql.Identifier(t)), None) for t in tables}  # type: ignore[arg-type]
+    before = _contents(store, tables)
     findings: list[str] = []
     with psycopg.connect(a_dsn, autocommit=True) as a:
         for table in tables:
             ident = sql.Identifier(schema, table)
-            has_run = _row_of(store, table, theirs) is not None
-            if has_run:
+            row = _row_of(store, table, theirs)
+            if row is not None:
                 seen = _sqlstate(a, sql.SQL("SELECT 1 FROM {} WHERE run_id = %s").format(ident), (theirs,))
                 if seen not in (0, "42501"):
                     findings.append(f"{table}: A sees B's rows ({seen})")
-                row = _row_of(store, table, theirs)
-                cols = [c for c in row if store._read(
-                    "SELECT attgenerated = '' AND attidentity <> 'a' AS plain FROM pg_attribute WHERE attrelid = %s::regclass AND attname = %s",
-                    (f"{schema}.{table}", c),
-                )["plain"]]
+                cols = _writable_columns(store, f"{schema}.{table}")
                 # B's own row again: privileges, then the fence (a BEFORE trigger), then row-level
                 # security refuse it before a unique index could.
                 copy = {c: v for c, v in row.items() if c in cols}
                 names = sql.SQL(", ").join(sql.Identifier(c) for c in cols)
-                insert = sql.SQL("INSERT INTO {} ({}) SELECT {} FROM jsonb_populate_record(NULL::{}, %s)").format(ident, names, names, ident)
+                insert = sql.SQL("INSERT INTO {} ({}) SELECT {} FROM jsonb_populate_record(NULL::{}, %s)").format(
+                    ident, names, names, ident
+                )
                 got = _sqlstate(a, insert, (json.dumps(copy),))
                 if got not in REFUSED:
                     findings.append(f"{table}: A inserted a row for B ({got})")
                 for col in cols:
-                    got = _sqlstate(a, sql.SQL("UPDATE {} SET {} = {} WHERE run_id = %s").format(ident, sql.Identifier(col), sql.Identifier(col)), (theirs,))
+                    got = _sqlstate(
+                        a,
+                        sql.SQL("UPDATE {} SET {} = {} WHERE run_id = %s").format(
+                            ident, sql.Identifier(col), sql.Identifier(col)
+                        ),
+                        (theirs,),
+                    )
                     if got not in (0, *REFUSED):
                         findings.append(f"{table}.{col}: A updated B's rows ({got})")
                 got = _sqlstate(a, sql.SQL("DELETE FROM {} WHERE run_id = %s").format(ident), (theirs,))
@@ -241,14 +293,27 @@ def test_a_runner_credential_reaches_no_table_function_or_sequence_of_another_na
                 got = _sqlstate(a, sql.SQL("LOCK TABLE {} IN " + mode + " MODE NOWAIT").format(ident))
                 if got != "42501" and mode not in HARMLESS_LOCKS:
                     findings.append(f"{table}: A locks it IN {mode} MODE, stopping every namespace's runners ({got})")
-        for seq in store._read("SELECT c.oid::regclass::text AS s FROM pg_class c WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'S'", None, all=True):
+        for seq in store._read(
+            "SELECT c.oid::regclass::text AS s FROM pg_class c WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'S'",
+            None,
+            all=True,
+        ):
             for probe in ("SELECT nextval(%s::regclass)", "SELECT setval(%s::regclass, 1)", "SELECT currval(%s::regclass)"):
                 got = _sqlstate(a, probe, (seq["s"],))
                 if got not in ("42501", "55000"):  # 55000: currval before nextval in this session
                     findings.append(f"{seq['s']}: {probe} answered {got}")
         # Every function of the store, called with B's run id (and harmless values for the rest).
-        sample = {"text": theirs, "bigint": 0, "integer": 0, "jsonb": "[]", "uuid": str(uuid.uuid4()), "double precision": None,
-                  "text[]": [], "bytea[]": [], "boolean": True}
+        sample = {
+            "text": theirs,
+            "bigint": 0,
+            "integer": 0,
+            "jsonb": "[]",
+            "uuid": str(uuid.uuid4()),
+            "double precision": None,
+            "text[]": [],
+            "bytea[]": [],
+            "boolean": True,
+        }
         for fn in store._read(
             """SELECT p.proname, p.oid::regprocedure::text AS sig, array(SELECT format_type(t, NULL) FROM unnest(p.proargtypes) t) AS args
                FROM pg_proc p WHERE p.pronamespace = current_schema()::regnamespace AND p.prorettype <> 'trigger'::regtype""",
@@ -260,7 +325,7 @@ def test_a_runner_credential_reaches_no_table_function_or_sequence_of_another_na
                 sql.Identifier(schema, fn["proname"]), sql.SQL(", ").join(sql.SQL("%s::" + t) for t in fn["args"])
             )
             _sqlstate(a, call, tuple(args))  # refused, or it ran and found nothing of B's: the row check below tells
-    after = {t: store._read(sql.SQL("SELECT count(*) AS n, md5(string_agg(to_jsonb(x)::text, '' ORDER BY to_jsonb(x)::text)) AS h FROM {} x").format(sql.Identifier(t)), None) for t in tables}  # type: ignore[arg-type]
+    after = _contents(store, tables)
     assert not findings, "\n".join(findings)
     changed = [t for t in tables if before[t] != after[t]]
     assert changed == [], f"A's statements changed B's (or anyone's) rows in {changed}"
@@ -326,4 +391,3 @@ def test_notifications_name_no_run_and_a_squatted_lock_stalls_nothing(
     assert not any("team-b" in p or "refund" in p for p in payloads)
     with psycopg.connect(a_dsn, autocommit=True) as a2:  # and A cannot tell whose token it is
         assert a2.execute("SELECT count(*) FROM agentfast_runs WHERE notify_token = %s", (token,)).fetchone() == (0,)
-
