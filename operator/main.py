@@ -717,6 +717,11 @@ def _record_approvals(body: dict[str, Any], run_id: str) -> None:
                     f"{field_name}: {call_id} is void: {missing}, so who wrote it was not checked; it is never recorded",
                 )
         return
+    shown = {
+        p.get("callId"): p.get("argumentsDigest")
+        for p in (body.get("status") or {}).get("pendingApprovals") or []
+        if isinstance(p, dict)
+    }
     for field_name, call_id, d in entries:
         if not re.match(CALL_ID_PATTERN, call_id):
             _warn_once(
@@ -741,6 +746,11 @@ def _record_approvals(body: dict[str, Any], run_id: str) -> None:
                 result=d.get("result"),
                 decided_by=f"{KUBE_DECIDER_PREFIX}{decider}",
                 once=True,
+                # G13: bound to the arguments the decider was shown: the digest the entry names
+                # (kubectl agentfast and the inbox send the one they displayed), else the one
+                # status showed when the entry was written; the store refuses it if the call's
+                # arguments are not those now, and the runner runs the call only with them.
+                arguments_digest=_digest_or_none(d.get("argumentsDigest")) or shown.get(call_id),
             )
             _event(body, EVENT_NORMAL, EventReason.DECIDED, f"{call_id} ({made.decision}) decided by {decider}"[:1024])
         except DecisionConflict as err:
@@ -750,6 +760,11 @@ def _record_approvals(body: dict[str, Any], run_id: str) -> None:
             _warn_once(body, call_id, EventReason.NOT_AWAITING_DECISION, str(err))
         except InvalidDecision as err:
             _warn_once(body, call_id, EventReason.INVALID_DECISION, f"{call_id}: {err}")
+
+
+def _digest_or_none(value: Any) -> str | None:
+    """``value`` if it is a digest as runner/arguments.py writes them (the CRD's pattern), else None."""
+    return value if isinstance(value, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", value) else None
 
 
 def cancel_requester(body: dict[str, Any]) -> str:

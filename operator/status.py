@@ -13,9 +13,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from agentfast.runner.arguments import arguments_digest
 from agentfast.runner.liveness import RunnerInfo, batch_waits, runner_story
 from agentfast.runner.names import TERMINAL_PHASES, WAITING_PHASES, Phase
-from agentfast.runner.snapshot import PendingToolCall, RunContext
+from agentfast.runner.snapshot import AwaitedCall, PendingToolCall, RunContext
 
 CONDITION_TYPES = ("Ready", "Progressing", "AwaitingApproval", "AwaitingInput", "Failed", "Cancelled")
 # Reason of the RunnerAlive condition for each state of liveness.runner_story.
@@ -221,20 +222,33 @@ def status_from_store(
         ]
     if pending is not None and phase in WAITING_PHASES:
         calls = [a for a in pending.awaiting if a.call_id not in decided][:MAX_PENDING]
-        status["pendingApprovals"] = [
-            {
-                "callId": a.call_id,
-                "tool": a.tool_call.name,
-                "arguments": a.tool_call.arguments[:ARGUMENTS_CHARS],
-                "reason": a.reason,
-            }
-            for a in calls
-        ]
+        status["pendingApprovals"] = [pending_entry(a) for a in calls]
         status["awaiting"] = ",".join(a.call_id for a in calls)
     else:
         status["pendingApprovals"] = []
         status["awaiting"] = ""
     return status
+
+
+def pending_entry(a: AwaitedCall) -> dict[str, Any]:
+    """One entry of ``status.pendingApprovals``: ``callId``, ``tool``, ``arguments`` (whole, or
+    their first :data:`ARGUMENTS_CHARS` characters with ``argumentsTruncated: true``,
+    ``argumentsChars`` the whole text's length and ``argumentsNote`` saying where it is),
+    ``argumentsDigest`` (of the whole text: what a decision on this call binds to, G13) and
+    ``reason``."""
+    text = a.tool_call.arguments
+    entry: dict[str, Any] = {"callId": a.call_id, "tool": a.tool_call.name, "arguments": text[:ARGUMENTS_CHARS]}
+    if len(text) > ARGUMENTS_CHARS:
+        entry["argumentsTruncated"] = True
+        entry["argumentsChars"] = len(text)
+        entry["argumentsNote"] = (
+            f"cut: the first {ARGUMENTS_CHARS} of {len(text)} characters. The whole text is in the store: the"
+            " inbox's run page (agentfast ui; chart ui.transcripts) or agentfast status RUN on the store's DSN."
+            " A decision binds to the whole text's argumentsDigest, not to the cut"
+        )
+    entry["argumentsDigest"] = arguments_digest(text)
+    entry["reason"] = a.reason
+    return entry
 
 
 def _condition(ctype: str, true: bool, reason: str, message: str, generation: int, old: list[dict[str, Any]]) -> dict[str, Any]:

@@ -262,6 +262,7 @@ class _Progress:
         """The decision prompt on a terminal, for one awaited call. Best effort: a prompt that
         cannot be shown or answered (closed terminal, end of input, Ctrl-C) leaves the run
         waiting for a decision made elsewhere (`agentfast approve/deny/complete`), never stops it."""
+        from .arguments import arguments_digest
         from .decisions import InvalidDecision
         from .store import DecisionConflict, UnknownCall
 
@@ -275,10 +276,11 @@ class _Progress:
                 reason = (
                     click.prompt("Reason for the model", default="declined by the operator") if answer.startswith("n") else None
                 )
+            shown = arguments_digest(a.tool_call.arguments)  # G13: the decision binds to what was printed above
             if answer.startswith("y"):
-                self.store.decide(self.run_id, a.call_id, "approve", decided_by=_who())
+                self.store.decide(self.run_id, a.call_id, "approve", decided_by=_who(), arguments_digest=shown)
             elif reason is not None:
-                self.store.decide(self.run_id, a.call_id, "deny", reason=reason, decided_by=_who())
+                self.store.decide(self.run_id, a.call_id, "deny", reason=reason, decided_by=_who(), arguments_digest=shown)
         # click.prompt raises Abort on end of input or Ctrl-C
         except (click.exceptions.Abort, EOFError, OSError):
             out.print("  no answer here; waiting for a decision (agentfast approve / deny / complete)")
@@ -701,6 +703,11 @@ kube_option = click.option(
 )
 namespace_option = click.option("-n", "--namespace", help="the AgentRun's namespace (--kube); default: the kubeconfig's")
 uid_option = click.option("--uid", help="(--kube) decide only if the AgentRun still has this metadata.uid: the one you reviewed")
+digest_option = click.option(
+    "--digest",
+    help="decide only if the call's arguments still have this digest (argumentsDigest in status, sha256:...): the ones you"
+    " reviewed. Without it the decision binds to the arguments the call has now",
+)
 
 
 def _as_kubectl_plugin() -> bool:
@@ -719,7 +726,14 @@ def _kube_inbox(namespace: str | None) -> KubeInbox:
 
 
 def _patch_decision(
-    run: str, call_id: str, decision: str, reason: str | None, result: str | None, namespace: str | None, uid: str | None = None
+    run: str,
+    call_id: str,
+    decision: str,
+    reason: str | None,
+    result: str | None,
+    namespace: str | None,
+    uid: str | None = None,
+    digest: str | None = None,
 ) -> None:
     """The decision as a patch of the AgentRun ``run`` (KubeInbox.decide: ``spec.approvals``, or
     ``spec.replies`` for a reply; ``decidedBy`` the caller's user name; the AgentRun's uid as a
@@ -728,7 +742,9 @@ def _patch_decision(
     from .inbox import Refused
 
     try:
-        said = _kube_inbox(namespace).decide(parse_run_id(run)[1], call_id, decision, reason=reason, result=result, uid=uid)
+        said = _kube_inbox(namespace).decide(
+            parse_run_id(run)[1], call_id, decision, reason=reason, result=result, uid=uid, digest=digest
+        )
     except Refused as e:
         raise _fail(str(e)) from None
     out.print(said, highlight=False, markup=False)
@@ -744,8 +760,10 @@ def _decide(
     namespace: str | None,
     result: str | None = None,
     uid: str | None = None,
+    digest: str | None = None,
 ) -> None:
-    """Record one decision (the store's rules: only for a call awaiting one now, once); exit 2 when refused."""
+    """Record one decision (the store's rules: only for a call awaiting one now, once; with
+    ``digest``, only while the call's arguments have that digest, G13); exit 2 when refused."""
     from .decisions import InvalidDecision, check_decision
     from .store import DecisionConflict, UnknownCall
 
@@ -754,11 +772,19 @@ def _decide(
     except InvalidDecision as e:
         raise _fail(str(e)) from None
     if kube or (kube is None and _as_kubectl_plugin()):
-        _patch_decision(run, call_id, decision, reason, result, namespace, uid)
+        _patch_decision(run, call_id, decision, reason, result, namespace, uid, digest)
         return
     store = _open_store(dsn)
     try:
-        d = store.decide(_run_key(run), call_id, decision, reason=reason, result=result, decided_by=_who())  # type: ignore[arg-type]
+        d = store.decide(
+            _run_key(run),
+            call_id,
+            decision,  # type: ignore[arg-type]
+            reason=reason,
+            result=result,
+            decided_by=_who(),
+            arguments_digest=digest,
+        )
     except (UnknownCall, DecisionConflict, InvalidDecision) as e:
         raise _fail(str(e)) from None
     said = f" ({d.reason})" if d.reason else ""
@@ -773,11 +799,15 @@ def _decide(
 @kube_option
 @namespace_option
 @uid_option
-def approve(run: str, call_id: str, dsn: str | None, kube: bool | None, namespace: str | None, uid: str | None) -> None:
-    """Approve a call awaiting a decision; it runs once every awaited call of its batch is decided.
+@digest_option
+def approve(
+    run: str, call_id: str, dsn: str | None, kube: bool | None, namespace: str | None, uid: str | None, digest: str | None
+) -> None:
+    """Approve a call awaiting a decision; it runs once every awaited call of its batch is decided,
+    and only with the arguments the decision was made on (G13).
 
     CALL_ID: the call id status shows, e.g. call-2-0."""
-    _decide(run, call_id, "approve", None, dsn, kube, namespace, uid=uid)
+    _decide(run, call_id, "approve", None, dsn, kube, namespace, uid=uid, digest=digest)
 
 
 @app.command()
@@ -788,9 +818,19 @@ def approve(run: str, call_id: str, dsn: str | None, kube: bool | None, namespac
 @kube_option
 @namespace_option
 @uid_option
-def deny(run: str, call_id: str, reason: str, dsn: str | None, kube: bool | None, namespace: str | None, uid: str | None) -> None:
+@digest_option
+def deny(
+    run: str,
+    call_id: str,
+    reason: str,
+    dsn: str | None,
+    kube: bool | None,
+    namespace: str | None,
+    uid: str | None,
+    digest: str | None,
+) -> None:
     """Deny a call awaiting a decision; the model is told it was declined, and why (--reason is required)."""
-    _decide(run, call_id, "deny", reason or None, dsn, kube, namespace, uid=uid)
+    _decide(run, call_id, "deny", reason or None, dsn, kube, namespace, uid=uid, digest=digest)
 
 
 def _patch_cancel(run: str, namespace: str | None, uid: str | None) -> None:
@@ -904,13 +944,21 @@ def _budget_summary(ctx: RunContext) -> tuple[dict[str, Any], str]:
 @kube_option
 @namespace_option
 @uid_option
+@digest_option
 def complete(
-    run: str, call_id: str, result: str, dsn: str | None, kube: bool | None, namespace: str | None, uid: str | None
+    run: str,
+    call_id: str,
+    result: str,
+    dsn: str | None,
+    kube: bool | None,
+    namespace: str | None,
+    uid: str | None,
+    digest: str | None,
 ) -> None:
     """Record that an awaited call's effect already happened, with this result; its tool never runs again.
 
     CALL_ID: the call id status shows, e.g. call-1-0-rerun1."""
-    _decide(run, call_id, "complete", None, dsn, kube, namespace, result=result, uid=uid)
+    _decide(run, call_id, "complete", None, dsn, kube, namespace, result=result, uid=uid, digest=digest)
 
 
 def _pick_question(questions: dict[str, str], call_id: str | None, where: str) -> str:

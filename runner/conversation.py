@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .arguments import DuplicateKey, loads_arguments
 from .snapshot import Message, ToolCall
 from .tools import ToolArgumentsError, ToolContext
 
@@ -77,10 +78,14 @@ def question_of(arguments: str, *, strict: bool = False) -> str:
     raises ToolArgumentsError for arguments that are not ``{"question": str}`` (at most
     :data:`QUESTION_MAX_CHARS`), else returns the raw text for those."""
     try:
-        data = json.loads(arguments or "{}")
+        data = loads_arguments(arguments)
     except json.JSONDecodeError as err:
         if strict:
             raise ToolArgumentsError(f"arguments are not valid JSON ({err.msg} at char {err.pos})") from None
+        return arguments
+    except DuplicateKey as err:
+        if strict:
+            raise ToolArgumentsError(f"arguments refused: {err}") from None
         return arguments
     question = data.get("question") if isinstance(data, dict) else None
     if not isinstance(question, str) or (strict and set(data) != {"question"}):

@@ -23,6 +23,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .arguments import arguments_digest
 from .errors import AgentfastError
 from .names import GROUP, PLURAL, TERMINAL_PHASES, VERSION, format_run_id, parse_run_id
 
@@ -45,6 +46,12 @@ class PendingCall:
     tool: str
     arguments: str
     reason: str
+    #: The digest (runner/arguments.py) of the call's whole arguments, which a decision made on
+    #: this view binds to (G13); None where the source did not give one (status of an older operator).
+    digest: str | None = None
+    #: Set when ``arguments`` is cut (status holds at most 512 characters): says so, how long the
+    #: whole text is, and where it is.
+    note: str | None = None
 
     @property
     def question(self) -> str | None:
@@ -169,7 +176,10 @@ class LocalInbox:
         if loaded is None:
             return None
         ctx, awaiting = loaded
-        pending = tuple(PendingCall(a.call_id, a.tool_call.name, a.tool_call.arguments, a.reason) for a in awaiting)
+        pending = tuple(
+            PendingCall(a.call_id, a.tool_call.name, a.tool_call.arguments, a.reason, arguments_digest(a.tool_call.arguments))
+            for a in awaiting
+        )
         st = ctx.status
         return RunRow(key, st.phase, st.reason or st.phase, st.message, ctx.counters.iterations, pending)
 
@@ -205,11 +215,13 @@ class LocalInbox:
         reason: str | None = None,
         result: str | None = None,
         uid: str | None = None,
+        digest: str | None = None,
     ) -> str:
         """Record ``decision`` on ``call_id`` of the run ``key`` (the store's rules: only for a call
         awaiting one now, once; decisions.check_decision's limits). ``uid``: the run the person
-        reviewed; refused if the run under ``key`` has another. Returns what was recorded, as a
-        sentence. Raises Refused."""
+        reviewed; refused if the run under ``key`` has another. ``digest``: of the arguments the
+        person was shown (:attr:`PendingCall.digest`); refused if the call's are not those now
+        (G13). Returns what was recorded, as a sentence. Raises Refused."""
         from .decisions import InvalidDecision, check_decision
         from .store import DecisionConflict, UnknownCall
 
@@ -220,7 +232,15 @@ class LocalInbox:
             raise Refused(f"run {key} was re-created since you reviewed it (uid {uid} is gone); nothing was decided")
         try:
             reason, result = check_decision(decision, reason, result)
-            d = self.store.decide(key, call_id, decision, reason=reason, result=result, decided_by=self.user)  # type: ignore[arg-type]
+            d = self.store.decide(
+                key,
+                call_id,
+                decision,  # type: ignore[arg-type]
+                reason=reason,
+                result=result,
+                decided_by=self.user,
+                arguments_digest=digest,
+            )
         except (UnknownCall, DecisionConflict, InvalidDecision) as e:
             raise Refused(str(e)) from None
         said = f" ({d.reason})" if d.reason else ""
@@ -330,7 +350,14 @@ class KubeInbox:
     def _row(body: dict[str, Any]) -> RunRow:
         meta, st = body["metadata"], body.get("status") or {}
         pending = tuple(
-            PendingCall(p.get("callId", ""), p.get("tool", ""), p.get("arguments", ""), p.get("reason", "requires_approval"))
+            PendingCall(
+                p.get("callId", ""),
+                p.get("tool", ""),
+                p.get("arguments", ""),
+                p.get("reason", "requires_approval"),
+                p.get("argumentsDigest") or None,
+                (p.get("argumentsNote") or "the arguments shown are cut") if p.get("argumentsTruncated") else None,
+            )
             for p in st.get("pendingApprovals") or []
         )
         phase = st.get("phase") or "Pending"
@@ -415,6 +442,7 @@ class KubeInbox:
         reason: str | None = None,
         result: str | None = None,
         uid: str | None = None,
+        digest: str | None = None,
     ) -> str:
         """Patch the person's decision into the AgentRun ``key``; the operator records it in
         Postgres and the runner resumes. ``approve``, ``deny``, ``complete``: a merge patch of
@@ -428,7 +456,12 @@ class KubeInbox:
         longer awaits. Every patch carries the AgentRun's ``metadata.uid`` (``uid`` when given:
         the one the person reviewed), so it is refused if the AgentRun was deleted and re-created
         under the same name, with other input, in between. Returns what was patched, as a
-        sentence naming the call's tool and arguments. Raises Refused."""
+        sentence naming the call's tool and arguments. Raises Refused.
+
+        ``digest`` (G13): of the arguments the person was shown; refused when status now shows
+        the call with another. The patch carries ``argumentsDigest``: ``digest``, else the one
+        status shows (the arguments this command prints), and the operator records the decision
+        only while the call's arguments have it."""
         from .decisions import REPLY, InvalidDecision, check_decision
 
         try:
@@ -452,18 +485,26 @@ class KubeInbox:
         if call_id not in listed:
             now = f"awaiting a decision now: {', '.join(listed)}" if listed else "no call of this run awaits a decision now"
             raise Refused(f"{call_id} of agentrun {ns}/{name} does not await a decision (status.pendingApprovals); {now}")
+        call = listed[call_id]
+        if digest is not None and call.digest is not None and digest != call.digest:
+            raise Refused(
+                f"{call_id} of agentrun {ns}/{name}: its arguments are not the ones you were shown (status shows"
+                f" {call.digest[:19]}..., you saw {digest[:19]}...); {nothing}: read the call again"
+            )
+        bound = digest or call.digest
         entry = {
             "decision": decision,
             **({"reason": reason} if reason else {}),
             **({"result": result} if result is not None else {}),
             "decidedBy": self.user,
+            **({"argumentsDigest": bound} if bound else {}),
         }
         self.patch(ns, name, seen_uid, nothing, {"metadata": {"uid": seen_uid}, "spec": {"approvals": {call_id: entry}}})
-        call = listed[call_id]
         return (
             f"agentrun.agentfast.dev/{name} (uid {seen_uid}) patched: {call_id} {decision}"
             + (f" ({reason})" if reason else "")
             + f" by {entry['decidedBy']}: {call.tool}({call.arguments})"
+            + (f" [{call.note}]" if call.note else "")
         )
 
     def questions(self, body: dict[str, Any]) -> dict[str, str]:

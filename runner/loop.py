@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from . import faults, logs, tracing
+from .arguments import arguments_digest
 from .budget import check_budget, get_classifier, keep_cost_limit
 from .conversation import AskUserTool, as_question, question_of
 from .decisions import REPLY
@@ -154,6 +155,16 @@ def awaiting_message(awaited: list[AwaitedCall]) -> str:
         return f"{a.call_id}: {a.tool_call.name}({a.tool_call.arguments[:200]})"
     calls = ", ".join(f"{a.call_id} {a.tool_call.name}" for a in awaited)
     return f"{len(awaited)} calls await a decision: {calls}"[:1000]
+
+
+def arguments_changed_message(e: JournalEntry, d: Decision) -> str:
+    """Why an approved call did not run: its arguments' digest is not its decision's (G13)."""
+    now = arguments_digest(e.tool_call.arguments)
+    return (
+        f"{e.call_id} {e.tool_call.name} was approved by {d.decided_by or 'a human'} on arguments with digest"
+        f" {(d.arguments_digest or '')[:19]}..., but the arguments it would run with have digest {now[:19]}...:"
+        " they changed after they were shown, so the call never ran (docs/security.md, G13)"
+    )
 
 
 class BudgetExceeded(AgentfastError):
@@ -588,10 +599,17 @@ class RunnerBase(ABC):
 
     def apply_decision(self, e: JournalEntry, d: Decision) -> ToolResult | None:
         """Carry out a human's decision on an awaited call; None if halted (:meth:`halted`:
-        stopped, cancelled, past the deadline) before an approved run."""
+        stopped, cancelled, past the deadline) before an approved run, or if the approved call's
+        arguments are not the ones its decision was made on (G13: the decision's
+        ``arguments_digest``): the call never runs and :meth:`halt_outcome` ends the run
+        ``Failed``/``ArgumentsChanged``."""
         name = e.tool_call.name
         if d.decision == "approve":
             if self.halted():
+                return None
+            if d.arguments_digest is not None and arguments_digest(e.tool_call.arguments) != d.arguments_digest:
+                # G13: whatever wrote them, these are not the arguments the approver was shown.
+                self._ending = (Phase.FAILED, "ArgumentsChanged", arguments_changed_message(e, d))
                 return None
             result = self.executor.execute(e)
             self.emit("tool_result", f"{e.call_id} {name}")

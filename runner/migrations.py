@@ -709,4 +709,12 @@ MIGRATIONS: list[str] = [
         EXECUTE format('REVOKE CREATE ON SCHEMA %I FROM PUBLIC', s);
     END $migration$;
     """,
+    # 17: a decision bound to what its decider saw (G13, issue 30 items 1 and 8): the digest of
+    # the call's arguments as shown (runner/arguments.py), stored with the decision; the runner
+    # runs an approved call only when its arguments still have that digest. NULL only on rows
+    # decided before this migration (runner/loop.py: they apply as they did).
+    """
+    ALTER TABLE agentfast_approvals ADD COLUMN arguments_digest text
+        CHECK (arguments_digest IS NULL OR arguments_digest ~ '^sha256:[0-9a-f]{64}$');
+    """,
 ]

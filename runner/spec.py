@@ -332,6 +332,11 @@ class ApprovalDecision(_Spec):
         max_length=512,
         description="the decider's own user name; in a cluster the admission policy checks it against the requesting user",
     )
+    argumentsDigest: str | None = Field(
+        None,
+        pattern=r"^sha256:[0-9a-f]{64}$",
+        description="the digest of the arguments the decider was shown (status.pendingApprovals[].argumentsDigest; G13)",
+    )
 
     @model_validator(mode="after")
     def _valid(self) -> ApprovalDecision:

@@ -47,6 +47,7 @@ from psycopg_pool import ConnectionPool
 from pydantic import BaseModel
 
 from . import names, payloads
+from .arguments import arguments_digest as digest_of_arguments
 from .decisions import InvalidDecision, check_decision, check_decision_fits  # noqa: F401  (InvalidDecision: raised by Store.decide; not from .spec, whose models status, history and list never need)
 from .errors import AgentfastError, UnknownRun
 from .migrations import MIGRATIONS
@@ -281,6 +282,9 @@ class Decision:
     reason: str | None
     decided_by: str
     result: str | None = None
+    #: The digest (runner/arguments.py) of the call's arguments as its decider saw them (G13):
+    #: an approved call runs only with arguments of this digest. None: decided before migration 17.
+    arguments_digest: str | None = None
 
 
 @dataclass(frozen=True)
@@ -1671,6 +1675,7 @@ class Store:
         result: str | None = None,
         decided_by: str = "",
         once: bool = False,
+        arguments_digest: str | None = None,
     ) -> Decision:
         """Record a human decision on a call that awaits one now, and wake the waiting runner.
 
@@ -1689,6 +1694,13 @@ class Store:
         so an entry written before its call existed never fires later. (The admission policy
         admits entries only for calls status lists as pending; this holds when status was
         forged.) The CLI's direct decisions are not blocked by a void entry.
+
+        ``arguments_digest`` (G13): the digest (:func:`.arguments.arguments_digest`) of the
+        call's arguments as the decider was shown them. InvalidDecision when the call's
+        arguments now have another digest (they changed since they were shown: nothing is
+        recorded). Without it, the decision binds to the arguments the call has now. Either way
+        the digest is stored with the decision, and the runner runs an approved call only with
+        arguments of that digest.
         """
         reason, result = check_decision(decision, reason, result)
 
@@ -1708,12 +1720,19 @@ class Store:
             awaiting = self._awaiting(conn, run_id)
             if call_id not in [a.call_id for a in awaiting]:
                 raise UnknownCall(self._not_awaiting(conn, run_id, call_id, awaiting))
-            check_decision_fits(decision, next(a for a in awaiting if a.call_id == call_id))
+            awaited = next(a for a in awaiting if a.call_id == call_id)
+            check_decision_fits(decision, awaited)
+            digest = digest_of_arguments(awaited.tool_call.arguments)
+            if arguments_digest is not None and arguments_digest != digest:
+                raise InvalidDecision(
+                    f"{call_id} of run {run_id}: its arguments are not the ones you were shown (shown {arguments_digest[:19]}..., now"
+                    f" {digest[:19]}...); nothing was decided: read the call again and decide on what it holds now"
+                )
             row = conn.execute(
-                """INSERT INTO agentfast_approvals (run_id, call_id, decision, reason, result, decided_by)
-                   VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (run_id, call_id) DO NOTHING
-                   RETURNING call_id, decision, reason, result, decided_by""",
-                (run_id, call_id, decision, reason, result, decided_by),
+                """INSERT INTO agentfast_approvals (run_id, call_id, decision, reason, result, decided_by, arguments_digest)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (run_id, call_id) DO NOTHING
+                   RETURNING call_id, decision, reason, result, decided_by, arguments_digest""",
+                (run_id, call_id, decision, reason, result, decided_by, digest),
             ).fetchone()
             if row is None:  # decided concurrently, between the check above and this insert
                 self._refuse_if_decided(conn, run_id, call_id, decision, reason, result)
@@ -1775,7 +1794,7 @@ class Store:
     @staticmethod
     def _decisions(conn: psycopg.Connection[DictRow], run_id: str, call_ids: list[str]) -> dict[str, Decision]:
         rows = conn.execute(
-            """SELECT call_id, decision, reason, result, decided_by FROM agentfast_approvals
+            """SELECT call_id, decision, reason, result, decided_by, arguments_digest FROM agentfast_approvals
                WHERE run_id = %s AND call_id = ANY(%s)""",
             (run_id, list(call_ids)),
         ).fetchall()

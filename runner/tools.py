@@ -34,6 +34,7 @@ from typing import Any, Literal, overload
 
 from pydantic import BaseModel, ValidationError, create_model
 
+from .arguments import DuplicateKey, loads_arguments
 from .errors import AgentfastError
 from .spec import AgentRun, SpecError, resolve_ref
 from .storable import storable
@@ -98,12 +99,16 @@ class ToolArgumentsError(AgentfastError, ValueError):
 
 def parse_arguments_object(raw: str) -> dict[str, Any]:
     """The model's raw JSON arguments as a dict (empty text: ``{}``), made storable (NUL and lone
-    surrogates become U+FFFD). Raises ToolArgumentsError when they are not a JSON object. The
+    surrogates become U+FFFD). Raises ToolArgumentsError when they are not a JSON object, or
+    name a key twice in one object (:mod:`.arguments`: strict, so what a person approves is what
+    the tool gets). The
     first step of every tool's argument check (Python tools, MCP tools)."""
     try:
-        data = storable(json.loads(raw or "{}"))
+        data = storable(loads_arguments(raw))
     except json.JSONDecodeError as err:
         raise ToolArgumentsError(f"arguments are not valid JSON ({err.msg} at char {err.pos}): {raw[:200]!r}") from None
+    except DuplicateKey as err:
+        raise ToolArgumentsError(f"arguments refused: {err}") from None
     if not isinstance(data, dict):
         raise ToolArgumentsError(f"arguments must be a JSON object, got {type(data).__name__}")
     return data

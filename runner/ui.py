@@ -318,6 +318,7 @@ def create_app(access: Access, *, allowed_hosts: list[str]) -> Starlette:
                 reason=reason,
                 result=result,
                 uid=str(form.get("uid", "")) or None,
+                digest=str(form.get("digest", "")) or None,  # G13: of the arguments this page showed
             )
         except Refused as e:
             return await _render_run(request, inbox, (False, str(e)), 409)
