@@ -36,6 +36,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from agentfast.runner import boundedjson
 from agentfast.runner.errors import SettingError
 from agentfast.runner.liveness import STALE_AFTER_S
 from agentfast.runner.names import format_run_id
@@ -285,7 +286,7 @@ def _env_json(env: dict[str, str], name: str, default: Any) -> Any:
     if not raw or raw == "null":
         return default
     try:
-        return json.loads(raw)
+        return boundedjson.loads(raw, what=name)
     except ValueError as err:
         raise SettingError(f"{name} is not JSON: {err}") from None
 
@@ -632,7 +633,7 @@ class EgressPolicy:
         if not raw:
             return None
         try:
-            doc = json.loads(raw)
+            doc = boundedjson.loads(raw, what="AGENTFAST_NETWORK_POLICY")
         except ValueError as err:
             raise SettingError(f"AGENTFAST_NETWORK_POLICY is not JSON: {err}") from None
         if not isinstance(doc, dict) or set(doc) - {"dns", "postgres", "model", "mcp"}:

@@ -34,6 +34,7 @@ from typing import Any, Literal, overload
 
 from pydantic import BaseModel, ValidationError, create_model
 
+from . import boundedjson
 from .errors import AgentfastError
 from .spec import AgentRun, SpecError, resolve_ref
 from .storable import storable
@@ -89,7 +90,7 @@ def render_result(out: Any) -> str:
     """A tool's return value as the text the model reads: a str as is, anything else as JSON."""
     if isinstance(out, str):
         return out
-    return json.dumps(out, sort_keys=True, default=str)
+    return boundedjson.dumps(out, what="the tool's result", sort_keys=True, default=str)
 
 
 class ToolArgumentsError(AgentfastError, ValueError):
@@ -101,7 +102,9 @@ def parse_arguments_object(raw: str) -> dict[str, Any]:
     surrogates become U+FFFD). Raises ToolArgumentsError when they are not a JSON object. The
     first step of every tool's argument check (Python tools, MCP tools)."""
     try:
-        data = storable(json.loads(raw or "{}"))
+        data = storable(boundedjson.loads(raw or "{}", what="tool arguments"))
+    except boundedjson.JsonLimitExceeded as err:  # too deep or too large: the model is told, the call never runs
+        raise ToolArgumentsError(f"arguments refused: {err}") from None
     except json.JSONDecodeError as err:
         raise ToolArgumentsError(f"arguments are not valid JSON ({err.msg} at char {err.pos}): {raw[:200]!r}") from None
     if not isinstance(data, dict):

@@ -65,6 +65,7 @@ except ImportError:  # a LangGraph release before it
 from langgraph.types import Command, Send, interrupt
 from pydantic import ConfigDict
 
+from .. import boundedjson
 from ..errors import AgentfastError
 from ..loop import Outcome, RunnerBase
 from ..names import Phase
@@ -663,7 +664,7 @@ def to_langchain_message(m: Message, msg_id: str | None = None, *, keep_original
             # JSON escapes in the model's text (\\u0000, a lone \\ud800) decode to characters no
             # checkpointer can serialize; the graph gets them made storable (the runtime runs the
             # call from the journal's raw text, so this changes nothing the tool receives).
-            args = storable(json.loads(c.arguments or "{}"))
+            args = storable(boundedjson.loads(c.arguments or "{}", what="tool arguments"))
             if not isinstance(args, dict):
                 raise ValueError("not an object")
             valid.append({"id": c.id, "name": c.name, "args": args, "type": "tool_call"})
