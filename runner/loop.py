@@ -40,7 +40,15 @@ from .errors import AgentfastError, SettingError, UnknownRun
 from .journal import NOT_WRITTEN, CallExecutor, NotWritten, RunEnding
 from .liveness import EXIT_GRACE_S, ClaimStopped, RunnerAlive, RunnerClaim
 from .model import ChatModel, ModelError, ModelReply, distinct_tool_call_ids
-from .names import TERMINAL_PHASES, WAITING_PHASES, ExitCode, Phase, format_run_id
+from .names import (
+    DEFAULT_MAX_ITERATION_CRASHES,
+    MAX_ITERATION_CRASHES_ENV,
+    TERMINAL_PHASES,
+    WAITING_PHASES,
+    ExitCode,
+    Phase,
+    format_run_id,
+)
 from .payloads import PayloadTooLarge
 from .snapshot import (
     AwaitedCall,
@@ -155,11 +163,6 @@ def awaiting_message(awaited: list[AwaitedCall]) -> str:
         return f"{a.call_id}: {a.tool_call.name}({a.tool_call.arguments[:200]})"
     calls = ", ".join(f"{a.call_id} {a.tool_call.name}" for a in awaited)
     return f"{len(awaited)} calls await a decision: {calls}"[:1000]
-
-
-#: An iteration that crashed its runner this many times in a row ends the run Failed (CrashLoop).
-MAX_ITERATION_CRASHES_ENV = "AGENTFAST_MAX_ITERATION_CRASHES"
-DEFAULT_MAX_ITERATION_CRASHES = 5
 
 
 def max_iteration_crashes(env: dict[str, str] | None = None) -> int:
