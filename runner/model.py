@@ -225,6 +225,8 @@ class OpenAIChatModel(ChatModel):
                 # What create() passes: the bearer key (auth), no extras.
                 options=make_request_options(security={"bearer_auth": True}),
             )
+        except JsonLimitExceeded as err:  # the endpoint's reply itself (_bounded_reply): asking again gives the same
+            raise ModelError(f"model call to {self.base_url} (model {self.model!r}) refused: {err}", retriable=False) from None
         except openai.APIStatusError as err:
             raise self._status_error(err) from err
         except openai.APITimeoutError as err:
@@ -365,7 +367,7 @@ _ID_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 def _bounded_reply(response: Any) -> None:
     """The HTTP client's response hook: a successful reply's JSON body is read and checked
     against :mod:`~agentfast.runner.boundedjson`'s limits (8 MiB, 64 levels) before the SDK parses
-    it. Raises JsonLimitExceeded (the SDK wraps it: :meth:`OpenAIChatModel.complete` turns it into
+    it. Raises JsonLimitExceeded (as it is, or wrapped by the SDK: :meth:`OpenAIChatModel.complete` turns it into
     a ModelError that is not retriable)."""
     if response.is_success and "json" in response.headers.get("content-type", ""):
         response.read()

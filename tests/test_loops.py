@@ -201,3 +201,42 @@ def test_graceful_ends_do_not_count_and_a_new_iteration_starts_from_zero(store: 
     assert store.start_attempt(newer, 4) == 1
     with psycopg.connect(dsn) as conn:
         assert conn.execute("SELECT epoch FROM agentfast_attempts WHERE run_id = %s", (run_id,)).fetchone()[0] == newer.epoch
+
+
+def test_a_model_reply_nested_too_deep_is_a_model_error_not_a_crash() -> None:
+    """The model endpoint's reply is checked (a response hook) before the SDK parses it: over the
+    depth limit it is a ModelError that is not retriable (the run ends Failed/ModelError), never
+    a RecursionError that would kill the runner at every attempt."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from agentfast.runner.model import ModelError, OpenAIChatModel
+    from agentfast.runner.snapshot import Message
+
+    body = (
+        '{"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": ' + "[" * 5000 + "]" * 5000 + "}"
+    ).encode()
+
+    class Deep(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Deep)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        model = OpenAIChatModel(base_url=f"http://127.0.0.1:{server.server_port}/v1", api_key="k", model="m", max_retries=0)
+        with pytest.raises(ModelError) as caught:
+            model.complete([Message(role="user", content="hi")], [])
+        assert not caught.value.retriable
+        assert "the model endpoint's reply: JSON nested 5001 levels deep; the limit is 64" in str(caught.value)
+        model.close()
+    finally:
+        server.shutdown()
