@@ -36,9 +36,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from agentfast.runner import boundedjson
 from agentfast.runner.errors import SettingError
 from agentfast.runner.liveness import STALE_AFTER_S
-from agentfast.runner.names import format_run_id
+from agentfast.runner.names import DEFAULT_MAX_ITERATION_CRASHES, MAX_ITERATION_CRASHES_ENV, format_run_id
 from agentfast.runner.payloads import DEFAULT_MAX_BYTES, DEFAULT_THRESHOLD_BYTES, MAX_ENV, THRESHOLD_ENV
 from agentfast.runner.spec import (
     DNS1123_SUBDOMAIN,
@@ -131,6 +132,9 @@ class RunnerConfig:
     # Failures that would repeat (an OOM kill, a runner dying at start), in a row, before the run
     # fails; deletions, evictions, a lost node and a clean "retry me" (75) never count.
     restart_limit: int = 6
+    # An iteration that crashed its runner this many times in a row ends the run Failed/CrashLoop
+    # (the runner's AGENTFAST_MAX_ITERATION_CRASHES, runner/loop.py; the chart's runner.maxIterationCrashes).
+    max_iteration_crashes: int = DEFAULT_MAX_ITERATION_CRASHES
     # A run waiting for a human longer than this releases its pod (spec.suspendAfter wins; 0: never), s.
     suspend_after_s: int = 60
     # An ended run's runner pods (and its NetworkPolicy) are deleted this long after it ended, s
@@ -221,6 +225,7 @@ class RunnerConfig:
             dsn_secret=e.get("AGENTFAST_DSN_SECRET", cls.dsn_secret),
             dsn_secret_key=e.get("AGENTFAST_DSN_SECRET_KEY", cls.dsn_secret_key),
             restart_limit=int(e.get("AGENTFAST_RESTART_LIMIT", cls.restart_limit)),
+            max_iteration_crashes=_max_crashes(e),
             suspend_after_s=int(e.get("AGENTFAST_SUSPEND_AFTER_SECONDS", cls.suspend_after_s)),
             pod_ttl_s=_pod_ttl(e),
             service_account=account,
@@ -263,6 +268,16 @@ def _pod_ttl(env: dict[str, str]) -> int | None:
     return value
 
 
+def _max_crashes(env: dict[str, str]) -> int:
+    """``AGENTFAST_RUNNER_MAX_ITERATION_CRASHES`` as the runner reads its own variable. Raises SettingError."""
+    raw = env.get("AGENTFAST_RUNNER_MAX_ITERATION_CRASHES", "").strip()
+    if not raw:
+        return DEFAULT_MAX_ITERATION_CRASHES
+    if not raw.isdigit() or int(raw) < 1:
+        raise SettingError(f"AGENTFAST_RUNNER_MAX_ITERATION_CRASHES: {raw[:32]!r} is not an integer >= 1")
+    return int(raw)
+
+
 def _env_bytes(env: dict[str, str], name: str, default: int) -> int:
     """A positive whole number of bytes from ``env[name]`` (unset or empty: ``default``). Raises ValueError naming it."""
     raw = env.get(name, "").strip()
@@ -285,7 +300,7 @@ def _env_json(env: dict[str, str], name: str, default: Any) -> Any:
     if not raw or raw == "null":
         return default
     try:
-        return json.loads(raw)
+        return boundedjson.loads(raw, what=name)
     except ValueError as err:
         raise SettingError(f"{name} is not JSON: {err}") from None
 
@@ -506,6 +521,8 @@ def build_pod(
         # Large payloads (runner/payloads.py): the chart's runner.payloadThresholdBytes / payloadMaxBytes.
         {"name": THRESHOLD_ENV, "value": str(cfg.payload_threshold_bytes)},
         {"name": MAX_ENV, "value": str(cfg.payload_max_bytes)},
+        # An iteration that keeps killing its runner ends the run Failed/CrashLoop (runner/loop.py).
+        {"name": MAX_ITERATION_CRASHES_ENV, "value": str(cfg.max_iteration_crashes)},
     ]
     if cfg.otlp_endpoint:  # traces (runner/tracing.py), with the standard variables; the run's namespace as a resource attribute
         env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": cfg.otlp_endpoint})
@@ -632,7 +649,7 @@ class EgressPolicy:
         if not raw:
             return None
         try:
-            doc = json.loads(raw)
+            doc = boundedjson.loads(raw, what="AGENTFAST_NETWORK_POLICY")
         except ValueError as err:
             raise SettingError(f"AGENTFAST_NETWORK_POLICY is not JSON: {err}") from None
         if not isinstance(doc, dict) or set(doc) - {"dns", "postgres", "model", "mcp"}:

@@ -13,8 +13,9 @@ Parsing is strict where the standard library is lenient: an object with a key tw
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any
+
+from . import boundedjson
 
 DIGEST_PREFIX = "sha256:"
 
@@ -38,9 +39,9 @@ def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def loads_arguments(raw: str) -> Any:
     """``raw`` (JSON text; empty means ``{}``) parsed strictly: any object in it with a key twice
-    raises DuplicateKey (a ValueError). Otherwise as ``json.loads``: raises json.JSONDecodeError
-    (a ValueError) for text that is not JSON."""
-    return json.loads(raw or "{}", object_pairs_hook=_refuse_duplicates)
+    raises DuplicateKey (a ValueError); past the size or depth limits of :mod:`.boundedjson`,
+    JsonLimitExceeded; text that is not JSON, json.JSONDecodeError (both ValueError)."""
+    return boundedjson.loads(raw or "{}", what="tool arguments", object_pairs_hook=_refuse_duplicates)
 
 
 def arguments_digest(arguments: str) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from . import boundedjson
 from .arguments import DuplicateKey, loads_arguments
 from .snapshot import Message, ToolCall
 from .tools import ToolArgumentsError, ToolContext
@@ -79,7 +80,9 @@ def question_of(arguments: str, *, strict: bool = False) -> str:
     :data:`QUESTION_MAX_CHARS`), else returns the raw text for those."""
     try:
         data = loads_arguments(arguments)
-    except json.JSONDecodeError as err:
+    except json.JSONDecodeError as err:  # JsonLimitExceeded too: too deep or too large
+        if strict and isinstance(err, boundedjson.JsonLimitExceeded):
+            raise ToolArgumentsError(f"arguments refused: {err}") from None
         if strict:
             raise ToolArgumentsError(f"arguments are not valid JSON ({err.msg} at char {err.pos})") from None
         return arguments

@@ -7,9 +7,9 @@ the spec models (issue 15: a command imports only what it uses).
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
+from . import boundedjson
 from .errors import InvalidDecision as InvalidDecision  # its home is errors.py; raised and imported from here
 from .storable import storable_text
 
@@ -64,7 +64,9 @@ def check_decision(decision: str, reason: str | None, result: str | None) -> tup
         if len(result) > RESULT_MAX_CHARS:
             raise InvalidDecision(f"the result is {len(result)} characters; at most {RESULT_MAX_CHARS}")
         try:
-            json.loads(result)
+            boundedjson.loads(result, what="the result")
+        except boundedjson.JsonLimitExceeded as err:
+            raise InvalidDecision(f"{err}") from None
         except ValueError as err:
             raise InvalidDecision(
                 f"the result must be JSON text (an object, array, string in quotes, number...): {err}"

@@ -23,6 +23,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import boundedjson
 from .arguments import arguments_digest
 from .errors import AgentfastError
 from .names import GROUP, PLURAL, TERMINAL_PHASES, VERSION, format_run_id, parse_run_id
@@ -118,7 +119,7 @@ def visible(text: str) -> str:
 def pretty_json(text: str) -> str:
     """``text`` indented when it is JSON, else unchanged; then :func:`visible`."""
     try:
-        text = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+        text = json.dumps(boundedjson.loads(text, what="arguments"), indent=2, ensure_ascii=False)
     except (ValueError, TypeError):
         pass
     return visible(text)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -36,11 +37,19 @@ from .arguments import arguments_digest
 from .budget import check_budget, get_classifier, keep_cost_limit
 from .conversation import AskUserTool, as_question, question_of
 from .decisions import REPLY
-from .errors import AgentfastError, UnknownRun
+from .errors import AgentfastError, SettingError, UnknownRun
 from .journal import NOT_WRITTEN, CallExecutor, NotWritten, RunEnding
 from .liveness import EXIT_GRACE_S, ClaimStopped, RunnerAlive, RunnerClaim
 from .model import ChatModel, ModelError, ModelReply, distinct_tool_call_ids
-from .names import TERMINAL_PHASES, WAITING_PHASES, ExitCode, Phase, format_run_id
+from .names import (
+    DEFAULT_MAX_ITERATION_CRASHES,
+    MAX_ITERATION_CRASHES_ENV,
+    TERMINAL_PHASES,
+    WAITING_PHASES,
+    ExitCode,
+    Phase,
+    format_run_id,
+)
 from .payloads import PayloadTooLarge
 from .snapshot import (
     AwaitedCall,
@@ -167,6 +176,22 @@ def arguments_changed_message(e: JournalEntry, d: Decision) -> str:
     )
 
 
+def max_iteration_crashes(env: dict[str, str] | None = None) -> int:
+    """``AGENTFAST_MAX_ITERATION_CRASHES`` (default 5): how many runners may crash in the same
+    iteration, one after the other, before the next one ends the run ``Failed`` (reason
+    ``CrashLoop``) instead of trying it again. Raises SettingError unless it is an integer >= 1."""
+    raw = ((os.environ if env is None else env).get(MAX_ITERATION_CRASHES_ENV) or "").strip()
+    if not raw:
+        return DEFAULT_MAX_ITERATION_CRASHES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise SettingError(f"{MAX_ITERATION_CRASHES_ENV}: {raw[:32]!r} is not an integer >= 1")
+    return value
+
+
 class BudgetExceeded(AgentfastError):
     """Raised before a model call when a budget limit is reached; ends the run as Failed."""
 
@@ -256,6 +281,9 @@ class RunnerBase(ABC):
         self._deadline_mono: float | None = None  # time.monotonic() when spec.activeDeadlineSeconds passes
         self.trace: tracing.RunTracer = tracing.RunTracer()  # this attempt's spans (runner/tracing.py); run() sets it
         self._claim: RunnerClaim | None = None
+        self.max_crashes = max_iteration_crashes()  # SettingError at start, before any work
+        self._attempt_at: int | None = None  # the iteration start_attempt recorded; None: not recorded
+        self._crashed = False  # this attempt ends as a crash (the tool host died): end_attempt is not called
 
     # -- entry point -------------------------------------------------------------------------
 
@@ -284,6 +312,7 @@ class RunnerBase(ABC):
         outcome: Outcome | None = None
         try:
             outcome = self._run_claimed(record)
+            self._end_attempt()
             return outcome
         finally:
             ended = (outcome.phase, outcome.exit_code, outcome.message) if outcome is not None else (None, None, "")
@@ -314,6 +343,9 @@ class RunnerBase(ABC):
                 snap.context.prices = self._prices()
                 self._trace_attempt()
                 self.commit()  # the takeover is visible at once (status.restarts), not at the next step
+            crash_loop = self._start_attempt()  # issue 30 item 4: an iteration that keeps killing its runner ends the run
+            if crash_loop is not None:
+                return crash_loop
             warm = getattr(self.model, "warm", None)  # the model client's imports, off the takeover's path
             if warm is not None:
                 warm()
@@ -337,6 +369,7 @@ class RunnerBase(ABC):
         except StoreUnavailable as err:
             return Outcome("Unavailable", ExitCode.RETRY, f"Postgres unavailable; nothing is lost, resume later: {err}")
         except ToolHostLost as err:  # a call in flight may have taken effect: left started, settled on resume (G4)
+            self._crashed = True  # counted against AGENTFAST_MAX_ITERATION_CRASHES, as the host's death was a crash
             return self._retry_exit(f"the tool host died ({err}); resume to continue")
         except ModelError as err:
             if err.retriable:
@@ -348,6 +381,33 @@ class RunnerBase(ABC):
             if not hasattr(self, "snap"):
                 self.snap = self._initial_snapshot(record.run_uid, classify=False)
             return self.finish(Phase.FAILED, "InvalidSpec", str(err), exit_code=ExitCode.BAD_INPUT)
+
+    def _start_attempt(self) -> Outcome | None:
+        """Record this attempt at the run's current iteration (``Store.start_attempt``); when
+        :attr:`max_crashes` runners in a row crashed in it already, end the run ``Failed`` (reason
+        ``CrashLoop``, exit 1) instead of trying it again. Returns that Outcome, else None."""
+        it = self.snap.context.counters.iterations + 1
+        crashes = self.store.start_attempt(self.lease, it)
+        self._attempt_at = it
+        if crashes < self.max_crashes:
+            return None
+        return self.finish(
+            Phase.FAILED,
+            "CrashLoop",
+            f"iteration {it} crashed its runner {crashes} times in a row (the limit, {MAX_ITERATION_CRASHES_ENV},"
+            f" is {self.max_crashes}); the run stops instead of trying it again: look at the runner's log of those attempts",
+        )
+
+    def _end_attempt(self) -> None:
+        """Tell the store this attempt ended without crashing (``Store.end_attempt``), unless it
+        did crash (the tool host died) or never started one. Best effort: a store that is gone or
+        a lease taken over leaves the attempt counted as a crash, as a death would."""
+        if self._attempt_at is None or self._crashed:
+            return
+        try:
+            self.store.end_attempt(self.lease, self.snap.context.counters.iterations + 1)
+        except (StoreUnavailable, LeaseLost) as err:
+            log.warning("could not record the attempt's end: %s", err)
 
     def _trace_attempt(self) -> None:
         """Start this attempt's span (runner/tracing.py), recorded in the takeover commit that follows."""

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import logging
 import os
 import re
@@ -46,6 +45,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import boundedjson
 from .errors import AgentfastError, CallOutcomeUnknown, SpecError
 from .launch import env_refusal, env_value_refusal
 from .spec import (
@@ -131,7 +131,9 @@ def render(result: CallToolResult) -> str:
                 f"[{kind} content, {getattr(item, 'mime_type', None) or getattr(item, 'mimeType', '') or 'unknown type'}]"
             )
     if not any(p for p in parts) and result.structured_content is not None:
-        return json.dumps(result.structured_content, sort_keys=True, default=str)
+        return boundedjson.dumps(
+            result.structured_content, what="the MCP server's structured result", sort_keys=True, default=str
+        )
     return "\n".join(parts)
 
 

@@ -717,4 +717,70 @@ MIGRATIONS: list[str] = [
     ALTER TABLE agentfast_approvals ADD COLUMN arguments_digest text
         CHECK (arguments_digest IS NULL OR arguments_digest ~ '^sha256:[0-9a-f]{64}$');
     """,
+    # 18: crash loops (issue 30 item 4): an iteration that has crashed its runner N times in a row
+    # ends the run Failed (reason CrashLoop), never an endless exit 75 and restart. One row per run:
+    # the iteration the last runner started at, how many runners crashed in it (died without a
+    # graceful end: SIGKILL, os._exit, the tool host's death) and whether an attempt is running
+    # now. agentfast_start_attempt, called by each runner at its takeover, counts the previous
+    # attempt as a crash of this iteration if it never ended (its last commit is the checkpoint
+    # this one starts from, so it died in this very iteration); agentfast_end_attempt, called at a
+    # graceful end, clears the flag. The count is per iteration: a start at a later iteration (the
+    # earlier one committed) starts again from 0. Fenced like every table a runner writes; runner
+    # roles reach their namespace's rows only (row-level security), and get column-level UPDATE
+    # only, no DELETE (migration 16's rule).
+    """
+    CREATE TABLE agentfast_attempts (
+        run_id      text PRIMARY KEY REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE,
+        iteration   integer NOT NULL,
+        crashes     integer NOT NULL DEFAULT 0,
+        running     boolean NOT NULL DEFAULT false,
+        epoch       bigint NOT NULL,
+        updated_at  timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE TRIGGER agentfast_fence BEFORE INSERT OR UPDATE ON agentfast_attempts
+        FOR EACH ROW EXECUTE FUNCTION agentfast_fence();
+    ALTER TABLE agentfast_attempts ENABLE ROW LEVEL SECURITY;
+    CREATE POLICY agentfast_tenant ON agentfast_attempts TO agentfast_runner
+        USING (split_part(run_id, '/', 1) = agentfast_tenant());
+    GRANT SELECT, INSERT ON agentfast_attempts TO agentfast_runner;
+    GRANT UPDATE (iteration, crashes, running, epoch, updated_at) ON agentfast_attempts TO agentfast_runner;
+
+    DO $migration$
+    DECLARE
+        s text := current_schema();
+    BEGIN
+        -- An attempt of p_iteration starts: returns how many attempts of it crashed before this one.
+        EXECUTE format($f$
+            CREATE FUNCTION %1$I.agentfast_start_attempt(p_run text, p_epoch bigint, p_uid text, p_iteration integer)
+            RETURNS integer LANGUAGE plpgsql SET search_path = %1$I, pg_temp AS $body$
+            DECLARE
+                n integer;
+            BEGIN
+                PERFORM %1$I.agentfast_name_lease(p_epoch, p_uid);
+                INSERT INTO %1$I.agentfast_attempts AS a (run_id, iteration, crashes, running, epoch)
+                    VALUES (p_run, p_iteration, 0, true, 0)
+                    ON CONFLICT (run_id) DO UPDATE SET
+                        crashes = (CASE WHEN a.iteration = p_iteration THEN a.crashes ELSE 0 END)
+                                  + (CASE WHEN a.running THEN 1 ELSE 0 END),
+                        iteration = p_iteration, running = true, updated_at = now()
+                    RETURNING a.crashes INTO n;
+                RETURN n;
+            END $body$
+        $f$, s);
+        -- The attempt ended gracefully at p_iteration (not a crash).
+        EXECUTE format($f$
+            CREATE FUNCTION %1$I.agentfast_end_attempt(p_run text, p_epoch bigint, p_uid text, p_iteration integer)
+            RETURNS void LANGUAGE plpgsql SET search_path = %1$I, pg_temp AS $body$
+            BEGIN
+                PERFORM %1$I.agentfast_name_lease(p_epoch, p_uid);
+                UPDATE %1$I.agentfast_attempts a SET running = false,
+                       crashes = CASE WHEN a.iteration = p_iteration THEN a.crashes ELSE 0 END,
+                       iteration = p_iteration, updated_at = now()
+                    WHERE a.run_id = p_run;
+            END $body$
+        $f$, s);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %1$I.agentfast_start_attempt(text, bigint, text, integer) TO agentfast_runner', s);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %1$I.agentfast_end_attempt(text, bigint, text, integer) TO agentfast_runner', s);
+    END $migration$;
+    """,
 ]

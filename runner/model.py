@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
+from .boundedjson import JsonLimitExceeded, check
 from .errors import AgentfastError
 from .snapshot import Message, ToolCall
 from .spec import MODEL_API_KEY_ENV, NO_KEY, ModelSpec, ResolvedModelConfig, check_model_allowed
@@ -166,7 +167,11 @@ class OpenAIChatModel(ChatModel):
                 import openai
 
                 self._client = openai.OpenAI(
-                    base_url=self.base_url, api_key=self._api_key, timeout=self.timeout_s, max_retries=self.max_retries
+                    base_url=self.base_url,
+                    api_key=self._api_key,
+                    timeout=self.timeout_s,
+                    max_retries=self.max_retries,
+                    http_client=openai.DefaultHttpxClient(event_hooks={"response": [_bounded_reply]}),
                 )
             return self._client
 
@@ -220,6 +225,8 @@ class OpenAIChatModel(ChatModel):
                 # What create() passes: the bearer key (auth), no extras.
                 options=make_request_options(security={"bearer_auth": True}),
             )
+        except JsonLimitExceeded as err:  # the endpoint's reply itself (_bounded_reply): asking again gives the same
+            raise ModelError(f"model call to {self.base_url} (model {self.model!r}) refused: {err}", retriable=False) from None
         except openai.APIStatusError as err:
             raise self._status_error(err) from err
         except openai.APITimeoutError as err:
@@ -230,6 +237,10 @@ class OpenAIChatModel(ChatModel):
             ) from err
         except openai.APIConnectionError as err:
             cause = err.__cause__ or err
+            if isinstance(cause, JsonLimitExceeded):  # the endpoint's reply itself: asking again gives the same
+                raise ModelError(
+                    f"model call to {self.base_url} (model {self.model!r}) refused: {cause}", retriable=False
+                ) from err
             raise ModelError(
                 f"model call to {self.base_url} (model {self.model!r}) could not connect: {cause};"
                 f" gave up after {self.max_retries} retries",
@@ -351,6 +362,16 @@ class _WireBody:
 #: Longest tool-call id the runtime makes: OpenAI rejects ids longer than 40 characters.
 MAX_TOOL_CALL_ID = 40
 _ID_CHARS = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def _bounded_reply(response: Any) -> None:
+    """The HTTP client's response hook: a successful reply's JSON body is read and checked
+    against :mod:`~agentfast.runner.boundedjson`'s limits (8 MiB, 64 levels) before the SDK parses
+    it. Raises JsonLimitExceeded (as it is, or wrapped by the SDK: :meth:`OpenAIChatModel.complete` turns it into
+    a ModelError that is not retriable)."""
+    if response.is_success and "json" in response.headers.get("content-type", ""):
+        response.read()
+        check(response.content, what="the model endpoint's reply")
 
 
 def distinct_tool_call_ids(message: Message, earlier: Iterable[Message], iteration: int) -> Message:

@@ -141,3 +141,9 @@ class EventReason(StrEnum):
     NOT_AWAITING_DECISION = "NotAwaitingDecision"
     #: A ``spec.approvals`` entry that cannot be recorded as given (runner/decisions.py's rules).
     INVALID_DECISION = "InvalidDecision"
+
+
+#: The runner's variable (the chart's ``runner.maxIterationCrashes``): an iteration that crashed its
+#: runner this many times in a row ends the run ``Failed`` with reason ``CrashLoop`` (runner/loop.py).
+MAX_ITERATION_CRASHES_ENV = "AGENTFAST_MAX_ITERATION_CRASHES"
+DEFAULT_MAX_ITERATION_CRASHES = 5

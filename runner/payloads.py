@@ -34,6 +34,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from . import boundedjson
 from .errors import AgentfastError, SettingError
 from .storable import storable_text
 
@@ -160,7 +161,7 @@ def externalize_json(text: str, limits: Limits, out: dict[str, str], *, what: st
     :data:`PREFIX` in it, is returned as it is without being parsed."""
     if len(text) * 4 <= limits.threshold_bytes and PREFIX not in text:
         return text
-    value = json.loads(text)
+    value = boundedjson.loads(text, what=what, max_bytes=limits.max_bytes * 2)
     new = externalize(value, limits, out, what=what)
     return text if new is value else json.dumps(new, ensure_ascii=False, separators=(",", ":"))
 

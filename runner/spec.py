@@ -12,7 +12,6 @@ API conventions ask, except the budget keys, which keep the product's names (``m
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import os
 import re
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 # The rules of a decision live in .decisions, so that the store (which enforces them) need not import this module.
+from . import boundedjson
 from .decisions import DECISIONS, REASON_MAX_CHARS, REPLY_MAX_CHARS, RESULT_MAX_CHARS, InvalidDecision, check_decision  # noqa: F401
 from .errors import SettingError
 from .errors import SpecError as SpecError  # its home is errors.py; raised and imported from here
@@ -1112,7 +1112,7 @@ def mcp_servers_from_env(env: Mapping[str, str] | None = None) -> dict[str, str]
     if not raw:
         return {}
     try:
-        doc = json.loads(raw)
+        doc = boundedjson.loads(raw, what=MCP_SERVERS_ENV)
     except ValueError as err:
         raise SettingError(f"{MCP_SERVERS_ENV} is not JSON: {err}") from None
     if not isinstance(doc, dict) or not all(

@@ -1265,6 +1265,40 @@ class Store:
             raise UnknownRun(run_id)
         return Lease(run_id, row["epoch"], row["run_uid"])
 
+    # -- crash loops (migration 18) -------------------------------------------------------------
+
+    def start_attempt(self, lease: Lease, iteration: int) -> int:
+        """Record that this runner starts (or resumes) the run at ``iteration`` (1-based, the
+        next model call's), and return how many runners before it crashed in that iteration in a
+        row: the previous attempt counts as one if it never ended (:meth:`end_attempt`), since
+        the checkpoint this runner starts from is its last commit. 0 at a new iteration. One
+        statement. Raises LeaseLost, StoreUnavailable."""
+        row = self._write_statement(
+            lease,
+            {},
+            "SELECT agentfast_start_attempt(%s, %s, %s, %s) AS crashes",
+            (lease.run_id, lease.epoch, lease.run_uid, iteration),
+        )
+        return int(row["crashes"]) if row is not None else 0
+
+    def end_attempt(self, lease: Lease, iteration: int) -> None:
+        """Record that this runner's attempt ended without crashing, at ``iteration`` (a stop, a
+        pause, a committed ending; not the tool host's death): the next start does not count it.
+        Raises LeaseLost, StoreUnavailable."""
+        self._write_statement(
+            lease, {}, "SELECT agentfast_end_attempt(%s, %s, %s, %s)", (lease.run_id, lease.epoch, lease.run_uid, iteration)
+        )
+
+    def attempts(self, run_id: str) -> tuple[int, int, bool] | None:
+        """The run's crash count as stored: ``(iteration, crashes, running)``, or None when no
+        runner started it yet. Raises StoreUnavailable."""
+        row = self._retry(
+            lambda c: c.execute(
+                "SELECT iteration, crashes, running FROM agentfast_attempts WHERE run_id = %s", (run_id,)
+            ).fetchone()
+        )
+        return None if row is None else (row["iteration"], row["crashes"], row["running"])
+
     # -- checkpoints --------------------------------------------------------------------------
 
     def commit_checkpoint(

@@ -46,6 +46,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from . import boundedjson
 from .errors import AgentfastError, CallOutcomeUnknown
 from .spec import MODEL_API_KEY_ENV, AgentRun, SpecError
 from .tools import Recovery, ToolArgumentsError, ToolContext, ToolRegistry
@@ -78,6 +79,8 @@ LIBPQ_ENV_PREFIX = "PG"
 _RESERVED_PREFIXES = ("AGENTFAST_", "PYTHON", "LD_")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FRAME = struct.Struct(">I")
+#: The largest frame: what its length header can say (a tool's result may be up to the payload limit).
+_FRAME_MAX_BYTES = 2**32 - 1
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
 
@@ -136,7 +139,11 @@ def make_undumpable() -> None:
 
 
 def _send(sock: socket.socket, msg: dict[str, Any]) -> None:
-    data = json.dumps(msg, default=str).encode()
+    try:
+        data = json.dumps(msg, default=str).encode()
+    except (ValueError, RecursionError) as err:  # a value a tool returned, nested past the encoder's recursion
+        answer = {"raised": {"type": type(err).__name__, "message": f"the tool's answer cannot be sent: {err}"}}
+        data = json.dumps({"id": msg.get("id", -1), **answer}).encode()
     sock.sendall(_FRAME.pack(len(data)) + data)
 
 
@@ -148,7 +155,9 @@ def _recv(sock: socket.socket) -> dict[str, Any] | None:
     body = _read_exact(sock, _FRAME.unpack(head)[0])
     if body is None:
         return None
-    frame: dict[str, Any] = json.loads(body)
+    # Bounded (runner/boundedjson.py): a frame from a hostile tool host cannot recurse the runner
+    # away; a refused one is a ValueError, which ToolHost._read takes as a broken connection.
+    frame: dict[str, Any] = boundedjson.loads(body, what="a tool host frame", max_bytes=_FRAME_MAX_BYTES)
     return frame
 
 
@@ -374,6 +383,8 @@ def _answer(registry: ToolRegistry, msg: dict[str, Any]) -> dict[str, Any]:
             return {}
         except ToolArgumentsError as err:
             return {"bad_arguments": str(err)}
+        except (Exception, SystemExit) as err:  # never the host's death: the model reads why (issue 30 item 4)
+            return {"bad_arguments": f"arguments refused: {type(err).__name__}: {err}"}
     ctx = ToolContext(**msg["ctx"])
     try:
         if msg["op"] == "invoke":

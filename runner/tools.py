@@ -34,6 +34,7 @@ from typing import Any, Literal, overload
 
 from pydantic import BaseModel, ValidationError, create_model
 
+from . import boundedjson
 from .arguments import DuplicateKey, loads_arguments
 from .errors import AgentfastError
 from .spec import AgentRun, SpecError, resolve_ref
@@ -90,7 +91,7 @@ def render_result(out: Any) -> str:
     """A tool's return value as the text the model reads: a str as is, anything else as JSON."""
     if isinstance(out, str):
         return out
-    return json.dumps(out, sort_keys=True, default=str)
+    return boundedjson.dumps(out, what="the tool's result", sort_keys=True, default=str)
 
 
 class ToolArgumentsError(AgentfastError, ValueError):
@@ -105,6 +106,8 @@ def parse_arguments_object(raw: str) -> dict[str, Any]:
     first step of every tool's argument check (Python tools, MCP tools)."""
     try:
         data = storable(loads_arguments(raw))
+    except boundedjson.JsonLimitExceeded as err:  # too deep or too large: the model is told, the call never runs
+        raise ToolArgumentsError(f"arguments refused: {err}") from None
     except json.JSONDecodeError as err:
         raise ToolArgumentsError(f"arguments are not valid JSON ({err.msg} at char {err.pos}): {raw[:200]!r}") from None
     except DuplicateKey as err:

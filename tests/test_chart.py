@@ -521,6 +521,26 @@ def test_payload_limits_reach_the_runner_pods_env(helm: str) -> None:
 
 
 @pytest.mark.process
+def test_max_iteration_crashes_reaches_the_runner_pods_env(helm: str) -> None:
+    """runner.maxIterationCrashes (issue 30 item 4): the runner's AGENTFAST_MAX_ITERATION_CRASHES, 5 by default."""
+    from agentfast.operator.workload import RunnerConfig, build_pod
+
+    body = {"metadata": {"name": "r", "namespace": "team-a", "uid": "u"}, "spec": {}}
+    default = RunnerConfig.from_env(_operator_env(render(helm)))
+    pod = build_pod(body, default)["spec"]
+    assert {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}["AGENTFAST_MAX_ITERATION_CRASHES"] == "5"
+    proc = _render_values(helm, {"runner": {"maxIterationCrashes": 2}})
+    assert proc.returncode == 0, proc.stderr
+    cfg = RunnerConfig.from_env(_operator_env([d for d in yaml.safe_load_all(proc.stdout) if d]))
+    pod = build_pod(body, cfg)["spec"]
+    assert {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}["AGENTFAST_MAX_ITERATION_CRASHES"] == "2"
+    refused = _render_values(helm, {"runner": {"maxIterationCrashes": 0}})
+    assert refused.returncode != 0 and "maxIterationCrashes" in refused.stderr
+    with pytest.raises(ValueError, match="AGENTFAST_RUNNER_MAX_ITERATION_CRASHES"):
+        RunnerConfig.from_env({"AGENTFAST_RUNNER_MAX_ITERATION_CRASHES": "0"})
+
+
+@pytest.mark.process
 def test_the_otlp_endpoint_reaches_the_runner_pods_env(helm: str) -> None:
     """runner.otlpEndpoint turns traces on in runner pods (docs/observability.md); unset, no OTEL_* variable."""
     from agentfast.operator.workload import RunnerConfig, build_pod
