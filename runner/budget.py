@@ -26,15 +26,18 @@ def check_budget(ctx: RunContext) -> str | None:
 
     Limits: ``max_iterations`` (iterations), ``max_tokens`` (prompt + completion tokens),
     ``max_duration_ms`` (active time, ms) and ``max_cost`` (``ctx.cost()``: the tokens so far at
-    ``ctx.prices``, in their currency). A ``max_cost`` without prices cannot be checked: the spec
+    ``ctx.prices``, in their currency); ``ctx.usage`` as counted (:meth:`RunnerBase.counted_context`:
+    replies lost to crashes included, and named in the reason). A ``max_cost`` without prices cannot be checked: the spec
     refuses it, and a context that has it anyway (written by hand) stops the run rather than run
     without its limit. Raises nothing.
     """
     b, c, u = ctx.budget, ctx.counters, ctx.usage
+    # Replies a crash lost before their turn was saved were paid for: counted, and said so.
+    lost = f", {u.lost_replies} of them in model replies lost to crashes" if u.lost_replies else ""
     if c.iterations >= b.max_iterations:
         return f"budget exceeded: max_iterations is {b.max_iterations} and the run has made {c.iterations} iterations without finishing"
     if u.total_tokens >= b.max_tokens:
-        return f"budget exceeded: max_tokens is {b.max_tokens} and the run has used {u.total_tokens} tokens"
+        return f"budget exceeded: max_tokens is {b.max_tokens} and the run has used {u.total_tokens} tokens{lost}"
     if u.duration_ms >= b.max_duration_ms:
         return f"budget exceeded: max_duration_ms is {b.max_duration_ms} and the run has been active for {u.duration_ms} ms"
     if b.max_cost is not None:
@@ -45,7 +48,7 @@ def check_budget(ctx: RunContext) -> str | None:
             currency = ctx.prices.currency
             return (
                 f"budget exceeded: max_cost is {format_cost(b.max_cost, currency)} and the run has cost"
-                f" {format_cost(cost, currency)} ({u.prompt_tokens} prompt and {u.completion_tokens} completion tokens)"
+                f" {format_cost(cost, currency)} ({u.prompt_tokens} prompt and {u.completion_tokens} completion tokens{lost})"
             )
     return None
 

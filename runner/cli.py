@@ -1101,7 +1101,9 @@ def status(run: str, dsn: str | None, output: str) -> None:
     for), ``awaiting`` (every call awaiting a decision now), ``decided`` (decisions recorded for
     the paused batch, applied when the run goes on), ``budget`` (applied, declared,
     classifier, which limits it lowered), ``usage`` (``prompt_tokens``, ``completion_tokens``,
-    ``total_tokens``, ``duration_ms``), ``cost`` (``amount`` in ``currency``, ``max_cost``, the
+    ``total_tokens``, ``duration_ms``, ``lost_replies``: every reply the model endpoint answered
+    counts, also one a crash lost before its turn was saved; ``lost_replies`` says how many of
+    those the figures include), ``cost`` (``amount`` in ``currency``, ``max_cost``, the
     ``prices`` it is counted at; null when the run's model has no prices) and ``modelConfig``
     (the ModelConfig the run was registered with: endpoint, limits, prices; null for the scripted
     model).
@@ -1136,7 +1138,7 @@ def status(run: str, dsn: str | None, output: str) -> None:
             "runner": info.to_json(),
             "next": {"state": state, "message": story},
             "budget": budget_doc,
-            "usage": ctx.usage.model_dump(mode="json"),
+            "usage": {**ctx.usage.model_dump(mode="json"), "lost_replies": ctx.usage.lost_replies},
             "cost": cost_doc,
             "modelConfig": (record.spec.get("modelConfig") if (record := store.get_run(key)) is not None else None),
         }
@@ -1150,7 +1152,8 @@ def status(run: str, dsn: str | None, output: str) -> None:
     t.add_row("phase", f"{ctx.status.phase} ({ctx.status.reason})" + (f": {ctx.status.message}" if ctx.status.message else ""))
     t.add_row("runner", story)
     t.add_row("iteration", f"{c.iterations} of {b.max_iterations}")
-    t.add_row("tokens", f"{u.total_tokens} of {b.max_tokens} (prompt {u.prompt_tokens}, completion {u.completion_tokens})")
+    lost = f"; {u.lost_replies} model replies lost to crashes, paid for and counted" if u.lost_replies else ""
+    t.add_row("tokens", f"{u.total_tokens} of {b.max_tokens} (prompt {u.prompt_tokens}, completion {u.completion_tokens}{lost})")
     t.add_row("active time", f"{u.duration_ms} ms of {b.max_duration_ms} ms (time waiting for a decision is not counted)")
     t.add_row("cost", cost_line)
     t.add_row("budget", budget_line)

@@ -70,6 +70,7 @@ from .store import (
     EndRequests,
     JournalEntry,
     LeaseLost,
+    LostReplies,
     RunRecord,
     SdkRow,
     Store,
@@ -284,6 +285,7 @@ class RunnerBase(ABC):
         self.max_crashes = max_iteration_crashes()  # SettingError at start, before any work
         self._attempt_at: int | None = None  # the iteration start_attempt recorded; None: not recorded
         self._crashed = False  # this attempt ends as a crash (the tool host died): end_attempt is not called
+        self._lost = LostReplies()  # replies answered but lost to crashes before this runner (read at the takeover)
 
     # -- entry point -------------------------------------------------------------------------
 
@@ -327,6 +329,8 @@ class RunnerBase(ABC):
             snap = self.store.load_snapshot(self.run_id)
             # Fenced now: any later turn is this runner's own, so only these are read back.
             self._turns_before = self.store.last_turn_iteration(self.run_id)
+            # Replies earlier runners were answered and lost: they count against the budget.
+            self._lost = self.store.lost_replies(self.run_id) if snap is not None else LostReplies()
             self._active_since = time.monotonic()
             if snap is None:
                 self.snap = self._initial_snapshot(record.run_uid)
@@ -463,7 +467,7 @@ class RunnerBase(ABC):
         elif it <= self._turns_before:  # saved by an earlier runner: a resume reuses that reply
             turn = self.store.load_turn(self.run_id, it)
         if turn is None:
-            reason = check_budget(self.snap.context)
+            reason = check_budget(self.counted_context())
             if reason:
                 raise BudgetExceeded(reason)
             self.emit("model_call", f"iteration {it}")
@@ -471,6 +475,10 @@ class RunnerBase(ABC):
             with self.trace.chat(it, self.spec.model.name) as span:
                 reply = self.model.complete(messages, self.tools.schemas)
                 span.reply(reply)
+            # Paid for now: its usage is recorded before anything that can crash (issue 30 item 4).
+            prices = self.snap.context.prices
+            cost = prices.cost(reply.prompt_tokens, reply.completion_tokens) if prices is not None else None
+            self.store.record_reply(self.lease, it, reply.prompt_tokens, reply.completion_tokens, cost)
             faults.point("model.after_call")
             message = as_question(reply.message, it) if self.spec.conversation else reply.message
             # Ids a provider repeated are made unique before they are stored or sent back (the wire).
@@ -501,6 +509,16 @@ class RunnerBase(ABC):
         recorded that call's intent (once), else ``journal.NOT_WRITTEN``."""
         intent, self._intent = self._intent, None
         return intent[2] if intent is not None and intent[:2] == (it, position) else NOT_WRITTEN
+
+    def counted_context(self) -> RunContext:
+        """The run's context as the budget sees it: ``snap.context`` (whose usage counts saved
+        turns only, as checkpoints keep it) with the replies lost before this runner took the run
+        over added to its usage (``usage.lost_replies`` says how many). A copy when there are
+        any, never committed: each reply is counted once, through its turn or as lost."""
+        ctx, lost = self.snap.context, self._lost
+        if not lost.count:
+            return ctx
+        return ctx.model_copy(update={"usage": ctx.usage.plus(lost.prompt_tokens, lost.completion_tokens, lost.count)})
 
     def _account(self, turn: Turn) -> None:
         """Add a turn's tokens to usage once, and count it as a model call.

@@ -783,4 +783,68 @@ MIGRATIONS: list[str] = [
         EXECUTE format('GRANT EXECUTE ON FUNCTION %1$I.agentfast_end_attempt(text, bigint, text, integer) TO agentfast_runner', s);
     END $migration$;
     """,
+    # 19: every model reply the endpoint answered is counted (issue 30 item 4, issue 31 item 4).
+    # A reply's usage is recorded the moment it arrives, before anything that can crash
+    # (Store.record_reply: one statement, committed asynchronously), one row per (run, iteration,
+    # epoch): a runner asks the model at most once per iteration and lease. The turn that keeps
+    # the reply (agentfast_turns, saved by the same lease) marks it kept, in its own insert
+    # (trigger, as the owner: runner roles get no UPDATE here). A reply never kept was answered
+    # and paid for and then lost to a crash; readers add those to the checkpoint's usage (which
+    # counts saved turns only), so each reply is counted exactly once: through its turn, or as lost.
+    # No fence: a zombie's reply was paid for too. Its run is found by uid (an archived run's
+    # rows follow its rename), preferring p_run.
+    """
+    CREATE TABLE agentfast_model_replies (
+        run_id             text NOT NULL REFERENCES agentfast_runs ON DELETE CASCADE ON UPDATE CASCADE,
+        iteration          integer NOT NULL,
+        epoch              bigint NOT NULL,
+        prompt_tokens      integer NOT NULL CHECK (prompt_tokens >= 0),
+        completion_tokens  integer NOT NULL CHECK (completion_tokens >= 0),
+        cost               float8,
+        kept               boolean NOT NULL DEFAULT false,
+        created_at         timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (run_id, iteration, epoch)
+    );
+    CREATE INDEX agentfast_model_replies_lost ON agentfast_model_replies (run_id) WHERE NOT kept;
+    ALTER TABLE agentfast_model_replies ENABLE ROW LEVEL SECURITY;
+    CREATE POLICY agentfast_tenant ON agentfast_model_replies TO agentfast_runner
+        USING (split_part(run_id, '/', 1) = agentfast_tenant());
+    GRANT SELECT, INSERT ON agentfast_model_replies TO agentfast_runner;
+
+    DO $migration$
+    DECLARE
+        s text := current_schema();
+    BEGIN
+        EXECUTE format($f$
+            CREATE FUNCTION %1$I.agentfast_record_reply(p_run text, p_epoch bigint, p_uid text, p_iteration integer,
+                                                        p_prompt_tokens integer, p_completion_tokens integer, p_cost float8)
+            RETURNS void LANGUAGE sql
+                SET search_path = %1$I, pg_temp
+                AS $body$
+            INSERT INTO %1$I.agentfast_model_replies (run_id, iteration, epoch, prompt_tokens, completion_tokens, cost)
+                SELECT r.run_id, p_iteration, p_epoch, p_prompt_tokens, p_completion_tokens, p_cost
+                FROM %1$I.agentfast_runs r WHERE r.run_uid = p_uid
+                ORDER BY r.run_id = p_run DESC LIMIT 1
+                ON CONFLICT (run_id, iteration, epoch) DO NOTHING
+            $body$
+        $f$, s);
+        EXECUTE format($f$
+            CREATE FUNCTION %1$I.agentfast_reply_kept() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+                SET search_path = %1$I, pg_temp
+                AS $body$
+            BEGIN
+                UPDATE %1$I.agentfast_model_replies m SET kept = true
+                    WHERE m.run_id = NEW.run_id AND m.iteration = NEW.iteration AND m.epoch = NEW.epoch AND NOT m.kept;
+                RETURN NULL;
+            END $body$
+        $f$, s);
+        EXECUTE format('CREATE TRIGGER agentfast_reply_kept AFTER INSERT ON %I.agentfast_turns'
+                       ' FOR EACH ROW EXECUTE FUNCTION %I.agentfast_reply_kept()', s, s);
+        EXECUTE format('REVOKE ALL ON FUNCTION %I.agentfast_record_reply(text, bigint, text, integer, integer, integer, float8)'
+                       ' FROM PUBLIC', s);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %I.agentfast_record_reply(text, bigint, text, integer, integer, integer, float8)'
+                       ' TO agentfast_runner', s);
+        EXECUTE format('REVOKE ALL ON FUNCTION %I.agentfast_reply_kept() FROM PUBLIC', s);
+    END $migration$;
+    """,
 ]

@@ -151,6 +151,24 @@ class Usage(_Model):
     completion_tokens: int = 0
     total_tokens: int = 0
     duration_ms: int = 0
+    # A reader's figure, never a checkpoint's (always 0 there): of the tokens above, how many
+    # model replies were answered and paid for but lost to a crash before their turn was saved
+    # (``Store.load_context`` adds their tokens; issue 30 item 4).
+    lost_replies: int = Field(
+        0, ge=0, exclude=True, description="model replies counted above whose turn a crash lost (readers only; never stored)"
+    )
+
+    def plus(self, prompt_tokens: int, completion_tokens: int, replies: int = 0) -> Usage:
+        """This usage with ``prompt_tokens`` and ``completion_tokens`` (counts of tokens) added
+        and ``replies`` more lost replies among them; ``duration_ms`` as it is. Raises nothing."""
+        return self.model_copy(
+            update={
+                "prompt_tokens": self.prompt_tokens + prompt_tokens,
+                "completion_tokens": self.completion_tokens + completion_tokens,
+                "total_tokens": self.total_tokens + prompt_tokens + completion_tokens,
+                "lost_replies": self.lost_replies + replies,
+            }
+        )
 
 
 class Classification(_Model):

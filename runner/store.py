@@ -256,6 +256,17 @@ class Turn:
 
 
 @dataclass(frozen=True)
+class LostReplies:
+    """Model replies the endpoint answered (and billed) whose turn was never saved: a crash lost
+    them after they arrived (``Store.record_reply`` kept their usage). ``count`` replies,
+    ``prompt_tokens`` and ``completion_tokens`` in all (counts of tokens)."""
+
+    count: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True)
 class JournalEntry:
     """One row of the tool-call journal. ``state``: planned -> started -> done."""
 
@@ -1456,13 +1467,17 @@ class Store:
     def load_context(self, run_id: str) -> tuple[RunContext, PendingToolCall | None] | None:
         """The latest checkpoint's context and pending call, without the transcript (cheap).
 
-        Decoded like a snapshot (version checked, older versions upgraded): raises UnreadableState.
+        A reader's view (status, the operator, the inbox), never to be committed back: its
+        ``usage`` is what the run has spent, counted once each: the checkpoint's, plus a turn
+        saved since and not yet in it, plus every lost reply (:meth:`lost_replies`; their number
+        in ``usage.lost_replies``). Decoded like a snapshot (version checked, older versions
+        upgraded): raises UnreadableState.
         """
         row = self._retry(lambda c: self._latest_context(c, run_id))
         if row is None:
             return None
         snap = decode_snapshot(run_id, row, [])
-        return snap.context, snap.pending
+        return _counted(snap.context, row), snap.pending
 
     def load_context_and_awaiting(self, run_id: str) -> tuple[RunContext, list[AwaitedCall]] | None:
         """The latest checkpoint's context and the calls awaiting a decision now (:meth:`awaiting`),
@@ -1473,15 +1488,25 @@ class Store:
             if row is None:
                 return None
             snap = decode_snapshot(run_id, row, [])
-            return snap.context, self._still_awaiting(conn, run_id, snap)
+            return _counted(snap.context, row), self._still_awaiting(conn, run_id, snap)
 
         return self._retry(op)
 
     def _latest_context(self, conn: psycopg.Connection[DictRow], run_id: str) -> dict[str, Any] | None:
-        """The latest checkpoint row without ``sdk_state`` (its payload references resolved), or None."""
+        """The latest checkpoint row without ``sdk_state`` (its payload references resolved), or
+        None; with what :func:`_counted` adds to its usage: ``later_turns`` (``[iteration,
+        prompt, completion]`` of each turn saved after the checkpoint's iteration) and the
+        run's lost replies (``lost_count``, ``lost_prompt``, ``lost_completion``), read in the
+        same statement (one snapshot: a reply is either kept by its turn or lost, never both)."""
         row = conn.execute(
-            """SELECT checkpoint_id, iteration, schema_version, context, pending, saved_at FROM agentfast_checkpoints
-               WHERE run_id = %s ORDER BY checkpoint_id DESC LIMIT 1""",
+            """SELECT c.checkpoint_id, c.iteration, c.schema_version, c.context, c.pending, c.saved_at,
+                      (SELECT coalesce(jsonb_agg(jsonb_build_array(t.iteration, t.prompt_tokens, t.completion_tokens)), '[]')
+                       FROM agentfast_turns t WHERE t.run_id = c.run_id AND t.iteration > c.iteration) AS later_turns,
+                      l.n AS lost_count, l.p AS lost_prompt, l.q AS lost_completion
+               FROM agentfast_checkpoints c,
+                    LATERAL (SELECT count(*) AS n, coalesce(sum(m.prompt_tokens), 0) AS p, coalesce(sum(m.completion_tokens), 0) AS q
+                             FROM agentfast_model_replies m WHERE m.run_id = c.run_id AND NOT m.kept) l
+               WHERE c.run_id = %s ORDER BY c.checkpoint_id DESC LIMIT 1""",
             (run_id,),
         ).fetchone()
         if row is not None:
@@ -1575,6 +1600,37 @@ class Store:
             raise err.about(what, len(text.encode())) from None
         self._payloads_committed(lease, out)
         return turn, row
+
+    def record_reply(self, lease: Lease, iteration: int, prompt_tokens: int, completion_tokens: int, cost: float | None) -> None:
+        """Record that the model answered iteration ``iteration`` under ``lease``, with its usage
+        (counts of tokens) and ``cost`` (at the run's prices, in their currency; None: no prices),
+        the moment the reply arrives: whatever dies before its turn is saved, the reply counts
+        against ``max_tokens`` and ``max_cost`` (:meth:`lost_replies`). Once per (iteration,
+        lease): a retry adds nothing. One statement committed asynchronously
+        (``synchronous_commit = off``: no WAL flush to wait for; it is durable once the WAL
+        writer flushes, within a few hundred ms, or at the turn's own commit, whichever is
+        first: any runner death is covered, a Postgres crash in that window is not). Not
+        fenced: a runner that lost its lease was still billed. Raises StoreUnavailable."""
+        params = (lease.run_id, lease.epoch, lease.run_uid, iteration, prompt_tokens, completion_tokens, cost)
+        self._attempt(
+            lambda c: c.execute(
+                "SELECT set_config('synchronous_commit', 'off', true), agentfast_record_reply(%s, %s, %s, %s, %s, %s, %s)",
+                params,
+            )
+        )
+
+    def lost_replies(self, run_id: str) -> LostReplies:
+        """The run's model replies that were answered but never kept by a saved turn (a crash
+        lost them after :meth:`record_reply`): their number and tokens. One query, over those
+        rows only (a partial index). Raises StoreUnavailable."""
+        row = _one(
+            self._read(
+                """SELECT count(*) AS n, coalesce(sum(prompt_tokens), 0) AS p, coalesce(sum(completion_tokens), 0) AS q
+                   FROM agentfast_model_replies WHERE run_id = %s AND NOT kept""",
+                (run_id,),
+            )
+        )
+        return LostReplies(int(row["n"]), int(row["p"]), int(row["q"]))
 
     def last_turn_iteration(self, run_id: str) -> int:
         """The highest iteration with a saved model reply (0: none)."""
@@ -1982,6 +2038,19 @@ class _StorableStrBinaryDumper(StrBinaryDumper):
 
     def dump(self, obj: str) -> bytes | bytearray | memoryview | None:
         return super().dump(storable_text(obj))
+
+
+def _counted(ctx: RunContext, row: dict[str, Any]) -> RunContext:
+    """``ctx`` (a checkpoint's, whose usage counts the turns up to ``ctx.turns_accounted``) with
+    what the run has spent since added to its usage, from a :meth:`Store._latest_context` row:
+    each turn saved after it (a runner counts one when it resumes) and every lost reply."""
+    prompt, completion = int(row["lost_prompt"]), int(row["lost_completion"])
+    for iteration, p, c in row["later_turns"]:
+        if iteration > ctx.turns_accounted:
+            prompt, completion = prompt + p, completion + c
+    if prompt or completion or row["lost_count"]:
+        ctx.usage = ctx.usage.plus(prompt, completion, int(row["lost_count"]))
+    return ctx
 
 
 def _storable_json_dumps(obj: Any) -> str:

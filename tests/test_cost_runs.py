@@ -106,6 +106,7 @@ def test_a_scripted_run_with_prices_under_max_cost_succeeds_and_status_shows_its
         "completion_tokens": 300,
         "total_tokens": 2800,
         "duration_ms": doc["usage"]["duration_ms"],
+        "lost_replies": 0,  # no reply was lost to a crash
     }
     assert doc["budget"]["applied"]["max_cost"] == 0.01
     text = run_cli("status", "under", dsn=dsn)

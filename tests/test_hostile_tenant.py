@@ -107,7 +107,11 @@ def test_every_function_of_the_store_pins_its_search_path_with_pg_temp_last(stor
     assert "agentfast_tenant()" in by_name and by_name["agentfast_tenant()"]["definer"]  # the list is the catalog's, not empty
     assert "agentfast_fence()" in by_name and by_name["agentfast_fence()"]["trigger"]
     # A new SECURITY DEFINER function of the store is a decision: it is named here when it is made.
-    assert {r["fn"] for r in rows if r["definer"] and r["schema"] == schema} == {"agentfast_tenant()", "agentfast_prune()"}
+    assert {r["fn"] for r in rows if r["definer"] and r["schema"] == schema} == {
+        "agentfast_tenant()",
+        "agentfast_prune()",
+        "agentfast_reply_kept()",  # marks a model reply kept by its turn (migration 19): runner roles get no UPDATE there
+    }
     for r in rows:  # the store's, and any other in the database (the example tools' run_epoch)
         config = dict(c.split("=", 1) for c in r["config"])
         assert "search_path" in config, f"{r['fn']} resolves names through its caller's search_path"
