@@ -117,6 +117,8 @@ def loads(text: str | bytes, *, what: str, max_bytes: int = MAX_BYTES, max_depth
     except json.JSONDecodeError:
         raise
     except ValueError as err:  # e.g. an integer over sys.get_int_max_str_digits() digits
+        if type(err) is not ValueError:  # a hook's own refusal (arguments.DuplicateKey): the caller's to tell
+            raise
         raise JsonLimitExceeded(what, "number", f"JSON not convertible: {err}", text) from None
 
 

@@ -42,6 +42,12 @@ by ``ON UPDATE CASCADE`` when an earlier run of a reused name is archived, migra
 - ``agentfast_runners`` (3): the live runner of a run, if any: who (runner id, pid, host, its
   Postgres backend) and its last heartbeat. Only a hint for humans: liveness itself is the
   session advisory lock the runner holds (``runner/liveness.py``), which dies with its connection.
+- ``agentfast_approvals.arguments_digest`` (17): the digest of the arguments a decision was
+  made on (G13); an approved call runs only with arguments of that digest.
+- ``agentfast_attempts`` (18): per run, the iteration its last runner started and how many
+  runners crashed in it in a row (a crash loop ends the run ``Failed``/``CrashLoop``).
+- ``agentfast_model_replies`` (19): the usage of every model reply, recorded when it arrives; a
+  reply no saved turn kept still counts against the budget.
 
 Least privilege (5, G11): the role that runs the migrations owns every table (and so bypasses
 row-level security); runners log in as a role per namespace, member of the group role
