@@ -59,6 +59,7 @@ TABLES = {
     "agentfast_payloads",
     "agentfast_sdk_blobs",
     "agentfast_notifications",
+    "agentfast_attempts",
 }
 
 
