@@ -161,7 +161,9 @@ def externalize_json(text: str, limits: Limits, out: dict[str, str], *, what: st
     :data:`PREFIX` in it, is returned as it is without being parsed."""
     if len(text) * 4 <= limits.threshold_bytes and PREFIX not in text:
         return text
-    value = boundedjson.loads(text, what=what, max_bytes=limits.max_bytes * 2)
+    # Our own serialization of a row: each string in it is held to limits.max_bytes by externalize;
+    # the whole is bounded in depth only (a value nested past the parser is refused, never a crash).
+    value = boundedjson.loads(text, what=what, max_bytes=len(text) * 4)
     new = externalize(value, limits, out, what=what)
     return text if new is value else json.dumps(new, ensure_ascii=False, separators=(",", ":"))
 

@@ -81,6 +81,8 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FRAME = struct.Struct(">I")
 #: The largest frame: what its length header can say (a tool's result may be up to the payload limit).
 _FRAME_MAX_BYTES = 2**32 - 1
+#: The deepest frame: a value already held to 64 levels (a spec, a tool's result), inside the frame's own few.
+_FRAME_MAX_DEPTH = 2 * boundedjson.MAX_DEPTH
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
 
@@ -157,7 +159,9 @@ def _recv(sock: socket.socket) -> dict[str, Any] | None:
         return None
     # Bounded (runner/boundedjson.py): a frame from a hostile tool host cannot recurse the runner
     # away; a refused one is a ValueError, which ToolHost._read takes as a broken connection.
-    frame: dict[str, Any] = boundedjson.loads(body, what="a tool host frame", max_bytes=_FRAME_MAX_BYTES)
+    frame: dict[str, Any] = boundedjson.loads(
+        body, what="a tool host frame", max_bytes=_FRAME_MAX_BYTES, max_depth=_FRAME_MAX_DEPTH
+    )
     return frame
 
 
