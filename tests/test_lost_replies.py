@@ -123,6 +123,12 @@ def test_replies_lost_to_crashes_count_and_the_next_resume_fails_without_asking_
     assert [(it, tokens, kept) for it, _, tokens, kept in _replies(dsn, f"default/{name}")] == [(1, 1100, False)] * 3
     # the checkpoint itself counts saved turns only: the lost replies are never folded in twice
     assert store.load_snapshot(f"default/{name}").context.usage.total_tokens == 0
+    # the operator's metrics count them too (agentfast_tokens_total, agentfast_cost_total)
+    from agentfast.operator.metrics import RUNS_SQL
+
+    [rows] = store.read_together([(RUNS_SQL, None)])
+    [row] = [r for r in rows if r["phase"] == "Failed"]
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (3000, 300) and row["cost"] == pytest.approx(33.0)
 
 
 @pytest.mark.parametrize("adapter", ["vanilla", "langgraph"])
