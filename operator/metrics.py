@@ -147,13 +147,19 @@ RUNS_SQL = (
        coalesce(sum((context->'counters'->>'tool_errors')::bigint), 0) AS tool_errors,
        coalesce(sum((context->'counters'->>'approvals_requested')::bigint), 0) AS approvals_requested,
        coalesce(sum((context->'counters'->>'resumes')::bigint), 0) AS resumes,
-       coalesce(sum((context->'usage'->>'prompt_tokens')::bigint), 0) AS prompt_tokens,
-       coalesce(sum((context->'usage'->>'completion_tokens')::bigint), 0) AS completion_tokens,
+       coalesce(sum((context->'usage'->>'prompt_tokens')::bigint + lost.p), 0) AS prompt_tokens,
+       coalesce(sum((context->'usage'->>'completion_tokens')::bigint + lost.q), 0) AS completion_tokens,
        coalesce(sum(greatest(epoch - 1, 0)), 0) AS takeovers,
-       coalesce(sum(((context->'usage'->>'prompt_tokens')::float8 * (context->'prices'->>'promptPerMillionTokens')::float8
-                   + (context->'usage'->>'completion_tokens')::float8 * (context->'prices'->>'completionPerMillionTokens')::float8)
+       coalesce(sum((((context->'usage'->>'prompt_tokens')::bigint + lost.p)::float8
+                     * (context->'prices'->>'promptPerMillionTokens')::float8
+                   + ((context->'usage'->>'completion_tokens')::bigint + lost.q)::float8
+                     * (context->'prices'->>'completionPerMillionTokens')::float8)
                   / 1e6), 0) AS cost
-FROM latest GROUP BY 1, 2"""
+FROM latest
+-- replies the endpoint answered whose turn a crash lost: paid for, counted (migration 17)
+CROSS JOIN LATERAL (SELECT coalesce(sum(m.prompt_tokens), 0) AS p, coalesce(sum(m.completion_tokens), 0) AS q
+                    FROM agentfast_model_replies m WHERE m.run_id = latest.run_id AND NOT m.kept) lost
+GROUP BY 1, 2"""
 )
 
 #: Calls awaiting a human now, by reason, and the oldest one's request time (ms since the epoch):

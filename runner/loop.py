@@ -524,8 +524,9 @@ class RunnerBase(ABC):
         """Add a turn's tokens to usage once, and count it as a model call.
 
         Both are derived from the persisted turns (one per iteration), not from what this process
-        did: after a kill and resume they are what an uninterrupted run shows (a reply whose turn
-        was never persisted is asked again and counted once).
+        did: after a kill and resume they are what an uninterrupted run shows. A reply whose turn
+        was never persisted is asked again; the lost one was paid for, and counts as a lost reply
+        (``Store.record_reply``, :meth:`counted_context`), never here.
         """
         ctx = self.snap.context
         ctx.counters.model_calls = max(ctx.counters.model_calls, turn.iteration)

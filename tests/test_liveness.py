@@ -374,6 +374,25 @@ def test_figures_after_a_kill_and_resume_equal_an_uninterrupted_runs(
     resumed = case.cli("resume", "counters-two-rounds")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     doc = case.status_json("counters-two-rounds")
+    if fault.startswith("model.after_call"):
+        # The endpoint answered the killed runner's request too, and billed it: that reply counts
+        # once, as lost (issue 31 item 4), on top of what an uninterrupted run spent.
+        with psycopg.connect(dsn) as conn:
+            lost = conn.execute(
+                "SELECT prompt_tokens, completion_tokens FROM agentfast_model_replies"
+                " WHERE run_id = 'default/counters-two-rounds' AND NOT kept"
+            ).fetchall()
+        assert len(lost) == 1 and doc["usage"]["lost_replies"] == 1, lost
+        [(p, c)] = lost
+        u = reference["usage"]
+        reference = {
+            **reference,
+            "usage": {
+                "prompt_tokens": u["prompt_tokens"] + p,
+                "completion_tokens": u["completion_tokens"] + c,
+                "total_tokens": u["total_tokens"] + p + c,
+            },
+        }
     assert _figures(doc) == reference
     assert doc["context"]["counters"]["resumes"] == 1
 

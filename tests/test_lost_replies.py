@@ -12,7 +12,8 @@ million). Both adapters:
 - a reply recorded when it arrived and then kept by its saved turn is counted once: a runner
   killed after the turn was saved (``tool.before_call``) and resumed to the end shows exactly the
   two replies the endpoint answered, and so does status while the run is down;
-- a lost reply and the replies that follow add up: 3 answered, 3 counted.
+- a lost reply and the replies that follow add up: 3 answered, 3 counted;
+- at the store: a retried record adds nothing, a turn keeps only its own lease's reply, a zombie's stays lost.
 """
 
 from __future__ import annotations
@@ -122,6 +123,12 @@ def test_replies_lost_to_crashes_count_and_the_next_resume_fails_without_asking_
     assert [(it, tokens, kept) for it, _, tokens, kept in _replies(dsn, f"default/{name}")] == [(1, 1100, False)] * 3
     # the checkpoint itself counts saved turns only: the lost replies are never folded in twice
     assert store.load_snapshot(f"default/{name}").context.usage.total_tokens == 0
+    # the operator's metrics count them too (agentfast_tokens_total, agentfast_cost_total)
+    from agentfast.operator.metrics import RUNS_SQL
+
+    [rows] = store.read_together([(RUNS_SQL, None)])
+    [row] = [r for r in rows if r["phase"] == "Failed"]
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (3000, 300) and row["cost"] == pytest.approx(33.0)
 
 
 @pytest.mark.parametrize("adapter", ["vanilla", "langgraph"])
@@ -160,3 +167,26 @@ def test_a_lost_reply_and_the_ones_after_it_add_up(tmp_path: Path, dsn: str, sto
     assert doc["cost"]["amount"] == pytest.approx(33.0)
     kept = [k for _, _, _, k in _replies(dsn, f"default/{name}")]
     assert kept == [False, True, True]  # epoch 1's reply lost; epoch 2's two kept by their turns
+
+
+def test_a_reply_is_recorded_once_kept_only_by_its_own_leases_turn_and_a_zombies_counts(store: Store) -> None:
+    """Store level: a retried record adds nothing; the turn saved under the same lease keeps its
+    reply; a reply recorded by a runner whose lease was taken over (a zombie) stays lost."""
+    from agentfast.runner.snapshot import Message
+    from agentfast.runner.store import LostReplies, Turn
+
+    run_id = "default/ledger"
+    store.create_run(run_id, str(uuid.uuid4()), {"spec": {}})
+    zombie = store.acquire_lease(run_id)
+    store.record_reply(zombie, 1, 1000, 100, 11.0)
+    store.record_reply(zombie, 1, 1000, 100, 11.0)  # a retry after a lost acknowledgement
+    assert store.lost_replies(run_id) == LostReplies(1, 1000, 100)
+    lease = store.acquire_lease(run_id)  # taken over: the zombie's reply was paid for and is lost
+    store.record_reply(lease, 1, 900, 90, None)
+    store.save_turn(lease, Turn(1, Message(role="assistant", content="hi"), 900, 90), [])
+    assert store.lost_replies(run_id) == LostReplies(1, 1000, 100)  # the new lease's reply is kept by its turn
+    with psycopg.connect(store.dsn) as conn:
+        rows = conn.execute(
+            "SELECT epoch, kept, cost FROM agentfast_model_replies WHERE run_id = %s ORDER BY epoch", (run_id,)
+        ).fetchall()
+    assert rows == [(zombie.epoch, False, 11.0), (lease.epoch, True, None)]
