@@ -1035,13 +1035,21 @@ def reply(
 def _awaiting_view(store: Store, key: str, pending: PendingToolCall | None) -> dict[str, Any]:
     """What ``status`` shows of a paused batch: every call awaiting a decision now, and the
     decisions already recorded for the others (applied when the run goes on)."""
+    from .arguments import arguments_digest
+
     if pending is None:
         return {"awaiting": [], "decided": []}
     now = {a.call_id for a in store.awaiting(key)}
     decided = store.get_decisions(key, pending.call_ids)
     return {
         "awaiting": [
-            {"call_id": a.call_id, "tool": a.tool_call.name, "arguments": a.tool_call.arguments, "reason": a.reason}
+            {
+                "call_id": a.call_id,
+                "tool": a.tool_call.name,
+                "arguments": a.tool_call.arguments,
+                "arguments_digest": arguments_digest(a.tool_call.arguments),  # what --digest takes (G13)
+                "reason": a.reason,
+            }
             for a in pending.awaiting
             if a.call_id in now
         ],
@@ -1165,6 +1173,7 @@ def status(run: str, dsn: str | None, output: str) -> None:
     for a in view["awaiting"]:
         note = " (in flight when a runner died: may already have run)" if a["reason"] == "in_flight_not_idempotent" else ""
         t.add_row("awaiting", one_line(f"{a['call_id']} {a['tool']}({a['arguments']}){note}"))
+        t.add_row("", f"arguments digest {a['arguments_digest']} (approve ... --digest binds to it)")
     for d in view["decided"]:
         t.add_row(
             "decided",

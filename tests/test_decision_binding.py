@@ -83,7 +83,12 @@ def test_arguments_changed_after_the_approval_never_run_and_the_run_fails_saying
 @pytest.mark.process
 def test_unchanged_arguments_run_once_approved_with_the_digest_shown(tmp_path: Path, dsn: str, store: Store) -> None:
     run_id = _paused(tmp_path, dsn, store, "bound")
-    digest = arguments_digest(_shown(store, run_id))
+    shown = run_cli("status", "bound", "-o", "json", dsn=dsn)
+    (awaiting,) = json.loads(shown.stdout)["awaiting"]  # what a person reads, with what --digest takes
+    digest = awaiting["arguments_digest"]
+    assert awaiting["arguments"] == _shown(store, run_id) and digest == arguments_digest(awaiting["arguments"])
+    text = run_cli("status", "bound", dsn=dsn).stdout
+    assert "arguments digest" in text and digest in "".join(text.split()), text  # the table may wrap it
     approved = run_cli("approve", "bound", "call-2-0", "--digest", digest, dsn=dsn)
     assert approved.returncode == 0, approved.stdout
     resumed = run_cli("resume", "bound", dsn=dsn, timeout=90)
