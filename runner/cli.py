@@ -1152,10 +1152,11 @@ def status(run: str, dsn: str | None, output: str) -> None:
         }
         out.print_json(json.dumps(doc))
         return
-    from rich.table import Table
+    from rich.table import Column, Table
 
     c, u, b = ctx.counters, ctx.usage, ctx.budget
-    t = Table(show_header=False, box=None)
+    # fold: a long word (an arguments digest, an id) breaks across lines whole, never cut with "…"
+    t = Table(Column(), Column(overflow="fold"), show_header=False, box=None)
     t.add_row("run", key)
     t.add_row("phase", f"{ctx.status.phase} ({ctx.status.reason})" + (f": {ctx.status.message}" if ctx.status.message else ""))
     t.add_row("runner", story)
