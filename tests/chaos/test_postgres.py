@@ -356,6 +356,9 @@ def test_a_revoked_privilege_stops_the_runner_safely(
                 conn.execute(f'GRANT USAGE ON SCHEMA public TO "{role}"')
                 conn.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "{role}"')
                 conn.execute(f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO "{role}"')
+                # and the functions a runner calls, as agentfast_runner holds them (some, such as
+                # agentfast_record_reply, are revoked from PUBLIC)
+                conn.execute(f'GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO "{role}"')
             run = ChaosRun(
                 scenario,
                 dsn=runner_dsn,
