@@ -194,10 +194,11 @@ class Bench:
     def iteration_step(store, lease, snap, inputs) -> None:  # noqa: ANN001
         """What the vanilla loop asks of the store in one iteration of two idempotent tool calls,
         in its order (tests/test_bench_smoke.py records the real loop's calls and compares): the
-        model's reply with the plan and the first call's intent, per call the intent (the first
+        reply's usage recorded as it arrives (asynchronous commit), the model's reply with the plan and the first call's intent, per call the intent (the first
         one's already written; an intent also checks for a cancel or the deadline) and the
         result, then the checkpoint with the read of the next iteration's safe point."""
         it, turn, planned, results, stored = inputs
+        store.record_reply(lease, it, turn.prompt_tokens, turn.completion_tokens, None)
         store.save_turn_and_mark_started(lease, turn, planned, 0, deadline_s=None)
         for p, result in enumerate(results):
             if p > 0:

@@ -16,11 +16,12 @@ import hashlib
 from typing import Any
 
 from . import boundedjson
+from .errors import AgentfastError
 
 DIGEST_PREFIX = "sha256:"
 
 
-class DuplicateKey(ValueError):
+class DuplicateKey(AgentfastError, ValueError):
     """A JSON object in the arguments names one key twice (``key``: that key)."""
 
     def __init__(self, key: str) -> None:
