@@ -433,6 +433,21 @@ def _forget_run(uid: str) -> None:
         table.pop(uid, None)
 
 
+def idle_due(body: dict[str, Any], pending: Any, now_ms: int | None = None) -> bool:
+    """Whether ``spec.conversationIdleTimeout`` (s) has passed for the run's awaited calls
+    ``pending`` (a PendingToolCall): every one is a question to the person, the latest asked that
+    long ago (``requested_at``, ms; ``now_ms`` default: now). A run suspended while it waits
+    (no runner pod) then gets a runner again, which ends the conversation (IdleTimeout)."""
+    timeout = (body.get("spec") or {}).get("conversationIdleTimeout")
+    if not isinstance(timeout, int) or pending is None or not pending.awaiting:
+        return False
+    if not all(a.reason == "awaiting_input" for a in pending.awaiting):
+        return False
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    latest: int = max(a.requested_at for a in pending.awaiting)
+    return now_ms >= latest + timeout * 1000
+
+
 def _drive_runner(
     body: dict[str, Any], record: Any, ctx: Any, pending: Any, extra: dict[str, Any]
 ) -> tuple[tuple[str, str, str] | None, dict[str, Any]]:
@@ -454,7 +469,7 @@ def _drive_runner(
         pods,
         now,
         phase=ctx.status.phase if ctx is not None else None,
-        all_decided=pending is not None and all(c in decided for c in pending.call_ids),
+        all_decided=pending is not None and (all(c in decided for c in pending.call_ids) or idle_due(body, pending)),
         runner_alive=bool(runner is not None and runner.alive),
         restart_limit=SETTINGS.runner.restart_limit,
     )
@@ -684,12 +699,16 @@ def _decisions_in_spec(body: dict[str, Any]) -> list[tuple[str, str, dict[str, A
     """The human decisions an AgentRun's spec carries, as ``(field, call id, entry)``:
     ``spec.approvals`` (call id -> ``{decision, reason, result, decidedBy}``) and ``spec.replies``
     (a list of ``{callId, text, repliedBy}``, each taken as ``{decision: reply, result: text,
-    decidedBy: repliedBy}``). An entry that is not a mapping is skipped (the CRD's schema holds)."""
+    decidedBy: repliedBy}``, or ``{callId, end: true, repliedBy}``, taken as ``{decision: end}``:
+    the person ends the conversation). An entry that is not a mapping is skipped (the CRD's schema holds)."""
     spec = body.get("spec", {})
     found = [("spec.approvals", k, d) for k, d in (spec.get("approvals") or {}).items() if isinstance(d, dict)]
     for r in spec.get("replies") or []:
         if isinstance(r, dict):
-            entry = {"decision": "reply", "result": r.get("text"), "decidedBy": r.get("repliedBy")}
+            if r.get("end") is True:  # the person ends the conversation at this question
+                entry = {"decision": "end", "result": None, "decidedBy": r.get("repliedBy")}
+            else:
+                entry = {"decision": "reply", "result": r.get("text"), "decidedBy": r.get("repliedBy")}
             found.append(("spec.replies", str(r.get("callId", "")), entry))
     return found
 
@@ -1237,6 +1256,8 @@ def _resync_due(body: dict[str, Any], mark: RunMark | None, listener_whole: bool
         return True
     if (body.get("spec") or {}).get("activeDeadlineSeconds") is not None:
         return True  # a deadline passes without any event
+    if (body.get("spec") or {}).get("conversationIdleTimeout") is not None:
+        return True  # so does a conversation's idle timeout (idle_due)
     return hash(uid) % FULL_EVERY == full_slot
 
 

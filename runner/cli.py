@@ -198,8 +198,9 @@ class _Progress:
             out.print(
                 styled(("the agent asks", "bold yellow"), " (", (a.call_id, "bold"), "): ", question_of(a.tool_call.arguments))
             )
-        hint = f"agentfast reply {name} 'your answer'" + (" --call CALL_ID" if len(questions) > 1 else "")
-        out.print(styled("  reply: ", (hint, "bold")))
+        several = " --call CALL_ID" if len(questions) > 1 else ""
+        hint = f"agentfast reply {name} 'your answer'{several}"
+        out.print(styled("  reply: ", (hint, "bold"), "   end the conversation: ", (f"agentfast end {name}{several}", "bold")))
         if self.interactive:
             for a in questions:
                 self._ask_reply(a)
@@ -977,10 +978,10 @@ def _pick_question(questions: dict[str, str], call_id: str | None, where: str) -
     return next(iter(questions))
 
 
-def _patch_reply(run: str, call_id: str | None, text: str, namespace: str | None, uid: str | None) -> None:
-    """Answer the AgentRun's question ``call_id`` (or its only one) with ``text``: appended to
-    ``spec.replies`` by :func:`_patch_decision`; exit 2 when no question, or several and no
-    ``call_id``, await a reply."""
+def _patch_reply(run: str, call_id: str | None, text: str | None, namespace: str | None, uid: str | None) -> None:
+    """Answer the AgentRun's question ``call_id`` (or its only one) with ``text`` (None: end the
+    conversation there): appended to ``spec.replies`` by :func:`_patch_decision`; exit 2 when no
+    question, or several and no ``call_id``, await a reply."""
     from .inbox import Refused
 
     inbox = _kube_inbox(namespace)
@@ -989,7 +990,8 @@ def _patch_reply(run: str, call_id: str | None, text: str, namespace: str | None
     except Refused as e:
         raise _fail(str(e)) from None
     chosen = _pick_question(inbox.questions(body), call_id, f"agentrun {ns}/{name}")
-    _patch_decision(run, chosen, "reply", None, text, namespace, uid or body["metadata"]["uid"])
+    decision = "reply" if text is not None else "end"
+    _patch_decision(run, chosen, decision, None, text, namespace, uid or body["metadata"]["uid"])
 
 
 @app.command()
@@ -1030,6 +1032,40 @@ def reply(
     except (UnknownCall, DecisionConflict, InvalidDecision) as e:
         raise _fail(str(e)) from None
     out.print(f"{d.call_id}: reply recorded for {key}", highlight=False, markup=False)
+
+
+@app.command()
+@click.argument("run")
+@click.option("--call", "call_id", help="the question's call id (status shows it); needed only when several await a reply")
+@dsn_option
+@kube_option
+@namespace_option
+@uid_option
+def end(run: str, call_id: str | None, dsn: str | None, kube: bool | None, namespace: str | None, uid: str | None) -> None:
+    """End the conversation of a run that waits for your reply (WaitingForInput).
+
+    The run ends Succeeded (reason EndedByUser) and the model is not asked again. It is the
+    person's answer to the question that awaits them, instead of a reply: write-once,
+    attributed, and only while the run waits for it (to stop a run that is working, cancel it).
+    As `kubectl agentfast end` (or with --kube) an `end: true` entry is appended to spec.replies."""
+    if kube or (kube is None and _as_kubectl_plugin()):
+        _patch_reply(run, call_id, None, namespace, uid)
+        return
+    from .conversation import question_of
+    from .decisions import InvalidDecision
+    from .store import DecisionConflict, UnknownCall
+
+    store = _open_store(dsn)
+    key = _run_key(run)
+    if store.get_run(key) is None:
+        raise _fail(f"no run {key}")
+    questions = {a.call_id: question_of(a.tool_call.arguments) for a in store.awaiting(key) if a.reason == "awaiting_input"}
+    chosen = _pick_question(questions, call_id, f"run {key}")
+    try:
+        d = store.decide(key, chosen, "end", decided_by=_who())
+    except (UnknownCall, DecisionConflict, InvalidDecision) as e:
+        raise _fail(str(e)) from None
+    out.print(f"{d.call_id}: the conversation of {key} ends here (recorded)", highlight=False, markup=False)
 
 
 def _awaiting_view(store: Store, key: str, pending: PendingToolCall | None) -> dict[str, Any]:

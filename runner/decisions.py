@@ -19,10 +19,15 @@ if TYPE_CHECKING:
 REASON_MAX_CHARS = 1024
 RESULT_MAX_CHARS = 4096
 REPLY_MAX_CHARS = 4096
-DECISIONS = ("approve", "deny", "complete", "reply")
+DECISIONS = ("approve", "deny", "complete", "reply", "end")
 #: The decision a question to the user (an ``ask_user`` call, docs/conversation.md) takes; the
 #: others are for gated calls.
 REPLY = "reply"
+#: The other decision a question takes: the person ends the conversation instead of replying
+#: (``agentfast end RUN``, an ``end: true`` entry of ``spec.replies``); the run ends ``Succeeded``.
+END = "end"
+#: The decisions a question to the user takes.
+QUESTION_DECISIONS = (REPLY, END)
 
 
 def check_decision(decision: str, reason: str | None, result: str | None) -> tuple[str | None, str | None]:
@@ -33,7 +38,9 @@ def check_decision(decision: str, reason: str | None, result: str | None) -> tup
     ``complete``: the call's effect already happened; ``result`` (required, JSON text, kept
     verbatim) is what the model reads as the call's result. ``reply``: the user's answer to the
     model's question (an ``ask_user`` call); ``result`` (required, plain text, at most 4096
-    characters) is what the model reads. ``result`` is refused for the others.
+    characters) is what the model reads. ``end``: the person ends the conversation instead of
+    replying to the question (``reason`` an optional note, never read by the model).
+    ``result`` is refused for the others.
     Limits: reason 1024 characters, result 4096. NUL and lone surrogates become U+FFFD.
     Raises InvalidDecision. The one home of these rules: the store, the CLI, ``spec.approvals``.
     """
@@ -79,13 +86,18 @@ def check_decision(decision: str, reason: str | None, result: str | None) -> tup
 
 def check_decision_fits(decision: str, awaited: AwaitedCall) -> None:
     """Refuse a decision of the wrong kind for ``awaited``: a question to the user (reason
-    ``awaiting_input``) is answered with ``reply``; a gated or interrupted call is approved,
+    ``awaiting_input``) is answered with ``reply`` or ``end``; a gated or interrupted call is approved,
     denied or completed, never replied to. Raises InvalidDecision."""
     question = awaited.reason == "awaiting_input"
-    if question and decision != REPLY:
+    if question and decision not in QUESTION_DECISIONS:
         raise InvalidDecision(
             f"{awaited.call_id} is the model's question to the user, not a tool call to approve: answer it with"
-            " agentfast reply RUN 'text' (spec.replies in a cluster)"
+            " agentfast reply RUN 'text', or end the conversation with agentfast end RUN (spec.replies in a cluster)"
+        )
+    if not question and decision == END:
+        raise InvalidDecision(
+            f"{awaited.call_id} is a {awaited.tool_call.name} call awaiting approval: a conversation is ended only"
+            " while the agent waits for the person (WaitingForInput); approve, deny or complete it, or cancel the run"
         )
     if not question and decision == REPLY:
         raise InvalidDecision(

@@ -448,7 +448,7 @@ class KubeInbox:
         """Patch the person's decision into the AgentRun ``key``; the operator records it in
         Postgres and the runner resumes. ``approve``, ``deny``, ``complete``: a merge patch of
         ``spec.approvals[call_id]``; ``reply``: a JSON patch appending ``{callId, text,
-        repliedBy}`` to ``spec.replies`` (a merge patch would replace the list, which the CRD keeps
+        repliedBy}`` to ``spec.replies`` (``end``: ``{callId, end: true, repliedBy}``) (a merge patch would replace the list, which the CRD keeps
         append-only). ``decidedBy``/``repliedBy`` is :attr:`user`.
 
         Refused before patching when status does not list the call as awaiting this kind of
@@ -463,13 +463,13 @@ class KubeInbox:
         the call with another. The patch carries ``argumentsDigest``: ``digest``, else the one
         status shows (the arguments this command prints), and the operator records the decision
         only while the call's arguments have it."""
-        from .decisions import REPLY, InvalidDecision, check_decision
+        from .decisions import END, REPLY, InvalidDecision, check_decision
 
         try:
             reason, result = check_decision(decision, reason, result)
         except InvalidDecision as e:
             raise Refused(str(e)) from None
-        nothing = "no reply was sent" if decision == REPLY else "nothing was decided"
+        nothing = "no reply was sent" if decision in (REPLY, END) else "nothing was decided"
         ns, name, body = self.agentrun(key, uid, nothing_done=nothing)
         seen_uid = body["metadata"]["uid"]
         listed = {p.call_id: p for p in self._row(body).pending}
@@ -477,6 +477,8 @@ class KubeInbox:
         if decision == REPLY:
             assert result is not None
             return self._reply(ns, name, body, listed, call_id, result)
+        if decision == END:  # the person ends the conversation: an end entry of spec.replies
+            return self._reply(ns, name, body, listed, call_id, None)
         earlier = (spec.get("approvals") or {}).get(call_id)
         if earlier is not None:
             said = earlier.get("decision", "?") + (f" ({earlier['reason']})" if earlier.get("reason") else "")
@@ -512,7 +514,12 @@ class KubeInbox:
         """Call id -> question, of the AgentRun ``body``'s calls awaiting a reply."""
         return {c.call_id: c.question or "" for c in self._row(body).pending if c.reason == "awaiting_input" and c.call_id}
 
-    def _reply(self, ns: str, name: str, body: dict[str, Any], listed: dict[str, PendingCall], call_id: str, text: str) -> str:
+    def _reply(
+        self, ns: str, name: str, body: dict[str, Any], listed: dict[str, PendingCall], call_id: str, text: str | None
+    ) -> str:
+        """Append the person's answer to question ``call_id`` to ``spec.replies``: ``{callId,
+        text, repliedBy}``, or ``{callId, end: true, repliedBy}`` (``text`` None: the person ends
+        the conversation there). Raises Refused."""
         seen_uid, spec = body["metadata"]["uid"], body.get("spec") or {}
         call = listed.get(call_id)
         if call is None or call.reason != "awaiting_input":
@@ -523,7 +530,8 @@ class KubeInbox:
         replies = spec.get("replies")
         if any(r.get("callId") == call_id for r in replies or []):
             raise Refused(f"{call_id} of agentrun {ns}/{name} was already answered; a reply is write-once")
-        entry = {"callId": call_id, "text": text, "repliedBy": self.user}
+        entry: dict[str, Any] = {"callId": call_id, "repliedBy": self.user}
+        entry.update({"text": text} if text is not None else {"end": True})
         ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": seen_uid}]
         if replies is not None:
             ops.append({"op": "add", "path": "/spec/replies/-", "value": entry})
@@ -533,6 +541,8 @@ class KubeInbox:
             ops.append({"op": "test", "path": "/metadata/resourceVersion", "value": body["metadata"]["resourceVersion"]})
             ops.append({"op": "add", "path": "/spec/replies", "value": [entry]})
         self.patch(ns, name, seen_uid, "no reply was sent", ops, json_patch=True)
+        if text is None:
+            return f"agentrun.agentfast.dev/{name} (uid {seen_uid}) patched: the conversation ended at {call_id} by {entry['repliedBy']}"
         return f"agentrun.agentfast.dev/{name} (uid {seen_uid}) patched: {call_id} answered by {entry['repliedBy']}"
 
     def patch(

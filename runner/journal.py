@@ -284,6 +284,13 @@ class CallExecutor:
         result: the model reads ``text`` verbatim; ``recorded_by`` is ``user:<replied_by>``."""
         return self._persist(entry, self._result(entry, text, recorded_by=f"user:{replied_by}" if replied_by else "user"))
 
+    def end_question(self, entry: JournalEntry, text: str, recorded_by: str) -> ToolResult:
+        """Persist the end of the conversation at the model's question (an ``ask_user`` call) as
+        the call's result: ``text`` (what the model would read; it is not asked again) and
+        ``recorded_by`` (``ended:user:<who>`` or ``ended:idle-timeout``: what
+        :func:`~.conversation.how_it_ended` reads)."""
+        return self._persist(entry, self._result(entry, text, recorded_by=recorded_by))
+
     def complete(self, entry: JournalEntry, result_text: str, decided_by: str) -> ToolResult:
         """Persist a human's record that the call's effect already happened, with ``result_text``
         (what the model reads, verbatim); the tool body never runs again."""

@@ -35,8 +35,19 @@ from typing import Any, Final, Literal
 from . import faults, logs, tracing
 from .arguments import arguments_digest
 from .budget import check_budget, get_classifier, keep_cost_limit
-from .conversation import AskUserTool, as_question, question_of
-from .decisions import REPLY
+from .conversation import (
+    ASK_USER,
+    END_CONVERSATION,
+    ENDED_IDLE,
+    ENDED_PREFIX,
+    ENDED_TEXT,
+    AskUserTool,
+    EndConversationTool,
+    as_question,
+    how_it_ended,
+    question_of,
+)
+from .decisions import END, REPLY
 from .errors import AgentfastError, SettingError, UnknownRun
 from .journal import NOT_WRITTEN, CallExecutor, NotWritten, RunEnding
 from .liveness import EXIT_GRACE_S, ClaimStopped, RunnerAlive, RunnerClaim
@@ -110,7 +121,9 @@ class ProgressEvent:
     (a tool body ran), tool_denied (a human denied the call; detail ends with the reason; the
     kind is tool_denied_rerun when an earlier attempt was interrupted and may have taken effect),
     tool_completed (recorded done without running: by a human, or by the tool's recovery check),
-    user_replied (the user answered the model's question: detail names who and says the reply), checkpoint, waiting (``pending`` lists every awaited call), finished."""
+    user_replied (the user answered the model's question: detail names who and says the reply),
+    conversation_ended (the person ended the conversation at a question, or the idle timeout did),
+    checkpoint, waiting (``pending`` lists every awaited call), finished."""
 
     kind: str
     context: RunContext
@@ -197,6 +210,22 @@ class BudgetExceeded(AgentfastError):
     """Raised before a model call when a budget limit is reached; ends the run as Failed."""
 
 
+class ConversationEnded(AgentfastError):
+    """Raised before a model call in a ``spec.conversation`` run whose previous batch ended the
+    conversation (:func:`~.conversation.how_it_ended`): :meth:`RunnerBase.run` ends the run
+    ``Succeeded`` with ``reason`` (EndedByUser, EndedByAgent, IdleTimeout) and ``message``."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+#: ``Decision.decided_by`` of the ``end`` the runner makes itself when the person does not answer
+#: within ``spec.conversationIdleTimeout`` (never stored as a decision: runners record none).
+IDLE_DECIDER = "agentfast:idle-timeout"
+
+
 class RunnerBase(ABC):
     """What every adapter shares: lease, snapshot, model turns, approvals, commits, endings.
 
@@ -237,7 +266,7 @@ class RunnerBase(ABC):
     :meth:`triage`, :meth:`decisions`, :meth:`apply_decision`; and :meth:`commit`,
     :meth:`finish`, :meth:`emit`. These raise what the store, the model and the tool host raise
     (StoreUnavailable, LeaseLost, RunEnding, PayloadTooLarge, ModelError, BudgetExceeded,
-    ToolHostLost); :meth:`run` turns each into its Outcome, so an adapter lets them propagate.
+    ConversationEnded, ToolHostLost); :meth:`run` turns each into its Outcome, so an adapter lets them propagate.
     """
 
     adapter = "base"
@@ -286,6 +315,7 @@ class RunnerBase(ABC):
         self._attempt_at: int | None = None  # the iteration start_attempt recorded; None: not recorded
         self._crashed = False  # this attempt ends as a crash (the tool host died): end_attempt is not called
         self._lost = LostReplies()  # replies answered but lost to crashes before this runner (read at the takeover)
+        self._idle_ends: dict[str, Decision] = {}  # decision id -> the end spec.conversationIdleTimeout made
 
     # -- entry point -------------------------------------------------------------------------
 
@@ -362,6 +392,8 @@ class RunnerBase(ABC):
             return self.drive()
         except BudgetExceeded as err:
             return self.finish(Phase.FAILED, "BudgetExceeded", str(err))
+        except ConversationEnded as err:  # the person, the model or the idle timeout ended it
+            return self.finish(Phase.SUCCEEDED, err.reason, err.message)
         except RunEnding as err:  # a cancel or the deadline, found by the write that would have started a call
             self.halted(err.ends)
             return self.halt_outcome("stop requested before a tool call; resume to continue")
@@ -449,17 +481,37 @@ class RunnerBase(ABC):
     # -- model turns and tool plans ------------------------------------------------------------
 
     def _with_builtins(self, tools: ToolRegistry) -> ToolRegistry:
-        """``tools`` plus the runtime's own: ``ask_user`` when ``spec.conversation`` is on."""
-        return tools.with_builtin(AskUserTool()) if self.spec.conversation else tools
+        """``tools`` plus the runtime's own: ``ask_user`` and ``end_conversation`` when
+        ``spec.conversation`` is on."""
+        if not self.spec.conversation:
+            return tools
+        return tools.with_builtin(AskUserTool()).with_builtin(EndConversationTool())
+
+    def _check_conversation_ended(self, it: int, messages: list[Message]) -> None:
+        """Raise ConversationEnded when the batch of iteration ``it - 1`` (the last assistant
+        message of ``messages``) ended the conversation: its ``end_conversation`` call finished,
+        or a question of it was ended (by the person or the idle timeout). Read from the journal,
+        so a runner resuming after the batch finds it again. A no-op outside conversations."""
+        if not self.spec.conversation or it <= 1:
+            return
+        last = next((m for m in reversed(messages) if m.role == "assistant"), None)
+        if last is None or not any(c.name in (ASK_USER, END_CONVERSATION) for c in last.tool_calls):
+            return
+        results = [e.result for e in self.store.journal(self.run_id, it - 1) if e.result is not None]
+        ended = how_it_ended(last, results)
+        if ended is not None:
+            raise ConversationEnded(*ended)
 
     def model_turn(self, it: int, messages: list[Message]) -> Turn:
         """The model's reply for iteration ``it``: the persisted one on a resume, else a new one.
 
         A new reply is asked only after the budget check (G7); it is persisted with the intent of
         each call it asks for before any tool runs. ``it``: 1 for the first model call of the run;
-        ``messages``: the transcript the model is sent. Raises BudgetExceeded, ModelError.
+        ``messages``: the transcript the model is sent. Raises BudgetExceeded, ModelError;
+        ConversationEnded (before anything else) when the previous batch ended the conversation.
         """
         logs.bind(iteration=it)
+        self._check_conversation_ended(it, messages)  # before the budget: an ended conversation asks nothing
         turn = None
         self.trace.iteration(it)
         if self._last_turn is not None and self._last_turn.iteration == it:
@@ -596,15 +648,25 @@ class RunnerBase(ABC):
         ids = {e.position: self.executor.decision_id(e) for e in waiting}
         found = self.store.get_decisions(self.run_id, list(ids.values()))
         undecided = [e for e in waiting if ids[e.position] not in found]
+        if undecided and self._idle_left_s(undecided) == 0.0:  # the person was gone before this runner came
+            found = {**found, **self._end_idle(undecided)}
+            undecided = []
         if undecided:
             outcome = self._pause(undecided, siblings)
             if outcome is not None:
                 return outcome
             suspend_at = time.monotonic() + self.suspend_after_s if self.suspend_after_s else None
+            idle_left = self._idle_left_s(undecided)
+            idle_at = time.monotonic() + idle_left if idle_left is not None else None
             while True:
-                until = min((t for t in (self._deadline_at(), suspend_at) if t is not None), default=None)
+                until = min((t for t in (self._deadline_at(), suspend_at, idle_at) if t is not None), default=None)
                 got = self.store.wait_for_decisions(self.run_id, list(ids.values()), self.stop, until=until)
                 if got is not None:
+                    break
+                if idle_at is not None and time.monotonic() >= idle_at and not self.halted():
+                    # spec.conversationIdleTimeout: a reply that came meanwhile still wins
+                    got = self.store.get_decisions(self.run_id, list(ids.values()))
+                    got = {**got, **self._end_idle([e for e in undecided if self.executor.decision_id(e) not in got])}
                     break
                 if self.halted():  # stopped, cancelled or past the deadline
                     self._active_since = time.monotonic()
@@ -626,6 +688,36 @@ class RunnerBase(ABC):
             said = ", ".join(f"{i}: {found[i].decision}" for i in ids.values())
             self.snap.context.status = RunStatus(phase=Phase.RUNNING, reason="Decided", message=said[:1000])
         return {pos: found[i] for pos, i in ids.items()}
+
+    def _idle_left_s(self, undecided: list[JournalEntry]) -> float | None:
+        """Seconds left before ``spec.conversationIdleTimeout`` ends the conversation, counted
+        from when the latest of ``undecided`` was first awaited (``AwaitedCall.requested_at``, kept
+        across runners; now for one not pending yet), 0.0 when it has passed; None when it does not
+        apply: no timeout, or a call of ``undecided`` is not a question (a human's approval is
+        awaited too, and the person is not the one who keeps the run waiting)."""
+        timeout = self.spec.conversationIdleTimeout
+        if timeout is None or not undecided or not all(self._is_question(e) for e in undecided):
+            return None
+        now_ms = int(time.time() * 1000)
+        pending = {a.call_id: a.requested_at for a in self.snap.pending.awaiting} if self.snap.pending else {}
+        since = max(pending.get(self.executor.decision_id(e), now_ms) for e in undecided)
+        return max(0.0, (since + timeout * 1000 - now_ms) / 1000)
+
+    def _end_idle(self, undecided: list[JournalEntry]) -> dict[str, Decision]:
+        """The ``end`` decisions the idle timeout makes on ``undecided`` (questions), by decision
+        id; kept in memory only (:meth:`decision_on`), never stored: runners record no decision.
+        A resumed runner makes them again, since the timeout has passed for good."""
+        made = {}
+        for e in undecided:
+            cid = self.executor.decision_id(e)
+            made[cid] = Decision(call_id=cid, decision="end", reason="idle timeout", decided_by=IDLE_DECIDER)
+        self._idle_ends.update(made)
+        return made
+
+    def decision_on(self, decision_id: str) -> Decision | None:
+        """The decision on awaited call ``decision_id``: the store's, else the ``end`` the idle
+        timeout made in this runner (:meth:`decisions`), else None. Raises StoreUnavailable."""
+        return self.store.get_decision(self.run_id, decision_id) or self._idle_ends.get(decision_id)
 
     def _pause(self, undecided: list[JournalEntry], siblings: list[ToolResult]) -> Outcome | None:
         """Commit every undecided call as pending (once), then return (no wait) or let the caller wait."""
@@ -695,6 +787,12 @@ class RunnerBase(ABC):
         elif d.decision == REPLY:
             result = self.executor.reply(e, d.result or "", d.decided_by)
             self.emit("user_replied", f"{e.call_id}: {d.decided_by or 'the user'} replied: {d.result or ''}")
+        elif d.decision == END:  # the conversation ends here; the next model turn finds it (ConversationEnded)
+            idle = d.decided_by == IDLE_DECIDER and self._idle_ends.get(d.call_id) is d
+            by = ENDED_IDLE if idle else f"{ENDED_PREFIX}user:{d.decided_by}" if d.decided_by else f"{ENDED_PREFIX}user"
+            result = self.executor.end_question(e, ENDED_TEXT, by)
+            who = "nobody answered within spec.conversationIdleTimeout" if idle else f"{d.decided_by or 'the user'} ended it"
+            self.emit("conversation_ended", f"{e.call_id}: {who}")
         elif d.decision == "complete":
             result = self.executor.complete(e, d.result or "", d.decided_by)
             self.emit("tool_completed", f"{e.call_id} {name}: recorded as already done by {d.decided_by or 'a human'}")

@@ -853,4 +853,12 @@ MIGRATIONS: list[str] = [
         EXECUTE format('REVOKE ALL ON FUNCTION %I.agentfast_reply_kept() FROM PUBLIC', s);
     END $migration$;
     """,
+    # 20: a conversation as people have one (issue 31 item 1, docs/conversation.md): the person
+    # ends the conversation with a fifth decision on the question that awaits them, `end`,
+    # write-once and attributed like a reply (agentfast end, an `end: true` entry of spec.replies).
+    """
+    ALTER TABLE agentfast_approvals DROP CONSTRAINT agentfast_approvals_decision_check;
+    ALTER TABLE agentfast_approvals ADD CONSTRAINT agentfast_approvals_decision_check
+        CHECK (decision IN ('approve', 'deny', 'complete', 'reply', 'end'));
+    """,
 ]

@@ -350,7 +350,14 @@ class UserReply(_Spec):
     append-only (CRD rule) and each question takes one reply (write-once, like a decision)."""
 
     callId: str = Field(pattern=CALL_ID_PATTERN, max_length=64, description="the question's call id, e.g. call-3-0")
-    text: str = Field(min_length=1, max_length=REPLY_MAX_CHARS, description="the reply; the model reads it verbatim")
+    text: str | None = Field(
+        None, min_length=1, max_length=REPLY_MAX_CHARS, description="the reply; the model reads it verbatim"
+    )
+    end: bool = Field(
+        False,
+        description="true instead of text: the person ends the conversation at this question; the run ends"
+        " Succeeded (reason EndedByUser) and the model is not asked again",
+    )
     repliedBy: str = Field(
         min_length=1,
         max_length=512,
@@ -359,6 +366,12 @@ class UserReply(_Spec):
 
     @model_validator(mode="after")
     def _valid(self) -> UserReply:
+        if self.end:
+            if self.text is not None:
+                raise ValueError("a reply either has text or ends the conversation (end: true), not both")
+            return self
+        if self.text is None:
+            raise ValueError("a reply needs its text (or end: true to end the conversation)")
         check_decision("reply", None, self.text)
         return self
 
@@ -676,8 +689,16 @@ class AgentRunSpec(_Spec):
     approvals: dict[str, ApprovalDecision] = Field(default_factory=dict, max_length=MAX_APPROVALS)
     conversation: bool = Field(
         False,
-        description="a human in the conversation (docs/conversation.md): the model may call ask_user, and a final"
-        " answer that ends in a question waits for the user's reply; the run is WaitingForInput meanwhile",
+        description="a human in the conversation (docs/conversation.md): the model may call ask_user and"
+        " end_conversation, and every message of the model that calls no tool ends its turn: the run is"
+        " WaitingForInput until the person replies or ends the conversation",
+    )
+    conversationIdleTimeout: int | None = Field(
+        None,
+        ge=1,
+        le=30 * 86400,
+        description="seconds the run waits for the person's reply in a conversation; past it the conversation"
+        " ends and the run ends Succeeded (reason IdleTimeout). Unset: it waits as long as it takes",
     )
     replies: list[UserReply] = Field(default_factory=list, max_length=MAX_REPLIES)
     forkFrom: ForkFrom | None = Field(
@@ -726,8 +747,11 @@ class AgentRunSpec(_Spec):
     def _adapter_needs(self) -> AgentRunSpec:
         if self.adapter == "langgraph" and self.graph is None:
             raise ValueError("adapter langgraph needs spec.graph.ref")
-        if self.conversation and any(t.name == "ask_user" for t in self.tools):
-            raise ValueError("spec.tools: ask_user is the built-in tool of spec.conversation; give yours another name")
+        if self.conversation and any(t.name in ("ask_user", "end_conversation") for t in self.tools):
+            taken = next(t.name for t in self.tools if t.name in ("ask_user", "end_conversation"))
+            raise ValueError(f"spec.tools: {taken} is a built-in tool of spec.conversation; give yours another name")
+        if self.conversationIdleTimeout is not None and not self.conversation:
+            raise ValueError("spec.conversationIdleTimeout needs spec.conversation: true")
         if self.model.script and self.budget.max_cost is not None and self.model.prices is None:
             raise ValueError(
                 "spec.budget.max_cost: the scripted model has no prices, so the run's cost cannot be counted;"

@@ -289,7 +289,7 @@ class Decision:
     (the user's answer to the model's ``ask_user`` question, in ``result``)."""
 
     call_id: str
-    decision: Literal["approve", "deny", "complete", "reply"]
+    decision: Literal["approve", "deny", "complete", "reply", "end"]
     reason: str | None
     decided_by: str
     result: str | None = None
@@ -1759,7 +1759,7 @@ class Store:
         self,
         run_id: str,
         call_id: str,
-        decision: Literal["approve", "deny", "complete", "reply"],
+        decision: Literal["approve", "deny", "complete", "reply", "end"],
         *,
         reason: str | None = None,
         result: str | None = None,

@@ -766,7 +766,7 @@ class GraphRuntime:
             result = triage
         elif triage == "human":
             decision_id = r.executor.decision_id(entry)
-            decision = r.store.get_decision(r.run_id, decision_id)
+            decision = r.decision_on(decision_id)
             if decision is None:
                 resumed = interrupt(
                     {
@@ -777,8 +777,9 @@ class GraphRuntime:
                         "arguments": entry.tool_call.arguments,
                     }
                 )
-                # The store is the record of the decision; the resume value only carries it here.
-                decision = r.store.get_decision(r.run_id, decision_id)
+                # The store is the record of the decision (or the runner, for the end an idle
+                # conversation gets: decision_on); the resume value only carries it here.
+                decision = r.decision_on(decision_id)
                 if decision is None or decision.decision != resumed.get("decision"):
                     raise RuntimeError(f"resumed {decision_id} with {resumed!r} but the store holds {decision!r}")
             applied = r.apply_decision(entry, decision)
