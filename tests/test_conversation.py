@@ -3,7 +3,8 @@
 The recorded support conversation (``testing/scripts/support_conversation.yaml``) has the user in
 it three times: the agent asks for the order number with ``ask_user``; it asks card or store
 credit in plain text ending in ``?`` (``spec.conversation`` makes that a question); and it asks
-"anything else?" at the end. Between them a gated refund waits for an approval. Each of the
+"anything else?" at the end, after which it ends the conversation with the built-in
+``end_conversation`` tool. Between them a gated refund waits for an approval. Each of the
 script's turns after a question ``expect``s the user's words in the request's last message: the
 scripted model answers HTTP 400 otherwise, so a run that ends Succeeded proves every reply
 reached the model.
@@ -108,8 +109,9 @@ def test_a_recorded_conversation_killed_at_every_wait_ends_as_an_uninterrupted_o
         ("WaitingForInput", "call-5-0"),
     ]
     ref = store.load_snapshot(ref_id)
-    assert ref.context.status.phase == "Succeeded", ref.context.status
-    assert ref.messages[-1].content == "You're welcome! Have a great day."
+    assert (ref.context.status.phase, ref.context.status.reason) == ("Succeeded", "EndedByAgent"), ref.context.status
+    assert ref.context.status.message == "You're welcome! Have a great day."
+    assert [c.name for c in ref.messages[-2].tool_calls] == ["end_conversation"]
     assert_effects_once(dsn)
 
     # The same conversation, its runner SIGKILLed at each of the four waits.
@@ -200,18 +202,22 @@ def test_a_reply_the_model_did_not_get_fails_the_scripted_expectation(tmp_path: 
 # -- the rules, without a runner -----------------------------------------------------------------
 
 
-def test_a_final_answer_ending_in_a_question_becomes_an_ask_user_call() -> None:
-    asked = as_question(Message(role="assistant", content="Card or store credit?  "), 3)
-    assert [(c.id, c.name, json.loads(c.arguments)) for c in asked.tool_calls] == [
-        ("ask-3", ASK_USER, {"question": "Card or store credit?"})
-    ]
-    assert asked.content == "Card or store credit?  "
-    for unchanged in (
-        Message(role="assistant", content="Done. Have a nice day."),
-        Message(role="assistant", content="Shall I?", refusal="I cannot help with that?"),
-        Message(role="assistant", content="Looking?", tool_calls=[ToolCall(id="c", name="lookup_order")]),
+def test_every_message_without_a_tool_call_becomes_an_ask_user_call() -> None:
+    """Issue 31 item 1: in a conversation a statement ends the agent's turn as a question does."""
+    for message, question in (
+        (Message(role="assistant", content="Card or store credit?  "), "Card or store credit?"),
+        (Message(role="assistant", content="I have cancelled the order."), "I have cancelled the order."),
+        (Message(role="assistant", content="Done. Have a nice day.\n"), "Done. Have a nice day."),
+        (Message(role="assistant", refusal="I cannot help with that."), "I cannot help with that."),
+        (Message(role="assistant", content=None), ""),
     ):
-        assert as_question(unchanged, 1) == unchanged
+        asked = as_question(message, 3)
+        assert [(c.id, c.name, json.loads(c.arguments)) for c in asked.tool_calls] == [
+            ("ask-3", ASK_USER, {"question": question})
+        ]
+        assert asked.content == message.content  # the text stays what the model said
+    calls = Message(role="assistant", content="Looking?", tool_calls=[ToolCall(id="c", name="lookup_order")])
+    assert as_question(calls, 1) == calls
 
 
 def test_reply_rules() -> None:
@@ -235,8 +241,18 @@ def test_reply_rules() -> None:
     )
     gated = question.model_copy(update={"reason": "requires_approval", "tool_call": ToolCall(id="b", name="issue_refund")})
     check_decision_fits("reply", question)
+    check_decision_fits("end", question)
     check_decision_fits("approve", gated)
-    for decision, awaited in (("approve", question), ("complete", question), ("deny", question), ("reply", gated)):
+    assert check_decision("end", None, None) == (None, None)
+    with pytest.raises(InvalidDecision, match="only with complete"):
+        check_decision("end", None, "text")
+    for decision, awaited in (
+        ("approve", question),
+        ("complete", question),
+        ("deny", question),
+        ("reply", gated),
+        ("end", gated),
+    ):
         with pytest.raises(InvalidDecision):
             check_decision_fits(decision, awaited)
 
@@ -249,9 +265,24 @@ def test_spec_conversation_and_replies_shapes(tmp_path: Path) -> None:
         "spec": {"model": {"name": "m", "script": "refund"}, "input": "hi", "conversation": True},
     }
     assert parse_agentrun(base, check_imports=False).spec.conversation is True
-    mine = {**base["spec"], "tools": [{"name": "ask_user", "ref": "pkg.tools:ask"}]}
-    with pytest.raises(SpecError, match="built-in tool of spec.conversation"):
-        parse_agentrun({**base, "spec": mine}, check_imports=False)
+    for builtin in ("ask_user", "end_conversation"):
+        mine = {**base["spec"], "tools": [{"name": builtin, "ref": "pkg.tools:ask"}]}
+        with pytest.raises(SpecError, match=f"{builtin} is a built-in tool of spec.conversation"):
+            parse_agentrun({**base, "spec": mine}, check_imports=False)
+    idle = {**base["spec"], "conversationIdleTimeout": 600}
+    assert parse_agentrun({**base, "spec": idle}, check_imports=False).spec.conversationIdleTimeout == 600
+    with pytest.raises(SpecError, match="needs spec.conversation: true"):
+        parse_agentrun({**base, "spec": {**idle, "conversation": False}}, check_imports=False)
+    with pytest.raises(SpecError, match="conversationIdleTimeout"):
+        parse_agentrun({**base, "spec": {**idle, "conversationIdleTimeout": 0}}, check_imports=False)
+    ended = {"callId": "call-1-0", "end": True, "repliedBy": "alice"}
+    assert parse_agentrun({**base, "spec": {**base["spec"], "replies": [ended]}}, check_imports=False).spec.replies[0].end
+    for bad, said in (
+        ({**ended, "text": "bye"}, "not both"),
+        ({"callId": "call-1-0", "repliedBy": "alice"}, "needs its text"),
+    ):
+        with pytest.raises(SpecError, match=said):
+            parse_agentrun({**base, "spec": {**base["spec"], "replies": [bad]}}, check_imports=False)
     reply = {"callId": "call-1-0", "text": "yes", "repliedBy": "alice"}
     with pytest.raises(SpecError, match="answered twice: call-1-0"):
         parse_agentrun({**base, "spec": {**base["spec"], "replies": [reply, reply]}}, check_imports=False)
