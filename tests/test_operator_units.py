@@ -1612,3 +1612,43 @@ def test_serving_named_namespaces_kopf_does_not_observe_the_cluster(monkeypatch)
         main.configure_kopf(settings)
         assert settings.scanning.disabled is disabled
         assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
+
+
+def test_spec_replies_end_entries_are_end_decisions_and_the_idle_timeout_is_due_for_questions_only() -> None:
+    """Issue 31 item 1: the operator's part of ending a conversation. An ``end: true`` entry of
+    spec.replies is recorded as the decision ``end`` (on the reply's path); a run suspended while
+    it waits for the person gets a runner again once ``spec.conversationIdleTimeout`` passed
+    (that runner ends the conversation), never while a human's approval is awaited too."""
+    from agentfast.operator import main
+
+    body = {
+        "spec": {
+            "conversation": True,
+            "conversationIdleTimeout": 60,
+            "replies": [
+                {"callId": "call-1-0", "text": "A-1042", "repliedBy": "alice"},
+                {"callId": "call-3-0", "end": True, "repliedBy": "alice"},
+            ],
+        }
+    }
+    assert [(f, c, d["decision"], d["result"]) for f, c, d in main._decisions_in_spec(body)] == [
+        ("spec.replies", "call-1-0", "reply", "A-1042"),
+        ("spec.replies", "call-3-0", "end", None),
+    ]
+
+    def awaited(call: str, reason: str, at_ms: int) -> AwaitedCall:
+        tool = "ask_user" if reason == "awaiting_input" else "issue_refund"
+        return AwaitedCall(
+            call_id=call, iteration=3, position=int(call[-1]), tool_call=ToolCall(id=call, name=tool),
+            idempotency_key=f"u:3:{call[-1]}", reason=reason, requested_at=at_ms,
+        )  # fmt: skip
+
+    question = PendingToolCall.of([awaited("call-3-0", "awaiting_input", 1_000_000)], [])
+    assert not main.idle_due(body, question, now_ms=1_000_000 + 59_999)
+    assert main.idle_due(body, question, now_ms=1_000_000 + 60_000)
+    both = PendingToolCall.of(
+        [awaited("call-3-0", "awaiting_input", 1_000_000), awaited("call-3-1", "requires_approval", 1_000_000)], []
+    )
+    assert not main.idle_due(body, both, now_ms=10**12)
+    assert not main.idle_due({"spec": {"conversation": True}}, question, now_ms=10**12)
+    assert not main.idle_due(body, None, now_ms=10**12)

@@ -129,7 +129,9 @@ def test_a_conversation_in_the_cluster_survives_its_pod_at_every_wait(release: K
     rows = sql(k, "SELECT message FROM agentfast_messages WHERE run_id = %s ORDER BY seq", run_id)
     said = [r[0]["content"] for r in rows if r[0]["role"] == "tool" and r[0].get("name") == "ask_user"]
     assert said == list(REPLIES.values())
-    assert rows[-1][0]["content"] == "You're welcome! Have a great day."
+    # The agent's goodbye, then its end_conversation call's result (issue 31 item 1: the call ends the run).
+    assert rows[-2][0]["content"] == "You're welcome! Have a great day."
+    assert rows[-1][0]["role"] == "tool" and rows[-1][0]["name"] == "end_conversation"
     # Each effect once, across four pod deletions.
     for tool in ("lookup_order", "add_case_note"):
         got = sql(
@@ -141,3 +143,27 @@ def test_a_conversation_in_the_cluster_survives_its_pod_at_every_wait(release: K
         assert got == [[1]], tool
     assert sql(k, "SELECT count(*) FROM agentfast_examples.demo_refund_ledger WHERE idempotency_key LIKE %s", f"{uid}:%") == [[1]]
     assert len(events(k, name, "Decided")) == 4
+
+
+def test_the_person_ends_the_conversation_with_kubectl_agentfast_end(release: Kube, people) -> None:
+    """Issue 31 item 1: ``kubectl agentfast end`` appends ``{callId, end: true, repliedBy}`` to
+    ``spec.replies`` on the reply's authorization path; the run ends ``Succeeded`` without asking
+    the model again (its second turn, which expects the order number, is never requested)."""
+    k = release
+    editor = people("editor", "edit")
+    user = people("customer", APPROVER_ROLE)
+    doc = refund_manifest(k, f"chat-{uuid.uuid4().hex[:6]}", example="support-conversation.yaml")
+    name = doc["metadata"]["name"]
+    editor.kube.apply(doc)
+    wait_for_human(k, name, "call-1-0", "WaitingForInput")
+    proc = plugin(editor, "end", name)
+    assert proc.returncode == 2 and "may not decide calls" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    proc = plugin(user, "end", name)
+    assert proc.returncode == 0 and "the conversation ended at call-1-0" in proc.stdout, proc.stdout + proc.stderr
+    k.wait_for(f"{name} to end", lambda: status(k, name).get("phase") in ("Succeeded", "Failed"), timeout=180)
+    st = status(k, name)
+    assert st["phase"] == "Succeeded" and st["result"].startswith("finished after 1 iterations"), st
+    assert [(d["callId"], d["decision"]) for d in st["decisions"]] == [("call-1-0", "end")]
+    assert k.get("agentrun", name)["spec"]["replies"] == [{"callId": "call-1-0", "end": True, "repliedBy": user.user}]
+    proc = plugin(user, "reply", name, "hello?")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
