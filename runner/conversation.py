@@ -152,7 +152,7 @@ def how_it_ended(message: Message | None, results: list[ToolResult]) -> tuple[st
         if r.tool_name == ASK_USER and by.startswith(ENDED_PREFIX):
             if by == ENDED_IDLE:
                 return IDLE_TIMEOUT, text or "the person did not answer within spec.conversationIdleTimeout"
-            return ENDED_BY_USER, text or f"{by[len(ENDED_PREFIX):]} ended the conversation"
+            return ENDED_BY_USER, text or f"{by[len(ENDED_PREFIX) :]} ended the conversation"
     return None
 
 

@@ -350,9 +350,7 @@ class UserReply(_Spec):
     append-only (CRD rule) and each question takes one reply (write-once, like a decision)."""
 
     callId: str = Field(pattern=CALL_ID_PATTERN, max_length=64, description="the question's call id, e.g. call-3-0")
-    text: str | None = Field(
-        None, min_length=1, max_length=REPLY_MAX_CHARS, description="the reply; the model reads it verbatim"
-    )
+    text: str | None = Field(None, min_length=1, max_length=REPLY_MAX_CHARS, description="the reply; the model reads it verbatim")
     end: bool = Field(
         False,
         description="true instead of text: the person ends the conversation at this question; the run ends"
