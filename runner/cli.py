@@ -176,6 +176,8 @@ class _Progress:
             out.print(styled(head, " denied, not run again (an earlier attempt may have taken effect): ", one_line(ev.detail)))
         elif ev.kind == "user_replied":
             out.print(styled(head, " ", one_line(ev.detail)))
+        elif ev.kind == "conversation_ended":
+            out.print(styled(head, " the conversation ends: ", one_line(ev.detail)))
         elif ev.kind == "tool_completed":
             out.print(styled(head, " recorded as done, not run: ", one_line(ev.detail)))
         elif ev.kind == "waiting" and ev.pending is not None:
