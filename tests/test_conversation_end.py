@@ -211,3 +211,25 @@ def test_ending_is_refused_while_no_question_awaits_the_person(tmp_path: Path, d
     got = run_cli("end", run, "--call", awaited.call_id, dsn=dsn)
     assert got.returncode == 2 and "not a question awaiting a reply" in got.stdout, got.stdout
     assert store.decision_log(f"default/{run}") == []
+
+
+@pytest.mark.parametrize("adapter", ["vanilla", "langgraph"])
+def test_a_runner_killed_once_the_end_tool_ran_ends_the_run_on_resume_without_asking_the_model(
+    tmp_path: Path, dsn: str, store: Store, adapter: str
+) -> None:
+    """The ending is read from the journal: SIGKILLed after ``end_conversation``'s result was
+    persisted (before the iteration's checkpoint), the resumed runner ends the run as the first
+    would have, and asks the model nothing (a third request would be refused by the script)."""
+    path, name = conversation(tmp_path, adapter, STATEMENT_THEN_END_TOOL)
+    got = run_cli("run", str(path), "--no-wait", dsn=dsn)
+    assert got.returncode == 0 and "WaitingForInput" in got.stdout, got.stdout
+    assert run_cli("reply", name, "Thanks, bye.", dsn=dsn).returncode == 0
+    got = run_cli("resume", name, "--no-wait", dsn=dsn, fault="tool.after_persist:end_conversation")
+    assert got.returncode == -signal.SIGKILL, got.stdout
+    assert status(store, name)[0] != "Succeeded"
+    got = run_cli("resume", name, "--force", "--no-wait", dsn=dsn)
+    assert got.returncode == 0, got.stdout
+    assert status(store, name) == ("Succeeded", "EndedByAgent", "Goodbye!")
+    assert model_calls(dsn, name) == 2
+    [entry] = store.journal(f"default/{name}", 2)
+    assert entry.tool_call.name == "end_conversation" and entry.attempts == 1  # it ran once
