@@ -168,7 +168,7 @@ def commands(namespace: str, name: str, uid: str, call_id: str, reason: str, *, 
         tail = f" -n {shlex.quote(namespace)} --uid {shlex.quote(uid)}"
     call = shlex.quote(call_id)
     if reason == "awaiting_input":
-        return {"reply": f"{prefix} reply {run} '...' --call {call}{tail}"}
+        return {"reply": f"{prefix} reply {run} '...' --call {call}{tail}", "end": f"{prefix} end {run} --call {call}{tail}"}
     out = {
         "approve": f"{prefix} approve {run} {call}{tail}",
         "deny": f"{prefix} deny {run} {call} --reason '...'{tail}",

@@ -202,7 +202,10 @@ def test_arguments_and_a_question_travel_only_when_opted_in() -> None:
         "ask-3", tool="ask_user", arguments=json.dumps({"question": "Card or store credit?"}), reason="awaiting_input"
     )
     off = pending_call_event("shop", "chat", "u", question, [], include_arguments=False)
-    assert off["commands"] == {"reply": "kubectl agentfast reply chat '...' --call ask-3 -n shop --uid u"}
+    assert off["commands"] == {
+        "reply": "kubectl agentfast reply chat '...' --call ask-3 -n shop --uid u",
+        "end": "kubectl agentfast end chat --call ask-3 -n shop --uid u",  # issue 31 item 1: the person ends it
+    }
     assert "question" not in off["call"] and "Card" not in json.dumps(off)
     on = pending_call_event("shop", "chat", "u", question, [], include_arguments=True)
     assert on["call"]["question"] == "Card or store credit?"
