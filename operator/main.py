@@ -87,6 +87,7 @@ from agentfast.runner.spec import (
 from agentfast.runner.store import (
     PROGRESS_CHANNEL,
     DecisionConflict,
+    DecisionUnusable,
     ForkRefused,
     InvalidDsn,
     RunExists,
@@ -756,6 +757,8 @@ def _record_approvals(body: dict[str, Any], run_id: str) -> None:
         except DecisionConflict as err:
             if not err.same:
                 _warn_once(body, call_id, EventReason.DECISION_CONFLICT, str(err))
+        except DecisionUnusable as err:  # past the deadline, cancelled, ended: refused with why, never recorded
+            _warn_once(body, call_id, EventReason.DECISION_UNUSABLE, f"{field_name}: {err}")
         except UnknownCall as err:
             _warn_once(body, call_id, EventReason.NOT_AWAITING_DECISION, str(err))
         except InvalidDecision as err:
