@@ -49,7 +49,7 @@ from pydantic import BaseModel
 from . import names, payloads
 from .arguments import arguments_digest as digest_of_arguments
 from .decisions import DecisionsClosed, decisions_closed, deadline_message  # noqa: F401  (deadline_message: loop and operator import it from here)
-from .decisions import InvalidDecision, check_decision, check_decision_fits  # noqa: F401  (InvalidDecision: raised by Store.decide; not from .spec, whose models status, history and list never need)
+from .decisions import REPLY, InvalidDecision, check_decision, check_decision_fits  # noqa: F401  (InvalidDecision: raised by Store.decide; not from .spec, whose models status, history and list never need)
 from .errors import AgentfastError, UnknownRun
 from .migrations import MIGRATIONS
 from .names import TERMINAL_PHASES
@@ -1862,12 +1862,12 @@ class Store:
         ended, cancel asked for, past its deadline), UnknownCall (no such run; no question
         awaits a reply; ``call_id`` is not one), InvalidDecision (several questions await and no
         ``call_id``; the text breaks :func:`.decisions.check_decision`'s rules)."""
-        if call_id is None:
-            call_id = self._retry(lambda c: self._question_now(c, run_id))
-        return self.decide(run_id, call_id, "reply", result=text, decided_by=decided_by)
+        chosen = self._retry(lambda c: self._question_now(c, run_id, call_id))
+        return self.decide(run_id, chosen, "reply", result=text, decided_by=decided_by)
 
-    def _question_now(self, conn: psycopg.Connection[DictRow], run_id: str) -> str:
-        """The call id of the one question of ``run_id`` that awaits a reply now; raises as :meth:`reply` says."""
+    def _question_now(self, conn: psycopg.Connection[DictRow], run_id: str, call_id: str | None) -> str:
+        """The call id of the question of ``run_id`` a reply answers: ``call_id`` if it awaits a
+        reply now, else (None) the one question that does; raises as :meth:`reply` says."""
         if conn.execute("SELECT 1 FROM agentfast_runs WHERE run_id = %s", (run_id,)).fetchone() is None:
             raise UnknownCall(f"no run {run_id}")
         latest = self._latest_context(conn, run_id)
@@ -1877,6 +1877,15 @@ class Store:
         asked = [a for a in snap.pending.awaiting if a.reason == "awaiting_input"] if snap and snap.pending else []
         decided = self._decisions(conn, run_id, [a.call_id for a in asked])
         waiting = [a.call_id for a in asked if a.call_id not in decided]
+        if call_id is not None:
+            if call_id in waiting:
+                return call_id
+            if call_id in decided:
+                self._refuse_if_decided(conn, run_id, call_id, REPLY, None, None)
+            raise UnknownCall(
+                f"{call_id} of run {run_id} is not a question awaiting a reply; questions awaiting one:"
+                f" {', '.join(waiting) or 'none'}"
+            )
         if len(waiting) == 1:
             return waiting[0]
         if len(waiting) > 1:
