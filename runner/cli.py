@@ -1129,9 +1129,7 @@ def status(run: str, dsn: str | None, output: str) -> None:
         if clock is not None and clock[1] is not None
         else None
     )
-    undecided = [
-        a for a in (pending.awaiting if pending is not None and closed is not None else []) if a.call_id not in decided
-    ]
+    undecided = [a for a in (pending.awaiting if pending is not None and closed is not None else []) if a.call_id not in decided]
     if closed is not None and not info.alive:
         state = "ending"
         story = f"no runner; the run waits for nothing any more ({closed.reason}): `agentfast resume {short}` ends it"
@@ -1171,7 +1169,9 @@ def status(run: str, dsn: str | None, output: str) -> None:
     if closed is not None:  # what it waited for can no longer come: say why, not what it awaited
         t.add_row("phase", f"{ctx.status.phase} ({closed.reason}): {closed.message}")
     else:
-        t.add_row("phase", f"{ctx.status.phase} ({ctx.status.reason})" + (f": {ctx.status.message}" if ctx.status.message else ""))
+        t.add_row(
+            "phase", f"{ctx.status.phase} ({ctx.status.reason})" + (f": {ctx.status.message}" if ctx.status.message else "")
+        )
     if deadline_doc is not None:
         ended = ctx.status.phase in TERMINAL_PHASES
         t.add_row(
@@ -1196,8 +1196,9 @@ def status(run: str, dsn: str | None, output: str) -> None:
         note = " (in flight when a runner died: may already have run)" if a["reason"] == "in_flight_not_idempotent" else ""
         t.add_row("awaiting", one_line(f"{a['call_id']} {a['tool']}({a['arguments']}){note}"))
         t.add_row("", f"arguments digest {a['arguments_digest']} (approve ... --digest binds to it)")
+    why = closed.reason if closed is not None else ""
     for a in undecided:
-        t.add_row("not decided", one_line(f"{a.call_id} {a.tool_call.name}({a.tool_call.arguments}): never runs ({closed.reason})"))  # type: ignore[union-attr]
+        t.add_row("not decided", one_line(f"{a.call_id} {a.tool_call.name}({a.tool_call.arguments}): never runs ({why})"))
     for d in view["decided"]:
         t.add_row(
             "decided",

@@ -66,7 +66,7 @@ def check_decision(decision: str, reason: str | None, result: str | None) -> tup
     if decision == "complete":
         if result is None or not result.strip():
             raise InvalidDecision(
-                "complete needs the call's result, JSON or plain text, e.g. --result '{\"voucher\": \"V-100\"}'"
+                'complete needs the call\'s result, JSON or plain text, e.g. --result \'{"voucher": "V-100"}\''
                 " or --result 'voucher V-100 went out by hand'"
             )
         if len(result) > RESULT_MAX_CHARS:

@@ -48,8 +48,18 @@ from pydantic import BaseModel
 
 from . import names, payloads
 from .arguments import arguments_digest as digest_of_arguments
-from .decisions import DecisionsClosed, decisions_closed, deadline_message  # noqa: F401  (deadline_message: loop and operator import it from here)
-from .decisions import REPLY, InvalidDecision, check_decision, check_decision_fits  # noqa: F401  (InvalidDecision: raised by Store.decide; not from .spec, whose models status, history and list never need)
+
+# InvalidDecision: raised by Store.decide (not from .spec, whose models status, history and list
+# never need); deadline_message: the loop and the operator import it from here.
+from .decisions import (  # noqa: F401
+    REPLY,
+    DecisionsClosed,
+    InvalidDecision,
+    check_decision,
+    check_decision_fits,
+    deadline_message,
+    decisions_closed,
+)
 from .errors import AgentfastError, UnknownRun
 from .migrations import MIGRATIONS
 from .names import TERMINAL_PHASES

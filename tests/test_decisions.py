@@ -133,7 +133,7 @@ def test_case05_decisions_only_for_awaited_calls_and_a_denial_keeps_its_reason(t
     ctx, _ = store.load_context(rid)
     assert (ctx.counters.tool_calls, ctx.counters.approvals_requested) == (1, 1)  # a denied call is not a tool call
     refused(cli("approve", run, "call-1-0"), "already decided")
-    refused(cli("approve", run, "call-1-1"), "no call of this run awaits a decision now")
+    refused(cli("approve", run, "call-1-1"), "cannot be decided: the run has ended (Succeeded")
 
 
 # -- case 06 ---------------------------------------------------------------------------------------

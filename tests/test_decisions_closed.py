@@ -152,7 +152,9 @@ def test_the_rule_in_order_ended_then_cancelled_then_past_the_deadline() -> None
     assert decisions_closed(phase="WaitingForApproval", age_s=2.9, deadline_s=3) is None
     assert decisions_closed(phase="WaitingForInput", age_s=1e9) is None  # no deadline
     late = decisions_closed(phase="WaitingForApproval", age_s=3.0, deadline_s=3)
-    assert late is not None and late.reason == "DeadlineExceeded" and "the run is 3 s old, over its deadline of 3 s" in late.message
+    assert (
+        late is not None and late.reason == "DeadlineExceeded" and "the run is 3 s old, over its deadline of 3 s" in late.message
+    )
     cancel = decisions_closed(phase="Running", cancel_by="cli:ann", cancel_at=at, age_s=9, deadline_s=3)
     assert cancel is not None and cancel.reason == "Cancelled" and "cli:ann at 2026-01-02T03:04:05Z" in cancel.message
     ended = decisions_closed(phase="Failed", phase_reason="DeadlineExceeded", cancel_by="x", age_s=9, deadline_s=3)
@@ -169,7 +171,9 @@ def test_the_cluster_inbox_reads_the_rule_off_the_agentrun() -> None:
         "status": {
             "phase": "WaitingForApproval",
             "reason": "AwaitingApproval",
-            "pendingApprovals": [{"callId": "call-1-0", "tool": "send_payment", "arguments": "{}", "reason": "requires_approval"}],
+            "pendingApprovals": [
+                {"callId": "call-1-0", "tool": "send_payment", "arguments": "{}", "reason": "requires_approval"}
+            ],
         },
     }
     late = closed_in_agentrun(body, now)
@@ -209,7 +213,7 @@ def test_complete_takes_plain_text_and_json_verbatim() -> None:
     for bad in ("", "   "):
         with pytest.raises(InvalidDecision, match="JSON or plain text"):
             check_decision("complete", None, bad)
-    with pytest.raises(InvalidDecision, match="depth"):
+    with pytest.raises(InvalidDecision, match="levels deep"):
         check_decision("complete", None, "[" * 200 + "]" * 200)
 
 
@@ -239,5 +243,3 @@ def test_complete_with_plain_text_is_the_result_the_model_reads(tmp_path: Path, 
     assert proc.returncode == 0 and "Succeeded" in out, (out, err)
     assert tool_messages(store, rid)["tc_1"] == "card 0457 frozen by phone"  # as written: never a quoted JSON string
     assert cli.ran("freeze_card") == 0
-
-
