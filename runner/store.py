@@ -57,8 +57,10 @@ from .decisions import (  # noqa: F401
     InvalidDecision,
     check_decision,
     check_decision_fits,
-    deadline_message,
     decisions_closed,
+)
+from .decisions import (
+    deadline_message as deadline_message,
 )
 from .errors import AgentfastError, UnknownRun
 from .migrations import MIGRATIONS
