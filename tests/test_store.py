@@ -669,8 +669,8 @@ def test_a_decision_only_for_a_call_awaiting_one_now(store: Store, dsn: str) -> 
     # A finished run awaits nothing, whatever its last pending record said, and says so when asked.
     store.commit_checkpoint(lease, snapshot(run_id, uid, [], 1, "Succeeded"), stored_messages=0)
     assert store.awaiting(run_id) == []
-    with pytest.raises(UnknownCall, match=r"cannot be decided: the run has ended \(Succeeded"):
-        store.decide(run_id, "call-1-0", "approve")
+    with pytest.raises(UnknownCall, match=r"call-1-1 .*cannot be decided: the run has ended \(Succeeded"):
+        store.decide(run_id, "call-1-1", "approve")
 
 
 def test_an_in_flight_rerun_awaits_under_its_own_id(store: Store) -> None:
