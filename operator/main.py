@@ -632,6 +632,9 @@ def _load_status(run_id: str) -> tuple[Any, Any, dict[str, Any]]:
         return None, None, {}
     ctx, pending = loaded
     found = STATE.store.get_decisions(run_id, pending.call_ids) if pending is not None else {}
+    # A run that still reads Waiting... but can use no decision (past its deadline, a cancel asked
+    # for): status says why and lists no call as pending, so the admission policy admits none.
+    closed = STATE.store.decisions_closed(run_id) if ctx.status.phase in WAITING_PHASES else None
     return (
         ctx,
         pending,
@@ -639,6 +642,7 @@ def _load_status(run_id: str) -> tuple[Any, Any, dict[str, Any]]:
             "runner": runner_state(STATE.store, run_id),
             "decided": {c: d.decision for c, d in found.items()},
             "decisions": STATE.store.decision_log(run_id, last=MAX_DECISIONS),
+            "closed": (closed.reason, closed.message) if closed is not None else None,
         },
     )
 
@@ -997,11 +1001,13 @@ def publish_status(
     decided: dict[str, str] | None = None,
     decisions: list[dict[str, Any]] | None = None,
     pod: dict[str, Any] | None = None,
+    closed: tuple[str, str] | None = None,
 ) -> None:
     """Patch ``status`` (merge patch on the status subresource) and post one Event per transition
     (phase or awaited calls), and a Resumed Event when a runner took the run over after a loss.
     ``pod``: what the reconcile learned of the runner pods (``name``, ``suspended``, ``blocked``);
-    None (the progress path) keeps what status says of them."""
+    None (the progress path) keeps what status says of them. ``closed``: (reason, message) when
+    the run can use no decision any more (status_from_store)."""
     meta = body["metadata"]
     old = body.get("status") or {}
     if pod is None:
@@ -1019,6 +1025,7 @@ def publish_status(
         summary=SETTINGS.status_summary,
         suspended=bool(pod.get("suspended")),
         blocked=pod.get("blocked"),
+        closed=closed,
     )
     if pod.get("name"):
         new["runnerPod"] = pod["name"]

@@ -98,6 +98,16 @@ def test_case12_past_its_deadline_every_decision_path_refuses_with_why(
         "spec": {"approvals": {"call-1-0": {"decision": "approve", "decidedBy": "alice"}}},
         "status": {},
     }
+    # the operator's status: says why, lists no call as pending (so the admission policy admits none)
+    from agentfast.operator.status import status_from_store
+
+    ctx, pending, extra = main._load_status(RID)
+    st = status_from_store(ctx, pending, generation=1, old=None, run_id=RID, **extra)
+    assert st["phase"] == "WaitingForApproval" and st["pendingApprovals"] == [] and st["awaiting"] == ""
+    assert "activeDeadlineSeconds" in st["message"] and "no decision can be used" in st["message"]
+    (cond,) = [c for c in st["conditions"] if c["type"] == "DecisionsClosed"]
+    assert (cond["status"], cond["reason"]) == ("True", "DeadlineExceeded")
+
     main._record_approvals(body, RID)
     assert [(k, r) for k, r, _ in warned] == [("Warning", "DecisionUnusable")]
     assert "spec.approvals: call-1-0" in warned[0][2] and "activeDeadlineSeconds" in warned[0][2]
