@@ -20,6 +20,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from agentfast.runner.decisions import InvalidDecision, check_decision, decisions_closed
@@ -121,6 +122,32 @@ def test_case12_past_its_deadline_every_decision_path_refuses_with_why(
     assert cli.ran("send_payment") == 0
     refused(cli("approve", RUN, "call-1-0"), "the run has ended (Failed, DeadlineExceeded)")
     assert json.loads(cli("status", RUN, "-o", "json").stdout)["decisions_closed"] is None  # ended: the phase says it
+
+
+@pytest.mark.process
+def test_the_inbox_page_offers_nothing_past_the_deadline_and_a_stale_form_is_refused_saying_why(
+    tmp_path: Path, dsn: str, store: Store
+) -> None:
+    from .test_ui import _csrf, inbox_server
+
+    cli = Cli(dsn, tmp_path, CASES / "12")
+    _paused(cli, store, activeDeadlineSeconds=3600)
+    with inbox_server(dsn) as inbox, inbox.client() as http:
+        shown = http.get(f"/runs/{RID}")  # the page a person reads, with its approve form
+        assert 'data-call-id="call-1-0"' in shown.text and "No decision can be used" not in shown.text
+        with psycopg.connect(dsn, autocommit=True) as conn:  # as if an hour and a minute had gone by since
+            conn.execute("UPDATE agentfast_runs SET created_at = now() - interval '61 minutes' WHERE run_id = %s", (RID,))
+        page = http.get(f"/runs/{RID}")
+        assert page.status_code == 200 and "No decision can be used any more" in page.text, page.text[:2000]
+        assert "activeDeadlineSeconds" in page.text and 'data-call-id="call-1-0"' not in page.text
+        listed = http.get("/")
+        assert "no decision can be used" in listed.text and 'data-call-id="call-1-0"' not in listed.text
+        # The form of the page shown before the deadline, posted after it
+        form = {"call_id": "call-1-0", "decision": "approve", "csrf": _csrf(shown.text), "uid": store.get_run(RID).run_uid}  # type: ignore[union-attr]
+        late = http.post(f"/runs/{RID}/decide", data=form)
+        assert late.status_code == 409 and "cannot be decided" in late.text, late.text[:2000]
+        assert "over its deadline of 3600 s" in late.text
+    assert store.decision_log(RID) == [] and cli.ran("send_payment") == 0
 
 
 @pytest.mark.process
