@@ -177,6 +177,9 @@ def test_a_decision_before_the_deadline_is_recorded_and_used(tmp_path: Path, dsn
     assert [a["call_id"] for a in before["awaiting"]] == ["call-1-0"] and before["decisions_closed"] is None
     assert before["deadline"]["seconds"] == 120 and before["deadline"]["passed"] is False
     assert "deadline has passed" not in cli("status", RUN).stdout
+    # No question waits (the run waits for an approval): a reply is refused, never kept for later
+    refused(cli("reply", RUN, "yes, pay her"), "asks the user nothing now", "never kept for a question to come")
+    refused(cli("reply", RUN, "yes", "--call", "call-1-0"), "call-1-0", "is not a question awaiting a reply")
     p = cli("approve", RUN, "call-1-0")
     assert p.returncode == 0 and "approve recorded" in p.stdout, (p.stdout, p.stderr)
     p = cli("resume", RUN, "--no-wait")
