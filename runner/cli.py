@@ -1206,6 +1206,7 @@ def status(run: str, dsn: str | None, output: str) -> None:
                 f"{d['call_id']}: {d['decision']}"
                 + (f" ({d['reason']})" if d["reason"] else "")
                 + (f" by {d['decided_by']}" if d["decided_by"] else "")
+                + (f"; recorded in time, never used ({why})" if closed is not None else "")
             ),
         )
     out.print(t, highlight=False)
