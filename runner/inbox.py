@@ -578,14 +578,18 @@ class KubeInbox:
             listed = "; ".join(f"{c}: {' '.join(q.split())[:80]}" for c, q in questions.items())
             raise Refused(f"{where} asks {len(questions)} questions; say which one with --call: {listed}")
         replies = [r for r in (body.get("spec") or {}).get("replies") or [] if isinstance(r, dict)]
-        if replies:
-            last = replies[-1]
+        asked = {c.call_id for c in self._row(body).pending if c.reason == "awaiting_input"}
+        last = replies[-1] if replies else None
+        if last is not None and last.get("callId") in asked:  # status still shows the question it answered
             raise Refused(
                 f"{last.get('callId')} of {where} was already answered by {last.get('repliedBy') or 'unknown'}; a question"
                 " takes one reply, so no reply was sent, and a reply is never kept for a question to come: no other"
                 " question awaits a reply now"
             )
-        raise Refused(f"{where} asks the user nothing now (no ask_user call awaits a reply); no reply was sent")
+        told = f" (its last question, {last.get('callId')}, was answered by {last.get('repliedBy') or 'unknown'})" if last else ""
+        raise Refused(
+            f"{where} asks the user nothing now{told}; no reply was sent, and a reply is never kept for a question to come"
+        )
 
     def _reply(self, ns: str, name: str, body: dict[str, Any], listed: dict[str, PendingCall], call_id: str, text: str) -> str:
         seen_uid, spec = body["metadata"]["uid"], body.get("spec") or {}

@@ -239,6 +239,9 @@ def test_the_cluster_inbox_reads_the_rule_off_the_agentrun() -> None:
     inbox = KubeInbox.__new__(KubeInbox)
     with pytest.raises(Refused, match="call-1-0 of agentrun ns/c was already answered by ann"):
         inbox.question_now(asking, None)
+    running = {**asking, "status": {"phase": "Running"}}
+    with pytest.raises(Refused, match="asks the user nothing now .its last question, call-1-0, was answered by ann"):
+        inbox.question_now(running, None)
     asking["spec"] = {}
     assert inbox.question_now(asking, None) == "call-1-0"
 
