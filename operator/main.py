@@ -705,7 +705,9 @@ def _record_approvals(body: dict[str, Any], run_id: str) -> None:
     of a recorded decision (every reconcile) are no-ops; a refused entry gets at most one Warning
     Event per (run, key) in an operator's life, whatever the reason and however many reconciles
     see it. A key that is not a call id is never sent to the store (the CRD bounds how many
-    entries there can be).
+    entries there can be). An entry the run can no longer use (it has ended, a cancel was asked
+    for, it is past ``spec.activeDeadlineSeconds``: ``DecisionUnusable``) is refused with that
+    reason in a Warning Event ``DecisionUnusable`` and voided, never recorded.
 
     While the admission policy is missing or not enforced (:func:`approval_policy_missing`), no
     entry is recorded and every undecided one is voided for good (``Store.void_decision``): it
