@@ -87,6 +87,7 @@ from agentfast.runner.spec import (
 from agentfast.runner.store import (
     PROGRESS_CHANNEL,
     DecisionConflict,
+    DecisionUnusable,
     ForkRefused,
     InvalidDsn,
     RunExists,
@@ -646,6 +647,9 @@ def _load_status(run_id: str) -> tuple[Any, Any, dict[str, Any]]:
         return None, None, {}
     ctx, pending = loaded
     found = STATE.store.get_decisions(run_id, pending.call_ids) if pending is not None else {}
+    # A run that still reads Waiting... but can use no decision (past its deadline, a cancel asked
+    # for): status says why and lists no call as pending, so the admission policy admits none.
+    closed = STATE.store.decisions_closed(run_id) if ctx.status.phase in WAITING_PHASES else None
     return (
         ctx,
         pending,
@@ -653,6 +657,7 @@ def _load_status(run_id: str) -> tuple[Any, Any, dict[str, Any]]:
             "runner": runner_state(STATE.store, run_id),
             "decided": {c: d.decision for c, d in found.items()},
             "decisions": STATE.store.decision_log(run_id, last=MAX_DECISIONS),
+            "closed": (closed.reason, closed.message) if closed is not None else None,
         },
     )
 
@@ -719,7 +724,9 @@ def _record_approvals(body: dict[str, Any], run_id: str) -> None:
     of a recorded decision (every reconcile) are no-ops; a refused entry gets at most one Warning
     Event per (run, key) in an operator's life, whatever the reason and however many reconciles
     see it. A key that is not a call id is never sent to the store (the CRD bounds how many
-    entries there can be).
+    entries there can be). An entry the run can no longer use (it has ended, a cancel was asked
+    for, it is past ``spec.activeDeadlineSeconds``: ``DecisionUnusable``) is refused with that
+    reason in a Warning Event ``DecisionUnusable`` and voided, never recorded.
 
     While the admission policy is missing or not enforced (:func:`approval_policy_missing`), no
     entry is recorded and every undecided one is voided for good (``Store.void_decision``): it
@@ -775,6 +782,8 @@ def _record_approvals(body: dict[str, Any], run_id: str) -> None:
         except DecisionConflict as err:
             if not err.same:
                 _warn_once(body, call_id, EventReason.DECISION_CONFLICT, str(err))
+        except DecisionUnusable as err:  # past the deadline, cancelled, ended: refused with why, never recorded
+            _warn_once(body, call_id, EventReason.DECISION_UNUSABLE, f"{field_name}: {err}")
         except UnknownCall as err:
             _warn_once(body, call_id, EventReason.NOT_AWAITING_DECISION, str(err))
         except InvalidDecision as err:
@@ -1013,11 +1022,13 @@ def publish_status(
     decided: dict[str, str] | None = None,
     decisions: list[dict[str, Any]] | None = None,
     pod: dict[str, Any] | None = None,
+    closed: tuple[str, str] | None = None,
 ) -> None:
     """Patch ``status`` (merge patch on the status subresource) and post one Event per transition
     (phase or awaited calls), and a Resumed Event when a runner took the run over after a loss.
     ``pod``: what the reconcile learned of the runner pods (``name``, ``suspended``, ``blocked``);
-    None (the progress path) keeps what status says of them."""
+    None (the progress path) keeps what status says of them. ``closed``: (reason, message) when
+    the run can use no decision any more (status_from_store)."""
     meta = body["metadata"]
     old = body.get("status") or {}
     if pod is None:
@@ -1035,6 +1046,7 @@ def publish_status(
         summary=SETTINGS.status_summary,
         suspended=bool(pod.get("suspended")),
         blocked=pod.get("blocked"),
+        closed=closed,
     )
     if pod.get("name"):
         new["runnerPod"] = pod["name"]

@@ -140,6 +140,7 @@ def status_from_store(
     summary: bool = False,
     suspended: bool = False,
     blocked: tuple[str, str] | None = None,
+    closed: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     """The ``status`` of an AgentRun whose latest checkpoint holds ``ctx`` and ``pending``.
 
@@ -160,6 +161,10 @@ def status_from_store(
     ``blocked``: (reason, message) when its runner pod cannot start or the next one waits
     (condition ``RunnerPodReady`` False; a run without a checkpoint shows it as its phase's reason).
     ``reason`` is the phase's reason (the REASON printer column).
+    ``closed``: (reason, message) of ``Store.decisions_closed`` when a run that still reads
+    ``Waiting...`` can use no decision any more (past ``spec.activeDeadlineSeconds``, a cancel
+    asked for): ``message`` says so, and ``pendingApprovals`` lists nothing, so the approval
+    admission policy admits no entry for it; condition ``DecisionsClosed`` True with that reason.
     """
     old = old or {}
     decided = decided or {}
@@ -172,6 +177,10 @@ def status_from_store(
     else:
         phase, reason, message = ctx.status.phase, ctx.status.reason or ctx.status.phase, ctx.status.message
         message = public_message(phase, reason, message, ctx, pending, run_id, summary)
+    if closed is not None and phase not in WAITING_PHASES:
+        closed = None
+    if closed is not None:  # our own sentence (the deadline and the age, who asked to cancel)
+        message = f"no decision can be used any more ({closed[0]}): {closed[1]}"
     status: dict[str, Any] = {
         "observedGeneration": generation,
         "phase": phase,
@@ -220,7 +229,11 @@ def status_from_store(
             {"callId": d["call_id"], "decision": d["decision"], "decidedBy": d["decided_by"] or "unknown"}
             for d in decisions[-MAX_DECISIONS:]
         ]
-    if pending is not None and phase in WAITING_PHASES:
+    if closed is not None:
+        status["conditions"].append(
+            _condition("DecisionsClosed", True, closed[0], closed[1], generation, old.get("conditions", []))
+        )
+    if pending is not None and phase in WAITING_PHASES and closed is None:
         calls = [a for a in pending.awaiting if a.call_id not in decided][:MAX_PENDING]
         status["pendingApprovals"] = [pending_entry(a) for a in calls]
         status["awaiting"] = ",".join(a.call_id for a in calls)

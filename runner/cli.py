@@ -942,7 +942,9 @@ def _budget_summary(ctx: RunContext) -> tuple[dict[str, Any], str]:
 @app.command()
 @click.argument("run")
 @click.argument("call_id")
-@click.option("--result", required=True, help="the call's result as JSON text; the model reads it verbatim")
+@click.option(
+    "--result", required=True, help="the call's result, JSON or plain text; the model reads it verbatim, never re-quoted"
+)
 @dsn_option
 @kube_option
 @namespace_option
@@ -964,22 +966,6 @@ def complete(
     _decide(run, call_id, "complete", None, dsn, kube, namespace, result=result, uid=uid, digest=digest)
 
 
-def _pick_question(questions: dict[str, str], call_id: str | None, where: str) -> str:
-    """The call id a reply answers: ``call_id`` if it is one of ``questions`` (call id ->
-    question), else the only question; raises click's Exit (2) when none or several await."""
-    if call_id is not None:
-        if call_id not in questions:
-            asked = ", ".join(questions) or "none"
-            raise _fail(f"{call_id} of {where} is not a question awaiting a reply; questions awaiting one: {asked}")
-        return call_id
-    if not questions:
-        raise _fail(f"{where} asks the user nothing now (no ask_user call awaits a reply)")
-    if len(questions) > 1:
-        listed = "; ".join(f"{c}: {one_line(q, 80)}" for c, q in questions.items())
-        raise _fail(f"{where} asks {len(questions)} questions; say which one with --call: {listed}")
-    return next(iter(questions))
-
-
 def _patch_reply(run: str, call_id: str | None, text: str | None, namespace: str | None, uid: str | None) -> None:
     """Answer the AgentRun's question ``call_id`` (or its only one) with ``text`` (None: end the
     conversation there): appended to ``spec.replies`` by :func:`_patch_decision`; exit 2 when no
@@ -991,7 +977,10 @@ def _patch_reply(run: str, call_id: str | None, text: str | None, namespace: str
         ns, name, body = inbox.agentrun(parse_run_id(run)[1], uid, nothing_done="no reply was sent")
     except Refused as e:
         raise _fail(str(e)) from None
-    chosen = _pick_question(inbox.questions(body), call_id, f"agentrun {ns}/{name}")
+    try:
+        chosen = inbox.question_now(body, call_id)
+    except Refused as e:
+        raise _fail(str(e)) from None
     decision = "reply" if text is not None else "end"
     _patch_decision(run, chosen, decision, None, text, namespace, uid or body["metadata"]["uid"])
 
@@ -1009,8 +998,11 @@ def reply(
 ) -> None:
     """Answer the model's question to the user (a run WaitingForInput); the run goes on from there.
 
-    TEXT: the reply, which the model reads verbatim (at most 4096 characters). A reply is
-    write-once. As `kubectl agentfast reply` (or with --kube) it is appended to spec.replies."""
+    TEXT: the reply, which the model reads verbatim (at most 4096 characters). Without --call it
+    answers the one question that awaits a reply now, and only it: a second reply to a question
+    already answered, or a reply while none awaits, is refused (exit 2), never kept for a question
+    to come. A reply is write-once. As `kubectl agentfast reply` (or with --kube) it is appended
+    to spec.replies."""
     from .decisions import InvalidDecision, check_decision
 
     try:
@@ -1020,17 +1012,13 @@ def reply(
     if kube or (kube is None and _as_kubectl_plugin()):
         _patch_reply(run, call_id, text, namespace, uid)
         return
-    from .conversation import question_of
     from .store import DecisionConflict, UnknownCall
 
     store = _open_store(dsn)
     key = _run_key(run)
-    if store.get_run(key) is None:
-        raise _fail(f"no run {key}")
-    questions = {a.call_id: question_of(a.tool_call.arguments) for a in store.awaiting(key) if a.reason == "awaiting_input"}
-    chosen = _pick_question(questions, call_id, f"run {key}")
     try:
-        d = store.decide(key, chosen, "reply", result=text, decided_by=_who())
+        # Without --call: the one question that awaits a reply now, and only it (Store.reply).
+        d = store.reply(key, text, call_id=call_id, decided_by=_who())
     except (UnknownCall, DecisionConflict, InvalidDecision) as e:
         raise _fail(str(e)) from None
     out.print(f"{d.call_id}: reply recorded for {key}", highlight=False, markup=False)
@@ -1053,18 +1041,13 @@ def end(run: str, call_id: str | None, dsn: str | None, kube: bool | None, names
     if kube or (kube is None and _as_kubectl_plugin()):
         _patch_reply(run, call_id, None, namespace, uid)
         return
-    from .conversation import question_of
     from .decisions import InvalidDecision
     from .store import DecisionConflict, UnknownCall
 
     store = _open_store(dsn)
     key = _run_key(run)
-    if store.get_run(key) is None:
-        raise _fail(f"no run {key}")
-    questions = {a.call_id: question_of(a.tool_call.arguments) for a in store.awaiting(key) if a.reason == "awaiting_input"}
-    chosen = _pick_question(questions, call_id, f"run {key}")
     try:
-        d = store.decide(key, chosen, "end", decided_by=_who())
+        d = store.decide(key, store.question_now(key, call_id), "end", decided_by=_who())
     except (UnknownCall, DecisionConflict, InvalidDecision) as e:
         raise _fail(str(e)) from None
     out.print(f"{d.call_id}: the conversation of {key} ends here (recorded)", highlight=False, markup=False)
@@ -1150,9 +1133,12 @@ def status(run: str, dsn: str | None, output: str) -> None:
     ``total_tokens``, ``duration_ms``, ``lost_replies``: every reply the model endpoint answered
     counts, also one a crash lost before its turn was saved; ``lost_replies`` says how many of
     those the figures include), ``cost`` (``amount`` in ``currency``, ``max_cost``, the
-    ``prices`` it is counted at; null when the run's model has no prices) and ``modelConfig``
+    ``prices`` it is counted at; null when the run's model has no prices), ``modelConfig``
     (the ModelConfig the run was registered with: endpoint, limits, prices; null for the scripted
-    model).
+    model), ``deadline`` (``seconds``: spec.activeDeadlineSeconds, ``age_s``, ``passed``; null
+    without one) and ``decisions_closed`` (``reason`` and ``message``: why the run, not ended
+    yet, can use no decision any more, past its deadline or asked to cancel; ``awaiting`` is
+    then empty; null when it can).
     """
     from .liveness import batch_waits, runner_state, runner_story
 
@@ -1167,6 +1153,21 @@ def status(run: str, dsn: str | None, output: str) -> None:
     decided = {d["call_id"]: d["decision"] for d in view["decided"]}
     state, story = runner_story(info, ctx.status.phase, *batch_waits(pending.call_ids if pending else [], decided))
     short = key.removeprefix("default/")
+    # Past its deadline, or asked to cancel, a run that still reads Waiting... can use no decision:
+    # say so, never show its calls as awaiting one (issue 31 item 5).
+    closed = store.decisions_closed(key) if ctx.status.phase not in TERMINAL_PHASES else None
+    clock = store.run_clock(key)
+    deadline_doc = (
+        {"seconds": clock[1], "age_s": round(clock[0], 1), "passed": clock[0] >= clock[1]}
+        if clock is not None and clock[1] is not None
+        else None
+    )
+    undecided = [a for a in (pending.awaiting if pending is not None and closed is not None else []) if a.call_id not in decided]
+    if closed is not None and not info.alive:
+        state = "ending"
+        story = f"no runner; the run waits for nothing any more ({closed.reason}): `agentfast resume {short}` ends it"
+    elif closed is not None:
+        story += f"; it ends at its next safe point ({closed.reason})"
     if state == "waiting_for_decision":
         story += (
             f"; decide with `agentfast approve {short} CALL_ID`, `deny ... --reason ...` or `complete ... --result ...`,"
@@ -1187,6 +1188,8 @@ def status(run: str, dsn: str | None, output: str) -> None:
             "usage": {**ctx.usage.model_dump(mode="json"), "lost_replies": ctx.usage.lost_replies},
             "cost": cost_doc,
             "modelConfig": (record.spec.get("modelConfig") if (record := store.get_run(key)) is not None else None),
+            "deadline": deadline_doc,
+            "decisions_closed": {"reason": closed.reason, "message": closed.message} if closed is not None else None,
         }
         out.print_json(json.dumps(doc))
         return
@@ -1196,7 +1199,20 @@ def status(run: str, dsn: str | None, output: str) -> None:
     # fold: a long word (an arguments digest, an id) breaks across lines whole, never cut with "…"
     t = Table(Column(), Column(overflow="fold"), show_header=False, box=None)
     t.add_row("run", key)
-    t.add_row("phase", f"{ctx.status.phase} ({ctx.status.reason})" + (f": {ctx.status.message}" if ctx.status.message else ""))
+    if closed is not None:  # what it waited for can no longer come: say why, not what it awaited
+        t.add_row("phase", f"{ctx.status.phase} ({closed.reason}): {closed.message}")
+    else:
+        t.add_row(
+            "phase", f"{ctx.status.phase} ({ctx.status.reason})" + (f": {ctx.status.message}" if ctx.status.message else "")
+        )
+    if deadline_doc is not None:
+        ended = ctx.status.phase in TERMINAL_PHASES
+        t.add_row(
+            "deadline",
+            f"{deadline_doc['seconds']:g} s (spec.activeDeadlineSeconds)"
+            + ("" if ended else f"; the run is {deadline_doc['age_s']:.0f} s old")
+            + ("; the deadline has passed" if deadline_doc["passed"] and not ended else ""),
+        )
     t.add_row("runner", story)
     t.add_row("iteration", f"{c.iterations} of {b.max_iterations}")
     lost = f"; {u.lost_replies} model replies lost to crashes, paid for and counted" if u.lost_replies else ""
@@ -1213,6 +1229,9 @@ def status(run: str, dsn: str | None, output: str) -> None:
         note = " (in flight when a runner died: may already have run)" if a["reason"] == "in_flight_not_idempotent" else ""
         t.add_row("awaiting", one_line(f"{a['call_id']} {a['tool']}({a['arguments']}){note}"))
         t.add_row("", f"arguments digest {a['arguments_digest']} (approve ... --digest binds to it)")
+    why = closed.reason if closed is not None else ""
+    for a in undecided:
+        t.add_row("not decided", one_line(f"{a.call_id} {a.tool_call.name}({a.tool_call.arguments}): never runs ({why})"))
     for d in view["decided"]:
         t.add_row(
             "decided",
@@ -1220,6 +1239,7 @@ def status(run: str, dsn: str | None, output: str) -> None:
                 f"{d['call_id']}: {d['decision']}"
                 + (f" ({d['reason']})" if d["reason"] else "")
                 + (f" by {d['decided_by']}" if d["decided_by"] else "")
+                + (f"; recorded in time, never used ({why})" if closed is not None else "")
             ),
         )
     out.print(t, highlight=False)

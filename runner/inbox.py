@@ -21,14 +21,16 @@ import json
 import os
 import unicodedata
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from . import boundedjson
 from .arguments import arguments_digest
 from .errors import AgentfastError
-from .names import GROUP, PLURAL, TERMINAL_PHASES, VERSION, format_run_id, parse_run_id
+from .names import GROUP, PLURAL, TERMINAL_PHASES, VERSION, WAITING_PHASES, format_run_id, parse_run_id
 
 if TYPE_CHECKING:
+    from .decisions import DecisionsClosed
     from .snapshot import Message, ToolResult
     from .store import Store
 
@@ -79,6 +81,9 @@ class RunRow:
     message: str
     iteration: int | None
     pending: tuple[PendingCall, ...] = ()
+    #: Why the run, not ended yet, can use no decision any more (past its deadline, a cancel
+    #: asked for: :func:`.decisions.decisions_closed`); its calls are then not offered. None: it can.
+    closed: str | None = None
 
     @property
     def ended(self) -> bool:
@@ -97,6 +102,34 @@ class RunView:
     messages: tuple[Message, ...] | None
     siblings: tuple[ToolResult, ...] = ()
     decisions: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+
+
+def closed_in_agentrun(body: dict[str, Any], now: datetime | None = None) -> DecisionsClosed | None:
+    """Why the AgentRun ``body`` (as the API server returned it) can use no decision any more,
+    by :func:`.decisions.decisions_closed`'s rule, or None: ``status.phase`` terminal, ``spec.cancel``
+    true, or ``now`` (default: this machine's clock, UTC) past ``metadata.creationTimestamp`` plus
+    ``spec.activeDeadlineSeconds``. The operator, which records the decision, applies the same rule
+    to the store's own clock and refuses what this misses."""
+    from .decisions import decisions_closed
+
+    meta, spec, st = body.get("metadata") or {}, body.get("spec") or {}, body.get("status") or {}
+    deadline = spec.get("activeDeadlineSeconds")
+    age_s = None
+    created = meta.get("creationTimestamp")
+    if isinstance(deadline, int) and isinstance(created, str):
+        try:
+            born = datetime.fromisoformat(created.replace("Z", "+00:00"))
+        except ValueError:
+            born = None
+        if born is not None:
+            age_s = ((now or datetime.now(UTC)) - born).total_seconds()
+    return decisions_closed(
+        phase=st.get("phase") or "Pending",
+        phase_reason=st.get("reason") or "",
+        cancel_by="kubernetes (spec.cancel)" if spec.get("cancel") is True else None,
+        age_s=age_s,
+        deadline_s=deadline if isinstance(deadline, int) else None,
+    )
 
 
 def _digest(value: Any) -> str:
@@ -182,6 +215,9 @@ class LocalInbox:
             for a in awaiting
         )
         st = ctx.status
+        closed = self.store.decisions_closed(key) if not pending and st.phase in WAITING_PHASES else None
+        if closed is not None:  # it still reads Waiting..., but nothing it waited for can come any more
+            return RunRow(key, st.phase, closed.reason, st.message, ctx.counters.iterations, (), closed.message)
         return RunRow(key, st.phase, st.reason or st.phase, st.message, ctx.counters.iterations, pending)
 
     def version(self, key: str | None = None, namespace: str | None = None) -> str:
@@ -362,13 +398,15 @@ class KubeInbox:
             for p in st.get("pendingApprovals") or []
         )
         phase = st.get("phase") or "Pending"
+        closed = closed_in_agentrun(body) if phase not in TERMINAL_PHASES else None
         return RunRow(
             format_run_id(meta["namespace"], meta["name"]),
             phase,
-            st.get("reason") or phase,
+            (closed.reason if closed else st.get("reason")) or phase,
             st.get("message") or "",
             st.get("iteration"),
-            pending,
+            () if closed else pending,
+            closed.message if closed else None,
         )
 
     def runs(self, namespace: str | None = None) -> list[RunRow]:
@@ -472,6 +510,9 @@ class KubeInbox:
         nothing = "no reply was sent" if decision in (REPLY, END) else "nothing was decided"
         ns, name, body = self.agentrun(key, uid, nothing_done=nothing)
         seen_uid = body["metadata"]["uid"]
+        closed = closed_in_agentrun(body)
+        if closed is not None:
+            raise Refused(f"{call_id} of agentrun {ns}/{name} cannot be decided: {closed.message}; {nothing}")
         listed = {p.call_id: p for p in self._row(body).pending}
         spec = body.get("spec") or {}
         if decision == REPLY:
@@ -511,8 +552,46 @@ class KubeInbox:
         )
 
     def questions(self, body: dict[str, Any]) -> dict[str, str]:
-        """Call id -> question, of the AgentRun ``body``'s calls awaiting a reply."""
-        return {c.call_id: c.question or "" for c in self._row(body).pending if c.reason == "awaiting_input" and c.call_id}
+        """Call id -> question, of the AgentRun ``body``'s calls awaiting a reply (status lists
+        them; those ``spec.replies`` already answers are left out)."""
+        answered = {r.get("callId") for r in (body.get("spec") or {}).get("replies") or [] if isinstance(r, dict)}
+        return {
+            c.call_id: c.question or ""
+            for c in self._row(body).pending
+            if c.reason == "awaiting_input" and c.call_id and c.call_id not in answered
+        }
+
+    def question_now(self, body: dict[str, Any], call_id: str | None) -> str:
+        """The call id a reply to the AgentRun ``body`` answers: ``call_id`` when given, else the
+        one question that awaits a reply now (status lists it and ``spec.replies`` does not answer
+        it yet). Never one to come. Raises Refused, saying why: the run can use no decision
+        (:func:`closed_in_agentrun`), its question was already answered, none or several await."""
+        meta = body["metadata"]
+        where = f"agentrun {meta.get('namespace')}/{meta.get('name')}"
+        closed = closed_in_agentrun(body)
+        if closed is not None:
+            raise Refused(f"{where} takes no reply: {closed.message}; no reply was sent")
+        if call_id is not None:
+            return call_id
+        questions = self.questions(body)
+        if len(questions) == 1:
+            return next(iter(questions))
+        if questions:
+            listed = "; ".join(f"{c}: {' '.join(q.split())[:80]}" for c, q in questions.items())
+            raise Refused(f"{where} asks {len(questions)} questions; say which one with --call: {listed}")
+        replies = [r for r in (body.get("spec") or {}).get("replies") or [] if isinstance(r, dict)]
+        asked = {c.call_id for c in self._row(body).pending if c.reason == "awaiting_input"}
+        last = replies[-1] if replies else None
+        if last is not None and last.get("callId") in asked:  # status still shows the question it answered
+            raise Refused(
+                f"{last.get('callId')} of {where} was already answered by {last.get('repliedBy') or 'unknown'}; a question"
+                " takes one reply, so no reply was sent, and a reply is never kept for a question to come: no other"
+                " question awaits a reply now"
+            )
+        told = f" (its last question, {last.get('callId')}, was answered by {last.get('repliedBy') or 'unknown'})" if last else ""
+        raise Refused(
+            f"{where} asks the user nothing now{told}; no reply was sent, and a reply is never kept for a question to come"
+        )
 
     def _reply(
         self, ns: str, name: str, body: dict[str, Any], listed: dict[str, PendingCall], call_id: str, text: str | None

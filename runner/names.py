@@ -141,6 +141,9 @@ class EventReason(StrEnum):
     NOT_AWAITING_DECISION = "NotAwaitingDecision"
     #: A ``spec.approvals`` entry that cannot be recorded as given (runner/decisions.py's rules).
     INVALID_DECISION = "InvalidDecision"
+    #: A ``spec.approvals`` or ``spec.replies`` entry the run can no longer use: it has ended, a
+    #: cancel was asked for, or it is past ``spec.activeDeadlineSeconds`` (refused, never recorded).
+    DECISION_UNUSABLE = "DecisionUnusable"
 
 
 #: The runner's variable (the chart's ``runner.maxIterationCrashes``): an iteration that crashed its

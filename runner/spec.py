@@ -326,7 +326,7 @@ class ApprovalDecision(_Spec):
 
     decision: Literal["approve", "deny", "complete"]
     reason: str | None = Field(None, max_length=REASON_MAX_CHARS)
-    result: str | None = Field(None, max_length=RESULT_MAX_CHARS, description="complete: the call's result as JSON text")
+    result: str | None = Field(None, max_length=RESULT_MAX_CHARS, description="complete: the call's result, JSON or plain text")
     decidedBy: str = Field(
         min_length=1,
         max_length=512,

@@ -48,7 +48,20 @@ from pydantic import BaseModel
 
 from . import names, payloads
 from .arguments import arguments_digest as digest_of_arguments
-from .decisions import InvalidDecision, check_decision, check_decision_fits  # noqa: F401  (InvalidDecision: raised by Store.decide; not from .spec, whose models status, history and list never need)
+
+# InvalidDecision: raised by Store.decide (not from .spec, whose models status, history and list
+# never need); deadline_message: the loop and the operator import it from here.
+from .decisions import (  # noqa: F401
+    REPLY,
+    DecisionsClosed,
+    InvalidDecision,
+    check_decision,
+    check_decision_fits,
+    decisions_closed,
+)
+from .decisions import (
+    deadline_message as deadline_message,
+)
 from .errors import AgentfastError, UnknownRun
 from .migrations import MIGRATIONS
 from .names import TERMINAL_PHASES
@@ -135,6 +148,17 @@ class SchemaBehind(StoreUnavailable):
 class UnknownCall(StoreError):
     """No call with this id awaits a decision in this run now (not gated, finished, not yet
     asked, not an in-flight re-run, or no such run). The message says which, and what awaits."""
+
+
+class DecisionUnusable(UnknownCall):
+    """The run can use no decision any more, whatever the call: it has ended, a cancel was asked
+    for, or it is past ``spec.activeDeadlineSeconds`` (:func:`.decisions.decisions_closed`).
+    ``closed`` says which and why; the message names the call, the run and that reason. An
+    UnknownCall, so every caller that refuses one refuses this one too."""
+
+    def __init__(self, message: str, closed: DecisionsClosed):
+        super().__init__(message)
+        self.closed = closed
 
 
 class ForkRefused(StoreError):
@@ -323,14 +347,6 @@ def cancelled_message(request: CancelRequest) -> str:
     """The ending message of a run cancelled by ``request``: who asked and when (UTC)."""
     when = request.requested_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return f"cancelled by {request.requested_by} at {when}; no new tool call was started, everything done is kept"
-
-
-def deadline_message(deadline_s: int, age_s: float) -> str:
-    """The ending message of a run past ``spec.activeDeadlineSeconds`` (``deadline_s``)."""
-    return (
-        f"spec.activeDeadlineSeconds: the run is {age_s:.0f} s old, over its deadline of {deadline_s} s"
-        " (wall clock since it was registered, waiting for humans included)"
-    )
 
 
 @dataclass(frozen=True)
@@ -1771,7 +1787,10 @@ class Store:
 
         The one place the rule lives (the CLI, ``--kube`` through the operator, and
         ``spec.approvals`` all come here): ``call_id`` must be listed by :meth:`awaiting` at
-        this moment, and undecided. Raises InvalidDecision (see ``spec.check_decision``: a
+        this moment, and undecided, and the run must still be able to use a decision: refused
+        with DecisionUnusable (an UnknownCall) naming why once it has ended, a cancel was asked
+        for, or it is past ``spec.activeDeadlineSeconds`` (:func:`.decisions.decisions_closed`).
+        Raises InvalidDecision (see ``spec.check_decision``: a
         denial needs a reason, complete needs JSON ``result``), DecisionConflict when the call
         was already decided (``err.same`` tells a replay of the same decision), UnknownCall
         when it does not await a decision now. A question to the user (an awaited call whose
@@ -1807,7 +1826,15 @@ class Store:
                     )
             if conn.execute("SELECT 1 FROM agentfast_runs WHERE run_id = %s", (run_id,)).fetchone() is None:
                 raise UnknownCall(f"no run {run_id}")
-            awaiting = self._awaiting(conn, run_id)
+            latest = self._latest_context(conn, run_id)
+            # Decoded as every reader decodes a checkpoint: a decision is never accepted on the
+            # word of a row this release cannot read (raises UnreadableState, not a traceback).
+            snap = decode_snapshot(run_id, latest, []) if latest is not None else None
+            if snap is not None and (closed := self._closed(conn, run_id, snap.context.status)) is not None:
+                # A decision the run can no longer use is refused with why, never recorded and then
+                # ignored (issue 31 item 5): ended, a cancel asked for, past its deadline.
+                raise DecisionUnusable(f"{call_id} of run {run_id} cannot be decided: {closed.message}", closed)
+            awaiting = self._undecided(conn, run_id, snap) if snap is not None else []
             if call_id not in [a.call_id for a in awaiting]:
                 raise UnknownCall(self._not_awaiting(conn, run_id, call_id, awaiting))
             awaited = next(a for a in awaiting if a.call_id == call_id)
@@ -1835,6 +1862,72 @@ class Store:
             if once:
                 self.void_decision(run_id, call_id, str(err))
             raise
+
+    def reply(self, run_id: str, text: str, *, call_id: str | None = None, decided_by: str = "") -> Decision:
+        """Answer the model's question to the user with ``text`` (a ``reply`` decision, :meth:`decide`).
+
+        ``call_id``: the question's call id; None: the one question that awaits a reply now, and
+        only it. A reply is never kept for a question to come: when none awaits, it is refused,
+        and a second reply to a question already answered is refused as such. Raises
+        DecisionConflict (the question that waits, or the one the run last asked, was already
+        answered: ``err.existing`` is that reply), DecisionUnusable (the run can use no decision:
+        ended, cancel asked for, past its deadline), UnknownCall (no such run; no question
+        awaits a reply; ``call_id`` is not one), InvalidDecision (several questions await and no
+        ``call_id``; the text breaks :func:`.decisions.check_decision`'s rules)."""
+        return self.decide(run_id, self.question_now(run_id, call_id), "reply", result=text, decided_by=decided_by)
+
+    def question_now(self, run_id: str, call_id: str | None = None) -> str:
+        """The call id of the question of ``run_id`` that a person's answer (a reply, or ending
+        the conversation) goes to: ``call_id`` if it awaits one now, else (None) the one question
+        that does. Never one to come. Raises as :meth:`reply` says."""
+        return self._retry(lambda c: self._question_now(c, run_id, call_id))
+
+    def _question_now(self, conn: psycopg.Connection[DictRow], run_id: str, call_id: str | None) -> str:
+        """The call id of the question of ``run_id`` a reply answers: ``call_id`` if it awaits a
+        reply now, else (None) the one question that does; raises as :meth:`reply` says."""
+        if conn.execute("SELECT 1 FROM agentfast_runs WHERE run_id = %s", (run_id,)).fetchone() is None:
+            raise UnknownCall(f"no run {run_id}")
+        latest = self._latest_context(conn, run_id)
+        snap = decode_snapshot(run_id, latest, []) if latest is not None else None
+        if snap is not None and (closed := self._closed(conn, run_id, snap.context.status)) is not None:
+            raise DecisionUnusable(f"run {run_id} takes no reply: {closed.message}", closed)
+        asked = [a for a in snap.pending.awaiting if a.reason == "awaiting_input"] if snap and snap.pending else []
+        decided = self._decisions(conn, run_id, [a.call_id for a in asked])
+        waiting = [a.call_id for a in asked if a.call_id not in decided]
+        if call_id is not None:
+            if call_id in waiting:
+                return call_id
+            if call_id in decided:
+                self._refuse_if_decided(conn, run_id, call_id, REPLY, None, None)
+            raise UnknownCall(
+                f"{call_id} of run {run_id} is not a question awaiting a reply; questions awaiting one:"
+                f" {', '.join(waiting) or 'none'}"
+            )
+        if len(waiting) == 1:
+            return waiting[0]
+        if len(waiting) > 1:
+            raise InvalidDecision(
+                f"run {run_id} asks {len(waiting)} questions ({', '.join(waiting)}); say which one this reply answers with --call"
+            )
+        last = conn.execute(
+            """SELECT call_id, decision, reason, result, decided_by, arguments_digest FROM agentfast_approvals
+               WHERE run_id = %s AND decision = 'reply' ORDER BY decided_at DESC, call_id DESC LIMIT 1""",
+            (run_id,),
+        ).fetchone()
+        if asked and last is not None and last["call_id"] in decided:
+            existing = Decision(**last)
+            raise DecisionConflict(
+                f"{existing.call_id} of run {run_id} was already answered by {existing.decided_by or 'unknown'}"
+                f" ({_quoted(existing.result)}); a question takes one reply, so this one was not recorded, and it is"
+                " never kept for a question to come: no other question awaits a reply now",
+                existing,
+                False,
+            )
+        told = f" (its last question, {last['call_id']}, was answered by {last['decided_by'] or 'unknown'})" if last else ""
+        raise UnknownCall(
+            f"run {run_id} asks the user nothing now{told}: this reply was not recorded, and a reply is never kept for a"
+            " question to come; reply when status shows a question (WaitingForInput)"
+        )
 
     def void_decision(self, run_id: str, call_id: str, why: str) -> None:
         """Mark ``call_id`` of ``run_id`` as never decidable through ``decide(once=True)`` (the
@@ -1900,12 +1993,73 @@ class Store:
 
     @staticmethod
     def _still_awaiting(conn: psycopg.Connection[DictRow], run_id: str, snap: StateSnapshot) -> list[AwaitedCall]:
-        """The calls of ``snap``'s paused batch that have no decision yet (none once the run has ended)."""
+        """The calls of ``snap``'s paused batch that have no decision yet: none once the run can
+        use no decision (:meth:`_closed`: ended, cancel asked for, past its deadline)."""
+        if snap.pending is None or Store._closed(conn, run_id, snap.context.status) is not None:
+            return []
+        return Store._undecided(conn, run_id, snap)
+
+    @staticmethod
+    def _undecided(conn: psycopg.Connection[DictRow], run_id: str, snap: StateSnapshot) -> list[AwaitedCall]:
+        """The calls of ``snap``'s paused batch that have no decision yet."""
         pending = snap.pending
-        if pending is None or snap.context.status.phase in TERMINAL_PHASES:
+        if pending is None:
             return []
         decided = Store._decisions(conn, run_id, pending.call_ids)
         return [a for a in pending.awaiting if a.call_id not in decided]
+
+    @staticmethod
+    def _closed(conn: psycopg.Connection[DictRow], run_id: str, status: RunStatus) -> DecisionsClosed | None:
+        """:func:`.decisions.decisions_closed` for the run whose latest checkpoint has ``status``:
+        its cancel request, its age and its ``spec.activeDeadlineSeconds`` read in one query (by
+        the database's clock, as the runner reads them)."""
+        if status.phase in TERMINAL_PHASES:
+            return decisions_closed(phase=status.phase, phase_reason=status.reason)
+        row = conn.execute(
+            """SELECT extract(epoch FROM clock_timestamp() - r.created_at)::float8 AS age_s,
+                      CASE WHEN jsonb_typeof(r.spec->'spec'->'activeDeadlineSeconds') = 'number'
+                           THEN (r.spec->'spec'->>'activeDeadlineSeconds')::float8 END AS deadline_s,
+                      q.requested_by, q.requested_at
+               FROM agentfast_runs r LEFT JOIN agentfast_cancel_requests q ON q.run_id = r.run_id
+               WHERE r.run_id = %s""",
+            (run_id,),
+        ).fetchone()
+        if row is None:
+            return None
+        return decisions_closed(
+            phase=status.phase,
+            phase_reason=status.reason,
+            cancel_by=row["requested_by"],
+            cancel_at=row["requested_at"],
+            age_s=row["age_s"],
+            deadline_s=row["deadline_s"],
+        )
+
+    def decisions_closed(self, run_id: str) -> DecisionsClosed | None:
+        """Why the run ``run_id`` can use no decision any more (it has ended, a cancel was asked
+        for, it is past ``spec.activeDeadlineSeconds``: :func:`.decisions.decisions_closed`), or
+        None when it still can, or has no checkpoint (or no run). What :meth:`decide` refuses
+        with and what status shows. Raises UnreadableState, StoreUnavailable."""
+
+        def op(conn: psycopg.Connection[DictRow]) -> DecisionsClosed | None:
+            row = self._latest_context(conn, run_id)
+            if row is None:
+                return None
+            return self._closed(conn, run_id, decode_snapshot(run_id, row, []).context.status)
+
+        return self._retry(op)
+
+    def run_clock(self, run_id: str) -> tuple[float, float | None] | None:
+        """``(age_s, deadline_s)`` of the run: seconds since it was registered (the database's
+        clock) and its ``spec.activeDeadlineSeconds`` (None: none); None for no such run."""
+        row = self._read(
+            """SELECT extract(epoch FROM clock_timestamp() - created_at)::float8 AS age_s,
+                      CASE WHEN jsonb_typeof(spec->'spec'->'activeDeadlineSeconds') = 'number'
+                           THEN (spec->'spec'->>'activeDeadlineSeconds')::float8 END AS deadline_s
+               FROM agentfast_runs WHERE run_id = %s""",
+            (run_id,),
+        )
+        return None if row is None else (row["age_s"], row["deadline_s"])
 
     def awaiting(self, run_id: str) -> list[AwaitedCall]:
         """The calls of a run awaiting a human decision now, in the model's order.
@@ -2038,6 +2192,12 @@ class _StorableStrBinaryDumper(StrBinaryDumper):
 
     def dump(self, obj: str) -> bytes | bytearray | memoryview | None:
         return super().dump(storable_text(obj))
+
+
+def _quoted(text: str | None, limit: int = 60) -> str:
+    """``text`` on one line in quotes, cut to ``limit`` characters (for a refusal's message)."""
+    flat = " ".join((text or "").split())
+    return repr(flat if len(flat) <= limit else flat[: limit - 3] + "...")
 
 
 def _counted(ctx: RunContext, row: dict[str, Any]) -> RunContext:

@@ -253,13 +253,15 @@ def test_a_deadline_is_checked_when_a_run_resumes(tmp_path: Path, dsn: str, stor
     paused = run_cli("run", str(agentrun_file(tmp_path, activeDeadlineSeconds=3600)), "--no-wait", dsn=dsn)
     assert paused.returncode == 0, paused.stdout
     call = store.awaiting("default/refund-demo")[0].call_id
+    store.decide("default/refund-demo", call, "approve", decided_by="cli:test")  # in time
     with psycopg.connect(dsn, autocommit=True) as conn:  # as if an hour and a minute had gone by
         conn.execute("UPDATE agentfast_runs SET created_at = now() - interval '61 minutes' WHERE run_id = 'default/refund-demo'")
-    store.decide("default/refund-demo", call, "approve", decided_by="cli:test")
+    shown = " ".join(run_cli("status", "refund-demo", dsn=dsn).stdout.split())  # the table wraps at 80 columns
+    assert "the deadline has passed" in shown and "recorded in time, never used (DeadlineExceeded)" in shown, shown
     late = run_cli("resume", "refund-demo", dsn=dsn)
     assert late.returncode == ExitCode.FAILED, late.stdout
     assert status(store, "default/refund-demo").reason == "DeadlineExceeded"
-    assert refunds(dsn) == 0  # approved, but past the deadline: never run
+    assert refunds(dsn) == 0  # approved in time, but resumed past the deadline: never run
 
 
 # -- the operator's part (its function on the real store; the cluster tier runs it for real) ------------

@@ -169,12 +169,18 @@ def test_reply_and_approve_are_refused_for_the_other_kind_of_wait(tmp_path: Path
     assert store.decision_log("default/chat-kinds") == []
     got = run_cli("reply", "chat-kinds", REPLIES[1], dsn=dsn)
     assert got.returncode == 0, got.stdout
-    got = run_cli("reply", "chat-kinds", "again", dsn=dsn)
-    assert got.returncode == 2 and "asks the user nothing now" in got.stdout, got.stdout
+    got = run_cli("reply", "chat-kinds", "again", dsn=dsn)  # a second reply to the same question (issue 31 item 2)
+    assert got.returncode == 2 and "call-1-0 of run default/chat-kinds was already answered" in got.stdout, got.stdout
+    got = run_cli("reply", "chat-kinds", "again", "--call", "call-1-0", dsn=dsn)
+    assert got.returncode == 2 and "already decided" in got.stdout, got.stdout
     # Resumed: it looks the order up, then asks card-or-credit in plain text.
     got = run_cli("resume", "chat-kinds", "--no-wait", dsn=dsn)
     assert got.returncode == 0, got.stdout
     assert phase_of(store, "default/chat-kinds") == "WaitingForInput"
+    # The refused reply was kept for nothing: the new question awaits its own reply.
+    (question,) = store.awaiting("default/chat-kinds")
+    assert question.call_id != "call-1-0" and store.get_decision("default/chat-kinds", question.call_id) is None
+    assert [d["result"] for d in store.decision_log("default/chat-kinds")] == [REPLIES[1]]
     got = run_cli("reply", "chat-kinds", REPLIES[3], dsn=dsn)
     assert got.returncode == 0, got.stdout
     got = run_cli("resume", "chat-kinds", "--no-wait", dsn=dsn)

@@ -133,7 +133,7 @@ def test_case05_decisions_only_for_awaited_calls_and_a_denial_keeps_its_reason(t
     ctx, _ = store.load_context(rid)
     assert (ctx.counters.tool_calls, ctx.counters.approvals_requested) == (1, 1)  # a denied call is not a tool call
     refused(cli("approve", run, "call-1-0"), "already decided")
-    refused(cli("approve", run, "call-1-1"), "no call of this run awaits a decision now")
+    refused(cli("approve", run, "call-1-1"), "cannot be decided: the run has ended (Succeeded")
 
 
 # -- case 06 ---------------------------------------------------------------------------------------
@@ -234,7 +234,6 @@ def test_case08_complete_records_an_in_flight_effect_that_already_happened(tmp_p
 
     refused(cli("complete", run, "call-1-0", "--result", '{"voucher":"V-100"}'), "awaiting a decision now: call-1-0-rerun1")
     refused(cli("complete", run, "call-1-0-rerun2", "--result", '{"voucher":"V-100"}'), "does not await")
-    refused(cli("complete", run, "call-1-0-rerun1", "--result", "V-100 went out"), "JSON")
     refused(cli("complete", run, "call-1-0-rerun1", "--result", ""), "JSON")
     p = cli("complete", run, "call-1-0-rerun1", "--result", '{"voucher":"V-100"}')  # kept verbatim: no re-encoding
     assert p.returncode == 0, p.stderr

@@ -171,6 +171,7 @@ def test_event_reasons() -> None:
         "DecisionConflict",
         "NotAwaitingDecision",
         "InvalidDecision",
+        "DecisionUnusable",
     }
     assert (names.EVENT_NORMAL, names.EVENT_WARNING) == ("Normal", "Warning")
 

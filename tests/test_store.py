@@ -655,8 +655,8 @@ def test_a_decision_only_for_a_call_awaiting_one_now(store: Store, dsn: str) -> 
         store.decide(run_id, "call-1-0", "deny")
     with pytest.raises(InvalidDecision, match="needs a reason"):
         store.decide(run_id, "call-1-0", "deny", reason="   ")
-    with pytest.raises(InvalidDecision, match="JSON"):
-        store.decide(run_id, "call-1-0", "complete", result="sent it")
+    with pytest.raises(InvalidDecision, match="levels deep"):  # plain text is a result too; JSON over the limits is not
+        store.decide(run_id, "call-1-0", "complete", result="[" * 100 + "]" * 100)
     denied = store.decide(run_id, "call-1-0", "deny", reason="customer withdrew")
     assert denied.reason == "customer withdrew"
     with pytest.raises(DecisionConflict, match="already decided: deny \\(customer withdrew\\)"):
@@ -666,9 +666,11 @@ def test_a_decision_only_for_a_call_awaiting_one_now(store: Store, dsn: str) -> 
     with pytest.raises(DecisionConflict):
         store.decide(run_id, "call-1-2", "approve")
 
-    # A finished run awaits nothing, whatever its last pending record said.
+    # A finished run awaits nothing, whatever its last pending record said, and says so when asked.
     store.commit_checkpoint(lease, snapshot(run_id, uid, [], 1, "Succeeded"), stored_messages=0)
     assert store.awaiting(run_id) == []
+    with pytest.raises(UnknownCall, match=r"call-1-1 .*cannot be decided: the run has ended \(Succeeded"):
+        store.decide(run_id, "call-1-1", "approve")
 
 
 def test_an_in_flight_rerun_awaits_under_its_own_id(store: Store) -> None:

@@ -111,6 +111,16 @@ def test_a_deadline_ends_a_run_waiting_for_approval(release: Kube) -> None:
     conds = {c["type"]: c for c in st["conditions"]}
     assert conds["Failed"]["reason"] == "DeadlineExceeded" and "spec.activeDeadlineSeconds" in st["message"], st
     assert sql(k, "SELECT count(*) FROM agentfast_examples.demo_refund_ledger WHERE idempotency_key LIKE %s", f"{uid}:%") == [[0]]
+    # A decision the run can no longer use is refused with why, never "recorded" (issue 31 item 5).
+    plugin = shutil.which("kubectl-agentfast")
+    assert plugin, "kubectl-agentfast (the agentfast console script) is not on PATH"
+    env = {**os.environ, "KUBECONFIG": k.kubeconfig}
+    late = subprocess.run(
+        [plugin, "approve", name, "call-2-0", "-n", k.namespace], env=env, capture_output=True, text=True, timeout=60
+    )
+    said = late.stdout + late.stderr
+    assert late.returncode == 2 and "cannot be decided" in said and "DeadlineExceeded" in said, said
+    assert "approvals" not in (k.get("agentrun", name).get("spec") or {})  # nothing was patched
     k.wait_for("the runner pod to end", lambda: not running_pods(k, name), timeout=60)
     changed = k.run("patch", "agentrun", name, "--type", "merge", "-p", '{"spec":{"activeDeadlineSeconds":3600}}', check=False)
     assert changed.returncode != 0 and "spec is immutable after creation" in changed.stderr
