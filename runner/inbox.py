@@ -182,7 +182,9 @@ class LocalInbox:
             for a in awaiting
         )
         st = ctx.status
-        return RunRow(key, st.phase, st.reason or st.phase, st.message, ctx.counters.iterations, pending)
+        # A run paused on calls is in their iteration (call-N-P: N), one more than it committed (as status shows it).
+        iteration = max([ctx.counters.iterations, *(a.iteration for a in awaiting)])
+        return RunRow(key, st.phase, st.reason or st.phase, st.message, iteration, pending)
 
     def version(self, key: str | None = None, namespace: str | None = None) -> str:
         """A digest that changes whenever what :meth:`run` (``key``) or :meth:`runs`
@@ -507,6 +509,11 @@ class KubeInbox:
             + f" by {entry['decidedBy']}: {call.tool}({call.arguments})"
             + (f" [{call.note}]" if call.note else "")
         )
+
+    def awaiting_decision(self, body: dict[str, Any]) -> list[PendingCall]:
+        """The calls of the AgentRun ``body`` that status lists as awaiting a decision (approve,
+        deny or complete: not the questions awaiting a reply), in status's order."""
+        return [c for c in self._row(body).pending if c.reason != "awaiting_input" and c.call_id]
 
     def questions(self, body: dict[str, Any]) -> dict[str, str]:
         """Call id -> question, of the AgentRun ``body``'s calls awaiting a reply."""
