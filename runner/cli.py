@@ -1480,16 +1480,6 @@ def _iso(value: Any) -> Any:
     return value
 
 
-def _age(since_ms: int, now_ms: int) -> str:
-    """How long ago ``since_ms`` (ms since the Unix epoch) was, as ``kubectl get`` says it: ``45s``,
-    ``12m``, ``3h``, ``2d``."""
-    s = max(0, now_ms - since_ms) // 1000
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= size:
-            return f"{s // size}{unit}"
-    return f"{s}s"
-
-
 def _iteration_shown(ctx: RunContext, awaiting: list[AwaitedCall]) -> int:
     """The iteration a run is in, as status, list and the inbox show it: a run paused on calls
     awaiting a decision is in their iteration (the N of ``call-N-P``: not committed yet, so one
@@ -1504,14 +1494,14 @@ def list_runs(dsn: str | None) -> None:
     its age (since it started), its cost so far and the time of its latest checkpoint."""
     from rich.table import Column, Table
 
-    from .snapshot import Phase, format_cost, now_ms
+    from .snapshot import Phase, format_cost
     from .store import UnreadableState
 
     store = _open_store(dsn)
     heads = ("run", "phase", "iteration", "awaiting", "age", "cost", "updated")
     t = Table(*(Column(h, overflow="fold") for h in heads))
     unreadable = []
-    now = now_ms()
+    now = output.now_ms()
     for rec, info in store.list_runs():
         problem = None
         if info is not None and not info.readable:  # a newer release's row: its phase may not mean what ours does
@@ -1543,7 +1533,7 @@ def list_runs(dsn: str | None) -> None:
             ctx.status.phase,
             str(_iteration_shown(ctx, awaiting)),
             ", ".join(f"{a.call_id} {a.tool_call.name}" for a in awaiting) or "-",
-            _age(ctx.session.started_at, now),
+            output.age(ctx.session.started_at, now),
             format_cost(cost, prices.currency) if cost is not None and prices is not None else "-",
             _when(info.saved_at),
         )

@@ -20,7 +20,7 @@ import hashlib
 import json
 import os
 import unicodedata
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from . import boundedjson
@@ -53,6 +53,8 @@ class PendingCall:
     #: Set when ``arguments`` is cut (status holds at most 512 characters): says so, how long the
     #: whole text is, and where it is.
     note: str | None = None
+    #: When the call began to await a person (ms since the Unix epoch); None where not known.
+    requested_at: int | None = None
 
     @property
     def question(self) -> str | None:
@@ -79,6 +81,10 @@ class RunRow:
     message: str
     iteration: int | None
     pending: tuple[PendingCall, ...] = ()
+    #: The run's uid (a decision from the list binds to it, as one from the run's page); None where not known.
+    uid: str | None = None
+    #: Whether a runner holds the run now: ``alive`` or ``none``; None where not known (a cluster's list).
+    runner: str | None = None
 
     @property
     def ended(self) -> bool:
@@ -156,15 +162,18 @@ class LocalInbox:
 
     def runs(self, namespace: str | None = None) -> list[RunRow]:
         """Every run of the store (of ``namespace`` only, when given), newest first. Raises StoreUnavailable."""
+        from .liveness import runs_held
+
         rows = []
-        for rec, info in reversed(self.store.list_runs()):
-            if namespace is not None and parse_run_id(rec.run_id)[0] != namespace:
-                continue
+        listed = [(rec, info) for rec, info in reversed(self.store.list_runs())]
+        listed = [(rec, info) for rec, info in listed if namespace is None or parse_run_id(rec.run_id)[0] == namespace]
+        held = runs_held(self.store, [rec.run_id for rec, _ in listed])  # one query for every run's runner
+        for rec, info in listed:
             row = self._row(rec.run_id)
             if row is None:
                 phase = "unreadable" if info is not None and not info.readable else "Pending"
                 row = RunRow(rec.run_id, phase, "", "", info.iteration if info else None)
-            rows.append(row)
+            rows.append(replace(row, uid=rec.run_uid, runner="alive" if rec.run_id in held else "none"))
         return rows
 
     def _row(self, key: str) -> RunRow | None:
@@ -178,7 +187,14 @@ class LocalInbox:
             return None
         ctx, awaiting = loaded
         pending = tuple(
-            PendingCall(a.call_id, a.tool_call.name, a.tool_call.arguments, a.reason, arguments_digest(a.tool_call.arguments))
+            PendingCall(
+                a.call_id,
+                a.tool_call.name,
+                a.tool_call.arguments,
+                a.reason,
+                arguments_digest(a.tool_call.arguments),
+                requested_at=a.requested_at,
+            )
             for a in awaiting
         )
         st = ctx.status
@@ -371,6 +387,7 @@ class KubeInbox:
             st.get("message") or "",
             st.get("iteration"),
             pending,
+            uid=meta.get("uid"),
         )
 
     def runs(self, namespace: str | None = None) -> list[RunRow]:
