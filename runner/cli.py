@@ -1224,8 +1224,8 @@ def _watch_status(store: Store, key: str, output: str, *, every_s: float = 0.5, 
     """``status --watch``: :func:`_show_status` now, then again when the store's mark of the run
     moves (checked every ``every_s`` seconds: a checkpoint, a decision, a takeover, a cancel
     request) or ``refresh_s`` seconds passed (the runner's heartbeat age); returns once the run
-    has ended or waits for a person (:data:`_WAITING_PHASES`), or on Ctrl-C. Raises click's Exit
-    (2) when the run has no checkpoint."""
+    has ended or waits for a person (:data:`_WAITING_PHASES` with a call not decided yet), or on
+    Ctrl-C. Raises click's Exit (2) when the run has no checkpoint."""
     import time
 
     shown_mark: object = None
@@ -1240,7 +1240,9 @@ def _watch_status(store: Store, key: str, output: str, *, every_s: float = 0.5, 
                 shown_mark, shown_at = mark, time.monotonic()
                 loaded = store.load_context(key)
                 phase = loaded[0].status.phase if loaded is not None else None
-                if phase in TERMINAL_PHASES or phase in _WAITING_PHASES:
+                # Waits for a person: a call awaits a decision or a reply (once each is decided, a
+                # runner or a resume goes on: still watched).
+                if phase in TERMINAL_PHASES or (phase in _WAITING_PHASES and store.awaiting(key)):
                     return
                 if output == "text":
                     out.print(styled(("watching: shown again when it changes; Ctrl-C stops", "dim")))
