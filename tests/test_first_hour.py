@@ -157,10 +157,10 @@ def test_list_is_a_table_of_phase_iteration_awaiting_age_and_cost_and_status_agr
     assert cost is not None and cost > 0 and cells[5] == format_cost(cost, "USD"), cells  # the one cost function's figure
     # status names the same iteration as the awaited call's id (call-2-0: iteration 2).
     status = run_cli("status", "listed", dsn=dsn, env=WIDE).stdout
-    assert re.search(r"iteration\s+2 of 10 \(paused in it: 1 committed\)", status), status
+    assert re.search(r"iteration\s+2 of \d+ \(paused in it: 1 committed\)", status), status
 
 
-def test_a_missing_langgraph_extra_is_one_line_saying_what_to_install(tmp_path: Path, dsn: str) -> None:
+def test_a_missing_langgraph_extra_is_one_line_saying_what_to_install(tmp_path: Path, dsn: str, store: Store) -> None:
     """The langgraph extra as if not installed: its modules are not found (a finder ahead of the
     real ones), as in a venv made with ``pip install agentfast``."""
     blocker = tmp_path / "without_langgraph.py"
@@ -184,8 +184,7 @@ def test_a_missing_langgraph_extra_is_one_line_saying_what_to_install(tmp_path: 
         assert got.returncode == 2 and "Traceback" not in said, said
         assert said.splitlines() == [said] and said.startswith("error: the langgraph extra is not installed"), said
         assert said.endswith("pip install 'agentfast[langgraph]'"), said
-    with Store(dsn) as s:
-        assert s.get_run("default/refund-langgraph") is None  # nothing registered
+    assert store.get_run("default/refund-langgraph") is None  # nothing registered
 
 
 def test_embedded_postgres_internals_stay_out_of_info_logs() -> None:
@@ -277,7 +276,7 @@ def test_the_readmes_prompt_is_the_demos_real_prompt(tmp_path: Path, dsn: str) -
                     break
                 seen += chunk
     finally:
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGKILL)  # it waits at the prompt (a SIGTERM would wait for the answer)
         os.waitpid(pid, 0)
         os.close(fd)
     text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", seen.decode(errors="replace")).replace("\r", "")
