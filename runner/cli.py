@@ -1518,8 +1518,8 @@ def list_runs(dsn: str | None) -> None:
         else:
             try:
                 loaded = store.load_context_and_awaiting(rec.run_id) if info is not None else None
-            except UnreadableState as e:  # one run this release cannot read never hides the others
-                problem, loaded = e, None
+            except UnreadableState as unread:  # one run this release cannot read never hides the others
+                problem, loaded = unread, None
         if problem is not None:
             unreadable.append(problem)
             version = f"schema_version {info.schema_version}, " if info is not None else ""
