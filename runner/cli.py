@@ -1493,15 +1493,26 @@ def _iteration_shown(ctx: RunContext, awaiting: list[AwaitedCall]) -> int:
 @dsn_option
 def list_runs(dsn: str | None) -> None:
     """Every run in the store: its phase, iteration, the calls awaiting a decision (or a reply),
-    its age (since it started), its cost so far and the time of its latest checkpoint."""
+    its age (since it started) and its cost so far (``-``: its model has no prices)."""
     from rich.table import Column, Table
 
     from .snapshot import Phase, format_cost
     from .store import UnreadableState
 
     store = _open_store(dsn)
-    heads = ("run", "phase", "iteration", "awaiting", "age", "cost", "updated")
-    t = Table(*(Column(h, overflow="fold") for h in heads))
+    # As `kubectl get`: no column rules, ages for times; the run, its phase and figures never
+    # break, the awaited calls fold (an 80-column terminal holds a paused run's row).
+    t = Table(
+        Column("run", no_wrap=True),
+        Column("phase", no_wrap=True),
+        Column("iter", no_wrap=True, justify="right"),
+        Column("awaiting", overflow="fold", min_width=14),
+        Column("age", no_wrap=True, justify="right"),
+        Column("cost", no_wrap=True, justify="right"),
+        box=None,
+        pad_edge=False,
+        header_style="bold",
+    )
     unreadable = []
     now = output.now_ms()
     for rec, info in store.list_runs():
@@ -1523,10 +1534,10 @@ def list_runs(dsn: str | None) -> None:
         if problem is not None:
             unreadable.append(problem)
             version = f"schema_version {info.schema_version}, " if info is not None else ""
-            t.add_row(rec.run_id, f"unreadable ({version}phase {info.phase if info else '-'})", "-", "-", "-", "-", "-")
+            t.add_row(rec.run_id, f"unreadable ({version}phase {info.phase if info else '-'})", "-", "-", "-", "-")
             continue
         if loaded is None or info is None:  # registered, no checkpoint yet
-            t.add_row(rec.run_id, "-", "-", "-", "-", "-", "-")
+            t.add_row(rec.run_id, "-", "-", "-", "-", "-")
             continue
         ctx, awaiting = loaded
         cost, prices = ctx.cost(), ctx.prices
@@ -1537,7 +1548,6 @@ def list_runs(dsn: str | None) -> None:
             ", ".join(f"{a.call_id} {a.tool_call.name}" for a in awaiting) or "-",
             output.age(ctx.session.started_at, now),
             format_cost(cost, prices.currency) if cost is not None and prices is not None else "-",
-            _when(info.saved_at),
         )
     out.print(t)
     if unreadable:

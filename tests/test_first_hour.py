@@ -148,13 +148,20 @@ def test_list_is_a_table_of_phase_iteration_awaiting_age_and_cost_and_status_agr
     listing = run_cli("list", dsn=dsn, env=WIDE)
     assert listing.returncode == 0, listing.stdout
     head = next(line for line in listing.stdout.splitlines() if "run" in line and "phase" in line)
-    assert re.findall(r"\w+", head) == ["run", "phase", "iteration", "awaiting", "age", "cost", "updated"], head
+    assert re.findall(r"\w+", head) == ["run", "phase", "iter", "awaiting", "age", "cost"], head
     row = next(line for line in listing.stdout.splitlines() if "default/listed" in line)
-    cells = [c.strip() for c in re.split(r"\s*[│|]\s*", row.strip(" │|"))]
-    assert cells[:4] == ["default/listed", "WaitingForApproval", "2", "call-2-0 issue_refund"], cells
-    assert re.fullmatch(r"\d+[smhd]", cells[4]), cells
     cost = ctx.cost()
-    assert cost is not None and cost > 0 and cells[5] == format_cost(cost, "USD"), cells  # the one cost function's figure
+    assert cost is not None and cost > 0
+    # run, phase, iteration, awaiting, age, cost (the one cost function's figure)
+    wanted = (
+        rf"default/listed\s+WaitingForApproval\s+2\s+call-2-0 issue_refund\s+\d+[smhd]\s+{re.escape(format_cost(cost, 'USD'))}"
+    )
+    assert re.fullmatch(wanted, row.strip()), row
+    # On an 80-column terminal the run's name and figures stay whole (only the awaited calls fold).
+    narrow = run_cli("list", dsn=dsn, env={"COLUMNS": "80"}).stdout
+    assert max(len(line) for line in narrow.splitlines()) <= 80, narrow
+    assert "default/listed" in narrow and "WaitingForApproval" in narrow and format_cost(cost, "USD") in narrow, narrow
+    assert "call-2-0" in narrow, narrow
     # status names the same iteration as the awaited call's id (call-2-0: iteration 2).
     status = run_cli("status", "listed", dsn=dsn, env=WIDE).stdout
     assert re.search(r"iteration\s+2 of \d+ \(paused in it: 1 committed\)", status), status
