@@ -6,7 +6,8 @@
 #   e2e_helm_install    the chart on a cluster, for hack/cluster/e2e.sh (a single-node cluster built from
 #   e2e_pytest          upstream on this machine) and hack/kind-e2e.sh (kind), so both run the same thing
 #   ensure_chromium     Debian's chromium and chromium-driver, for the inbox's browser test
-#   ensure_helm         HELM: a helm that runs (as given, else the pinned one hack/cluster/build.sh builds)
+#   find_helm           HELM: a helm of the pinned version already here ($HELM, or `helm` on PATH), or none
+#   ensure_helm         HELM: a helm that runs (as found, else the pinned one hack/cluster/build.sh builds)
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -51,9 +52,13 @@ sys.exit(0 if os.path.realpath(agentfast.runner.__file__).startswith(os.path.rea
     [[ ",$have," == *",$extra,"* ]] || missing=1
   done
   if [[ "$missing" == 1 ]]; then
-    echo "==> installing agentfast${want:+[$want]} and its pinned dependencies into $VENV"
+    # AGENTFAST_PIP_PROGRESS=1 (hack/demo.sh): pip says what it collects and downloads, with its
+    # progress bars, instead of a minute of silence on an empty pip cache.
+    local quiet=(--quiet)
+    [[ "${AGENTFAST_PIP_PROGRESS:-}" != 1 ]] || quiet=(--progress-bar on)
+    echo "==> installing agentfast${want:+[$want]} and its pinned dependencies into $VENV (about a minute on an empty pip cache)"
     "$VENV/bin/pip" install --quiet --disable-pip-version-check --upgrade "pip>=24"
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check --config-settings editable_mode=strict -e "$REPO${want:+[$want]}"
+    "$VENV/bin/pip" install "${quiet[@]}" --disable-pip-version-check --config-settings editable_mode=strict -e "$REPO${want:+[$want]}"
     echo "$key $want" > "$stamp"
   fi
   export PATH="$VENV/bin:$PATH"
@@ -90,10 +95,30 @@ e2e_image_parts() {
   echo "${image%:*} ${image##*:}"
 }
 
+# find_helm: export HELM as a helm already on this machine, building nothing: $HELM when the caller
+# set it (it must run), else the `helm` on PATH when `helm version --short` names the pinned version
+# (hack/cluster/versions.sh HELM_VERSION). Returns 1 when there is none (then build the pinned one).
+find_helm() {
+  local want found
+  if [[ -n "${HELM:-}" ]]; then
+    "$HELM" version --short >/dev/null 2>&1 || { echo "HELM=$HELM does not run" >&2; exit 1; }
+    export HELM
+    return 0
+  fi
+  want="$(. "$REPO/hack/cluster/versions.sh" && echo "$HELM_VERSION")"
+  found="$(command -v helm || true)"
+  if [[ -n "$found" && "$("$found" version --short 2>/dev/null)" == "$want"* ]]; then
+    export HELM="$found"
+    echo "==> helm $want on PATH ($found): not built" >&2
+    return 0
+  fi
+  return 1
+}
+
 # ensure_helm: set HELM to a helm that runs: $HELM if the caller set it, else the version pinned in
 # hack/cluster/versions.sh, built by hack/cluster/build.sh into the cache when missing. Exits if none runs.
 ensure_helm() {
-  if [[ -z "${HELM:-}" ]]; then
+  if ! find_helm; then
     bash "$REPO/hack/cluster/build.sh" helm >/dev/null 2>&1 || bash "$REPO/hack/cluster/build.sh" helm >&2
     HELM="$AGENTFAST_CACHE/k8s-bin/$(. "$REPO/hack/cluster/versions.sh" && echo "$K8S_VERSION")/helm"
   fi

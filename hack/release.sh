@@ -71,6 +71,9 @@ echo "==> helm lint --strict charts/agentfast"
 echo "==> python -m build (sdist, then the wheel from it)"
 python -m build --no-isolation --outdir "$DIST" . >"$stage/build.log" 2>&1 || { cat "$stage/build.log" >&2; die "python -m build failed"; }
 [[ -f "$WHEEL" && -f "$SDIST" ]] || die "python -m build made no $WHEEL / $SDIST"
+# A data directory missing from pyproject.toml's packages: setuptools warns it "would be ignored"
+# (and a later setuptools leaves it out): list it under [tool.setuptools] packages.
+! grep -q "would be ignored" "$stage/build.log" || { grep -B2 -A8 "would be ignored" "$stage/build.log" >&2; die "setuptools: a package directory is missing from pyproject.toml's packages"; }
 
 # --- the kubectl plugin and its krew manifest ------------------------------------------------
 echo "==> kubectl plugin archive and krew manifest"

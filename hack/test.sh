@@ -40,7 +40,10 @@ run_tier() { # NAME COMMAND...
 }
 local_tier() {
   if [[ " ${markers[*]} " == *" process "* ]]; then
-    bash hack/cluster/build.sh helm registry krew || return
+    # A helm of the pinned version on PATH, or HELM=/path/to/helm, is used as it is (lib.sh find_helm).
+    local parts=(registry krew)
+    find_helm || parts=(helm "${parts[@]}")
+    bash hack/cluster/build.sh "${parts[@]}" || return
     ensure_chromium || return
   fi
   local expr

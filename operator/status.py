@@ -215,7 +215,10 @@ def status_from_store(
             )
         )
     if ctx is not None:
-        status["iteration"] = ctx.counters.iterations
+        # A run paused on calls is in their iteration (call-N-P: N, one more than it committed),
+        # as `agentfast status`, `list` and the inbox show it.
+        paused_in = pending.iteration if pending is not None and phase in WAITING_PHASES else 0
+        status["iteration"] = max(ctx.counters.iterations, paused_in)
         status["tokensUsed"] = ctx.usage.total_tokens
         status["restarts"] = ctx.counters.resumes
         status["usage"] = usage_status(ctx)

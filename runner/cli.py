@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, get_args
 import click
 
 from . import logs, output
-from .errors import SettingError
+from .errors import SettingError, missing_extra
 from .names import TERMINAL_PHASES, ExitCode, Phase, format_run_id, parse_run_id
 from .output import err, one_line, out, styled
 
@@ -55,6 +55,7 @@ class _Commands(click.Group):
 
 
 @click.group(cls=_Commands, help="Durable execution for AI agent runs.")
+@click.version_option(package_name="agentfast", prog_name="agentfast", message="%(prog)s %(version)s")
 def app() -> None:
     """The ``agentfast`` command group (click: typer's own base, without typer's per-parameter
     pydantic coercion, which cost every command ~20 ms of start-up; issue 15)."""
@@ -297,7 +298,17 @@ def _interactive(wait: bool) -> bool:
 
 
 def _who() -> str:
-    return f"cli:{os.environ.get('USER', 'unknown')}"
+    """Who decides from this terminal, ``cli:NAME``: the OS account of this process (its uid's
+    name in the password database, e.g. ``cli:alice``), or ``cli:uid-1000`` when the uid has no
+    name (a container's arbitrary uid). Never ``$USER``: it is unset under containers, CI and su,
+    and a decision's ``decided_by`` must name someone."""
+    import pwd
+
+    uid = os.getuid()
+    try:
+        return f"cli:{pwd.getpwuid(uid).pw_name}"
+    except KeyError:
+        return f"cli:uid-{uid}"
 
 
 def _check_admin_policy(run: AgentRun) -> None:
@@ -481,6 +492,10 @@ def run(file: str, dsn: str | None, wait: bool, force: bool) -> None:
     try:
         agentrun = load_agentrun(file, check_imports=False)
         _check_admin_policy(agentrun)  # before anything it names is imported
+        if agentrun.spec.adapter != "vanilla":  # an extra's adapter: a missing extra is one line (main)
+            from .adapters import adapter_class
+
+            adapter_class(agentrun.spec.adapter)
         import_refs(agentrun, tools=False)  # the tools are imported by the tool host, never here (G11)
         resolved = resolve(agentrun)
     except SpecError as e:
@@ -529,10 +544,21 @@ def run(file: str, dsn: str | None, wait: bool, force: bool) -> None:
                 f"a run named {run_id} exists with a different ModelConfig ({_model_config_line(record.spec)});"
                 f" rename metadata.name or `agentfast delete {run_id}`"
             )
+        loaded = store.load_context(run_id)
     except BaseException:
         host.close()
         raise
+    ended = loaded[0].status.phase if loaded is not None and loaded[0].status.phase in TERMINAL_PHASES else None
     outcome = _drive(store, agentrun, wait=wait, interactive=_interactive(wait), force=force, host=host, resolved=resolved)
+    if ended is not None:  # nothing ran: the line above is the old ending; say so, and how to run it anew
+        short = run_id.removeprefix("default/")
+        out.print(
+            f"this run already finished ({ended}): nothing ran now, the line above is its old ending."
+            f" To run it again: `agentfast delete {short}` then `agentfast run {file}`,"
+            f" or give metadata.name a new name; `agentfast history {short}` shows what it did",
+            highlight=False,
+            markup=False,
+        )
     raise click.exceptions.Exit(outcome.exit_code)
 
 
@@ -697,6 +723,15 @@ def fork(run: str, iteration: int, new_name: str | None, model_name: str | None,
             f" continue it with `agentfast resume {made.run_id}`",
         )
     )
+    if model_name and agentrun.spec.model.script:  # --model renames; it does not leave the scripted model
+        out.print(
+            styled(
+                ("note:", "bold yellow"),
+                f" {made.run_id} is still scripted (spec.model.script {agentrun.spec.model.script}): --model {model_name}"
+                " only renames the model it asks; the scripted model plays the same script. To ask a real endpoint,"
+                " fork with -f FILE setting spec.model.config (and script: null), with its ModelConfig document (docs/fork.md)",
+            )
+        )
 
 
 kube_option = click.option(
@@ -753,9 +788,40 @@ def _patch_decision(
     out.print(said, highlight=False, markup=False)
 
 
+def _only_awaited(awaited: list[tuple[str, str, str]], decision: str, where: str) -> str:
+    """The call a decision given without CALL_ID is for: the one call of ``awaited`` (call id,
+    tool, arguments), the calls of ``where`` awaiting a decision now (questions to the user are
+    not among them: they are replied to). Raises click's Exit (2) when none or several await,
+    naming each, so the person picks one."""
+    if len(awaited) == 1:
+        return awaited[0][0]
+    if not awaited:
+        raise _fail(
+            f"no call of {where} awaits a decision now, so there is nothing to {decision} (agentfast status shows the run)"
+        )
+    listed = "; ".join(f"{c} {tool}({one_line(args, 60)})" for c, tool, args in awaited)
+    raise _fail(
+        f"{len(awaited)} calls of {where} await a decision; name one: agentfast {decision} RUN CALL_ID. Awaiting: {listed}"
+    )
+
+
+def _only_awaited_in_cluster(run: str, decision: str, namespace: str | None, uid: str | None) -> tuple[str, str]:
+    """:func:`_only_awaited` for the AgentRun ``run`` (its status.pendingApprovals); returns the
+    call id and the AgentRun's uid, which the patch then carries (the run the call was read from)."""
+    from .inbox import Refused
+
+    inbox = _kube_inbox(namespace)
+    try:
+        ns, name, body = inbox.agentrun(parse_run_id(run)[1], uid, nothing_done="nothing was decided")
+    except Refused as e:
+        raise _fail(str(e)) from None
+    awaited = [(c.call_id, c.tool, c.arguments) for c in inbox.awaiting_decision(body)]
+    return _only_awaited(awaited, decision, f"agentrun {ns}/{name}"), uid or body["metadata"]["uid"]
+
+
 def _decide(
     run: str,
-    call_id: str,
+    call_id: str | None,
     decision: str,
     reason: str | None,
     dsn: str | None,
@@ -766,7 +832,8 @@ def _decide(
     digest: str | None = None,
 ) -> None:
     """Record one decision (the store's rules: only for a call awaiting one now, once; with
-    ``digest``, only while the call's arguments have that digest, G13); exit 2 when refused."""
+    ``digest``, only while the call's arguments have that digest, G13); exit 2 when refused.
+    ``call_id`` None: the run's only call awaiting a decision (:func:`_only_awaited`)."""
     from .decisions import InvalidDecision, check_decision
     from .store import DecisionConflict, UnknownCall
 
@@ -775,9 +842,20 @@ def _decide(
     except InvalidDecision as e:
         raise _fail(str(e)) from None
     if kube or (kube is None and _as_kubectl_plugin()):
+        if call_id is None:
+            call_id, uid = _only_awaited_in_cluster(run, decision, namespace, uid)
         _patch_decision(run, call_id, decision, reason, result, namespace, uid, digest)
         return
     store = _open_store(dsn)
+    if call_id is None:
+        if store.get_run(_run_key(run)) is None:
+            raise _fail(f"no run named {run!r} (see `agentfast list`)")
+        awaited = [
+            (a.call_id, a.tool_call.name, a.tool_call.arguments)
+            for a in store.awaiting(_run_key(run))
+            if a.reason != "awaiting_input"
+        ]
+        call_id = _only_awaited(awaited, decision, _run_key(run))
     try:
         d = store.decide(
             _run_key(run),
@@ -797,25 +875,26 @@ def _decide(
 
 @app.command()
 @click.argument("run")
-@click.argument("call_id")
+@click.argument("call_id", required=False)
 @dsn_option
 @kube_option
 @namespace_option
 @uid_option
 @digest_option
 def approve(
-    run: str, call_id: str, dsn: str | None, kube: bool | None, namespace: str | None, uid: str | None, digest: str | None
+    run: str, call_id: str | None, dsn: str | None, kube: bool | None, namespace: str | None, uid: str | None, digest: str | None
 ) -> None:
     """Approve a call awaiting a decision; it runs once every awaited call of its batch is decided,
     and only with the arguments the decision was made on (G13).
 
-    CALL_ID: the call id status shows, e.g. call-2-0."""
+    CALL_ID: the call id status shows, e.g. call-2-0; may be left out when exactly one call of
+    the run awaits a decision (with none or several, exit 2 listing them)."""
     _decide(run, call_id, "approve", None, dsn, kube, namespace, uid=uid, digest=digest)
 
 
 @app.command()
 @click.argument("run")
-@click.argument("call_id")
+@click.argument("call_id", required=False)
 @click.option("--reason", default="", help="required: told to the model as the tool's result")
 @dsn_option
 @kube_option
@@ -824,7 +903,7 @@ def approve(
 @digest_option
 def deny(
     run: str,
-    call_id: str,
+    call_id: str | None,
     reason: str,
     dsn: str | None,
     kube: bool | None,
@@ -832,7 +911,9 @@ def deny(
     uid: str | None,
     digest: str | None,
 ) -> None:
-    """Deny a call awaiting a decision; the model is told it was declined, and why (--reason is required)."""
+    """Deny a call awaiting a decision; the model is told it was declined, and why (--reason is required).
+
+    CALL_ID may be left out when exactly one call of the run awaits a decision."""
     _decide(run, call_id, "deny", reason or None, dsn, kube, namespace, uid=uid, digest=digest)
 
 
@@ -941,7 +1022,7 @@ def _budget_summary(ctx: RunContext) -> tuple[dict[str, Any], str]:
 
 @app.command()
 @click.argument("run")
-@click.argument("call_id")
+@click.argument("call_id", required=False)
 @click.option(
     "--result", required=True, help="the call's result, JSON or plain text; the model reads it verbatim, never re-quoted"
 )
@@ -952,7 +1033,7 @@ def _budget_summary(ctx: RunContext) -> tuple[dict[str, Any], str]:
 @digest_option
 def complete(
     run: str,
-    call_id: str,
+    call_id: str | None,
     result: str,
     dsn: str | None,
     kube: bool | None,
@@ -962,7 +1043,8 @@ def complete(
 ) -> None:
     """Record that an awaited call's effect already happened, with this result; its tool never runs again.
 
-    CALL_ID: the call id status shows, e.g. call-1-0-rerun1."""
+    CALL_ID: the call id status shows, e.g. call-1-0-rerun1; may be left out when exactly one
+    call of the run awaits a decision."""
     _decide(run, call_id, "complete", None, dsn, kube, namespace, result=result, uid=uid, digest=digest)
 
 
@@ -1122,8 +1204,18 @@ def _cost_summary(ctx: RunContext) -> tuple[dict[str, Any] | None, str]:
 @click.argument("run")
 @dsn_option
 @click.option("-o", "output", default="text", show_default=True, help="text or json")
-def status(run: str, dsn: str | None, output: str) -> None:
+@click.option(
+    "-w",
+    "--watch",
+    is_flag=True,
+    help="show it again whenever it changes, until the run ends or waits for a person (Ctrl-C stops)",
+)
+def status(run: str, dsn: str | None, output: str, watch: bool) -> None:
     """Phase, whether a runner is alive, iteration, tokens, budget and any pending approval of a run.
+
+    ``-w``/``--watch``: shown again (the screen cleared first on a terminal) each time the run
+    changes, and every few seconds for the runner's heartbeat; returns (exit 0) once the run
+    has ended or waits for a decision or a reply, or on Ctrl-C.
 
     ``-o json``: ``context``, ``pending``, ``runner`` (``alive``, ``state``, ``heartbeat_age_s``,
     ``runner_id``, ``pid``, ``host``), ``next`` (``state`` and ``message``: what the run waits
@@ -1140,10 +1232,57 @@ def status(run: str, dsn: str | None, output: str) -> None:
     yet, can use no decision any more, past its deadline or asked to cancel; ``awaiting`` is
     then empty; null when it can).
     """
-    from .liveness import batch_waits, runner_state, runner_story
-
     store = _open_store(dsn)
     key = _run_key(run)
+    if watch:
+        _watch_status(store, key, output)
+    else:
+        _show_status(store, key, output)
+
+
+#: Phases in which ``status --watch`` stops: the run waits for a person.
+_WAITING_PHASES = (Phase.WAITING_FOR_APPROVAL.value, Phase.WAITING_FOR_INPUT.value)
+
+
+def _watch_status(store: Store, key: str, output: str, *, every_s: float = 0.5, refresh_s: float = 5.0) -> None:
+    """``status --watch``: :func:`_show_status` now, then again when the store's mark of the run
+    moves (checked every ``every_s`` seconds: a checkpoint, a decision, a takeover, a cancel
+    request) or ``refresh_s`` seconds passed (the runner's heartbeat age); returns once the run
+    has ended or waits for a person (:data:`_WAITING_PHASES` with a call not decided yet), or on
+    Ctrl-C. Raises click's Exit (2) when the run has no checkpoint."""
+    import time
+
+    shown_mark: object = None
+    shown_at = 0.0
+    try:
+        while True:
+            mark = store.change_marks().get(key)
+            if mark != shown_mark or time.monotonic() - shown_at >= refresh_s:
+                if output == "text" and out.is_terminal:
+                    out.clear()
+                _show_status(store, key, output)
+                shown_mark, shown_at = mark, time.monotonic()
+                loaded = store.load_context(key)
+                phase = loaded[0].status.phase if loaded is not None else None
+                # Waits for a person: a call awaits a decision or a reply (once each is decided, a
+                # runner or a resume goes on: still watched); or waits for nothing that can come.
+                if phase in TERMINAL_PHASES or (
+                    phase in _WAITING_PHASES and (store.awaiting(key) or store.decisions_closed(key) is not None)
+                ):
+                    return
+                if output == "text":
+                    out.print(styled(("watching: shown again when it changes; Ctrl-C stops", "dim")))
+            time.sleep(every_s)
+    except KeyboardInterrupt:
+        return
+
+
+def _show_status(store: Store, key: str, output: str) -> None:
+    """Print the status of the run ``key`` once (``output``: text or json; see ``status``).
+    Raises click's Exit (2) when the run has no checkpoint."""
+    from .liveness import batch_waits, runner_state, runner_story
+
+    run = key.removeprefix("default/")
     loaded = store.load_context(key)
     if loaded is None:
         raise _fail(f"no run named {run!r} has a checkpoint")
@@ -1214,7 +1353,9 @@ def status(run: str, dsn: str | None, output: str) -> None:
             + ("; the deadline has passed" if deadline_doc["passed"] and not ended else ""),
         )
     t.add_row("runner", story)
-    t.add_row("iteration", f"{c.iterations} of {b.max_iterations}")
+    shown = _iteration_shown(ctx, pending.awaiting if pending is not None and ctx.status.phase not in TERMINAL_PHASES else [])
+    paused = f" (paused in it: {c.iterations} committed)" if shown != c.iterations else ""
+    t.add_row("iteration", f"{shown} of {b.max_iterations}{paused}")
     lost = f"; {u.lost_replies} model replies lost to crashes, paid for and counted" if u.lost_replies else ""
     t.add_row("tokens", f"{u.total_tokens} of {b.max_tokens} (prompt {u.prompt_tokens}, completion {u.completion_tokens}{lost})")
     t.add_row("active time", f"{u.duration_ms} ms of {b.max_duration_ms} ms (time waiting for a decision is not counted)")
@@ -1401,34 +1542,72 @@ def _iso(value: Any) -> Any:
     return value
 
 
+def _iteration_shown(ctx: RunContext, awaiting: list[AwaitedCall]) -> int:
+    """The iteration a run is in, as status, list and the inbox show it: a run paused on calls
+    awaiting a decision is in their iteration (the N of ``call-N-P``: not committed yet, so one
+    more than ``counters.iterations``); any other run, its committed iterations."""
+    return max([ctx.counters.iterations, *(a.iteration for a in awaiting)])
+
+
 @app.command("list")
 @dsn_option
 def list_runs(dsn: str | None) -> None:
-    """Every run in the store with its phase, iteration and the time of its latest checkpoint."""
+    """Every run in the store: its phase, iteration, the calls awaiting a decision (or a reply),
+    its age (since it started) and its cost so far (``-``: its model has no prices)."""
     from rich.table import Column, Table
 
-    from .snapshot import Phase
+    from .snapshot import Phase, format_cost
     from .store import UnreadableState
 
     store = _open_store(dsn)
-    t = Table(*(Column(h, overflow="fold") for h in ("run", "phase", "iteration", "latest checkpoint")))
+    # As `kubectl get`: no column rules, ages for times; the run, its phase and figures never
+    # break, the awaited calls fold (an 80-column terminal holds a paused run's row).
+    t = Table(
+        Column("run", no_wrap=True),
+        Column("phase", no_wrap=True),
+        Column("iter", no_wrap=True, justify="right"),
+        Column("awaiting", overflow="fold", min_width=14),
+        Column("age", no_wrap=True, justify="right"),
+        Column("cost", no_wrap=True, justify="right"),
+        box=None,
+        pad_edge=False,
+        header_style="bold",
+    )
     unreadable = []
+    now = output.now_ms()
     for rec, info in store.list_runs():
+        problem = None
         if info is not None and not info.readable:  # a newer release's row: its phase may not mean what ours does
-            unreadable.append(
-                UnreadableState(
-                    rec.run_id,
-                    "agentfast_checkpoints",
-                    f"checkpoint {info.checkpoint_id} (iteration {info.iteration})",
-                    "written by a newer or unknown release"
-                    + ("" if info.phase in get_args(Phase) else f" (phase {info.phase!r})"),
-                    found_version=info.schema_version,
-                )
+            problem = UnreadableState(
+                rec.run_id,
+                "agentfast_checkpoints",
+                f"checkpoint {info.checkpoint_id} (iteration {info.iteration})",
+                "written by a newer or unknown release" + ("" if info.phase in get_args(Phase) else f" (phase {info.phase!r})"),
+                found_version=info.schema_version,
             )
-            t.add_row(rec.run_id, f"unreadable (schema_version {info.schema_version}, phase {info.phase})", "-", "-")
+            loaded = None
+        else:
+            try:
+                loaded = store.load_context_and_awaiting(rec.run_id) if info is not None else None
+            except UnreadableState as unread:  # one run this release cannot read never hides the others
+                problem, loaded = unread, None
+        if problem is not None:
+            unreadable.append(problem)
+            version = f"schema_version {info.schema_version}, " if info is not None else ""
+            t.add_row(rec.run_id, f"unreadable ({version}phase {info.phase if info else '-'})", "-", "-", "-", "-")
             continue
+        if loaded is None or info is None:  # registered, no checkpoint yet
+            t.add_row(rec.run_id, "-", "-", "-", "-", "-")
+            continue
+        ctx, awaiting = loaded
+        cost, prices = ctx.cost(), ctx.prices
         t.add_row(
-            rec.run_id, info.phase if info else "-", str(info.iteration) if info else "-", _when(info.saved_at) if info else "-"
+            rec.run_id,
+            ctx.status.phase,
+            str(_iteration_shown(ctx, awaiting)),
+            ", ".join(f"{a.call_id} {a.tool_call.name}" for a in awaiting) or "-",
+            output.age(ctx.session.started_at, now),
+            format_cost(cost, prices.currency) if cost is not None and prices is not None else "-",
         )
     out.print(t)
     if unreadable:
@@ -1602,6 +1781,14 @@ def main() -> None:
         # Logs go to stderr as JSON lines (pods) or readable lines (a terminal): runner/logs.py.
         logs.configure(os.environ.get("AGENTFAST_LOG_LEVEL", "WARNING"))
         app()
+    except ModuleNotFoundError as e:
+        # An adapter or command whose extra is not installed (a LangGraph run without
+        # agentfast[langgraph]): one line saying what to install, not a traceback.
+        hint = missing_extra(e)
+        if hint is None:
+            raise
+        err.print(f"error: {hint}")
+        sys.exit(ExitCode.BAD_INPUT)
     except Exception as e:
         # A setting of the environment this install cannot honour (AGENTFAST_FAULT without test
         # support, a malformed size), or state this release cannot interpret. Only the store

@@ -51,3 +51,27 @@ class CallOutcomeUnknown(AgentfastError):
     its effect may or may not have happened. Never recorded as the call's result: the tool host
     answers "lost", the runner raises ToolHostLost and exits 75, and the resume settles the call
     (G4). Also raised when a run's MCP server cannot be reached at start (nothing ran)."""
+
+
+#: Top-level modules that only an extra of the package installs (pyproject.toml's
+#: ``[project.optional-dependencies]``) -> the extra's name.
+EXTRA_OF_MODULE = {
+    "langgraph": "langgraph",
+    "langchain_core": "langgraph",
+    "kopf": "operator",
+    "kubernetes": "operator",
+    "prometheus_client": "operator",
+    "opentelemetry": "otel",
+}
+
+
+def missing_extra(err: ImportError) -> str | None:
+    """One line saying which extra to install when ``err`` is a module of an extra that is not
+    installed, e.g. ``the langgraph extra is not installed (no module langgraph): pip install
+    'agentfast[langgraph]'``; None for any other import error (a missing module of the user's, a
+    broken install)."""
+    name = getattr(err, "name", None) or ""
+    extra = EXTRA_OF_MODULE.get(name.partition(".")[0])
+    if not isinstance(err, ModuleNotFoundError) or extra is None:
+        return None
+    return f"the {extra} extra is not installed (no module {name}): pip install 'agentfast[{extra}]'"

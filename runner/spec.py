@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 # The rules of a decision live in .decisions, so that the store (which enforces them) need not import this module.
 from . import boundedjson
 from .decisions import DECISIONS, REASON_MAX_CHARS, REPLY_MAX_CHARS, RESULT_MAX_CHARS, InvalidDecision, check_decision  # noqa: F401
-from .errors import SettingError
+from .errors import SettingError, missing_extra
 from .errors import SpecError as SpecError  # its home is errors.py; raised and imported from here
 from .launch import arg_refusal, command_refusal, env_refusal, env_value_refusal
 from .names import API_VERSION as API_VERSION  # the Literals below must say the same (tests/test_names.py)
@@ -1094,7 +1094,10 @@ def resolve_ref(ref: str) -> Any:
     try:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
-        raise ImportError(f"cannot import module {module_name!r} ({err.msg})") from None
+        hint = missing_extra(err)  # e.g. a LangGraph graph without the langgraph extra: say which to install
+        raise ImportError(
+            f"cannot import module {module_name!r}: {hint}" if hint else f"cannot import module {module_name!r} ({err.msg})"
+        ) from None
     except BaseException as err:  # noqa: BLE001 - user code: nothing it raises may end the process
         log.warning("importing %s raised %s", module_name, type(err).__name__, exc_info=True)
         raise ImportError(f"importing module {module_name!r} raised {type(err).__name__}") from None

@@ -57,6 +57,7 @@ from starlette.templating import Jinja2Templates
 from .errors import AgentfastError
 from .inbox import KubeInbox, LocalInbox, Refused, pretty_json, visible
 from .names import format_run_id
+from .output import age
 
 if TYPE_CHECKING:
     from .store import Store
@@ -188,6 +189,7 @@ def create_app(access: Access, *, allowed_hosts: list[str]) -> Starlette:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_PAGES)), autoescape=True)
     env.filters["pretty_json"] = pretty_json
     env.filters["visible"] = visible
+    env.filters["age"] = age
     templates = Jinja2Templates(env=env)
 
     def csrf_token(request: Request) -> str:

@@ -133,9 +133,9 @@ def test_a_statement_waits_for_the_person_across_a_kill_and_the_person_ends_it(
     assert [m.content for m in snap.messages if m.role == "assistant"] == [STATEMENT, "You're welcome. Anything else?"]
     # Ended: nothing awaits the person any more.
     got = run_cli("end", name, dsn=dsn)
-    assert got.returncode == 2 and "asks the user nothing now" in got.stdout, got.stdout
+    assert got.returncode == 2 and "the run has ended (Succeeded, EndedByUser)" in got.stdout, got.stdout
     got = run_cli("reply", name, "hello?", dsn=dsn)
-    assert got.returncode == 2, got.stdout
+    assert got.returncode == 2 and "the run has ended" in got.stdout, got.stdout
 
 
 @pytest.mark.parametrize("adapter", ["vanilla", "langgraph"])

@@ -88,6 +88,24 @@ def ctx(phase: str, message: str = "") -> RunContext:
     return c
 
 
+def test_a_paused_runs_iteration_is_its_awaited_calls() -> None:
+    """Paused on call-2-0 with one iteration committed: status.iteration says 2, as the call's id;
+    once the run ended it is the committed count again."""
+    paused = ctx("WaitingForApproval")
+    paused.counters.iterations = 1
+    pending = PendingToolCall(
+        call_id="call-2-0",
+        iteration=2,
+        position=0,
+        tool_call=ToolCall(id="c", name="issue_refund", arguments="{}"),
+        idempotency_key="k",
+    )
+    assert status_from_store(paused, pending, generation=1, old=None)["iteration"] == 2
+    ended = ctx("Succeeded")
+    ended.counters.iterations = 3
+    assert status_from_store(ended, None, generation=1, old=None)["iteration"] == 3
+
+
 def test_status_while_waiting_lists_the_call() -> None:
     pending = PendingToolCall(
         call_id="call-2-0",

@@ -161,7 +161,13 @@ def test_release_makes_every_artifact_with_its_sum(released: dict[str, object]) 
         scripts = whl.read(f"agentfast-{VERSION}.dist-info/entry_points.txt").decode()
     assert f"\nVersion: {VERSION}\n" in meta
     assert "agentfast = agentfast.runner.cli:main" in scripts and "kubectl-agentfast = agentfast.runner.cli:main" in scripts
-    assert {"agentfast/runner/scaffold/templates/Dockerfile.tmpl", "agentfast/runner/py.typed"} <= files
+    assert {
+        "agentfast/runner/scaffold/templates/Dockerfile.tmpl",
+        "agentfast/runner/py.typed",
+        "agentfast/runner/inbox_pages/index.html",  # `agentfast ui`'s pages and assets
+        "agentfast/runner/inbox_pages/static/inbox.js",
+        "agentfast/runner/inbox_pages/static/inbox.css",
+    } <= files
     assert any(f.startswith("agentfast/testing/scripts/") and f.endswith(".yaml") for f in files)
 
 

@@ -40,7 +40,7 @@ def test_a_fork_goes_on_from_its_sources_iteration_and_reruns_nothing(release: K
     fork_uid = k.get("agentrun", fork)["metadata"]["uid"]
     wait_awaiting(k, fork)  # its own model's second turn: the refund, gated again on the fork
     st = status(k, fork)
-    assert st["iteration"] == 1 and st["awaiting"] == "call-2-0", st
+    assert st["iteration"] == 2 and st["awaiting"] == "call-2-0", st  # paused in iteration 2, as its call's id says
     approve(k, fork, "call-2-0")
     k.wait_for(f"{fork} to succeed", lambda: status(k, fork).get("phase") in ("Succeeded", "Failed"), timeout=180)
     assert status(k, fork)["phase"] == "Succeeded", status(k, fork)

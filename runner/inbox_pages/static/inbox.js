@@ -1,7 +1,7 @@
 // Live updates for the agentfast inbox (runner/ui.py). The server sends a Server-Sent Event
 // "changed" when what this page shows changes; this fetches the page again and swaps in its
-// sections. A run's forms are swapped only when the set of calls awaiting a decision changed, so
-// a reason being typed is not lost. Text is never inserted as markup here: nodes come from the
+// sections. Forms (a run's, and the list's) are swapped only when the set of calls awaiting a
+// decision changed, so a reason being typed is not lost. Text is never inserted as markup here: nodes come from the
 // server's autoescaped page, parsed by DOMParser (which runs no script).
 "use strict";
 (function () {
@@ -30,15 +30,16 @@
         return;
       }
       const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
-      for (const id of ["status", "decisions", "transcript", "waiting", "runs"]) {
+      for (const id of ["status", "decisions", "transcript", "runs"]) {
         const next = fresh.getElementById(id);
         const here = document.getElementById(id);
         if (next && here) here.replaceWith(document.adoptNode(next));
       }
-      const nextPending = fresh.getElementById("pending");
-      const herePending = document.getElementById("pending");
-      if (nextPending && herePending && nextPending.dataset.pending !== herePending.dataset.pending) {
-        herePending.replaceWith(document.adoptNode(nextPending));
+      // The sections holding forms (a run's calls; the list's calls awaiting a decision).
+      for (const id of ["pending", "waiting"]) {
+        const next = fresh.getElementById(id);
+        const here = document.getElementById(id);
+        if (next && here && next.dataset.pending !== here.dataset.pending) here.replaceWith(document.adoptNode(next));
       }
     } finally {
       busy = false;
