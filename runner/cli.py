@@ -808,13 +808,15 @@ def _only_awaited(awaited: list[tuple[str, str, str]], decision: str, where: str
 def _only_awaited_in_cluster(run: str, decision: str, namespace: str | None, uid: str | None) -> tuple[str, str]:
     """:func:`_only_awaited` for the AgentRun ``run`` (its status.pendingApprovals); returns the
     call id and the AgentRun's uid, which the patch then carries (the run the call was read from)."""
-    from .inbox import Refused
+    from .inbox import Refused, closed_in_agentrun
 
     inbox = _kube_inbox(namespace)
     try:
         ns, name, body = inbox.agentrun(parse_run_id(run)[1], uid, nothing_done="nothing was decided")
     except Refused as e:
         raise _fail(str(e)) from None
+    if (closed := closed_in_agentrun(body)) is not None:  # say why, not "no call awaits"
+        raise _fail(f"agentrun {ns}/{name} cannot be decided: {closed.message}; nothing was decided")
     awaited = [(c.call_id, c.tool, c.arguments) for c in inbox.awaiting_decision(body)]
     return _only_awaited(awaited, decision, f"agentrun {ns}/{name}"), uid or body["metadata"]["uid"]
 
@@ -850,6 +852,8 @@ def _decide(
     if call_id is None:
         if store.get_run(_run_key(run)) is None:
             raise _fail(f"no run named {run!r} (see `agentfast list`)")
+        if (closed := store.decisions_closed(_run_key(run))) is not None:  # say why, not "no call awaits"
+            raise _fail(f"run {_run_key(run)} cannot be decided: {closed.message}; nothing was decided")
         awaited = [
             (a.call_id, a.tool_call.name, a.tool_call.arguments)
             for a in store.awaiting(_run_key(run))
