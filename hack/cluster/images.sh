@@ -150,14 +150,17 @@ make_project_image() {
     log "images $PROJECT_IMAGE, $TESTING_IMAGE: up to date ($(cat "$IMG_DIR/project.ref" "$IMG_DIR/testing.ref" 2>/dev/null | paste -sd' '))"
     return
   fi
-  log "wheels: pip wheel .[operator,langgraph,otel] -> $WHEEL_DIR"
+  # The context gets exactly the wheels of this resolution: $WHEEL_DIR keeps every version ever
+  # built (a cache, read through --find-links), and two versions of one package in the context
+  # make the image's `pip install /wheels/*.whl` impossible (durationpy 0.11 and 0.12 did).
+  log "wheels: pip wheel .[operator,langgraph,otel] -> $ctx/.wheels (cache $WHEEL_DIR)"
   local py="${PYTHON:-python3}"
-  "$py" -m pip wheel --quiet --wheel-dir "$WHEEL_DIR" "${ctx}[operator,langgraph,otel]" >&2
+  mkdir -p "$WHEEL_DIR" "$ctx/.wheels"
+  "$py" -m pip wheel --quiet --wheel-dir "$ctx/.wheels" --find-links "$WHEEL_DIR" "${ctx}[operator,langgraph,otel]" >&2
   # The build backend, for the isolated build of the project itself inside the image.
-  "$py" -m pip download --quiet --dest "$WHEEL_DIR" --only-binary=:all: "setuptools>=77" wheel >&2
-  rm -f "$WHEEL_DIR"/agentfast-*.whl
-  mkdir -p "$ctx/.wheels"
-  cp "$WHEEL_DIR"/*.whl "$ctx/.wheels/"
+  "$py" -m pip download --quiet --dest "$ctx/.wheels" --find-links "$WHEEL_DIR" --only-binary=:all: "setuptools>=77" wheel >&2
+  rm -f "$ctx/.wheels"/agentfast-*.whl
+  cp -n "$ctx/.wheels"/*.whl "$WHEEL_DIR/"
   log "image $PROJECT_IMAGE: docker build (Dockerfile of the repository)"
   docker build --network none -t "$PROJECT_IMAGE" -f "$ctx/Dockerfile" "$ctx" >"$IMG_DIR/docker-build.log" 2>&1 \
     || { tail -n 40 "$IMG_DIR/docker-build.log" >&2; die "docker build failed (log: $IMG_DIR/docker-build.log)"; }
