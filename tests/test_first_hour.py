@@ -363,7 +363,9 @@ def test_the_mcp_example_runs_locally_as_docs_mcp_says(tmp_path: Path, dsn: str,
     example = EXAMPLES / "mcp-orders.yaml"
     docs = (REPO / "docs" / "mcp.md").read_text()
     assert "agentfast run manifests/examples/mcp-orders.yaml" in docs
-    env = {"MCP_TEST_EFFECTS": str(tmp_path / "effects.sqlite3")}
+    # As docs/mcp.md says: the venv's bin on PATH (the example starts the server as `python`).
+    venv_bin = str(Path(sys.executable).parent)
+    env = {"MCP_TEST_EFFECTS": str(tmp_path / "effects.sqlite3"), "PATH": f"{venv_bin}{os.pathsep}{os.environ['PATH']}"}
     first = run_cli("run", str(example), "--no-wait", dsn=dsn, env=env, timeout=90)
     assert first.returncode == 0 and "waiting for approval of call-1-2: orders_send_message" in first.stdout, first.stdout
     assert run_cli("approve", "mcp-orders", dsn=dsn).returncode == 0
