@@ -79,6 +79,9 @@ class RunRow:
     message: str
     iteration: int | None
     pending: tuple[PendingCall, ...] = ()
+    #: What the run has spent against its budget (``tokens 3000 / 8000, cost 0.042 / 0.03 USD``:
+    #: runner/budget.py ``spend_summary``), shown beside the calls awaiting a decision; None when not known.
+    spend: str | None = None
 
     @property
     def ended(self) -> bool:
@@ -181,8 +184,12 @@ class LocalInbox:
             PendingCall(a.call_id, a.tool_call.name, a.tool_call.arguments, a.reason, arguments_digest(a.tool_call.arguments))
             for a in awaiting
         )
+        from .budget import spend_summary
+
         st = ctx.status
-        return RunRow(key, st.phase, st.reason or st.phase, st.message, ctx.counters.iterations, pending)
+        return RunRow(
+            key, st.phase, st.reason or st.phase, st.message, ctx.counters.iterations, pending, spend_summary(ctx)
+        )
 
     def version(self, key: str | None = None, namespace: str | None = None) -> str:
         """A digest that changes whenever what :meth:`run` (``key``) or :meth:`runs`
@@ -250,6 +257,29 @@ class LocalInbox:
 
 
 # -- the cluster ---------------------------------------------------------------------------------
+
+
+def _spend_of_status(body: dict[str, Any]) -> str | None:
+    """An AgentRun's spend against its budget, as :func:`~.budget.spend_summary` words it, from
+    what its status and spec say: ``status.usage.totalTokens`` against ``spec.budget.max_tokens``
+    (the declared limit), ``status.cost`` (``amount``, ``currency``, ``maxCost``). None before the
+    operator wrote any usage."""
+    from .snapshot import format_cost
+
+    st = body.get("status") or {}
+    usage = st.get("usage") or {}
+    if "totalTokens" not in usage:
+        return None
+    limit = ((body.get("spec") or {}).get("budget") or {}).get("max_tokens")
+    line = f"tokens {usage['totalTokens']}" + (f" / {limit}" if limit is not None else "")
+    cost = st.get("cost") or {}
+    if "amount" not in cost or not cost.get("currency"):
+        return line + ", cost not counted (no prices)"
+    cur = str(cost["currency"])
+    amount = format_cost(float(cost["amount"]), cur).removesuffix(f" {cur}")
+    if cost.get("maxCost") is None:
+        return line + f", cost {amount} {cur} (no max_cost)"
+    return line + f", cost {amount} / {format_cost(float(cost['maxCost']), cur).removesuffix(f' {cur}')} {cur}"
 
 
 def _api_failures() -> tuple[type[BaseException], ...]:
@@ -369,6 +399,7 @@ class KubeInbox:
             st.get("message") or "",
             st.get("iteration"),
             pending,
+            _spend_of_status(body),
         )
 
     def runs(self, namespace: str | None = None) -> list[RunRow]:
