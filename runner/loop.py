@@ -341,7 +341,10 @@ class RunnerBase(ABC):
                 self._stored = len(snap.messages)
                 if snap.context.status.phase in TERMINAL_PHASES:
                     return self._outcome_of_terminal()
-                snap.context.counters.resumes += 1
+                # A fork's checkpoint was written by Store.fork_run (epoch 0): the first runner that
+                # takes it (epoch 1) starts the fork, it does not resume it (issue 31 item 6).
+                if self.lease.epoch > 1:
+                    snap.context.counters.resumes += 1
                 # Always the registered document's (its ModelConfig's, or the scripted model's):
                 # whatever a copied or older checkpoint held, e.g. a fork of a source priced at 0.
                 snap.context.prices = self._prices()
