@@ -106,8 +106,7 @@ def lowered_note(ctx: RunContext, limit: str) -> str:
         return ""
     shown = format_cost(declared, ctx.prices.currency) if limit == "max_cost" and ctx.prices is not None else f"{declared:g}"
     return (
-        f" (lowered from the declared {shown} by the {cl.classifier} classifier; set spec.budget.classifier: none"
-        " to keep yours)"
+        f" (lowered from the declared {shown} by the {cl.classifier} classifier; set spec.budget.classifier: none to keep yours)"
     )
 
 

@@ -187,9 +187,7 @@ class LocalInbox:
         from .budget import spend_summary
 
         st = ctx.status
-        return RunRow(
-            key, st.phase, st.reason or st.phase, st.message, ctx.counters.iterations, pending, spend_summary(ctx)
-        )
+        return RunRow(key, st.phase, st.reason or st.phase, st.message, ctx.counters.iterations, pending, spend_summary(ctx))
 
     def version(self, key: str | None = None, namespace: str | None = None) -> str:
         """A digest that changes whenever what :meth:`run` (``key``) or :meth:`runs`

@@ -1250,7 +1250,8 @@ class Store:
                     now_ms(),
                 ),
             )
-            keys, ranges = [], []
+            keys: list[str] = []
+            ranges: list[tuple[str, str]] = []
             for state in [e["sdk_state"] for e in earlier] + [cp["sdk_state"]]:
                 if sdk_refs is not None and state:
                     k, r = sdk_refs(state)
@@ -1318,10 +1319,16 @@ class Store:
                 f" (kept: iterations {row['lo']} to {row['hi']}); fork at a kept one"
             )
         why = [
-            *(["was waiting for a decision at every kept checkpoint of it (a call pending approval is never forked)"] if row["waiting"] else []),
+            *(
+                ["was waiting for a decision at every kept checkpoint of it (a call pending approval is never forked)"]
+                if row["waiting"]
+                else []
+            ),
             *([f"ended the run ({row['ended']}): nothing follows it"] if row["ended"] else []),
         ]
-        return f"iteration {iteration} of {run_id} {' and '.join(why) or 'has no finished checkpoint'}; fork at an earlier iteration"
+        return (
+            f"iteration {iteration} of {run_id} {' and '.join(why) or 'has no finished checkpoint'}; fork at an earlier iteration"
+        )
 
     def fork_origin(self, run_id: str) -> tuple[str, int] | None:
         """``(source run id, iteration)`` of a run made by :meth:`fork_run`, else None (also for no such run)."""

@@ -398,5 +398,7 @@ def test_a_refusal_to_fork_a_fork_says_the_true_reason(tmp_path: Path, dsn: str,
         conn.execute("DELETE FROM agentfast_checkpoints WHERE run_id = 'default/waits' AND iteration = 1 AND pending IS NULL")
     got = run_cli("fork", "waits", "--at", "1", dsn=dsn)
     said = " ".join(got.stdout.split())
-    assert got.returncode == 2 and "iteration 1 of default/waits was waiting for a decision at every kept checkpoint" in said, said
+    assert got.returncode == 2 and "iteration 1 of default/waits was waiting for a decision at every kept checkpoint" in said, (
+        said
+    )
     assert "pruned" not in said and "ended the run" not in said

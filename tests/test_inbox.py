@@ -234,7 +234,11 @@ def test_the_prompt_status_and_inbox_show_spend_against_budget(tmp_path: Path, d
     budget, the same line everywhere (runner/budget.py spend_summary: one cost, one rounding)."""
     from .helpers import agentrun_file
 
-    model = {"name": "scripted-refund", "script": "refund", "prices": {"promptPerMillionTokens": 2, "completionPerMillionTokens": 8}}
+    model = {
+        "name": "scripted-refund",
+        "script": "refund",
+        "prices": {"promptPerMillionTokens": 2, "completionPerMillionTokens": 8},
+    }
     budget = {"max_iterations": 10, "max_tokens": 8000, "max_duration_ms": 120000, "max_cost": 0.01}
     path = agentrun_file(tmp_path, model=model, budget=budget)
     done = run_cli("run", str(path), "--no-wait", dsn=dsn)
@@ -263,7 +267,11 @@ def test_a_cluster_inbox_shows_spend_from_the_agentruns_status() -> None:
     body = {
         "metadata": {"namespace": "default", "name": "r"},
         "spec": {"budget": {"max_tokens": 8000}},
-        "status": {"phase": "WaitingForApproval", "usage": {"totalTokens": 562}, "cost": {"amount": 0.001658, "currency": "USD", "maxCost": 0.01}},
+        "status": {
+            "phase": "WaitingForApproval",
+            "usage": {"totalTokens": 562},
+            "cost": {"amount": 0.001658, "currency": "USD", "maxCost": 0.01},
+        },
     }
     assert KubeInbox._row(body).spend == SPEND
     body["status"]["cost"] = {"amount": 0.5, "currency": "EUR"}

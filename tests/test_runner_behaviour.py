@@ -249,9 +249,7 @@ def test_the_declared_budget_is_the_one_that_applies_by_default(store: Store) ->
         ({"max_tokens": 40_000}, "max_tokens is 10000 (lowered from the declared 40000 by the heuristic classifier;"),
     ],
 )
-def test_a_failure_on_a_lowered_limit_names_the_declared_one_and_how_to_keep_it(
-    store: Store, declared: dict, said: str
-) -> None:
+def test_a_failure_on_a_lowered_limit_names_the_declared_one_and_how_to_keep_it(store: Store, declared: dict, said: str) -> None:
     """Issue 31 item 3: when the opted-in classifier lowered the limit the run fails on, the
     reason says which value was declared, which applied, and how to keep one's own."""
     run = agentrun("lowered", "endless", [ECHO], budget={**declared, "classifier": "heuristic"})
