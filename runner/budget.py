@@ -104,7 +104,10 @@ def lowered_note(ctx: RunContext, limit: str) -> str:
     applied, declared = getattr(ctx.budget, limit), getattr(cl.declared, limit)
     if declared is None or applied is None or applied >= declared or applied != getattr(cl.applied, limit, applied):
         return ""
-    shown = format_cost(declared, ctx.prices.currency) if limit == "max_cost" and ctx.prices is not None else f"{declared:g}"
+    if limit == "max_cost":
+        shown = format_cost(declared, ctx.prices.currency) if ctx.prices is not None else f"{declared:g}"
+    else:
+        shown = str(declared)  # a count: 1000000, never 1e+06
     return (
         f" (lowered from the declared {shown} by the {cl.classifier} classifier; set spec.budget.classifier: none to keep yours)"
     )
