@@ -18,6 +18,7 @@ import re
 from collections.abc import Callable
 
 from .snapshot import Budget, Classification, RunContext, format_cost
+from .snapshot import spend_summary as spend_summary  # the spend line, where readers (status, the inbox) find it without the spec
 from .spec import AgentRunSpec, SpecError, resolve_ref
 
 Classifier = Callable[[AgentRunSpec], Classification]
@@ -111,24 +112,6 @@ def lowered_note(ctx: RunContext, limit: str) -> str:
     return (
         f" (lowered from the declared {shown} by the {cl.classifier} classifier; set spec.budget.classifier: none to keep yours)"
     )
-
-
-def spend_summary(ctx: RunContext) -> str:
-    """The run's spend against its budget in one line, for the approval prompt, ``agentfast
-    status`` and the inbox: ``tokens 3000 / 8000, cost 0.042 / 0.03 USD`` (``ctx.usage`` as
-    given: pass a counted context to include lost replies). The cost is ``ctx.cost()`` formatted
-    by :func:`~.snapshot.format_cost`; without ``max_cost`` it reads ``cost 0.042 USD (no
-    max_cost)``, without prices ``cost not counted (no prices)``. Raises nothing."""
-    b, u = ctx.budget, ctx.usage
-    line = f"tokens {u.total_tokens} / {b.max_tokens}"
-    cost = ctx.cost()
-    if cost is None or ctx.prices is None:
-        return line + ", cost not counted (no prices)"
-    currency = ctx.prices.currency
-    if b.max_cost is None:
-        return line + f", cost {format_cost(cost, currency)} (no max_cost)"
-    limit = format_cost(b.max_cost, currency).removesuffix(f" {currency}")
-    return line + f", cost {format_cost(cost, currency).removesuffix(f' {currency}')} / {limit} {currency}"
 
 
 def keep_cost_limit(applied: Budget, declared: Budget) -> Budget:

@@ -201,7 +201,7 @@ class _Progress:
     def _spend(self, ctx: RunContext) -> str:
         """:func:`~.budget.spend_summary` of the run as the store counts it (replies lost to
         crashes included), else of ``ctx`` (the event's) when the store cannot be read."""
-        from .budget import spend_summary
+        from .snapshot import spend_summary
 
         try:
             loaded = self.store.load_context(self.run_id)
@@ -1152,7 +1152,7 @@ def status(run: str, dsn: str | None, output: str) -> None:
         story += f"; resume to continue: `agentfast resume {short}`"
     budget_doc, budget_line = _budget_summary(ctx)
     cost_doc, cost_line = _cost_summary(ctx)
-    from .budget import spend_summary
+    from .snapshot import spend_summary
 
     spend_line = spend_summary(ctx)
     if output == "json":

@@ -184,7 +184,7 @@ class LocalInbox:
             PendingCall(a.call_id, a.tool_call.name, a.tool_call.arguments, a.reason, arguments_digest(a.tool_call.arguments))
             for a in awaiting
         )
-        from .budget import spend_summary
+        from .snapshot import spend_summary
 
         st = ctx.status
         return RunRow(key, st.phase, st.reason or st.phase, st.message, ctx.counters.iterations, pending, spend_summary(ctx))

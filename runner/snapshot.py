@@ -132,6 +132,25 @@ def format_cost(amount: float, currency: str) -> str:
     return f"{whole}.{frac.ljust(2, '0')} {currency}"
 
 
+def spend_summary(ctx: RunContext) -> str:
+    """The run's spend against its budget in one line, for the approval prompt, ``agentfast
+    status`` and the inbox: ``tokens 3000 / 8000, cost 0.042 / 0.03 USD`` (``ctx.usage`` as
+    given: pass a counted context to include lost replies). The cost is ``ctx.cost()`` formatted
+    by :func:`format_cost`; without ``max_cost`` it reads ``cost 0.042 USD (no max_cost)``,
+    without prices ``cost not counted (no prices)``. Here, not in runner/budget.py (which
+    re-exports it), so that readers (status, the inbox) import no spec. Raises nothing."""
+    b, u = ctx.budget, ctx.usage
+    line = f"tokens {u.total_tokens} / {b.max_tokens}"
+    cost = ctx.cost()
+    if cost is None or ctx.prices is None:
+        return line + ", cost not counted (no prices)"
+    currency = ctx.prices.currency
+    if b.max_cost is None:
+        return line + f", cost {format_cost(cost, currency)} (no max_cost)"
+    limit = format_cost(b.max_cost, currency).removesuffix(f" {currency}")
+    return line + f", cost {format_cost(cost, currency).removesuffix(f' {currency}')} / {limit} {currency}"
+
+
 class Counters(_Model):
     """Monotonic counters of one run."""
 
