@@ -1084,8 +1084,13 @@ class Store:
 
         Copied, as rows, into the new run: that checkpoint (context: counters, usage, budget and
         classification; its ``sdk_state`` unchanged), with ``prices`` as its prices, a fresh session
-        (``run_uid`` = ``new_uid``, started now), phase ``Running`` (reason ``Forked``), no pending call and
-        epoch 0 (the first runner's lease is 1); the transcript up to that checkpoint; the model
+        (``run_uid`` = ``new_uid``, started now), ``counters.resumes`` 0 (a fork is a new run: its
+        first runner, lease epoch 1, does not count a resume), no ``trace`` but a ``trace_link`` to
+        the source's root span (as the source's latest checkpoint names it; None when it was not
+        traced), phase ``Running`` (reason ``Forked``), no pending call and
+        epoch 0 (the first runner's lease is 1); before it, the source's kept checkpoints of
+        iterations < ``iteration`` (with the fork's uid, prices and trace link), so that every
+        iteration the fork's history shows can be forked again; the transcript up to that checkpoint; the model
         turns and the journal entries of iterations <= ``iteration`` with their results (done:
         never run again, G3), each keeping its idempotency key (the key names the effect that
         happened, under the source's uid; the fork's own calls get keys of ``new_uid``, G4); the
@@ -1096,7 +1101,8 @@ class Store:
         they led to), cancel requests, the runner row, later checkpoints. ``agentfast_runs``
         records the provenance (``forked_from``, ``forked_at``: :meth:`fork_origin`).
 
-        Raises ForkRefused (one line: no such source, no such iteration, pruned by retention, not a
+        Raises ForkRefused (one line, the true reason: no such source, no such iteration, pruned by
+        retention (in the source before a fork was made of it), waiting for a decision, the run's end, not a
         boundary, a cost limit without prices or in another currency), RunExists (``new_id`` is taken), UidTaken (``new_uid`` is another run's),
         StoreUnavailable.
         """
