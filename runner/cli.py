@@ -164,7 +164,8 @@ class _Progress:
             extra = f" · resumed (#{c.resumes})" if c.resumes else ""
             if cl:
                 b = cl.applied
-                extra += f" · budget {cl.label}: {b.max_iterations} iterations, {b.max_tokens} tokens, {b.max_duration_ms} ms"
+                label = "" if cl.classifier == "none" else f" {cl.label} ({cl.classifier} classifier)"
+                extra += f" · budget{label}: {b.max_iterations} iterations, {b.max_tokens} tokens, {b.max_duration_ms} ms"
             out.print(styled(head, f" started {self.run_id}{extra}"))
         elif ev.kind == "model_call":
             out.print(styled(head, f" asking the model ({ev.detail})"))
