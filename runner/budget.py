@@ -6,8 +6,10 @@ budget for a simple request ("a simple question doesn't carry a research budget"
 raises one above what the AgentRun declared. What it decided is recorded in
 ``RunContext.classification``.
 
-Pluggable: ``spec.budget.classifier`` is ``heuristic`` (default), ``none``, or ``module:attr`` of a
-callable ``(AgentRunSpec) -> Classification``.
+Pluggable: ``spec.budget.classifier`` is ``none`` (default: the declared budget is the one that
+applies), ``heuristic`` (opt-in), or ``module:attr`` of a callable ``(AgentRunSpec) -> Classification``.
+When a classifier lowered the limit a run fails on, the reason says so: the declared value, the
+applied one and how to keep one's own (:func:`check_budget`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import re
 from collections.abc import Callable
 
 from .snapshot import Budget, Classification, RunContext, format_cost
+from .snapshot import spend_summary as spend_summary  # the spend line, where readers (status, the inbox) find it without the spec
 from .spec import AgentRunSpec, SpecError, resolve_ref
 
 Classifier = Callable[[AgentRunSpec], Classification]
@@ -29,28 +32,86 @@ def check_budget(ctx: RunContext) -> str | None:
     ``ctx.prices``, in their currency); ``ctx.usage`` as counted (:meth:`RunnerBase.counted_context`:
     replies lost to crashes included, and named in the reason). A ``max_cost`` without prices cannot be checked: the spec
     refuses it, and a context that has it anyway (written by hand) stops the run rather than run
-    without its limit. Raises nothing.
+    without its limit. A limit a classifier lowered below the declared one is named as such
+    (:func:`lowered_note`). Raises nothing.
     """
     b, c, u = ctx.budget, ctx.counters, ctx.usage
-    # Replies a crash lost before their turn was saved were paid for: counted, and said so.
-    lost = f", {u.lost_replies} of them in model replies lost to crashes" if u.lost_replies else ""
     if c.iterations >= b.max_iterations:
-        return f"budget exceeded: max_iterations is {b.max_iterations} and the run has made {c.iterations} iterations without finishing"
-    if u.total_tokens >= b.max_tokens:
-        return f"budget exceeded: max_tokens is {b.max_tokens} and the run has used {u.total_tokens} tokens{lost}"
+        return (
+            f"budget exceeded: max_iterations is {b.max_iterations}{lowered_note(ctx, 'max_iterations')} and the run has"
+            f" made {c.iterations} iterations without finishing"
+        )
+    tokens = _tokens_exceeded(ctx)
+    if tokens:
+        return tokens
     if u.duration_ms >= b.max_duration_ms:
-        return f"budget exceeded: max_duration_ms is {b.max_duration_ms} and the run has been active for {u.duration_ms} ms"
-    if b.max_cost is not None:
-        cost = ctx.cost()
-        if cost is None or ctx.prices is None:
-            return f"budget cannot be checked: max_cost is {b.max_cost:g} but the run's model has no prices"
-        if cost >= b.max_cost:
-            currency = ctx.prices.currency
-            return (
-                f"budget exceeded: max_cost is {format_cost(b.max_cost, currency)} and the run has cost"
-                f" {format_cost(cost, currency)} ({u.prompt_tokens} prompt and {u.completion_tokens} completion tokens{lost})"
-            )
-    return None
+        return (
+            f"budget exceeded: max_duration_ms is {b.max_duration_ms}{lowered_note(ctx, 'max_duration_ms')} and the run has"
+            f" been active for {u.duration_ms} ms"
+        )
+    return _cost_exceeded(ctx)
+
+
+def check_spend(ctx: RunContext) -> str | None:
+    """None while the run's spend is within ``max_tokens`` and ``max_cost``; otherwise why the run
+    must stop, in the words of :func:`check_budget`. ``ctx.usage`` as counted (the reply just
+    received and replies lost to crashes included). The runner asks it before it would ask a
+    person to decide on a call: a run already over either never asks, it ends ``Failed`` with
+    this reason first. Raises nothing."""
+    return _tokens_exceeded(ctx) or _cost_exceeded(ctx)
+
+
+def _lost(ctx: RunContext) -> str:
+    # Replies a crash lost before their turn was saved were paid for: counted, and said so.
+    n = ctx.usage.lost_replies
+    return f", {n} of them in model replies lost to crashes" if n else ""
+
+
+def _tokens_exceeded(ctx: RunContext) -> str | None:
+    b, u = ctx.budget, ctx.usage
+    if u.total_tokens < b.max_tokens:
+        return None
+    return (
+        f"budget exceeded: max_tokens is {b.max_tokens}{lowered_note(ctx, 'max_tokens')} and the run has used"
+        f" {u.total_tokens} tokens{_lost(ctx)}"
+    )
+
+
+def _cost_exceeded(ctx: RunContext) -> str | None:
+    b, u = ctx.budget, ctx.usage
+    if b.max_cost is None:
+        return None
+    cost = ctx.cost()
+    if cost is None or ctx.prices is None:
+        return f"budget cannot be checked: max_cost is {b.max_cost:g} but the run's model has no prices"
+    if cost < b.max_cost:
+        return None
+    currency = ctx.prices.currency
+    return (
+        f"budget exceeded: max_cost is {format_cost(b.max_cost, currency)}{lowered_note(ctx, 'max_cost')} and the run"
+        f" has cost {format_cost(cost, currency)} ({u.prompt_tokens} prompt and {u.completion_tokens} completion"
+        f" tokens{_lost(ctx)})"
+    )
+
+
+def lowered_note(ctx: RunContext, limit: str) -> str:
+    """`` (lowered from the declared 12 by the heuristic classifier; set spec.budget.classifier:
+    none to keep yours)`` when the classifier recorded in ``ctx.classification`` lowered
+    ``limit`` (a :class:`Budget` field name) below what the AgentRun declared and ``ctx.budget``
+    still holds that lowered value; else ``""``. Raises nothing."""
+    cl = ctx.classification
+    if cl is None:
+        return ""
+    applied, declared = getattr(ctx.budget, limit), getattr(cl.declared, limit)
+    if declared is None or applied is None or applied >= declared or applied != getattr(cl.applied, limit, applied):
+        return ""
+    if limit == "max_cost":
+        shown = format_cost(declared, ctx.prices.currency) if ctx.prices is not None else f"{declared:g}"
+    else:
+        shown = str(declared)  # a count: 1000000, never 1e+06
+    return (
+        f" (lowered from the declared {shown} by the {cl.classifier} classifier; set spec.budget.classifier: none to keep yours)"
+    )
 
 
 def keep_cost_limit(applied: Budget, declared: Budget) -> Budget:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, get_args
 import click
 
 from . import logs, output
-from .errors import SettingError, missing_extra
+from .errors import AgentfastError, SettingError, missing_extra
 from .names import TERMINAL_PHASES, ExitCode, Phase, format_run_id, parse_run_id
 from .output import err, one_line, out, styled
 
@@ -165,7 +165,8 @@ class _Progress:
             extra = f" · resumed (#{c.resumes})" if c.resumes else ""
             if cl:
                 b = cl.applied
-                extra += f" · budget {cl.label}: {b.max_iterations} iterations, {b.max_tokens} tokens, {b.max_duration_ms} ms"
+                label = "" if cl.classifier == "none" else f" {cl.label} ({cl.classifier} classifier)"
+                extra += f" · budget{label}: {b.max_iterations} iterations, {b.max_tokens} tokens, {b.max_duration_ms} ms"
             out.print(styled(head, f" started {self.run_id}{extra}"))
         elif ev.kind == "model_call":
             out.print(styled(head, f" asking the model ({ev.detail})"))
@@ -183,9 +184,9 @@ class _Progress:
             out.print(styled(head, " recorded as done, not run: ", one_line(ev.detail)))
         elif ev.kind == "waiting" and ev.pending is not None:
             _notify(self.store, self.run_id, ev.context.session.run_uid, ev.pending)
-            self._waiting(ev.pending)
+            self._waiting(ev.pending, ev.context)
 
-    def _waiting(self, p: PendingToolCall) -> None:
+    def _waiting(self, p: PendingToolCall, ctx: RunContext) -> None:
         name = self.run_id.removeprefix("default/")
         questions = [a for a in p.awaiting if a.reason == "awaiting_input"]
         calls = [a for a in p.awaiting if a.reason != "awaiting_input"]
@@ -193,6 +194,24 @@ class _Progress:
             self._questions(name, questions)
         if calls:
             self._approvals(name, p, calls)
+        # What the run has spent against its budget, before anyone decides (issue 31 item 3).
+        out.print(styled("  spent so far: ", (self._spend(ctx), "bold")), highlight=False)
+        if self.interactive:
+            for a in questions:
+                self._ask_reply(a)
+            for a in calls:
+                self._ask(a)
+
+    def _spend(self, ctx: RunContext) -> str:
+        """:func:`~.budget.spend_summary` of the run as the store counts it (replies lost to
+        crashes included), else of ``ctx`` (the event's) when the store cannot be read."""
+        from .snapshot import spend_summary
+
+        try:
+            loaded = self.store.load_context(self.run_id)
+        except AgentfastError:
+            loaded = None
+        return spend_summary(loaded[0] if loaded is not None else ctx)
 
     def _questions(self, name: str, questions: list[AwaitedCall]) -> None:
         from .conversation import question_of
@@ -204,9 +223,6 @@ class _Progress:
         several = " --call CALL_ID" if len(questions) > 1 else ""
         hint = f"agentfast reply {name} 'your answer'{several}"
         out.print(styled("  reply: ", (hint, "bold"), "   end the conversation: ", (f"agentfast end {name}{several}", "bold")))
-        if self.interactive:
-            for a in questions:
-                self._ask_reply(a)
 
     def _ask_reply(self, a: AwaitedCall) -> None:
         """The reply prompt on a terminal; best effort, like :meth:`_ask` (empty input: wait)."""
@@ -258,9 +274,6 @@ class _Progress:
                 f"   already happened: agentfast complete {name} {cid} --result 'JSON'",
             )
         )
-        if self.interactive:
-            for a in calls:
-                self._ask(a)
 
     def _ask(self, a: AwaitedCall) -> None:
         """The decision prompt on a terminal, for one awaited call. Best effort: a prompt that
@@ -1229,7 +1242,9 @@ def status(run: str, dsn: str | None, output: str, watch: bool) -> None:
     ``total_tokens``, ``duration_ms``, ``lost_replies``: every reply the model endpoint answered
     counts, also one a crash lost before its turn was saved; ``lost_replies`` says how many of
     those the figures include), ``cost`` (``amount`` in ``currency``, ``max_cost``, the
-    ``prices`` it is counted at; null when the run's model has no prices), ``modelConfig``
+    ``prices`` it is counted at; null when the run's model has no prices), ``spend``
+    (``tokens`` / ``max_tokens``, ``cost`` / ``max_cost`` in ``currency``, null when not
+    counted or not set, and ``summary``, the line the approval prompt and the inbox show) and ``modelConfig``
     (the ModelConfig the run was registered with: endpoint, limits, prices; null for the scripted
     model), ``deadline`` (``seconds``: spec.activeDeadlineSeconds, ``age_s``, ``passed``; null
     without one) and ``decisions_closed`` (``reason`` and ``message``: why the run, not ended
@@ -1320,6 +1335,9 @@ def _show_status(store: Store, key: str, output: str) -> None:
         story += f"; resume to continue: `agentfast resume {short}`"
     budget_doc, budget_line = _budget_summary(ctx)
     cost_doc, cost_line = _cost_summary(ctx)
+    from .snapshot import spend_summary
+
+    spend_line = spend_summary(ctx)
     if output == "json":
         doc = {
             "context": ctx.model_dump(mode="json"),
@@ -1330,6 +1348,14 @@ def _show_status(store: Store, key: str, output: str) -> None:
             "budget": budget_doc,
             "usage": {**ctx.usage.model_dump(mode="json"), "lost_replies": ctx.usage.lost_replies},
             "cost": cost_doc,
+            "spend": {
+                "tokens": ctx.usage.total_tokens,
+                "max_tokens": ctx.budget.max_tokens,
+                "cost": cost_doc["amount"] if cost_doc else None,
+                "max_cost": ctx.budget.max_cost,
+                "currency": cost_doc["currency"] if cost_doc else None,
+                "summary": spend_line,
+            },
             "modelConfig": (record.spec.get("modelConfig") if (record := store.get_run(key)) is not None else None),
             "deadline": deadline_doc,
             "decisions_closed": {"reason": closed.reason, "message": closed.message} if closed is not None else None,
@@ -1360,6 +1386,7 @@ def _show_status(store: Store, key: str, output: str) -> None:
     shown = _iteration_shown(ctx, pending.awaiting if pending is not None and ctx.status.phase not in TERMINAL_PHASES else [])
     paused = f" (paused in it: {c.iterations} committed)" if shown != c.iterations else ""
     t.add_row("iteration", f"{shown} of {b.max_iterations}{paused}")
+    t.add_row("spent", spend_line)
     lost = f"; {u.lost_replies} model replies lost to crashes, paid for and counted" if u.lost_replies else ""
     t.add_row("tokens", f"{u.total_tokens} of {b.max_tokens} (prompt {u.prompt_tokens}, completion {u.completion_tokens}{lost})")
     t.add_row("active time", f"{u.duration_ms} ms of {b.max_duration_ms} ms (time waiting for a decision is not counted)")

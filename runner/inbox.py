@@ -90,6 +90,9 @@ class RunRow:
     uid: str | None = None
     #: Whether a runner holds the run now: ``alive`` or ``none``; None where not known (a cluster's list).
     runner: str | None = None
+    #: What the run has spent against its budget (``tokens 3000 / 8000, cost 0.042 / 0.03 USD``:
+    #: runner/budget.py ``spend_summary``), shown beside the calls awaiting a decision; None when not known.
+    spend: str | None = None
 
     @property
     def ended(self) -> bool:
@@ -230,13 +233,15 @@ class LocalInbox:
             )
             for a in awaiting
         )
+        from .snapshot import spend_summary
+
         st = ctx.status
         closed = self.store.decisions_closed(key) if not pending and st.phase in WAITING_PHASES else None
         # A run paused on calls is in their iteration (call-N-P: N), one more than it committed (as status shows it).
         iteration = max([ctx.counters.iterations, *(a.iteration for a in awaiting)])
         if closed is not None:  # it still reads Waiting..., but nothing it waited for can come any more
-            return RunRow(key, st.phase, closed.reason, st.message, iteration, (), closed.message)
-        return RunRow(key, st.phase, st.reason or st.phase, st.message, iteration, pending)
+            return RunRow(key, st.phase, closed.reason, st.message, iteration, (), closed.message, spend=spend_summary(ctx))
+        return RunRow(key, st.phase, st.reason or st.phase, st.message, iteration, pending, spend=spend_summary(ctx))
 
     def version(self, key: str | None = None, namespace: str | None = None) -> str:
         """A digest that changes whenever what :meth:`run` (``key``) or :meth:`runs`
@@ -304,6 +309,29 @@ class LocalInbox:
 
 
 # -- the cluster ---------------------------------------------------------------------------------
+
+
+def _spend_of_status(body: dict[str, Any]) -> str | None:
+    """An AgentRun's spend against its budget, as :func:`~.budget.spend_summary` words it, from
+    what its status and spec say: ``status.usage.totalTokens`` against ``spec.budget.max_tokens``
+    (the declared limit), ``status.cost`` (``amount``, ``currency``, ``maxCost``). None before the
+    operator wrote any usage."""
+    from .snapshot import format_cost
+
+    st = body.get("status") or {}
+    usage = st.get("usage") or {}
+    if "totalTokens" not in usage:
+        return None
+    limit = ((body.get("spec") or {}).get("budget") or {}).get("max_tokens")
+    line = f"tokens {usage['totalTokens']}" + (f" / {limit}" if limit is not None else "")
+    cost = st.get("cost") or {}
+    if "amount" not in cost or not cost.get("currency"):
+        return line + ", cost not counted (no prices)"
+    cur = str(cost["currency"])
+    amount = format_cost(float(cost["amount"]), cur).removesuffix(f" {cur}")
+    if cost.get("maxCost") is None:
+        return line + f", cost {amount} {cur} (no max_cost)"
+    return line + f", cost {amount} / {format_cost(float(cost['maxCost']), cur).removesuffix(f' {cur}')} {cur}"
 
 
 def _api_failures() -> tuple[type[BaseException], ...]:
@@ -426,6 +454,7 @@ class KubeInbox:
             () if closed else pending,
             closed.message if closed else None,
             uid=meta.get("uid"),
+            spend=_spend_of_status(body),
         )
 
     def runs(self, namespace: str | None = None) -> list[RunRow]:

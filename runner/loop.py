@@ -34,7 +34,7 @@ from typing import Any, Final, Literal
 
 from . import faults, logs, tracing
 from .arguments import arguments_digest
-from .budget import check_budget, get_classifier, keep_cost_limit
+from .budget import check_budget, check_spend, get_classifier, keep_cost_limit
 from .conversation import (
     ASK_USER,
     END_CONVERSATION,
@@ -371,7 +371,10 @@ class RunnerBase(ABC):
                 self._stored = len(snap.messages)
                 if snap.context.status.phase in TERMINAL_PHASES:
                     return self._outcome_of_terminal()
-                snap.context.counters.resumes += 1
+                # A fork's checkpoint was written by Store.fork_run (epoch 0): the first runner that
+                # takes it (epoch 1) starts the fork, it does not resume it (issue 31 item 6).
+                if self.lease.epoch > 1:
+                    snap.context.counters.resumes += 1
                 # Always the registered document's (its ModelConfig's, or the scripted model's):
                 # whatever a copied or older checkpoint held, e.g. a fork of a source priced at 0.
                 snap.context.prices = self._prices()
@@ -643,7 +646,10 @@ class RunnerBase(ABC):
         ``waiting``: those calls, in the model's order; ``siblings``: the batch's results so far
         (G5). All undecided calls are made pending at once (:meth:`_pause`) and the run waits
         until every one is decided, in any order. Returns an Outcome instead when not waiting
-        for approvals, or stopped while waiting.
+        for approvals, or stopped while waiting. Raises BudgetExceeded instead of asking anyone
+        when the run is already over ``max_tokens`` or ``max_cost`` (the reply that asked for
+        the calls and replies lost to crashes counted: :func:`~.budget.check_spend`): a person
+        is never asked to approve a call of a run that cannot go on.
         """
         ids = {e.position: self.executor.decision_id(e) for e in waiting}
         found = self.store.get_decisions(self.run_id, list(ids.values()))
@@ -652,6 +658,9 @@ class RunnerBase(ABC):
             found = {**found, **self._end_idle(undecided)}
             undecided = []
         if undecided:
+            over = check_spend(self.counted_context())
+            if over:
+                raise BudgetExceeded(f"{over}; no one was asked to decide on {', '.join(ids[e.position] for e in undecided)}")
             outcome = self._pause(undecided, siblings)
             if outcome is not None:
                 return outcome

@@ -132,6 +132,25 @@ def format_cost(amount: float, currency: str) -> str:
     return f"{whole}.{frac.ljust(2, '0')} {currency}"
 
 
+def spend_summary(ctx: RunContext) -> str:
+    """The run's spend against its budget in one line, for the approval prompt, ``agentfast
+    status`` and the inbox: ``tokens 3000 / 8000, cost 0.042 / 0.03 USD`` (``ctx.usage`` as
+    given: pass a counted context to include lost replies). The cost is ``ctx.cost()`` formatted
+    by :func:`format_cost`; without ``max_cost`` it reads ``cost 0.042 USD (no max_cost)``,
+    without prices ``cost not counted (no prices)``. Here, not in runner/budget.py (which
+    re-exports it), so that readers (status, the inbox) import no spec. Raises nothing."""
+    b, u = ctx.budget, ctx.usage
+    line = f"tokens {u.total_tokens} / {b.max_tokens}"
+    cost = ctx.cost()
+    if cost is None or ctx.prices is None:
+        return line + ", cost not counted (no prices)"
+    currency = ctx.prices.currency
+    if b.max_cost is None:
+        return line + f", cost {format_cost(cost, currency)} (no max_cost)"
+    limit = format_cost(b.max_cost, currency).removesuffix(f" {currency}")
+    return line + f", cost {format_cost(cost, currency).removesuffix(f' {currency}')} / {limit} {currency}"
+
+
 class Counters(_Model):
     """Monotonic counters of one run."""
 
@@ -226,6 +245,20 @@ class TraceContext(_Model):
     attempt: AttemptTrace | None = None
 
 
+class TraceLink(_Model):
+    """A span of another trace that a run's spans link to (an OpenTelemetry span link; W3C hex
+    ids: ``trace_id`` 32 digits, ``span_id`` 16). A fork's: its source's root span, so the fork
+    has a trace of its own that names where it came from (``Store.fork_run``)."""
+
+    trace_id: str
+    span_id: str
+    #: What the link is: ``forked_from`` (the only kind so far).
+    kind: str = "forked_from"
+    #: The run linked to (``NAMESPACE/NAME``) and the iteration the fork was made at.
+    run_id: str = ""
+    iteration: int = 0
+
+
 class RunContext(_Model):
     """Counters, budget, usage and session (the seed's ``RunContext``), plus the run's status.
 
@@ -236,6 +269,8 @@ class RunContext(_Model):
     to every reader: the budget check, the operator's ``status.cost``, ``agentfast status``.
     The cost itself is not stored: it is ``usage`` times ``prices``, computed when read.
     ``trace``: the run's trace ids when it is traced (:class:`TraceContext`), else None.
+    ``trace_link``: a fork's link to its source's trace (:class:`TraceLink`; None when not a
+    fork or the source was not traced): the fork's spans are in a trace of its own, linked to it.
     """
 
     session: Session
@@ -249,6 +284,7 @@ class RunContext(_Model):
     # Optional with a default: a checkpoint without it (tracing off, or an older release) loads as
     # one without a trace, so no schema version bump (a new optional field changes no old meaning).
     trace: TraceContext | None = None
+    trace_link: TraceLink | None = None
 
     def cost(self) -> float | None:
         """What the run's tokens so far (``usage``) cost at ``prices``, in ``prices.currency``;

@@ -387,7 +387,12 @@ class BudgetSpec(Budget):
         description="cost allowed, in the currency of the model's prices (its ModelConfig's spec.prices, or"
         " spec.model.prices for the scripted model); unset: no cost limit. A model without prices cannot have one",
     )
-    classifier: str = Field("heuristic", max_length=512, description="'heuristic', 'none', or module:attr of a classifier")
+    classifier: str = Field(
+        "none",
+        max_length=512,
+        description="'none' (the declared budget applies), 'heuristic' (may lower it for a short request), or module:attr"
+        " of a classifier",
+    )
 
     @field_validator("classifier")
     @classmethod

@@ -1100,8 +1100,13 @@ class Store:
 
         Copied, as rows, into the new run: that checkpoint (context: counters, usage, budget and
         classification; its ``sdk_state`` unchanged), with ``prices`` as its prices, a fresh session
-        (``run_uid`` = ``new_uid``, started now), phase ``Running`` (reason ``Forked``), no pending call and
-        epoch 0 (the first runner's lease is 1); the transcript up to that checkpoint; the model
+        (``run_uid`` = ``new_uid``, started now), ``counters.resumes`` 0 (a fork is a new run: its
+        first runner, lease epoch 1, does not count a resume), no ``trace`` but a ``trace_link`` to
+        the source's root span (as the source's latest checkpoint names it; None when it was not
+        traced), phase ``Running`` (reason ``Forked``), no pending call and
+        epoch 0 (the first runner's lease is 1); before it, the source's kept checkpoints of
+        iterations < ``iteration`` (with the fork's uid, prices and trace link), so that every
+        iteration the fork's history shows can be forked again; the transcript up to that checkpoint; the model
         turns and the journal entries of iterations <= ``iteration`` with their results (done:
         never run again, G3), each keeping its idempotency key (the key names the effect that
         happened, under the source's uid; the fork's own calls get keys of ``new_uid``, G4); the
@@ -1112,7 +1117,8 @@ class Store:
         they led to), cancel requests, the runner row, later checkpoints. ``agentfast_runs``
         records the provenance (``forked_from``, ``forked_at``: :meth:`fork_origin`).
 
-        Raises ForkRefused (one line: no such source, no such iteration, pruned by retention, not a
+        Raises ForkRefused (one line, the true reason: no such source, no such iteration, pruned by
+        retention (in the source before a fork was made of it), waiting for a decision, the run's end, not a
         boundary, a cost limit without prices or in another currency), RunExists (``new_id`` is taken), UidTaken (``new_uid`` is another run's),
         StoreUnavailable.
         """
@@ -1182,14 +1188,69 @@ class Store:
                    FROM agentfast_tool_calls WHERE run_id = %(src)s AND iteration <= %(it)s""",
                 copy,
             )
-            context = dict(cp["context"])
-            session = {**context.get("session", {}), "run_uid": new_uid, "started_at": now_ms()}
+            # The source's trace as it is now (its latest checkpoint's: a fork traced since it
+            # was made has its own): the fork's trace links to it, never continues it.
+            latest = conn.execute(
+                "SELECT context->'trace' AS trace FROM agentfast_checkpoints WHERE run_id = %s ORDER BY checkpoint_id DESC LIMIT 1",
+                (source_id,),
+            ).fetchone()
+            src_trace = (latest or {}).get("trace") or {}
+            link = (
+                {
+                    "trace_id": src_trace["trace_id"],
+                    "span_id": src_trace["root_span_id"],
+                    "kind": "forked_from",
+                    "run_id": source_id,
+                    "iteration": iteration,
+                }
+                if src_trace.get("trace_id") and src_trace.get("root_span_id")
+                else None
+            )
             model = ((spec.get("spec") or {}).get("model") or {}).get("name")
-            if model:  # the model the fork asks from here on (its spec's)
-                session["model"] = model
-            context["session"] = session
-            # The fork's own prices, never the source's (a source at 0 would make a paid fork free).
-            context["prices"] = None if prices is None else prices.model_dump(mode="json")
+
+            def own(ctx: dict[str, Any]) -> dict[str, Any]:
+                """A copied context as the fork's: its uid, model and prices, no trace of the source's."""
+                context = dict(ctx)
+                session = {**context.get("session", {}), "run_uid": new_uid}
+                if model:  # the model the fork asks from here on (its spec's)
+                    session["model"] = model
+                context["session"] = session
+                # The fork's own prices, never the source's (a source at 0 would make a paid fork free).
+                context["prices"] = None if prices is None else prices.model_dump(mode="json")
+                context.pop("trace", None)  # a trace of its own (runner/tracing.py), linked to the source's
+                context["trace_link"] = link
+                return context
+
+            # The source's kept checkpoints of earlier iterations, as the fork's own history: any
+            # iteration `agentfast history` shows of the fork can be forked again (issue 31 item 6).
+            earlier = conn.execute(
+                """SELECT iteration, message_count, phase, schema_version, context, pending, sdk_state, saved_at
+                   FROM agentfast_checkpoints WHERE run_id = %s AND iteration < %s AND checkpoint_id < %s
+                   ORDER BY checkpoint_id""",
+                (source_id, iteration, cp["checkpoint_id"]),
+            ).fetchall()
+            for e in earlier:
+                conn.execute(
+                    """INSERT INTO agentfast_checkpoints (run_id, checkpoint_key, iteration, message_count, phase, schema_version,
+                                                         context, pending, sdk_state, saved_at, epoch)
+                       VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0)""",
+                    (
+                        new_id,
+                        uuid.uuid4(),
+                        e["iteration"],
+                        e["message_count"],
+                        e["phase"],
+                        e["schema_version"],
+                        Jsonb(own(e["context"])),
+                        Jsonb(e["pending"]) if e["pending"] is not None else None,
+                        Jsonb(e["sdk_state"]),
+                        e["saved_at"],
+                    ),
+                )
+            context = own(cp["context"])
+            context["session"]["started_at"] = now_ms()
+            # Its first start is a start, not a resume: the fork's count is its own.
+            context["counters"] = {**context.get("counters", {}), "resumes": 0}
             context["status"] = {
                 "phase": names.Phase.RUNNING.value,
                 "reason": "Forked",
@@ -1211,7 +1272,13 @@ class Store:
                     now_ms(),
                 ),
             )
-            keys, ranges = sdk_refs(cp["sdk_state"]) if sdk_refs is not None and cp["sdk_state"] else ((), ())
+            keys: list[str] = []
+            ranges: list[tuple[str, str]] = []
+            for state in [e["sdk_state"] for e in earlier] + [cp["sdk_state"]]:
+                if sdk_refs is not None and state:
+                    k, r = sdk_refs(state)
+                    keys += k
+                    ranges += r
             if keys or ranges:
                 # Rows as they are (G8): the ones the checkpoint's sdk_state names, by the adapter's own reading.
                 conn.execute(
@@ -1243,12 +1310,20 @@ class Store:
 
     @staticmethod
     def _no_fork_point(conn: psycopg.Connection[DictRow], run_id: str, iteration: int) -> str:
-        """Why ``run_id`` has no checkpoint of ``iteration`` to fork from, in one line."""
+        """Why ``run_id`` has no checkpoint of ``iteration`` to fork from, in one line: the true
+        reason of the three (not reached yet; pruned by retention, in the source before a fork
+        was made of it too; only waiting for a decision, or the run's end, there)."""
+        terminal = sorted(TERMINAL_PHASES)
         row = _one(
             conn.execute(
                 """SELECT min(iteration) AS lo, max(iteration) AS hi,
-                          count(*) FILTER (WHERE iteration = %s) AS here FROM agentfast_checkpoints WHERE run_id = %s""",
-                (iteration, run_id),
+                          count(*) FILTER (WHERE iteration = %s) AS here,
+                          count(*) FILTER (WHERE iteration = %s AND pending IS NOT NULL AND NOT phase = ANY(%s)) AS waiting,
+                          string_agg(DISTINCT phase, ', ') FILTER (WHERE iteration = %s AND phase = ANY(%s)) AS ended,
+                          (SELECT forked_from FROM agentfast_runs WHERE run_id = %s) AS forked_from,
+                          (SELECT forked_at FROM agentfast_runs WHERE run_id = %s) AS forked_at
+                   FROM agentfast_checkpoints WHERE run_id = %s""",
+                (iteration, iteration, terminal, iteration, terminal, run_id, run_id, run_id),
             ).fetchone()
         )
         if row["hi"] is None:
@@ -1256,13 +1331,25 @@ class Store:
         if iteration > row["hi"]:
             return f"{run_id} has no iteration {iteration}: its last committed iteration is {row['hi']}"
         if iteration < row["lo"] or not row["here"]:
+            before = (
+                f", in {row['forked_from']} already when {run_id} was forked from it at iteration {row['forked_at']}"
+                if row["forked_from"] is not None and iteration <= row["forked_at"]
+                else ""
+            )
             return (
-                f"iteration {iteration} of {run_id} was pruned: retention keeps the latest checkpoints only"
+                f"iteration {iteration} of {run_id} was pruned: retention keeps the latest checkpoints only{before}"
                 f" (kept: iterations {row['lo']} to {row['hi']}); fork at a kept one"
             )
+        why = [
+            *(
+                ["was waiting for a decision at every kept checkpoint of it (a call pending approval is never forked)"]
+                if row["waiting"]
+                else []
+            ),
+            *([f"ended the run ({row['ended']}): nothing follows it"] if row["ended"] else []),
+        ]
         return (
-            f"iteration {iteration} of {run_id} ended the run or was waiting for a decision at every kept checkpoint of it;"
-            " fork at an earlier iteration"
+            f"iteration {iteration} of {run_id} {' and '.join(why) or 'has no finished checkpoint'}; fork at an earlier iteration"
         )
 
     def fork_origin(self, run_id: str) -> tuple[str, int] | None:

@@ -18,6 +18,11 @@ GenAI semantic conventions v1.41.0, development status)::
           execute_tool <tool>          a tool body ran: gen_ai.tool.*, agentfast.call_id, agentfast.idempotency_key
           agentfast.await_decision     the attempt waited for a human (approve, deny, complete, reply)
 
+**A fork is a run of its own** (``agentfast fork``, ``spec.forkFrom``): ``Store.fork_run`` does not
+copy its source's trace ids, so the fork's first traced runner starts a trace of its own; its root
+span and its attempt spans carry a span link (``agentfast.link: forked_from``, with the source's run
+id and the iteration) to the source's root span (``RunContext.trace_link``). Never a child of it.
+
 The root span is emitted with its stored id by the runner that ends the run (Succeeded, Failed,
 Cancelled by that runner); until then, and for a run ended by the operator, it is implicit: every
 attempt names it as its parent. An attempt span is emitted when its process exits; a process that
@@ -51,7 +56,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .liveness import HEARTBEAT_S
 from .names import TERMINAL_PHASES
-from .snapshot import AttemptTrace, StateSnapshot, TraceContext
+from .snapshot import AttemptTrace, StateSnapshot, TraceContext, TraceLink
 
 if TYPE_CHECKING:
     from .model import ModelReply
@@ -253,6 +258,7 @@ class OtelRunTracer(RunTracer):
         self._iterations_started: set[int] = set()
         self._wait: Any = None
         self._flush_after = 0.0  # time.monotonic() before which flushes are skipped (slow collector)
+        self._links: tuple[TraceLink, ...] = ()  # a fork's link to its source's trace, on its attempt spans
         self._run_name = ""
 
     # -- span plumbing ---------------------------------------------------------------------------
@@ -279,9 +285,11 @@ class OtelRunTracer(RunTracer):
         span_id: str | None = None,
         start_ns: int | None = None,
         kind: Any = None,
+        links: Sequence[TraceLink] = (),
     ) -> Any:
         """Start a span of the run's trace under ``parent_span_id`` (None: the root itself, a
-        span with no parent), with ``span_id`` when the run chose it."""
+        span with no parent), with ``span_id`` when the run chose it, linked to ``links``
+        (spans of other traces: a fork's source)."""
         from opentelemetry.context import Context
 
         assert self._trace is not None
@@ -298,9 +306,24 @@ class OtelRunTracer(RunTracer):
                 kind=kind if kind is not None else self._otel.SpanKind.INTERNAL,
                 attributes=attributes,
                 start_time=start_ns,
+                links=[self._link(x) for x in links] or None,
             )
         finally:
             _forced.span_id = _forced.trace_id = None
+
+    def _link(self, link: TraceLink) -> Any:
+        """An OpenTelemetry Link to ``link``'s span, with attributes naming what it is."""
+        ot = self._otel
+        target = ot.SpanContext(
+            trace_id=int(link.trace_id, 16),
+            span_id=int(link.span_id, 16),
+            is_remote=True,
+            trace_flags=ot.TraceFlags(ot.TraceFlags.SAMPLED),
+        )
+        attrs: dict[str, Any] = {"agentfast.link": link.kind}
+        if link.run_id:
+            attrs.update({"agentfast.forked_from.run_id": link.run_id, "agentfast.forked_from.iteration": link.iteration})
+        return ot.Link(target, attrs)
 
     def _span_id(self, span: Any) -> str:
         return format(span.get_span_context().span_id, "016x")
@@ -355,6 +378,7 @@ class OtelRunTracer(RunTracer):
             ctx.trace = new_trace_context()
             ctx.trace.started_at_ns = self.started_ns
         self._trace, self._run_name = ctx.trace, run_name
+        self._links = (ctx.trace_link,) if ctx.trace_link is not None else ()
         dead = ctx.trace.attempt
         if dead is not None and left_behind is not None and dead.runner_id and left_behind[0] == dead.runner_id:
             self._record_dead_attempt(snap, dead, left_behind[1], runner_id)
@@ -366,7 +390,9 @@ class OtelRunTracer(RunTracer):
             "agentfast.runner_id": runner_id,
             "process.pid": os.getpid(),
         }
-        self._attempt = self._start("agentfast.run.attempt", ctx.trace.root_span_id, attrs, start_ns=self.started_ns)
+        self._attempt = self._start(
+            "agentfast.run.attempt", ctx.trace.root_span_id, attrs, start_ns=self.started_ns, links=self._links
+        )
         ctx.trace.attempt = AttemptTrace(
             span_id=self._span_id(self._attempt), started_at_ns=self.started_ns, resume=resume, epoch=epoch, runner_id=runner_id
         )
@@ -389,6 +415,7 @@ class OtelRunTracer(RunTracer):
             },
             span_id=dead.span_id,
             start_ns=dead.started_at_ns,
+            links=self._links,
         )
         # The iteration open at its last checkpoint (a pause inside it), else the next one, which it
         # may have started since (an empty span if it had not).
@@ -597,6 +624,7 @@ class OtelRunTracer(RunTracer):
             },
             span_id=self._trace.root_span_id,
             start_ns=min(self._trace.started_at_ns or ctx.session.started_at * 1_000_000, end_ns),
+            links=(ctx.trace_link,) if ctx.trace_link is not None else (),
         )
         if phase == "Failed":
             self._error(root, message, ctx.status.reason or "RunFailed")

@@ -267,6 +267,44 @@ class ConformanceSuite:
         assert ctx.counters.model_calls == 1  # checked before the second model call, not after it
         assert invocations(dsn, "lookup_order") == 1 and refunds(dsn) == 0
 
+    @pytest.mark.parametrize(
+        ("limits", "prices", "said"),
+        [
+            # The refund script's replies: 203 tokens, then 359 with the gated call: 562 in all.
+            ({"max_tokens": 500}, None, "budget exceeded: max_tokens is 500 and the run has used 562 tokens"),
+            # At 2 + 8 per million: 0.000532 after the first reply, 0.001658 after the second.
+            (
+                {"max_cost": 0.001},
+                {"promptPerMillionTokens": 2, "completionPerMillionTokens": 8},
+                "budget exceeded: max_cost is 0.001 USD and the run has cost 0.001658 USD",
+            ),
+        ],
+        ids=["max_tokens", "max_cost"],
+    )
+    def test_a_run_over_its_spend_never_asks_for_approval(
+        self, tmp_path: Path, dsn: str, store: Store, adapter: Adapter, limits: dict, prices: dict | None, said: str
+    ) -> None:
+        """Issue 31 item 3: the reply that asks for the gated call takes the run over max_tokens
+        (max_cost): the run ends Failed with that reason instead of asking a person to approve a
+        call it could never go on from; the call never runs and no one is asked (no pending call,
+        no approval counted, no prompt)."""
+        model = {"name": "scripted-refund", "script": "refund", **({"prices": prices} if prices else {})}
+        budget = {"max_iterations": 10, "max_tokens": 20000, "max_duration_ms": 120000, **limits}
+        path = agentrun_file(tmp_path, adapter.example, budget=budget, model=model)
+        done = run_cli("run", str(path), dsn=dsn)
+        assert done.returncode == 1, done.stdout
+        ctx, pending = store.load_context(adapter.run_id)
+        assert (ctx.status.phase, ctx.status.reason) == ("Failed", "BudgetExceeded"), ctx.status
+        assert ctx.status.message.startswith(said), ctx.status.message
+        assert "no one was asked to decide on call-2-0" in ctx.status.message
+        assert pending is None and ctx.counters.approvals_requested == 0
+        assert store.awaiting(adapter.run_id) == []
+        assert "waiting for approval" not in done.stdout and "Approve" not in done.stdout
+        assert refunds(dsn) == 0 and invocations(dsn, "lookup_order") == 1
+        # No checkpoint of it ever waited: a live inbox never showed the call.
+        assert [c.phase for c in store.list_checkpoints(adapter.run_id)][-1] == "Failed"
+        assert not any(c.phase == "WaitingForApproval" for c in store.list_checkpoints(adapter.run_id))
+
     def test_malformed_arguments_go_back_to_the_model(self, tmp_path: Path, dsn: str, store: Store, adapter: Adapter) -> None:
         doc_model = {"name": "scripted-malformed", "script": "malformed"}
         path = agentrun_file(tmp_path, adapter.example, model=doc_model)

@@ -167,3 +167,41 @@ def test_prices_and_max_cost_survive_a_round_trip_and_the_cost_is_not_stored() -
     assert data["context"]["budget"]["max_cost"] == 0.03
     assert "cost" not in data["context"]  # computed from usage and prices when read
     assert StateSnapshot.model_validate(data).context.cost() == pytest.approx(0.042)
+
+
+def test_spend_is_one_line_against_the_budget_and_a_lowered_limit_says_so() -> None:
+    """Issue 31 item 3: the spend line the prompt, status and inbox show, from the one cost
+    function; and a reason on a limit the classifier lowered names the declared one."""
+    from agentfast.runner.budget import check_spend, spend_summary
+    from agentfast.runner.snapshot import Classification
+
+    ctx = context(2700, 300, max_cost=0.03)
+    ctx.budget.max_tokens = 8000
+    assert spend_summary(ctx) == "tokens 3000 / 8000, cost 0.042 / 0.03 USD"
+    assert check_spend(ctx) == (
+        "budget exceeded: max_cost is 0.03 USD and the run has cost 0.042 USD (2700 prompt and 300 completion tokens)"
+    )
+    assert (
+        spend_summary(context(2700, 300, max_cost=None)) == f"tokens 3000 / {Budget().max_tokens}, cost 0.042 USD (no max_cost)"
+    )
+    assert spend_summary(context(2700, 300, max_cost=None, prices=None)).endswith("cost not counted (no prices)")
+    assert check_spend(context(10, 0, max_cost=0.03)) is None
+    # Lowered by a classifier: the declared value, the applied one, the way back.
+    declared = Budget(max_iterations=12, max_tokens=2_000_000, max_cost=0.5)
+    applied = Budget(max_iterations=6, max_tokens=1_000_000, max_cost=0.03)
+    lowered = context(2700, 300, max_cost=0.03)
+    lowered.budget = applied
+    lowered.classification = Classification(classifier="mine", label="l", reason="r", declared=declared, applied=applied)
+    assert check_spend(lowered) == (
+        "budget exceeded: max_cost is 0.03 USD (lowered from the declared 0.50 USD by the mine classifier;"
+        " set spec.budget.classifier: none to keep yours) and the run has cost 0.042 USD (2700 prompt and 300 completion tokens)"
+    )
+    lowered.usage = Usage(prompt_tokens=1_000_000, completion_tokens=0, total_tokens=1_000_000)
+    lowered.prices = None
+    assert check_spend(lowered).startswith(
+        "budget exceeded: max_tokens is 1000000 (lowered from the declared 2000000 by the mine classifier;"
+    )
+    # As declared (classifier none): no note.
+    same = context(2700, 300, max_cost=0.03)
+    same.classification = Classification(classifier="none", label="u", reason="r", declared=same.budget, applied=same.budget)
+    assert "lowered" not in (check_budget(same) or "x")

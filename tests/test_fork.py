@@ -11,6 +11,7 @@ effects made once.
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 
@@ -311,3 +312,93 @@ def test_the_operator_registers_spec_fork_from_once(
     with pytest.raises(ForkRefused, match="has no iteration 9"):
         main._register({"metadata": doc["metadata"]}, "default/too-far", doc)
     assert store.get_run("default/too-far") is None
+
+
+def test_a_fork_is_a_new_run_whose_first_start_is_not_a_resume_and_forks_again(
+    tmp_path: Path, dsn: str, store: Store, adapter: Adapter
+) -> None:
+    """Issue 31 item 6: a fork has its own resume count (its first start is not a resume, the
+    source's count is not its own), and every iteration its history shows forks again: those
+    copied from the source (0 and 1 here) and its own fork point (2) and its own iterations."""
+    # The source paused, was decided, and resumed: one resume of its own.
+    path = agentrun_file(tmp_path, adapter.example, uid=str(uuid.uuid4()))
+    assert run_cli("run", str(path), "--no-wait", dsn=dsn, timeout=90).returncode == 0
+    store.decide(adapter.run_id, "call-2-0", "approve", decided_by="test")
+    assert run_cli("resume", adapter.run_name, dsn=dsn, timeout=90).returncode == 0
+    assert store.load_context(adapter.run_id)[0].counters.resumes == 1
+
+    fork = f"{adapter.run_name}-f"
+    got = run_cli("fork", adapter.run_id, "--at", "2", "--name", fork, "-f", str(overrides_file(tmp_path)), dsn=dsn)
+    assert got.returncode == 0, got.stdout
+    assert store.load_context(f"default/{fork}")[0].counters.resumes == 0
+    got = run_cli("resume", fork, dsn=dsn, timeout=90)
+    assert got.returncode == 0, got.stdout
+    assert "resumed (#" not in got.stdout, got.stdout
+    ctx = store.load_context(f"default/{fork}")[0]
+    assert ctx.status.phase == "Succeeded" and ctx.counters.resumes == 0
+    assert "resumes 0" in " ".join(run_cli("status", fork, dsn=dsn).stdout.split())
+
+    # Every iteration `history` shows of the fork (0: the input, 1-2: copied, 3: its own) ...
+    history = run_cli("history", fork, "-o", "json", dsn=dsn)
+    assert history.returncode == 0, history.stdout
+    doc = json.loads(history.stdout)
+    assert sum(m["role"] == "assistant" for m in doc["transcript"]) == 3
+    assert {c["iteration"] for c in doc["checkpoints"]} == {0, 1, 2, 3}, doc["checkpoints"]
+    # ... forks again: before the fork point (the source's iterations, as the fork's own history),
+    # at it, and after it (the fork's final answer ends it: refused with that reason).
+    for at in (0, 1, 2):
+        got = run_cli("fork", fork, "--at", str(at), "--name", f"{fork}-{at}", dsn=dsn)
+        assert got.returncode == 0, (at, got.stdout)
+        assert store.fork_origin(f"default/{fork}-{at}") == (f"default/{fork}", at)
+        snap = store.load_snapshot(f"default/{fork}-{at}")
+        assert snap.context.counters.iterations == at and snap.context.counters.resumes == 0
+        assert snap.messages == store.load_snapshot(adapter.run_id).messages[: len(snap.messages)]
+    got = run_cli("fork", fork, "--at", "3", "--name", f"{fork}-3", dsn=dsn)
+    said = " ".join(got.stdout.split())
+    assert got.returncode == 2, said
+    assert (
+        f"iteration 3 of default/{fork} ended the run (Succeeded)" in said
+        or f"iteration 3 of default/{fork} is the model's final answer" in said
+    ), said
+    # A fork of the fork made before its fork point runs to its end from there, reusing every result.
+    before = (executions(dsn, "lookup_order"), executions(dsn, "add_case_note"), refunds(dsn))
+    got = run_cli("resume", f"{fork}-1", dsn=dsn, timeout=90)
+    assert got.returncode == 0, got.stdout
+    done = store.load_context(f"default/{fork}-1")[0]
+    assert done.status.phase == "Succeeded" and done.counters.resumes == 0
+    assert executions(dsn, "lookup_order") == before[0] and refunds(dsn) == before[2]
+
+
+def test_a_refusal_to_fork_a_fork_says_the_true_reason(tmp_path: Path, dsn: str, store: Store) -> None:
+    """Issue 31 item 6: an iteration of a fork that cannot be forked is refused for what is
+    true of it: pruned by retention in the source before the fork was made; waiting for a
+    decision at every kept checkpoint; the run's end."""
+    adapter = VANILLA
+    run_source(tmp_path, dsn, store, adapter)
+    # Retention pruned the source's iterations 0 and 1 before the fork was made.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM agentfast_checkpoints WHERE run_id = %s AND iteration <= 1", (adapter.run_id,))
+    assert run_cli("fork", adapter.run_id, "--at", "2", "--name", "f2", dsn=dsn).returncode == 0
+    got = run_cli("fork", "f2", "--at", "1", "--name", "f2-1", dsn=dsn)
+    assert got.returncode == 2, got.stdout
+    said = " ".join(got.stdout.split())
+    assert (
+        "iteration 1 of default/f2 was pruned: retention keeps the latest checkpoints only, in default/refund-demo already"
+        " when default/f2 was forked from it at iteration 2" in said
+    ), said
+    assert "waiting for a decision" not in said and "ended the run" not in said
+
+    # A run whose iteration is kept only at checkpoints waiting for a decision.
+    path = agentrun_file(tmp_path, "refund.yaml", uid=str(uuid.uuid4()))
+    doc = yaml.safe_load(path.read_text())
+    doc["metadata"]["name"] = "waits"
+    path.write_text(yaml.safe_dump(doc))
+    assert run_cli("run", str(path), "--no-wait", dsn=dsn, timeout=90).returncode == 0
+    with psycopg.connect(dsn, autocommit=True) as conn:  # the boundary checkpoint of iteration 1 pruned
+        conn.execute("DELETE FROM agentfast_checkpoints WHERE run_id = 'default/waits' AND iteration = 1 AND pending IS NULL")
+    got = run_cli("fork", "waits", "--at", "1", dsn=dsn)
+    said = " ".join(got.stdout.split())
+    assert got.returncode == 2 and "iteration 1 of default/waits was waiting for a decision at every kept checkpoint" in said, (
+        said
+    )
+    assert "pruned" not in said and "ended the run" not in said

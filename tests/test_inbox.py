@@ -223,3 +223,59 @@ def test_an_api_server_that_does_not_answer_is_a_refusal_not_a_crash() -> None:
         inbox.user  # noqa: B018
     with pytest.raises(Refused, match="cannot read agentrun default/x"):
         inbox.decide("default/x", "call-1-0", "approve")
+
+
+SPEND = "tokens 562 / 8000, cost 0.001658 / 0.01 USD"  # the refund script's first two replies at 2 + 8 per million
+
+
+@pytest.mark.process
+def test_the_prompt_status_and_inbox_show_spend_against_budget(tmp_path: Path, dsn: str, store: Store) -> None:
+    """Issue 31 item 3: whoever is asked to approve sees what the run has spent against its
+    budget, the same line everywhere (runner/budget.py spend_summary: one cost, one rounding)."""
+    from .helpers import agentrun_file
+
+    model = {
+        "name": "scripted-refund",
+        "script": "refund",
+        "prices": {"promptPerMillionTokens": 2, "completionPerMillionTokens": 8},
+    }
+    budget = {"max_iterations": 10, "max_tokens": 8000, "max_duration_ms": 120000, "max_cost": 0.01}
+    path = agentrun_file(tmp_path, model=model, budget=budget)
+    done = run_cli("run", str(path), "--no-wait", dsn=dsn)
+    assert done.returncode == 0, done.stdout
+    assert f"spent so far: {SPEND}" in " ".join(done.stdout.split()), done.stdout
+    status = run_cli("status", "refund-demo", dsn=dsn).stdout
+    assert SPEND in " ".join(status.split()), status
+    import json
+
+    doc = json.loads(run_cli("status", "refund-demo", "-o", "json", dsn=dsn).stdout)
+    assert doc["spend"] == {
+        "tokens": 562,
+        "max_tokens": 8000,
+        "cost": pytest.approx(0.001658),
+        "max_cost": 0.01,
+        "currency": "USD",
+        "summary": SPEND,
+    }
+    [row] = LocalInbox(store, "cli:tester").runs()
+    assert row.pending and row.spend == SPEND
+
+
+def test_a_cluster_inbox_shows_spend_from_the_agentruns_status() -> None:
+    from agentfast.runner.inbox import KubeInbox
+
+    body = {
+        "metadata": {"namespace": "default", "name": "r"},
+        "spec": {"budget": {"max_tokens": 8000}},
+        "status": {
+            "phase": "WaitingForApproval",
+            "usage": {"totalTokens": 562},
+            "cost": {"amount": 0.001658, "currency": "USD", "maxCost": 0.01},
+        },
+    }
+    assert KubeInbox._row(body).spend == SPEND
+    body["status"]["cost"] = {"amount": 0.5, "currency": "EUR"}
+    assert KubeInbox._row(body).spend == "tokens 562 / 8000, cost 0.50 EUR (no max_cost)"
+    del body["status"]["cost"]
+    assert KubeInbox._row(body).spend == "tokens 562 / 8000, cost not counted (no prices)"
+    assert KubeInbox._row({"metadata": body["metadata"], "status": {}}).spend is None

@@ -467,7 +467,8 @@ def test_time_at_the_approval_prompt_is_waiting_time(store: Store) -> None:
 
 @pytest.mark.process
 def test_status_shows_the_budget_applied_next_to_the_declared_one(tmp_path: Path, dsn: str, store: Store) -> None:
-    path = agentrun_file(tmp_path, "refund.yaml")
+    budget = {"max_iterations": 10, "max_tokens": 20000, "max_duration_ms": 120000, "classifier": "heuristic"}
+    path = agentrun_file(tmp_path, "refund.yaml", budget=budget)
     case = Case("10", tmp_path, dsn)
     assert case.cli("run", str(path), "--no-wait").returncode == 0
     text = case.cli("status", "refund-demo").stdout

@@ -56,9 +56,11 @@ def agentrun(
     return parse_agentrun(doc)
 
 
-def refund_agentrun() -> AgentRun:
+def refund_agentrun(classifier: str | None = None) -> AgentRun:
     doc = yaml.safe_load((EXAMPLES / "refund.yaml").read_text())
     doc["metadata"]["uid"] = str(uuid.uuid4())
+    if classifier is not None:
+        doc["spec"]["budget"]["classifier"] = classifier
     return parse_agentrun(doc)
 
 
@@ -228,6 +230,36 @@ def test_a_run_started_before_prices_were_kept_gets_them_at_its_next_takeover(st
     assert ctx.cost() == pytest.approx((u.prompt_tokens * 4 + u.completion_tokens * 16) / 1_000_000)
 
 
+def test_the_declared_budget_is_the_one_that_applies_by_default(store: Store) -> None:
+    """Issue 31 item 3: lowering a budget is opt-in; without ``classifier`` a short request keeps
+    all of its declared limits (the heuristic would have cut this one's to 6 iterations)."""
+    run = agentrun("as-declared", "endless", [ECHO], budget={"max_iterations": 7, "max_tokens": 100_000})
+    assert run.spec.budget.classifier == "none"
+    outcome, requests = drive(store, run)
+    st = store.load_snapshot(run_id_of(run)).context
+    assert st.budget == run.spec.budget.limits() and st.classification.applied == st.classification.declared
+    assert outcome.phase == "Failed" and len(requests) == 7 and st.counters.iterations == 7
+    assert st.status.message == "budget exceeded: max_iterations is 7 and the run has made 7 iterations without finishing"
+
+
+@pytest.mark.parametrize(
+    ("declared", "said"),
+    [
+        ({"max_iterations": 12}, "max_iterations is 6 (lowered from the declared 12 by the heuristic classifier;"),
+        ({"max_tokens": 40_000}, "max_tokens is 10000 (lowered from the declared 40000 by the heuristic classifier;"),
+    ],
+)
+def test_a_failure_on_a_lowered_limit_names_the_declared_one_and_how_to_keep_it(store: Store, declared: dict, said: str) -> None:
+    """Issue 31 item 3: when the opted-in classifier lowered the limit the run fails on, the
+    reason says which value was declared, which applied, and how to keep one's own."""
+    run = agentrun("lowered", "endless", [ECHO], budget={**declared, "classifier": "heuristic"})
+    outcome, _ = drive(store, run)
+    st = store.load_snapshot(run_id_of(run)).context
+    assert (outcome.phase, st.status.reason) == ("Failed", "BudgetExceeded")
+    assert st.status.message.startswith(f"budget exceeded: {said}"), st.status.message
+    assert "set spec.budget.classifier: none to keep yours)" in st.status.message
+
+
 def test_a_finished_failed_run_is_not_restarted_by_resume(store: Store) -> None:
     run = agentrun("iter-budget-2", "endless", [ECHO], budget={"max_iterations": 2, "classifier": "none"})
     drive(store, run)
@@ -236,7 +268,7 @@ def test_a_finished_failed_run_is_not_restarted_by_resume(store: Store) -> None:
 
 
 def test_heuristic_classifier_records_its_decision_before_the_first_model_call(store: Store) -> None:
-    run = refund_agentrun()
+    run = refund_agentrun("heuristic")  # opt-in: the default keeps the declared budget
     seen: list[RunContext | None] = []
     outcome, _ = drive(store, run, before_call=lambda: seen.append(store.load_context(RUN_ID)[0]))
     assert outcome.phase == "WaitingForApproval"

@@ -48,6 +48,7 @@ class Span:
     error: bool
     start_ns: int
     end_ns: int
+    links: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)  # (trace id, span id, attributes)
 
 
 def _value(v: Any) -> Any:
@@ -84,6 +85,10 @@ class Collector:
                             error=s.status.code == Status.STATUS_CODE_ERROR,
                             start_ns=s.start_time_unix_nano,
                             end_ns=s.end_time_unix_nano,
+                            links=[
+                                (x.trace_id.hex(), x.span_id.hex(), {a.key: _value(a.value) for a in x.attributes})
+                                for x in s.links
+                            ],
                         )
                     )
 
@@ -358,3 +363,46 @@ def test_a_snapshot_keeps_its_trace_and_one_without_loads_as_untraced() -> None:
     old = snap.model_dump(mode="json")
     del old["context"]["trace"]
     assert StateSnapshot.model_validate(old).context.trace is None
+
+
+@pytest.mark.process
+def test_a_fork_is_a_trace_of_its_own_linked_to_its_sources(tmp_path: Path, dsn: str, store: Store, collector: Collector) -> None:
+    """Issue 31 item 6: the fork's spans are never in its source's trace (nor children of its
+    spans): a trace of its own whose root and attempt spans link to the source's root span."""
+    from .test_fork import overrides_file
+
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint}
+    paused = run_cli("run", str(agentrun_file(tmp_path)), "--no-wait", dsn=dsn, env=env)
+    assert paused.returncode == 0, paused.stdout
+    store.decide(RUN_ID, "call-2-0", "approve", decided_by="test")
+    assert run_cli("resume", "refund-demo", dsn=dsn, env=env).returncode == 0
+    source_spans = list(collector.spans)
+    [src_trace] = {s.trace_id for s in source_spans}
+    [src_root] = [s.span_id for s in source_spans if not s.parent_id]
+    src_ids = {s.span_id for s in source_spans}
+
+    got = run_cli("fork", "refund-demo", "--at", "2", "--name", "refund-fork", "-f", str(overrides_file(tmp_path)), dsn=dsn)
+    assert got.returncode == 0, got.stdout
+    link = store.load_context("default/refund-fork")[0].trace_link
+    assert link is not None and (link.trace_id, link.span_id) == (src_trace, src_root)
+    assert store.load_context("default/refund-fork")[0].trace is None  # not the source's trace
+    done = run_cli("resume", "refund-fork", dsn=dsn, env=env)
+    assert done.returncode == 0, done.stdout
+
+    fork_spans = collector.spans[len(source_spans) :]
+    assert fork_spans and all(s.attrs.get("agentfast.run_id") in (None, "default/refund-fork") for s in fork_spans)
+    [fork_trace] = {s.trace_id for s in fork_spans}
+    assert fork_trace != src_trace
+    assert not any(s.parent_id in src_ids for s in fork_spans)  # never a child of a source span
+    [root] = [s for s in fork_spans if not s.parent_id]
+    attempts = [s for s in fork_spans if s.name == "agentfast.run.attempt"]
+    assert root.name == "invoke_agent refund-fork" and len(attempts) == 1
+    for s in (root, *attempts):
+        assert [(t, i) for t, i, _ in s.links] == [(src_trace, src_root)], s
+        attrs = s.links[0][2]
+        assert attrs["agentfast.link"] == "forked_from" and attrs["agentfast.forked_from.run_id"] == RUN_ID
+        assert attrs["agentfast.forked_from.iteration"] == 2
+    # Its first start is not a resume.
+    assert attempts[0].attrs["agentfast.attempt.resume"] == 0 and root.attrs["agentfast.resumes"] == 0
+    # The source's own spans link nowhere.
+    assert not any(s.links for s in source_spans)
