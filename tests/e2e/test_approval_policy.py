@@ -118,6 +118,7 @@ def test_deciding_takes_the_approval_right_and_is_attributed_to_the_requesting_u
     editor.kube.apply(doc)
     uid = k.get("agentrun", name)["metadata"]["uid"]
     call = wait_awaiting(k, name)
+    shown = k.get("agentrun", name)["status"]["pendingApprovals"][0]["argumentsDigest"]  # the plugin binds to it (G13)
 
     refused(decide(editor, name, call, editor.user), f"user {editor.user} may not decide calls of agentrun {name}")
     refused(decide(approver, name, call, editor.user), f"decidedBy must be your own user name, {approver.user}")
@@ -133,7 +134,8 @@ def test_deciding_takes_the_approval_right_and_is_attributed_to_the_requesting_u
     env = {**os.environ, "KUBECONFIG": approver.kube.kubeconfig}
     proc = subprocess.run([plugin, "approve", name, call, "-n", k.namespace], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and f"by {approver.user}" in proc.stdout, proc.stdout + proc.stderr
-    assert k.get("agentrun", name)["spec"]["approvals"] == {call: {"decision": "approve", "decidedBy": approver.user}}
+    decided = {"decision": "approve", "decidedBy": approver.user, "argumentsDigest": shown}
+    assert k.get("agentrun", name)["spec"]["approvals"] == {call: decided}
 
     refused(decide(approver, name, call, approver.user, "deny", reason="changed my mind"), "write-once")
     removed = k.run("patch", "agentrun", name, "--type", "json", "-p", '[{"op":"remove","path":"/spec/approvals"}]', check=False)

@@ -184,13 +184,15 @@ def test_operator_killed_while_run_waits(release: Kube) -> None:
     k = release
     name, uid = apply_refund(k)
     call = wait_awaiting(k, name)
+    shown = status(k, name)["pendingApprovals"][0]["argumentsDigest"]  # what the plugin binds the decision to (G13)
     k.run("delete", "pod", "-l", "app.kubernetes.io/component=operator", "--wait=false")
     # Approve while the operator is down or restarting, through the kubectl plugin.
     plugin = shutil.which("kubectl-agentfast")
     assert plugin, "kubectl-agentfast (the agentfast console script) is not on PATH"
     env = {**os.environ, "KUBECONFIG": k.kubeconfig}
     subprocess.run([plugin, "approve", name, call, "-n", k.namespace], check=True, env=env, capture_output=True, timeout=60)
-    assert k.get("agentrun", name)["spec"]["approvals"] == {call: {"decision": "approve", "decidedBy": k.whoami()}}
+    decided = {"decision": "approve", "decidedBy": k.whoami(), "argumentsDigest": shown}
+    assert k.get("agentrun", name)["spec"]["approvals"] == {call: decided}
     assert_succeeded_once(k, name, uid, min_restarts=0)
 
 
