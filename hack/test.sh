@@ -12,7 +12,8 @@
 #            each test is in exactly one of them (pytest markers, assigned in tests/conftest.py)
 #   cluster  a real single-node Kubernetes, the image built offline, the chart installed, the
 #            e2e suite (hack/cluster/e2e.sh; marker e2e)
-# Extra arguments go to the local tier's pytest (e.g. hack/test.sh -k flagship). AGENTFAST_TIERS
+# Extra arguments go to the local tier's pytest (e.g. hack/test.sh -k flagship; test files named
+# there narrow the run to them: hack/test.sh tests/test_fork.py). AGENTFAST_TIERS
 # narrows the run: "lint", "local", "cluster", or local's parts ("unit store"); CI runs all. Every
 # selected tier runs even when an earlier one failed; the exit status is non-zero if any failed.
 PY_EXTRAS="${PY_EXTRAS-test,langgraph,operator,bench,lint,release,otel}"  # lint's and release's too (tests/test_release.py): one install, not three
@@ -46,9 +47,11 @@ local_tier() {
     bash hack/cluster/build.sh "${parts[@]}" || return
     ensure_chromium || return
   fi
-  local expr
+  local expr where=(tests) a
   expr="$(printf ' or %s' "${markers[@]}")"
-  python -m pytest tests --ignore=tests/e2e -m "${expr# or }" "$@"
+  # Test files or folders among the arguments narrow the run to them (else all of tests/).
+  for a in "$@"; do [[ "$a" == tests* && -e "${a%%::*}" ]] && where=(); done
+  python -m pytest "${where[@]}" --ignore=tests/e2e -m "${expr# or }" "$@"
 }
 
 [[ " $tiers " != *" lint "* ]] || run_tier lint bash hack/lint.sh
