@@ -52,13 +52,26 @@ sys.exit(0 if os.path.realpath(agentfast.runner.__file__).startswith(os.path.rea
     [[ ",$have," == *",$extra,"* ]] || missing=1
   done
   if [[ "$missing" == 1 ]]; then
-    # AGENTFAST_PIP_PROGRESS=1 (hack/demo.sh): pip says what it collects and downloads, with its
-    # progress bars, instead of a minute of silence on an empty pip cache.
-    local quiet=(--quiet)
-    [[ "${AGENTFAST_PIP_PROGRESS:-}" != 1 ]] || quiet=(--progress-bar on)
     echo "==> installing agentfast${want:+[$want]} and its pinned dependencies into $VENV (about a minute on an empty pip cache)"
     "$VENV/bin/pip" install --quiet --disable-pip-version-check --upgrade "pip>=24"
-    "$VENV/bin/pip" install "${quiet[@]}" --disable-pip-version-check --config-settings editable_mode=strict -e "$REPO${want:+[$want]}"
+    local install=("$VENV/bin/pip" install --disable-pip-version-check --config-settings editable_mode=strict -e "$REPO${want:+[$want]}")
+    if [[ "${AGENTFAST_PIP_PROGRESS:-}" == 1 ]]; then
+      # hack/demo.sh: a count of the packages pip collects instead of a minute of silence, and
+      # not pip's ~150 lines; its whole output is shown only if it fails.
+      local log; log="$(mktemp)"
+      "${install[@]}" --progress-bar off >"$log" 2>&1 &
+      local pid=$! n=0 shown=-1
+      while [ -t 1 ] && kill -0 "$pid" 2>/dev/null; do  # on a terminal: one line, rewritten
+        n="$(grep -c '^Collecting ' "$log" || true)"
+        [[ "$n" == "$shown" ]] || { printf '    %s packages collected\r' "$n"; shown="$n"; }
+        sleep 1
+      done
+      wait "$pid" || { echo; cat "$log" >&2; rm -f "$log"; echo "==> pip install failed (its output is above)" >&2; return 1; }
+      printf '    %s packages collected, installed\n' "$(grep -c '^Collecting ' "$log" || true)"
+      rm -f "$log"
+    else
+      "${install[@]}" --quiet
+    fi
     echo "$key $want" > "$stamp"
   fi
   export PATH="$VENV/bin:$PATH"

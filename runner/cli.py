@@ -271,7 +271,7 @@ class _Progress:
                 "  approve: ",
                 (f"agentfast approve {name} {cid}", "bold"),
                 f"   deny: agentfast deny {name} {cid} --reason '...'"
-                f"   already happened: agentfast complete {name} {cid} --result 'JSON'",
+                f"   already happened: agentfast complete {name} {cid} --result 'TEXT'",
             )
         )
 

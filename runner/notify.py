@@ -174,7 +174,7 @@ def commands(namespace: str, name: str, uid: str, call_id: str, reason: str, *, 
         "deny": f"{prefix} deny {run} {call} --reason '...'{tail}",
     }
     if reason == "in_flight_not_idempotent":
-        out["complete"] = f"{prefix} complete {run} {call} --result 'JSON'{tail}"
+        out["complete"] = f"{prefix} complete {run} {call} --result 'TEXT'{tail}"
     return out
 
 

@@ -194,7 +194,7 @@ def test_generic_event_names_run_call_and_commands_and_leaves_arguments_out_by_d
     rerun = pending_call_event(
         "shop", "r", "u", awaited("call-1-0-rerun1", reason="in_flight_not_idempotent"), [], include_arguments=False
     )
-    assert rerun["commands"]["complete"] == "kubectl agentfast complete r call-1-0-rerun1 --result 'JSON' -n shop --uid u"
+    assert rerun["commands"]["complete"] == "kubectl agentfast complete r call-1-0-rerun1 --result 'TEXT' -n shop --uid u"
 
 
 def test_arguments_and_a_question_travel_only_when_opted_in() -> None:
