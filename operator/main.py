@@ -1055,13 +1055,21 @@ def publish_status(
     notify.offer(body, pending, new["pendingApprovals"])  # before the no-change return: a restart re-offers
     if all(old.get(k) == v for k, v in new.items()):
         return
-    with _lock_for(format_run_id(meta["namespace"], meta["name"])):
+    key = format_run_id(meta["namespace"], meta["name"])
+    with _lock_for(key):
+        # Two paths publish (a reconcile, a store notification), each from its own read of the
+        # store: one read before the run ended must not take an ended run's status back (a run
+        # asked to cancel read as "WaitingForApproval, no decision can be used" after Cancelled).
+        latest = _BODIES.get(key) or {}
+        same_run = (latest.get("metadata") or {}).get("uid") == meta.get("uid")
+        if same_run and (latest.get("status") or {}).get("phase") in TERMINAL_PHASES and new["phase"] not in TERMINAL_PHASES:
+            return
         try:
             patched = STATE.custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], {"status": new}, _request_timeout=API_TIMEOUT_S
             )
             if isinstance(patched, dict) and patched.get("metadata", {}).get("uid") == meta.get("uid"):
-                _BODIES[format_run_id(meta["namespace"], meta["name"])] = patched
+                _BODIES[key] = patched
         except ApiException as err:
             if err.status == 404:  # deleted meanwhile
                 return

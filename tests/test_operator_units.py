@@ -1286,6 +1286,37 @@ def test_publish_status_records_when_the_pods_were_deleted(monkeypatch) -> None:
     assert len(patches) == 1  # nothing changed: no patch (and a later one would not name, so not remove, the field)
 
 
+def test_a_status_read_before_the_run_ended_never_takes_it_back(monkeypatch) -> None:
+    """Two paths publish from their own reads of the store: once the run's status says Cancelled,
+    a publish from an older read (WaitingForApproval, no decision usable: a cancel was asked for)
+    patches nothing; a later terminal status still does."""
+    from agentfast.operator import main
+    from agentfast.runner.names import format_run_id
+
+    patches = []
+
+    class _Custom:
+        def patch_namespaced_custom_object_status(self, group, version, namespace, plural, name, body, **_):
+            patches.append(body["status"])
+
+    monkeypatch.setattr(main.STATE, "custom", _Custom(), raising=False)
+    monkeypatch.setattr(main, "_event", lambda *a, **kw: None)
+    body = {**SCRIPTED, "metadata": {**SCRIPTED["metadata"], "uid": "u-stale"}}
+    key = format_run_id(body["metadata"]["namespace"], body["metadata"]["name"])
+    main.publish_status(body, ctx("Cancelled"), None)
+    assert patches[-1]["phase"] == "Cancelled"
+    monkeypatch.setitem(main._BODIES, key, {**body, "status": patches[-1]})  # as the patch's answer leaves it
+    stale = ("Cancelled", "a cancel was asked for by kubernetes: the run starts no call any more")
+    main.publish_status(body, ctx("WaitingForApproval"), None, closed=stale)
+    assert [p["phase"] for p in patches] == ["Cancelled"]
+    main.publish_status(body, ctx("Failed", "ended otherwise"), None)  # terminal over terminal: published
+    assert [p["phase"] for p in patches] == ["Cancelled", "Failed"]
+    # Another run of the same name (another uid) is not held back by the old one's end.
+    other = {**body, "metadata": {**body["metadata"], "uid": "u-new"}}
+    main.publish_status(other, ctx("WaitingForApproval"), None)
+    assert patches[-1]["phase"] == "WaitingForApproval"
+
+
 class _NetworkPolicies:
     def __init__(self, owner_uid: str | None) -> None:
         self.owner_uid, self.calls = owner_uid, []
