@@ -1911,16 +1911,7 @@ class Store:
                         f"{call_id} of run {run_id}: this decision was written before its call awaited one"
                         f" ({void['why']}); it is void for good and never applied"
                     )
-            if conn.execute("SELECT 1 FROM agentfast_runs WHERE run_id = %s", (run_id,)).fetchone() is None:
-                raise UnknownCall(f"no run {run_id}")
-            latest = self._latest_context(conn, run_id)
-            # Decoded as every reader decodes a checkpoint: a decision is never accepted on the
-            # word of a row this release cannot read (raises UnreadableState, not a traceback).
-            snap = decode_snapshot(run_id, latest, []) if latest is not None else None
-            if snap is not None and (closed := self._closed(conn, run_id, snap.context.status)) is not None:
-                # A decision the run can no longer use is refused with why, never recorded and then
-                # ignored (issue 31 item 5): ended, a cancel asked for, past its deadline.
-                raise DecisionUnusable(f"{call_id} of run {run_id} cannot be decided: {closed.message}", closed)
+            snap = self._decidable_snapshot(conn, run_id, f"{call_id} of run {run_id} cannot be decided")
             awaiting = self._undecided(conn, run_id, snap) if snap is not None else []
             if call_id not in [a.call_id for a in awaiting]:
                 raise UnknownCall(self._not_awaiting(conn, run_id, call_id, awaiting))
@@ -1969,15 +1960,25 @@ class Store:
         that does. Never one to come. Raises as :meth:`reply` says."""
         return self._retry(lambda c: self._question_now(c, run_id, call_id))
 
-    def _question_now(self, conn: psycopg.Connection[DictRow], run_id: str, call_id: str | None) -> str:
-        """The call id of the question of ``run_id`` a reply answers: ``call_id`` if it awaits a
-        reply now, else (None) the one question that does; raises as :meth:`reply` says."""
+    def _decidable_snapshot(self, conn: psycopg.Connection[DictRow], run_id: str, refused: str) -> StateSnapshot | None:
+        """The latest snapshot of ``run_id`` that a decision or a reply is checked against (None:
+        no checkpoint yet). Decoded as every reader decodes a checkpoint: a decision is never
+        accepted on the word of a row this release cannot read. Raises UnknownCall (no such run),
+        DecisionUnusable (``refused: why``: the run has ended, a cancel was asked for, it is past
+        its deadline; issue 31 item 5: refused with why, never recorded and then ignored),
+        UnreadableState."""
         if conn.execute("SELECT 1 FROM agentfast_runs WHERE run_id = %s", (run_id,)).fetchone() is None:
             raise UnknownCall(f"no run {run_id}")
         latest = self._latest_context(conn, run_id)
         snap = decode_snapshot(run_id, latest, []) if latest is not None else None
         if snap is not None and (closed := self._closed(conn, run_id, snap.context.status)) is not None:
-            raise DecisionUnusable(f"run {run_id} takes no reply: {closed.message}", closed)
+            raise DecisionUnusable(f"{refused}: {closed.message}", closed)
+        return snap
+
+    def _question_now(self, conn: psycopg.Connection[DictRow], run_id: str, call_id: str | None) -> str:
+        """The call id of the question of ``run_id`` a reply answers: ``call_id`` if it awaits a
+        reply now, else (None) the one question that does; raises as :meth:`reply` says."""
+        snap = self._decidable_snapshot(conn, run_id, f"run {run_id} takes no reply")
         asked = [a for a in snap.pending.awaiting if a.reason == "awaiting_input"] if snap and snap.pending else []
         decided = self._decisions(conn, run_id, [a.call_id for a in asked])
         waiting = [a.call_id for a in asked if a.call_id not in decided]
